@@ -1,0 +1,103 @@
+/*
+ * quant — tensor block formats and the kernels over them.
+ *
+ * Type ids are GGUF's (ggml's) numbers so that a tensor's type field maps 1:1.
+ * Every kernel has a scalar `_ref` twin; the public entry points dispatch at
+ * run time to the best ISA the CPU has (AVX-512/VNNI, AVX2+FMA, scalar).
+ *
+ * Matmul model: a weight row (in its block format) is dotted with an
+ * "activation row" — the input vector converted once per row of input into the
+ * format this weight type pairs with (f32 for float weights; an 8-bit block
+ * format for quantized weights). quant_act_row_bytes / quant_act_quantize make
+ * that conversion; quant_dot / quant_dot_multi do the dot.
+ *
+ * Batch invariance: quant_dot_multi(w, acts[0..n)) gives out[j] bit-identical to
+ * quant_dot(w, acts[j]) for the same ISA, whatever n is.
+ */
+#ifndef KVS_QUANT_H
+#define KVS_QUANT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum quant_type {
+    QUANT_F32 = 0,
+    QUANT_F16 = 1,
+    QUANT_Q4_0 = 2,
+    QUANT_Q4_1 = 3,
+    QUANT_Q5_0 = 6,
+    QUANT_Q5_1 = 7,
+    QUANT_Q8_0 = 8,
+    QUANT_Q8_1 = 9,
+    QUANT_Q2_K = 10,
+    QUANT_Q3_K = 11,
+    QUANT_Q4_K = 12,
+    QUANT_Q5_K = 13,
+    QUANT_Q6_K = 14,
+    QUANT_Q8_K = 15,
+    QUANT_BF16 = 30,
+    QUANT_TYPE_LIMIT = 64 /* ids at or above this are unknown */
+};
+
+typedef struct {
+    const char *name;     /* "q4_0", "f16", ... */
+    uint32_t block_elems; /* elements per block (1 for f32/f16/bf16) */
+    uint32_t block_bytes; /* bytes per block */
+    bool compute;         /* true when quant_dot/dequant support it as a weight type */
+} quant_traits;
+
+/* Traits of a GGUF type id, or NULL when the id is unknown to kvshard (a file
+ * with such a tensor is refused). Types known only by size (e.g. q2_k) have
+ * compute == false. */
+const quant_traits *quant_get_traits(uint32_t type);
+
+/* Bytes of a row of n elements of type; false when the type is unknown, n is
+ * not a multiple of the block size, or the size overflows. */
+bool quant_row_bytes(uint32_t type, uint64_t n, uint64_t *out_bytes);
+
+/* Parses a type name ("f32", "q4_0", "q4_k", ...); returns -1 when unknown. */
+int quant_type_from_name(const char *name);
+
+/* --- half precision ------------------------------------------------------ */
+float quant_f16_to_f32(uint16_t h);
+uint16_t quant_f32_to_f16(float f); /* round to nearest even */
+float quant_bf16_to_f32(uint16_t h);
+uint16_t quant_f32_to_bf16(float f); /* round to nearest even */
+void quant_f16_to_f32_row(const uint16_t *src, float *dst, int64_t n);
+void quant_f32_to_f16_row(const float *src, uint16_t *dst, int64_t n);
+
+/* --- activations --------------------------------------------------------- */
+/* Bytes needed for one activation row of n elements paired with weight type wtype. */
+size_t quant_act_row_bytes(uint32_t wtype, int64_t n);
+/* Converts x[0..n) into the activation format of wtype (n a multiple of the block size). */
+void quant_act_quantize(uint32_t wtype, const float *x, void *act, int64_t n);
+
+/* --- kernels (dispatched) ------------------------------------------------ */
+/* Dot of one weight row (n elements of wtype) with one activation row. */
+float quant_dot(uint32_t wtype, int64_t n, const void *w, const void *act);
+/* out[j] = quant_dot(wtype, n, w, act + j * act_stride) for j in [0, n_act), bit-identical. */
+void quant_dot_multi(uint32_t wtype, int64_t n, const void *w, const void *act,
+                     size_t act_stride, int n_act, float *out);
+/* Dequantizes n elements of wtype into y. */
+void quant_dequant_row(uint32_t wtype, const void *w, float *y, int64_t n);
+/* Reference quantizer (weights), for mkmodel and tests: f32, f16, bf16, q4_0,
+ * q4_1, q5_0, q8_0, q4_k, q5_k, q6_k. Returns false for other types. */
+bool quant_quantize_row(uint32_t type, const float *x, void *w, int64_t n);
+
+/* --- scalar references (always available, used by tests) --------------- */
+void quant_act_quantize_ref(uint32_t wtype, const float *x, void *act, int64_t n);
+float quant_dot_ref(uint32_t wtype, int64_t n, const void *w, const void *act);
+void quant_dequant_row_ref(uint32_t wtype, const void *w, float *y, int64_t n);
+
+/* --- dispatch ------------------------------------------------------------ */
+enum quant_isa { QUANT_ISA_SCALAR = 0, QUANT_ISA_AVX2 = 1, QUANT_ISA_AVX512 = 2 };
+/* Best ISA this CPU supports. */
+enum quant_isa quant_isa_detect(void);
+/* The ISA in use (detected at first use unless forced). */
+enum quant_isa quant_isa_current(void);
+/* Forces an ISA (for tests); returns false and changes nothing if the CPU lacks it. */
+bool quant_isa_force(enum quant_isa isa);
+const char *quant_isa_name(enum quant_isa isa);
+
+#endif /* KVS_QUANT_H */
