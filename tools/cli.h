@@ -1,0 +1,11 @@
+/* Subcommands of the kvshard CLI; each returns the process exit status. */
+#ifndef KVS_CLI_H
+#define KVS_CLI_H
+
+int cmd_run(int argc, char **argv);
+int cmd_logits(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
+int cmd_mkmodel(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+
+#endif /* KVS_CLI_H */
