@@ -8,6 +8,19 @@
  * hands out (strings, array data, tensor data) stays valid until gguf_close().
  * Strings are NOT NUL-terminated: use gguf_str's len.
  * Knows nothing about models: no architecture checks here.
+ *
+ * What the reader checks (everything else is refused):
+ *  1. magic "GGUF", little-endian version 2 or 3 (v1 and big-endian files: UNSUPPORTED);
+ *  2. n_kv <= GGUF_MAX_KV and n_tensors <= GGUF_MAX_TENSORS, and neither larger
+ *     than the bytes left could hold at the minimal entry size;
+ *  3. every string length and array byte size fits in the bytes left; keys are
+ *     1..GGUF_MAX_KEY_LEN bytes, tensor names 1..GGUF_MAX_NAME_LEN, unique;
+ *     value types known; bools 0/1; arrays of arrays refused (UNSUPPORTED);
+ *  4. general.alignment, when present, is a u32 nonzero power of two;
+ *  5. per tensor: n_dims 1..4, each ne >= 1, product and byte size without
+ *     overflow, type known to quant (else UNSUPPORTED), ne[0] a multiple of the
+ *     block size, offset aligned, [data_offset + offset, + size) inside the file,
+ *     and no two tensors' byte ranges overlap.
  */
 #ifndef KVS_GGUF_H
 #define KVS_GGUF_H
@@ -25,6 +38,10 @@ enum gguf_vtype {
 
 #define GGUF_MAX_DIMS 4
 #define GGUF_DEFAULT_ALIGNMENT 32
+#define GGUF_MAX_KV (1u << 20)      /* metadata entries */
+#define GGUF_MAX_TENSORS (1u << 20) /* tensor infos */
+#define GGUF_MAX_KEY_LEN 65535u     /* bytes */
+#define GGUF_MAX_NAME_LEN 256u      /* bytes; ggml itself caps names at 63 */
 
 typedef struct {
     const char *ptr; /* into the mapping; not NUL-terminated */
@@ -41,7 +58,8 @@ typedef struct {
     gguf_str str;               /* type == STRING */
     enum gguf_vtype arr_type;   /* type == ARRAY: element type (never ARRAY) */
     uint64_t arr_n;             /* type == ARRAY: element count */
-    const void *arr_data;       /* numeric arrays: raw little-endian elements, maybe unaligned */
+    const void *arr_data;       /* numeric arrays: raw little-endian elements, maybe unaligned;
+                                   string arrays: the first encoded string (u64 len + bytes) */
     const gguf_str *arr_strs;   /* string arrays: arr_n entries */
 } gguf_kv;
 
@@ -81,23 +99,45 @@ int gguf_get_f32(const gguf_ctx *ctx, const char *key, float *out); /* f32 or f6
 int gguf_get_bool(const gguf_ctx *ctx, const char *key, bool *out);
 int gguf_get_str(const gguf_ctx *ctx, const char *key, gguf_str *out);
 /* Array element readers (index must be < arr_n; element type converted). */
-float gguf_arr_f32(const gguf_kv *kv, uint64_t i);   /* f32/f64/integer arrays */
-int64_t gguf_arr_i64(const gguf_kv *kv, uint64_t i); /* integer arrays */
+/* Out-of-range index or a non-numeric array gives 0 (never reads out of bounds). */
+float gguf_arr_f32(const gguf_kv *kv, uint64_t i);   /* f32/f64/integer/bool arrays */
+int64_t gguf_arr_i64(const gguf_kv *kv, uint64_t i); /* integer/bool arrays (u64 above INT64_MAX wraps) */
 bool gguf_str_eq(gguf_str s, const char *cstr);
 
 uint64_t gguf_n_tensors(const gguf_ctx *ctx);
 const gguf_tensor *gguf_tensor_at(const gguf_ctx *ctx, uint64_t i);
 const gguf_tensor *gguf_find_tensor(const gguf_ctx *ctx, const char *name); /* NULL if absent */
 
+/* "u8", "i32", "string", ...; "?" for an unknown id. */
 const char *gguf_vtype_name(enum gguf_vtype t);
+/* Bytes of one element of a numeric/bool type; 0 for STRING/ARRAY/unknown. */
+size_t gguf_vtype_size(enum gguf_vtype t);
 
 /* --- writer -------------------------------------------------------------- */
+/*
+ * Two ways to write:
+ *  - copying: gguf_writer_add_tensor() copies each tensor's bytes, then
+ *    gguf_writer_write() writes the whole file;
+ *  - streaming (files larger than memory): gguf_writer_declare_tensor() for every
+ *    tensor (name, type, shape; no data), then gguf_writer_begin() writes the
+ *    header, metadata and tensor table, gguf_writer_write_data() appends the
+ *    tensors' bytes in declaration order (any chunking), gguf_writer_finish()
+ *    closes and renames. Only the bytes of one chunk are held at a time.
+ * Both write GGUF v3, every field little-endian, to path.tmp and rename it to
+ * path on success; on failure the .tmp file is removed and path is untouched.
+ * Alignment: the value of a "general.alignment" u32 key if set, else 32; the
+ * data section and every tensor offset are aligned to it, padding is zeros.
+ */
 typedef struct gguf_writer gguf_writer;
 
 /* New empty writer (GGUF v3, alignment 32); NULL on allocation failure. */
 gguf_writer *gguf_writer_create(void);
+/* Frees the writer; NULL is fine. An unfinished streaming write is abandoned
+ * (its .tmp file removed). */
 void gguf_writer_free(gguf_writer *w);
-/* Metadata setters copy key and value. Return KVS_OK or KVS_ERR_NOMEM. */
+/* Metadata setters copy key and value; setting an existing key replaces its
+ * value (the key keeps its position). Return KVS_OK, KVS_ERR_NOMEM, or
+ * KVS_ERR_INVALID_ARG (NULL key/value, or after gguf_writer_begin()). */
 int gguf_writer_set_u32(gguf_writer *w, const char *key, uint32_t v);
 int gguf_writer_set_i32(gguf_writer *w, const char *key, int32_t v);
 int gguf_writer_set_u64(gguf_writer *w, const char *key, uint64_t v);
@@ -107,10 +147,38 @@ int gguf_writer_set_str(gguf_writer *w, const char *key, const char *v);
 int gguf_writer_set_arr_str(gguf_writer *w, const char *key, const char *const *v, uint64_t n);
 int gguf_writer_set_arr_f32(gguf_writer *w, const char *key, const float *v, uint64_t n);
 int gguf_writer_set_arr_i32(gguf_writer *w, const char *key, const int32_t *v, uint64_t n);
-/* Adds a tensor; data (size bytes, must equal the type's row bytes x rows) is copied. */
+/* Any numeric/bool scalar: value points at one host-order element of type t
+ * (uint8_t, int8_t, ..., float, bool, double). KVS_ERR_INVALID_ARG for STRING/ARRAY. */
+int gguf_writer_set_scalar(gguf_writer *w, const char *key, enum gguf_vtype t, const void *value);
+/* String with explicit length (may contain NUL bytes). */
+int gguf_writer_set_strn(gguf_writer *w, const char *key, const char *v, uint64_t len);
+/* Array of numeric/bool elements of type elem (host-order C array of n
+ * elements), or of strings when elem == GGUF_VT_STRING (data is const char *const *).
+ * KVS_ERR_INVALID_ARG for elem == ARRAY. */
+int gguf_writer_set_arr(gguf_writer *w, const char *key, enum gguf_vtype elem, const void *data,
+                        uint64_t n);
+/* Adds a tensor; data (size bytes, must equal the type's row bytes x rows) is copied.
+ * KVS_ERR_INVALID_ARG for a bad shape/size, unknown type, duplicate name. */
 int gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
                            const uint64_t *ne, const void *data, uint64_t size);
-/* Writes the file (to path.tmp then renamed). */
+/* Writes the file (to path.tmp then renamed). KVS_ERR_INVALID_ARG when a tensor
+ * was declared without data (use the streaming calls), KVS_ERR_IO on I/O errors. */
 int gguf_writer_write(const gguf_writer *w, const char *path, char *msg, size_t msg_cap);
+
+/* Streaming. declare: like add_tensor without data; *out_size (may be NULL)
+ * gets the tensor's byte size. */
+int gguf_writer_declare_tensor(gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
+                               const uint64_t *ne, uint64_t *out_size);
+/* Creates path.tmp and writes header, metadata, tensor table and padding.
+ * Metadata and tensors can no longer change. On failure nothing is left on disk. */
+int gguf_writer_begin(gguf_writer *w, const char *path, char *msg, size_t msg_cap);
+/* Appends n bytes of tensor data, continuing the current tensor (declaration
+ * order) and moving to the next one when it is full. KVS_ERR_INVALID_ARG when
+ * n exceeds the bytes still expected, or not streaming. */
+int gguf_writer_write_data(gguf_writer *w, const void *data, size_t n, char *msg, size_t msg_cap);
+/* Checks every declared byte was written, closes and renames path.tmp to path.
+ * After any streaming failure the write is abandoned (tmp removed) and later
+ * streaming calls fail. */
+int gguf_writer_finish(gguf_writer *w, char *msg, size_t msg_cap);
 
 #endif /* KVS_GGUF_H */
