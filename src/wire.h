@@ -1,0 +1,324 @@
+/*
+ * wire — the shard <-> client frame codec. Pure byte work: no sockets (netio), no compute.
+ *
+ * A frame is a fixed 24-byte header followed by payload_len payload bytes. Every integer is
+ * little-endian and every field is written and read one at a time (never a struct image);
+ * docs/protocol.md is the normative description and lists every byte.
+ *
+ * Design notes
+ *  1. Decoders trust nothing: every count is checked against the bytes left and against a hard
+ *     WIRE_MAX_* limit, size math is overflow-checked, enum fields must hold a known value,
+ *     reserved fields must be zero and the payload must be consumed exactly. Because of that the
+ *     encoding is canonical: for any payload a decoder accepts, encoding the decoded struct gives
+ *     back the same bytes (the fuzz target checks this).
+ *  2. Encoders validate the same rules, so they never produce a payload the decoder refuses.
+ *  3. Small strings (auth token, shard name, status message, stat names) are COPIED into fixed
+ *     NUL-terminated arrays in the struct. Bulk data (token ids, hidden states, logits, vocab
+ *     entries) is NOT copied: the decoded struct points into the payload buffer, so it is valid
+ *     only as long as that buffer is unchanged — in particular only until the next
+ *     netio_recv_frame() into the same netio_buf. Those pointers may be unaligned; read them with
+ *     the wire_*_get / wire_*_to_f32 helpers (or memcpy).
+ *  4. Bulk data fields (`data`) hold elements in wire representation: little-endian i32 / f32 /
+ *     IEEE binary16 bits, any alignment. On a little-endian host (x86-64, AArch64) that is simply a
+ *     host array, so encoders copy it with one memcpy.
+ *  5. Every reply starts with a struct wire_status block. When its status is not KVS_OK the reply
+ *     carries nothing else (except STATUS, which always carries a message).
+ *
+ * Error codes: decoders return KVS_OK or KVS_ERR_PROTOCOL (with a message naming the field);
+ * wire_decode_header also returns KVS_ERR_UNSUPPORTED (version) and KVS_ERR_TOO_LARGE (payload
+ * over WIRE_MAX_PAYLOAD). Encoders return KVS_OK, KVS_ERR_TOO_LARGE (a count over a hard limit or
+ * a payload over WIRE_MAX_PAYLOAD), or KVS_ERR_INVALID_ARG (any other field invalid, or the
+ * output buffer too small). On a decoder failure *out is zeroed; on an encoder failure the
+ * contents of buf are unspecified.
+ */
+#ifndef KVS_WIRE_H
+#define KVS_WIRE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvshard.h"
+
+/* ---- header and limits ---- */
+
+#define WIRE_MAGIC 0x4853564Bu /* bytes "KVSH" read as a little-endian u32 */
+#define WIRE_VERSION 1u        /* frame/message set version this code speaks */
+#define WIRE_HEADER_SIZE 24u
+
+#define WIRE_MAX_PAYLOAD (64u << 20)  /* bytes after the header */
+#define WIRE_MAX_TOKENS 8192u         /* token rows per FORWARD / FORWARD_REPLY */
+#define WIRE_MAX_EMBD 65536u          /* hidden width */
+#define WIRE_MAX_VOCAB (1u << 20)     /* vocab size, logits width */
+#define WIRE_MAX_LAYERS 4096u         /* n_layer in INFO */
+#define WIRE_MAX_POS (1u << 24)       /* positions: start_pos + n_tokens, inherit_len, lengths */
+#define WIRE_MAX_AUTH 256u            /* auth token bytes in HELLO */
+#define WIRE_MAX_NAME 128u            /* shard name bytes in INFO */
+#define WIRE_MAX_MSG 255u             /* message bytes in STATUS */
+#define WIRE_MAX_STATS 128u           /* counters in STATS_REPLY */
+#define WIRE_MAX_STAT_NAME 63u        /* bytes of one counter name */
+#define WIRE_MAX_TOKEN_TEXT 65535u    /* bytes of one vocab token text */
+#define WIRE_MAX_TOK_MODEL 32u        /* bytes of the tokenizer model name ("llama") */
+#define WIRE_TOKEN_TYPE_MAX 6         /* llama token types 0 (undefined) .. 6 (byte) */
+#define WIRE_DIGEST_SIZE 32u
+
+enum wire_op {
+    WIRE_OP_HELLO = 1,         /* client -> shard: struct wire_hello */
+    WIRE_OP_INFO = 2,          /* reply to HELLO: struct wire_info */
+    WIRE_OP_FORWARD = 3,       /* struct wire_forward */
+    WIRE_OP_FORWARD_REPLY = 4, /* struct wire_forward_reply */
+    WIRE_OP_TRUNCATE = 5,      /* struct wire_truncate; reply STATUS */
+    WIRE_OP_RELEASE = 6,       /* struct wire_release; reply STATUS */
+    WIRE_OP_CANCEL = 7,        /* struct wire_cancel; reply STATUS */
+    WIRE_OP_STATS = 8,         /* empty payload */
+    WIRE_OP_STATS_REPLY = 9,   /* struct wire_stats_reply */
+    WIRE_OP_VOCAB = 10,        /* struct wire_vocab */
+    WIRE_OP_VOCAB_REPLY = 11,  /* struct wire_vocab_reply */
+    WIRE_OP_STATUS = 12,       /* struct wire_status_reply: generic reply / error */
+};
+#define WIRE_OP_MAX_ 12
+
+struct wire_header {
+    uint32_t magic;       /* WIRE_MAGIC */
+    uint16_t version;     /* WIRE_VERSION */
+    uint16_t op;          /* enum wire_op */
+    uint32_t flags;       /* reserved, must be 0 */
+    uint64_t request_id;  /* chosen by the requester, echoed in the reply */
+    uint32_t payload_len; /* bytes following the header, <= WIRE_MAX_PAYLOAD */
+};
+
+/* Writes the 24 header bytes. KVS_ERR_INVALID_ARG for an unknown op, nonzero flags or a bad
+ * magic/version; KVS_ERR_TOO_LARGE for payload_len > WIRE_MAX_PAYLOAD. */
+int wire_encode_header(const struct wire_header *h, uint8_t out[WIRE_HEADER_SIZE]);
+
+/* Parses and validates 24 header bytes. KVS_ERR_PROTOCOL for a bad magic, unknown op or nonzero
+ * flags; KVS_ERR_UNSUPPORTED for another version; KVS_ERR_TOO_LARGE for an oversized payload
+ * (out->payload_len and out->op are still filled then, so a server can answer before closing). */
+int wire_decode_header(const uint8_t in[WIRE_HEADER_SIZE], struct wire_header *out, char *msg,
+                       size_t msg_cap);
+
+/* Static name of an op ("FORWARD"), "?" when unknown. */
+const char *wire_op_name(uint32_t op);
+
+/* True when v is one of the values of enum kvs_err. */
+bool wire_status_known(int32_t v);
+
+/* ---- the status block that starts every reply (20 bytes) ---- */
+
+struct wire_status {
+    int32_t status;      /* enum kvs_err; KVS_OK on success */
+    uint32_t have;       /* CACHE_MISS: positions the shard holds; replay from here */
+    uint64_t live_epoch; /* STALE_EPOCH: the epoch the shard holds for the session */
+    uint32_t n_past;     /* positions held for the session after the request */
+};
+
+/* ---- HELLO / INFO ---- */
+
+struct wire_hello {
+    uint16_t min_version, max_version; /* versions the client speaks, 1 <= min <= max */
+    uint16_t auth_len;                 /* <= WIRE_MAX_AUTH */
+    char auth[WIRE_MAX_AUTH + 1];      /* auth token, NUL-terminated copy; no NUL inside */
+};
+
+enum wire_dtype_bit { WIRE_DTYPE_F32 = 1u << 0, WIRE_DTYPE_F16 = 1u << 1 };
+
+struct wire_info {
+    struct wire_status st;
+    uint16_t version;                   /* chosen protocol version */
+    uint16_t hidden_dtypes;             /* enum wire_dtype_bit mask; F32 always set */
+    uint8_t model_digest[WIRE_DIGEST_SIZE];
+    uint32_t n_layer;                   /* layers of the whole model */
+    uint32_t first, last;               /* owned layers [first, last), first < last <= n_layer */
+    uint32_t n_embd;                    /* hidden width, 1..WIRE_MAX_EMBD */
+    uint32_t n_vocab;                   /* 1..WIRE_MAX_VOCAB */
+    uint64_t kv_budget_bytes;           /* hot KV pool size, bytes */
+    uint32_t max_tokens;                /* tokens per FORWARD the shard accepts, 1..WIRE_MAX_TOKENS */
+    uint32_t max_ctx;                   /* positions per session, <= WIRE_MAX_POS */
+    uint16_t name_len;                  /* <= WIRE_MAX_NAME */
+    char name[WIRE_MAX_NAME + 1];       /* shard name, NUL-terminated copy; no NUL inside */
+};
+
+/* ---- FORWARD ---- */
+
+#define WIRE_SID_SIZE 16u
+#define WIRE_FWD_INHERIT (1u << 0) /* take over inherit_epoch's state truncated to inherit_len */
+#define WIRE_FWD_FLAGS_KNOWN WIRE_FWD_INHERIT
+
+enum wire_out_mode {
+    WIRE_OUT_HIDDEN = 0,      /* return hidden states of every input row */
+    WIRE_OUT_LOGITS_LAST = 1, /* return logits of the last row only */
+    WIRE_OUT_LOGITS_ALL = 2,  /* return logits of every row */
+};
+
+enum wire_in_kind {
+    WIRE_IN_TOKENS = 0,     /* data: i32[n_tokens]; n_embd must be 0 */
+    WIRE_IN_HIDDEN_F32 = 1, /* data: f32[n_tokens x n_embd] */
+    WIRE_IN_HIDDEN_F16 = 2, /* data: binary16[n_tokens x n_embd] */
+};
+
+struct wire_forward {
+    uint8_t session_id[WIRE_SID_SIZE]; /* route_session_id, opaque 128 bits */
+    uint64_t epoch;                    /* route_epoch */
+    uint32_t start_pos;                /* position of the first input row */
+    uint32_t n_tokens;                 /* rows, 1..WIRE_MAX_TOKENS; start_pos + n_tokens <= WIRE_MAX_POS */
+    uint32_t flags;                    /* WIRE_FWD_* */
+    uint32_t out_mode;                 /* enum wire_out_mode */
+    uint64_t inherit_epoch;            /* with WIRE_FWD_INHERIT: < epoch; else 0 */
+    uint32_t inherit_len;              /* with WIRE_FWD_INHERIT: positions kept, <= WIRE_MAX_POS; else 0 */
+    uint32_t in_kind;                  /* enum wire_in_kind */
+    uint32_t n_embd;                   /* hidden width, 1..WIRE_MAX_EMBD; 0 for tokens */
+    const void *data;                  /* (n_tokens) or (n_tokens, n_embd), see design note 3/4 */
+};
+
+enum wire_out_kind {
+    WIRE_OUTK_NONE = 0,       /* no data; n_rows = n_cols = 0 */
+    WIRE_OUTK_HIDDEN_F32 = 1, /* f32 (n_rows, n_cols = n_embd) */
+    WIRE_OUTK_HIDDEN_F16 = 2, /* binary16 (n_rows, n_cols = n_embd) */
+    WIRE_OUTK_LOGITS_F32 = 3, /* f32 (n_rows, n_cols = n_vocab) */
+};
+
+struct wire_forward_reply {
+    struct wire_status st;
+    uint32_t out_kind;  /* enum wire_out_kind; NONE when st.status != KVS_OK */
+    uint32_t n_rows;    /* 1..WIRE_MAX_TOKENS unless NONE */
+    uint32_t n_cols;    /* 1..WIRE_MAX_EMBD (hidden) or 1..WIRE_MAX_VOCAB (logits) unless NONE */
+    const void *data;   /* (n_rows, n_cols) elements, see design note 3/4 */
+};
+
+/* ---- TRUNCATE / RELEASE / CANCEL / STATUS ---- */
+
+struct wire_truncate {
+    uint8_t session_id[WIRE_SID_SIZE];
+    uint64_t epoch;
+    uint32_t len; /* positions to keep, <= WIRE_MAX_POS */
+};
+
+struct wire_release {
+    uint8_t session_id[WIRE_SID_SIZE];
+    uint64_t epoch;
+};
+
+struct wire_cancel {
+    uint64_t target_request_id; /* request_id of an in-flight FORWARD on the same connection */
+};
+
+struct wire_status_reply {
+    struct wire_status st;
+    uint16_t msg_len;          /* <= WIRE_MAX_MSG */
+    char msg[WIRE_MAX_MSG + 1]; /* human-readable detail, NUL-terminated copy; may be empty */
+};
+
+/* ---- STATS ---- */
+
+struct wire_stat {
+    char name[WIRE_MAX_STAT_NAME + 1]; /* 1..63 chars of [A-Za-z0-9_.], NUL-terminated */
+    uint64_t value;
+};
+
+struct wire_stats_reply {
+    struct wire_status st;
+    uint32_t n_stats; /* <= WIRE_MAX_STATS */
+    struct wire_stat stats[WIRE_MAX_STATS];
+};
+
+/* ---- VOCAB (head shard's tokenizer, paged) ---- */
+
+struct wire_vocab {
+    uint32_t first;     /* first token id wanted */
+    uint32_t max_count; /* 1..WIRE_MAX_VOCAB; the shard returns fewer if the page would not fit */
+};
+
+struct wire_vocab_token {
+    const char *text; /* not NUL-terminated; into the caller's arrays or the payload */
+    uint32_t text_len; /* <= WIRE_MAX_TOKEN_TEXT */
+    float score;
+    int32_t type;     /* 0..WIRE_TOKEN_TYPE_MAX */
+};
+
+struct wire_vocab_reply {
+    struct wire_status st;
+    uint32_t n_vocab;          /* whole vocab, 1..WIRE_MAX_VOCAB */
+    uint32_t first, count;     /* this page: ids [first, first + count), first + count <= n_vocab */
+    int32_t bos, eos;          /* -1 (none) or < n_vocab */
+    uint8_t add_space_prefix;  /* 0 or 1 */
+    uint8_t tok_model_len;     /* <= WIRE_MAX_TOK_MODEL */
+    char tok_model[WIRE_MAX_TOK_MODEL + 1]; /* tokenizer.ggml.model, NUL-terminated copy */
+    /* encode: count entries taken from tokens[] (caller-owned).
+     * decode: tokens is NULL; entries/entries_len span the validated entry bytes in the payload
+     * (lifetime: design note 3); walk them with wire_vocab_next(). */
+    const struct wire_vocab_token *tokens;
+    const uint8_t *entries;
+    size_t entries_len;
+};
+
+/* Decoded-page iterator: start with *off = 0; fills *tok (text points into the payload) and
+ * returns true while entries remain, false after the last one. Never reads out of bounds, even
+ * on a struct that was not produced by wire_decode_vocab_reply. */
+bool wire_vocab_next(const struct wire_vocab_reply *v, size_t *off, struct wire_vocab_token *tok);
+
+/* ---- encoders ----
+ * Each writes the payload (not the header) of its message into buf[0..cap) and sets *len to its
+ * size. With buf == NULL nothing is written: *len gets the size needed and KVS_OK is returned.
+ * When buf is non-NULL and cap < needed: KVS_ERR_INVALID_ARG, *len = needed. */
+int wire_encode_hello(const struct wire_hello *m, uint8_t *buf, size_t cap, size_t *len);
+int wire_encode_info(const struct wire_info *m, uint8_t *buf, size_t cap, size_t *len);
+int wire_encode_forward(const struct wire_forward *m, uint8_t *buf, size_t cap, size_t *len);
+int wire_encode_forward_reply(const struct wire_forward_reply *m, uint8_t *buf, size_t cap,
+                              size_t *len);
+int wire_encode_truncate(const struct wire_truncate *m, uint8_t *buf, size_t cap, size_t *len);
+int wire_encode_release(const struct wire_release *m, uint8_t *buf, size_t cap, size_t *len);
+int wire_encode_cancel(const struct wire_cancel *m, uint8_t *buf, size_t cap, size_t *len);
+int wire_encode_status_reply(const struct wire_status_reply *m, uint8_t *buf, size_t cap,
+                             size_t *len);
+int wire_encode_stats_reply(const struct wire_stats_reply *m, uint8_t *buf, size_t cap,
+                            size_t *len);
+int wire_encode_vocab(const struct wire_vocab *m, uint8_t *buf, size_t cap, size_t *len);
+int wire_encode_vocab_reply(const struct wire_vocab_reply *m, uint8_t *buf, size_t cap,
+                            size_t *len);
+
+/* ---- decoders ----
+ * Each parses payload[0..len) completely (trailing bytes are an error). KVS_OK or
+ * KVS_ERR_PROTOCOL (msg names the field); *out is zeroed on failure. Pointers in *out point into
+ * payload (design note 3). The STATS request has an empty payload: wire_decode_empty(). */
+int wire_decode_empty(const uint8_t *payload, size_t len, char *msg, size_t msg_cap);
+int wire_decode_hello(const uint8_t *payload, size_t len, struct wire_hello *out, char *msg,
+                      size_t msg_cap);
+int wire_decode_info(const uint8_t *payload, size_t len, struct wire_info *out, char *msg,
+                     size_t msg_cap);
+int wire_decode_forward(const uint8_t *payload, size_t len, struct wire_forward *out, char *msg,
+                        size_t msg_cap);
+int wire_decode_forward_reply(const uint8_t *payload, size_t len, struct wire_forward_reply *out,
+                              char *msg, size_t msg_cap);
+int wire_decode_truncate(const uint8_t *payload, size_t len, struct wire_truncate *out, char *msg,
+                         size_t msg_cap);
+int wire_decode_release(const uint8_t *payload, size_t len, struct wire_release *out, char *msg,
+                        size_t msg_cap);
+int wire_decode_cancel(const uint8_t *payload, size_t len, struct wire_cancel *out, char *msg,
+                       size_t msg_cap);
+int wire_decode_status_reply(const uint8_t *payload, size_t len, struct wire_status_reply *out,
+                             char *msg, size_t msg_cap);
+int wire_decode_stats_reply(const uint8_t *payload, size_t len, struct wire_stats_reply *out,
+                            char *msg, size_t msg_cap);
+int wire_decode_vocab(const uint8_t *payload, size_t len, struct wire_vocab *out, char *msg,
+                      size_t msg_cap);
+int wire_decode_vocab_reply(const uint8_t *payload, size_t len, struct wire_vocab_reply *out,
+                            char *msg, size_t msg_cap);
+
+/* ---- bulk data readers (host order, alignment-safe) ---- */
+
+/* Token i of a decoded FORWARD with in_kind TOKENS; i < n_tokens (caller's duty). */
+int32_t wire_forward_token(const struct wire_forward *m, uint32_t i);
+
+/* Converts a decoded FORWARD's hidden input (f32 or f16) to host floats:
+ * dst must hold n_tokens * n_embd floats. KVS_ERR_INVALID_ARG when in_kind is TOKENS. */
+int wire_forward_hidden_to_f32(const struct wire_forward *m, float *dst);
+
+/* Converts a decoded FORWARD_REPLY's output (hidden f32/f16 or logits) to host floats:
+ * dst must hold n_rows * n_cols floats. KVS_ERR_INVALID_ARG when out_kind is NONE. */
+int wire_forward_reply_to_f32(const struct wire_forward_reply *m, float *dst);
+
+/* IEEE binary16 <-> binary32 (round to nearest even; NaN stays NaN). */
+float wire_f16_to_f32(uint16_t h);
+uint16_t wire_f32_to_f16(float f);
+
+#endif /* KVS_WIRE_H */
