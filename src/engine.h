@@ -1,0 +1,55 @@
+/*
+ * engine — a loaded layer range with its thread pool and hot KV state: the
+ * unit a shard server or `kvshard run` drives. engine_step runs one or more
+ * session requests as one forward batch: kv_begin for each, one fwd_run over
+ * all of them, then kv_commit (or kv_abort on error/cancel) for each.
+ */
+#ifndef KVS_ENGINE_H
+#define KVS_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "forward.h"
+#include "kvstate.h"
+#include "model.h"
+#include "ops.h"
+#include "tokenizer.h"
+
+typedef struct {
+    const char *model_path;
+    uint32_t first, last;   /* layer range; last 0 = n_layer */
+    int n_threads;          /* 0: online CPUs */
+    kv_params kv;           /* n_layers/heads/head_dim filled from the model */
+} engine_params;
+
+engine_params engine_default_params(void);
+
+typedef struct {
+    model *m;
+    ops_pool *pool;
+    kv_state *kv;
+    tok_vocab *vocab;       /* NULL when the file has no usable tokenizer */
+} engine;
+
+int engine_open(const engine_params *p, engine **out, char *msg, size_t msg_cap);
+void engine_close(engine *e);
+
+typedef struct {
+    kv_sid sid;
+    uint64_t epoch;
+    uint32_t start_pos, n;
+    const kv_inherit *inherit; /* NULL: none */
+    const int32_t *tokens;     /* or hidden, per the range */
+    const float *hidden;
+    fwd_out_mode out_mode;
+    float *out;
+    int status;                /* result */
+    kv_reply reply;
+} engine_req;
+
+/* Runs reqs as one batch. Each req gets its own status; returns KVS_OK unless
+ * the batch as a whole failed (then every req carries that error too). */
+int engine_step(engine *e, engine_req *reqs, int n_reqs);
+
+#endif /* KVS_ENGINE_H */

@@ -1,0 +1,308 @@
+#include "forward.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quant.h"
+#include "util.h"
+
+/* One forward call's working set. Rows are tokens of the active items, in
+ * item order; tok_item/tok_pos say whose and where each row is. */
+typedef struct {
+    const model *m;
+    ops_pool *pool;
+    const kv_state *kv;
+    fwd_item *items;
+    int n_tok;
+    int *tok_item;     /* [n_tok] item index */
+    int32_t *tok_pos;  /* [n_tok] absolute position */
+    float *x;          /* [n_tok][n_embd] residual stream */
+    float *xb;         /* [n_tok][n_embd] normed input */
+    float *q;          /* [n_tok][n_head * head_dim] */
+    float *k;          /* [n_tok][kv_dim] */
+    float *v;          /* [n_tok][kv_dim] */
+    float *att;        /* [n_tok][n_head * head_dim] */
+    float *gate;       /* [n_tok][n_ff] */
+    float *up;         /* [n_tok][n_ff] */
+    float *inv_freq;   /* [n_rot / 2] */
+    void *act;         /* matmul activation scratch */
+    float *att_scratch; /* per thread: scores [group][max_pos] + k/v row */
+    size_t att_scratch_per_thread;
+    int layer;         /* local layer index being computed */
+    atomic_int next_task;
+} fwd_run_ctx;
+
+static void *xmalloc_checked(size_t a, size_t b, bool *ok) {
+    uint64_t n;
+    if (!kvs_mul_u64(a, b, &n) || n > SIZE_MAX) {
+        *ok = false;
+        return NULL;
+    }
+    void *p = malloc(n ? (size_t)n : 1);
+    if (!p) *ok = false;
+    return p;
+}
+
+/* ---- per-token parallel helpers ---- */
+
+static void norm_task(void *p, int ith, int nth) {
+    fwd_run_ctx *c = p;
+    const model_layer *L = &c->m->layers[c->layer];
+    int64_t d = c->m->hp.n_embd;
+    for (int t = ith; t < c->n_tok; t += nth)
+        ops_rmsnorm(c->x + (size_t)t * d, L->attn_norm, c->xb + (size_t)t * d, d, c->m->hp.rms_eps);
+}
+
+static void ffn_norm_task(void *p, int ith, int nth) {
+    fwd_run_ctx *c = p;
+    const model_layer *L = &c->m->layers[c->layer];
+    int64_t d = c->m->hp.n_embd;
+    for (int t = ith; t < c->n_tok; t += nth)
+        ops_rmsnorm(c->x + (size_t)t * d, L->ffn_norm, c->xb + (size_t)t * d, d, c->m->hp.rms_eps);
+}
+
+static void swiglu_task(void *p, int ith, int nth) {
+    fwd_run_ctx *c = p;
+    int64_t f = c->m->hp.n_ff;
+    for (int t = ith; t < c->n_tok; t += nth) ops_swiglu(c->gate + (size_t)t * f, c->up + (size_t)t * f, f);
+}
+
+/* Rope on q and k, then K/V into the session's blocks at the token's position. */
+static void rope_store_task(void *p, int ith, int nth) {
+    fwd_run_ctx *c = p;
+    const model_hparams *hp = &c->m->hp;
+    int kv_dim = (int)(hp->n_head_kv * hp->head_dim), q_dim = (int)(hp->n_head * hp->head_dim);
+    bool f16 = kv_get_params(c->kv)->kv_type == QUANT_F16;
+    for (int t = ith; t < c->n_tok; t += nth) {
+        float *q = c->q + (size_t)t * (size_t)q_dim, *k = c->k + (size_t)t * (size_t)kv_dim;
+        const float *v = c->v + (size_t)t * (size_t)kv_dim;
+        ops_rope(q, (int)hp->n_head, (int)hp->head_dim, (int)hp->n_rot, c->tok_pos[t], c->inv_freq);
+        ops_rope(k, (int)hp->n_head_kv, (int)hp->head_dim, (int)hp->n_rot, c->tok_pos[t], c->inv_freq);
+        kv_txn *txn = c->items[c->tok_item[t]].txn;
+        void *kd = kv_txn_k(txn, c->layer, (uint32_t)c->tok_pos[t]);
+        void *vd = kv_txn_v(txn, c->layer, (uint32_t)c->tok_pos[t]);
+        if (f16) {
+            quant_f32_to_f16_row(k, kd, kv_dim);
+            quant_f32_to_f16_row(v, vd, kv_dim);
+        } else {
+            memcpy(kd, k, (size_t)kv_dim * sizeof(float));
+            memcpy(vd, v, (size_t)kv_dim * sizeof(float));
+        }
+    }
+    (void)q_dim;
+}
+
+/* Attention for one (token, kv head) task: the group of query heads that
+ * share the kv head attend over positions [0, pos] of the token's session. */
+static void attention_task(void *p, int ith, int nth) {
+    (void)nth;
+    fwd_run_ctx *c = p;
+    const model_hparams *hp = &c->m->hp;
+    int hd = (int)hp->head_dim, n_kv = (int)hp->n_head_kv, group = (int)(hp->n_head / hp->n_head_kv);
+    int kv_dim = n_kv * hd, q_dim = (int)hp->n_head * hd;
+    bool f16 = kv_get_params(c->kv)->kv_type == QUANT_F16;
+    float scale = 1.0f / sqrtf((float)hd);
+    float *scratch = c->att_scratch + (size_t)ith * c->att_scratch_per_thread;
+    int n_tasks = c->n_tok * n_kv;
+    for (;;) {
+        int task = atomic_fetch_add_explicit(&c->next_task, 1, memory_order_relaxed);
+        if (task >= n_tasks) break;
+        int t = task / n_kv, g = task % n_kv;
+        int32_t pos = c->tok_pos[t];
+        int n_pos = pos + 1;
+        kv_txn *txn = c->items[c->tok_item[t]].txn;
+        const float *q = c->q + (size_t)t * (size_t)q_dim + (size_t)g * (size_t)group * (size_t)hd;
+        float *scores = scratch;                         /* [group][n_pos] */
+        float *row = scratch + (size_t)group * (size_t)n_pos; /* [hd] */
+        for (int j = 0; j < n_pos; j++) {
+            const float *kr;
+            const uint8_t *kp = kv_txn_k(txn, c->layer, (uint32_t)j);
+            if (f16) {
+                quant_f16_to_f32_row((const uint16_t *)kp + (size_t)g * (size_t)hd, row, hd);
+                kr = row;
+            } else {
+                kr = (const float *)kp + (size_t)g * (size_t)hd;
+            }
+            for (int h = 0; h < group; h++) {
+                const float *qh = q + (size_t)h * (size_t)hd;
+                float s = 0.0f;
+                for (int e = 0; e < hd; e++) s += qh[e] * kr[e];
+                scores[(size_t)h * (size_t)n_pos + (size_t)j] = s * scale;
+            }
+        }
+        float *out = c->att + (size_t)t * (size_t)q_dim + (size_t)g * (size_t)group * (size_t)hd;
+        for (int h = 0; h < group; h++) {
+            ops_softmax(scores + (size_t)h * (size_t)n_pos, n_pos);
+            memset(out + (size_t)h * (size_t)hd, 0, (size_t)hd * sizeof(float));
+        }
+        for (int j = 0; j < n_pos; j++) {
+            const float *vr;
+            const uint8_t *vp = kv_txn_v(txn, c->layer, (uint32_t)j);
+            if (f16) {
+                quant_f16_to_f32_row((const uint16_t *)vp + (size_t)g * (size_t)hd, row, hd);
+                vr = row;
+            } else {
+                vr = (const float *)vp + (size_t)g * (size_t)hd;
+            }
+            for (int h = 0; h < group; h++) {
+                float a = scores[(size_t)h * (size_t)n_pos + (size_t)j];
+                float *oh = out + (size_t)h * (size_t)hd;
+                for (int e = 0; e < hd; e++) oh[e] += a * vr[e];
+            }
+        }
+    }
+    (void)kv_dim;
+}
+
+static void run_tokens(fwd_run_ctx *c, ops_task_fn fn) {
+    if (c->n_tok < 4) fn(c, 0, 1);
+    else ops_pool_run(c->pool, fn, c);
+}
+
+/* Drops rows of items whose transaction was cancelled; returns rows left. */
+static int drop_cancelled(fwd_run_ctx *c, int n_items) {
+    bool any = false;
+    for (int i = 0; i < n_items; i++)
+        if (c->items[i].status == KVS_OK && kv_txn_cancelled(c->items[i].txn)) {
+            c->items[i].status = KVS_ERR_CANCELLED;
+            any = true;
+        }
+    if (!any) return c->n_tok;
+    size_t d = c->m->hp.n_embd;
+    int w = 0;
+    for (int t = 0; t < c->n_tok; t++) {
+        if (c->items[c->tok_item[t]].status != KVS_OK) continue;
+        if (w != t) {
+            memmove(c->x + (size_t)w * d, c->x + (size_t)t * d, d * sizeof(float));
+            c->tok_item[w] = c->tok_item[t];
+            c->tok_pos[w] = c->tok_pos[t];
+        }
+        w++;
+    }
+    c->n_tok = w;
+    return w;
+}
+
+static void layer_forward(fwd_run_ctx *c, int l) {
+    const model_hparams *hp = &c->m->hp;
+    const model_layer *L = &c->m->layers[l];
+    int64_t d = hp->n_embd, q_dim = (int64_t)hp->n_head * hp->head_dim, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    int T = c->n_tok;
+    c->layer = l;
+    run_tokens(c, norm_task);
+    ops_matmul(c->pool, &L->wq, c->xb, T, c->q, q_dim, c->act);
+    ops_matmul(c->pool, &L->wk, c->xb, T, c->k, kv_dim, c->act);
+    ops_matmul(c->pool, &L->wv, c->xb, T, c->v, kv_dim, c->act);
+    run_tokens(c, rope_store_task);
+    atomic_store(&c->next_task, 0);
+    if (T * (int)hp->n_head_kv < 2) attention_task(c, 0, 1);
+    else ops_pool_run(c->pool, attention_task, c);
+    ops_matmul(c->pool, &L->wo, c->att, T, c->xb, d, c->act);
+    for (size_t i = 0; i < (size_t)T * (size_t)d; i++) c->x[i] += c->xb[i];
+    run_tokens(c, ffn_norm_task);
+    ops_matmul(c->pool, &L->w_gate, c->xb, T, c->gate, hp->n_ff, c->act);
+    ops_matmul(c->pool, &L->w_up, c->xb, T, c->up, hp->n_ff, c->act);
+    run_tokens(c, swiglu_task);
+    ops_matmul(c->pool, &L->w_down, c->gate, T, c->xb, d, c->act);
+    for (size_t i = 0; i < (size_t)T * (size_t)d; i++) c->x[i] += c->xb[i];
+}
+
+int fwd_run(const model *m, ops_pool *pool, const kv_state *kv, fwd_item *items, int n_items) {
+    const model_hparams *hp = &m->hp;
+    int n_tok = 0;
+    uint32_t max_pos = 0;
+    for (int i = 0; i < n_items; i++) {
+        fwd_item *it = &items[i];
+        it->status = KVS_OK;
+        uint32_t n = kv_txn_end(it->txn) - kv_txn_start(it->txn);
+        if (it->out_mode != FWD_OUT_HIDDEN && !m->has_head) return KVS_ERR_INVALID_ARG;
+        if (!it->out || (m->has_embd ? !it->tokens : !it->hidden)) return KVS_ERR_INVALID_ARG;
+        if (m->has_embd)
+            for (uint32_t j = 0; j < n; j++)
+                if (it->tokens[j] < 0 || (uint32_t)it->tokens[j] >= hp->n_vocab) return KVS_ERR_INVALID_ARG;
+        if (n > (uint32_t)(INT32_MAX / 2) || n_tok > INT32_MAX / 2) return KVS_ERR_INVALID_ARG;
+        n_tok += (int)n;
+        if (kv_txn_end(it->txn) > max_pos) max_pos = kv_txn_end(it->txn);
+    }
+    if (n_tok == 0) return KVS_OK;
+
+    fwd_run_ctx c = {.m = m, .pool = pool, .kv = kv, .items = items, .n_tok = n_tok};
+    size_t T = (size_t)n_tok, d = hp->n_embd, q_dim = (size_t)hp->n_head * hp->head_dim;
+    size_t kv_dim = (size_t)hp->n_head_kv * hp->head_dim, ff = hp->n_ff;
+    int nth = ops_pool_threads(pool);
+    size_t act_bytes = 0;
+    for (uint32_t l = 0; l < m->last - m->first; l++) {
+        const model_layer *L = &m->layers[l];
+        const ops_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t k = 0; k < 7; k++) {
+            size_t b = ops_matmul_scratch_bytes(ws[k], n_tok);
+            if (b > act_bytes) act_bytes = b;
+        }
+    }
+    if (m->has_head && ops_matmul_scratch_bytes(&m->output, n_tok) > act_bytes)
+        act_bytes = ops_matmul_scratch_bytes(&m->output, n_tok);
+    size_t group = hp->n_head / hp->n_head_kv;
+    c.att_scratch_per_thread = group * (size_t)max_pos + hp->head_dim + 16;
+    bool ok = true;
+    c.tok_item = xmalloc_checked(T, sizeof(int), &ok);
+    c.tok_pos = xmalloc_checked(T, sizeof(int32_t), &ok);
+    c.x = xmalloc_checked(T, d * sizeof(float), &ok);
+    c.xb = xmalloc_checked(T, d * sizeof(float), &ok);
+    c.q = xmalloc_checked(T, q_dim * sizeof(float), &ok);
+    c.k = xmalloc_checked(T, kv_dim * sizeof(float), &ok);
+    c.v = xmalloc_checked(T, kv_dim * sizeof(float), &ok);
+    c.att = xmalloc_checked(T, q_dim * sizeof(float), &ok);
+    c.gate = xmalloc_checked(T, ff * sizeof(float), &ok);
+    c.up = xmalloc_checked(T, ff * sizeof(float), &ok);
+    c.inv_freq = xmalloc_checked(hp->n_rot / 2 + 1, sizeof(float), &ok);
+    c.act = xmalloc_checked(act_bytes + 64, 1, &ok);
+    c.att_scratch = xmalloc_checked((size_t)nth, c.att_scratch_per_thread * sizeof(float), &ok);
+    int err = KVS_OK;
+    if (!ok) {
+        err = KVS_ERR_NOMEM;
+        goto out;
+    }
+    ops_rope_freqs(c.inv_freq, (int)hp->n_rot, hp->rope_base);
+
+    /* Inputs. */
+    size_t t = 0;
+    for (int i = 0; i < n_items; i++) {
+        uint32_t s = kv_txn_start(items[i].txn), n = kv_txn_end(items[i].txn) - s;
+        for (uint32_t j = 0; j < n; j++, t++) {
+            c.tok_item[t] = i;
+            c.tok_pos[t] = (int32_t)(s + j);
+            if (m->has_embd) model_embed(m, items[i].tokens[j], c.x + t * d);
+            else memcpy(c.x + t * d, items[i].hidden + (size_t)j * d, d * sizeof(float));
+        }
+    }
+
+    for (uint32_t l = 0; l < m->last - m->first; l++) {
+        if (drop_cancelled(&c, n_items) == 0) goto out;
+        layer_forward(&c, (int)l);
+    }
+    if (drop_cancelled(&c, n_items) == 0) goto out;
+
+    /* Outputs, item by item (rows of an item are contiguous). */
+    for (t = 0; t < (size_t)c.n_tok;) {
+        int i = c.tok_item[t];
+        size_t n = 0;
+        while (t + n < (size_t)c.n_tok && c.tok_item[t + n] == i) n++;
+        fwd_item *it = &items[i];
+        if (it->out_mode == FWD_OUT_HIDDEN) {
+            memcpy(it->out, c.x + t * d, n * d * sizeof(float));
+        } else {
+            size_t first = it->out_mode == FWD_OUT_LOGITS_LAST ? t + n - 1 : t;
+            size_t rows = t + n - first;
+            for (size_t r = 0; r < rows; r++)
+                ops_rmsnorm(c.x + (first + r) * d, m->out_norm, c.xb + r * d, (int64_t)d, hp->rms_eps);
+            ops_matmul(pool, &m->output, c.xb, (int)rows, it->out, hp->n_vocab, c.act);
+        }
+        t += n;
+    }
+out:
+    free(c.tok_item); free(c.tok_pos); free(c.x); free(c.xb); free(c.q); free(c.k); free(c.v);
+    free(c.att); free(c.gate); free(c.up); free(c.inv_freq); free(c.act); free(c.att_scratch);
+    return err;
+}

@@ -1,0 +1,562 @@
+/*
+ * kvstate — hot KV state of a shard.
+ *
+ * NOTES ON THE DESIGN
+ *
+ * Storage. One arena of blocks_total blocks, reserved at creation (pages are
+ * touched on first use). A block holds block_tokens positions of every local
+ * layer: layout [layer][K|V][slot][kv_dim], kv_dim = n_kv_heads * head_dim.
+ * Free blocks sit on a stack of ids. A session's block table maps position p
+ * to block table[p / block_tokens], slot p % block_tokens.
+ *
+ * Invariants (checked by tests through kv_get_stats / kv_debug_blocks):
+ *  I1. Every block is on the free stack or in exactly one table (a live
+ *      session's, or an open transaction's new part); never both.
+ *  I2. bytes_used == (blocks_total - blocks_free) * block_bytes <= budget.
+ *  I3. A live session holds exactly ceil(n_past / block_tokens) blocks; only
+ *      its last block may be partly empty.
+ *  I4. A session with an open transaction (pinned) is not on the LRU list,
+ *      so neither TTL nor LRU eviction can touch it.
+ *  I5. The session table holds at most one live epoch per session id.
+ *  I6. Attention reads a session's K/V only through its own (transaction's)
+ *      table: isolation is structural.
+ *
+ * State of one session id:
+ *
+ *     absent --kv_begin(start_pos 0)--> pinned(new) --kv_commit--> idle
+ *     idle --kv_begin--> pinned --kv_commit--> idle (n_past = start + n)
+ *                               --kv_abort---> idle (exactly as before)
+ *     pinned(new) --kv_abort--> absent
+ *     idle --kv_truncate--> idle;  idle --kv_release / kv_sweep_ttl / LRU
+ *     eviction in kv_begin of another session--> absent
+ *
+ * Transactions are copy-on-write at block granularity: blocks wholly below
+ * the kept length are shared with the old table; the block holding the kept
+ * length is shared when nothing live lies past it (a plain append writes
+ * only slots beyond n_past, which are dead), otherwise (rewind, inherit
+ * shorter than n_past) it is copied into a fresh block. Every position the
+ * request writes lands in a fresh or dead slot, so kv_abort only has to free
+ * the fresh blocks, and kv_commit frees the old blocks the new table dropped.
+ */
+#include "kvstate.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "quant.h"
+#include "util.h"
+
+#define KV_HASH_BUCKETS 4096
+#define KV_SWEEP_PER_BEGIN 4
+
+typedef struct kv_session kv_session;
+
+struct kv_session {
+    kv_sid sid;
+    uint64_t epoch;
+    uint32_t n_past;        /* positions held */
+    uint32_t *blocks;       /* block ids, n_blocks used, cap_blocks allocated */
+    uint32_t n_blocks, cap_blocks;
+    uint64_t last_used;     /* clock ns */
+    kv_txn *inflight;       /* non-NULL while pinned */
+    kv_session *hash_next;
+    kv_session *lru_prev, *lru_next; /* on the LRU list iff not pinned */
+};
+
+struct kv_txn {
+    kv_session *s;
+    bool created;           /* session did not exist before kv_begin */
+    uint64_t epoch;         /* epoch after commit */
+    uint32_t start, end;    /* positions written: [start, end) */
+    uint32_t *table;        /* working table, n_table entries */
+    uint32_t n_table;
+    uint32_t n_shared;      /* table[0..n_shared) are blocks of the old table */
+    bool rewind, inherit;
+    atomic_bool cancel;
+    const kv_state *kv;
+};
+
+struct kv_state {
+    kv_params p;
+    size_t elem_bytes, kv_dim, slot_bytes, block_bytes;
+    uint8_t *arena;
+    size_t arena_bytes;
+    uint32_t blocks_total;
+    uint32_t *free_ids; /* stack */
+    uint32_t n_free;
+    kv_session *buckets[KV_HASH_BUCKETS];
+    kv_session lru;     /* sentinel: lru.lru_next is most recent */
+    uint32_t n_sessions;
+    int fail_countdown; /* counted allocations until an injected failure */
+    kv_stats st;
+    pthread_mutex_t lock;
+};
+
+/* ---- counted allocation: the one place metadata memory comes from -------- */
+
+static void *kv_alloc(kv_state *kv, size_t n) {
+    if (kv->fail_countdown > 0 && --kv->fail_countdown == 0) return NULL;
+    return malloc(n);
+}
+
+void kv_inject_alloc_failure(kv_state *kv, int n) {
+    pthread_mutex_lock(&kv->lock);
+    kv->fail_countdown = n > 0 ? n : 0;
+    pthread_mutex_unlock(&kv->lock);
+}
+
+static uint64_t kv_default_clock(void *ctx) {
+    (void)ctx;
+    return kvs_now_ns();
+}
+
+kv_params kv_default_params(void) {
+    kv_params p = {0};
+    p.block_tokens = 16;
+    p.kv_type = QUANT_F16;
+    p.max_positions = 2048;
+    return p;
+}
+
+/* ---- table, LRU --------------------------------------------------------- */
+
+static uint32_t kv_hash(const kv_sid *sid) {
+    uint64_t a, b;
+    memcpy(&a, sid->bytes, 8);
+    memcpy(&b, sid->bytes + 8, 8);
+    uint64_t h = (a ^ (b * 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull;
+    return (uint32_t)(h >> 40) % KV_HASH_BUCKETS;
+}
+
+static kv_session *kv_find(kv_state *kv, const kv_sid *sid) {
+    for (kv_session *s = kv->buckets[kv_hash(sid)]; s; s = s->hash_next)
+        if (memcmp(s->sid.bytes, sid->bytes, 16) == 0) return s;
+    return NULL;
+}
+
+static void lru_unlink(kv_session *s) {
+    if (!s->lru_prev) return;
+    s->lru_prev->lru_next = s->lru_next;
+    s->lru_next->lru_prev = s->lru_prev;
+    s->lru_prev = s->lru_next = NULL;
+}
+
+static void lru_push_front(kv_state *kv, kv_session *s) {
+    s->lru_next = kv->lru.lru_next;
+    s->lru_prev = &kv->lru;
+    kv->lru.lru_next->lru_prev = s;
+    kv->lru.lru_next = s;
+}
+
+static void kv_free_blocks(kv_state *kv, const uint32_t *ids, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) {
+        KVS_ASSERT(kv->n_free < kv->blocks_total);
+        kv->free_ids[kv->n_free++] = ids[i];
+    }
+}
+
+/* Removes an idle session entirely, returning its blocks. */
+static void kv_drop(kv_state *kv, kv_session *s) {
+    KVS_ASSERT(!s->inflight);
+    kv_session **pp = &kv->buckets[kv_hash(&s->sid)];
+    while (*pp != s) pp = &(*pp)->hash_next;
+    *pp = s->hash_next;
+    lru_unlink(s);
+    kv_free_blocks(kv, s->blocks, s->n_blocks);
+    free(s->blocks);
+    free(s);
+    kv->n_sessions--;
+}
+
+static int kv_sweep_locked(kv_state *kv, int max_work) {
+    if (kv->p.ttl_ns == 0) return 0;
+    uint64_t now = kv->p.clock(kv->p.clock_ctx);
+    int evicted = 0;
+    for (int i = 0; i < max_work; i++) {
+        kv_session *s = kv->lru.lru_prev; /* oldest */
+        if (s == &kv->lru) break;
+        if (now < s->last_used || now - s->last_used <= kv->p.ttl_ns) break;
+        kv_drop(kv, s);
+        kv->st.evict_ttl++;
+        evicted++;
+    }
+    return evicted;
+}
+
+int kv_sweep_ttl(kv_state *kv, int max_work) {
+    pthread_mutex_lock(&kv->lock);
+    int n = kv_sweep_locked(kv, max_work);
+    pthread_mutex_unlock(&kv->lock);
+    return n;
+}
+
+/* ---- create / free ------------------------------------------------------ */
+
+int kv_create(const kv_params *p, kv_state **out, char *msg, size_t msg_cap) {
+    *out = NULL;
+    if (p->n_layers < 1 || p->n_kv_heads < 1 || p->head_dim < 1)
+        return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "kv: layers, kv heads and head_dim must be >= 1");
+    if (p->block_tokens < 1 || p->block_tokens > 1024)
+        return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "kv: block size %d out of [1, 1024]", p->block_tokens);
+    if (p->kv_type != QUANT_F16 && p->kv_type != QUANT_F32)
+        return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "kv: type must be f16 or f32");
+    kv_state *kv = calloc(1, sizeof(*kv));
+    if (!kv) return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "kv: out of memory");
+    kv->p = *p;
+    if (!kv->p.clock) kv->p.clock = kv_default_clock;
+    if (kv->p.max_positions == 0) kv->p.max_positions = UINT32_MAX;
+    kv->elem_bytes = p->kv_type == QUANT_F16 ? 2 : 4;
+    kv->kv_dim = (size_t)p->n_kv_heads * (size_t)p->head_dim;
+    kv->slot_bytes = kv->kv_dim * kv->elem_bytes;
+    kv->block_bytes = (size_t)p->block_tokens * (size_t)p->n_layers * 2 * kv->slot_bytes;
+    uint64_t nb = p->budget_bytes / kv->block_bytes;
+    if (nb == 0) {
+        free(kv);
+        return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "kv: budget %llu B is smaller than one block (%zu B)",
+                        (unsigned long long)p->budget_bytes, kv->block_bytes);
+    }
+    if (nb > UINT32_MAX - 1) nb = UINT32_MAX - 1;
+    kv->blocks_total = (uint32_t)nb;
+    kv->arena_bytes = (size_t)nb * kv->block_bytes;
+    kv->arena = mmap(NULL, kv->arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    kv->free_ids = malloc((size_t)nb * sizeof(uint32_t));
+    if (kv->arena == MAP_FAILED || !kv->free_ids) {
+        if (kv->arena != MAP_FAILED) munmap(kv->arena, kv->arena_bytes);
+        free(kv->free_ids);
+        size_t bb = kv->block_bytes;
+        free(kv);
+        return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "kv: cannot reserve %llu B for the block pool",
+                        (unsigned long long)nb * bb);
+    }
+    /* Lowest ids on top so that a fresh pool hands out blocks in order. */
+    for (uint32_t i = 0; i < kv->blocks_total; i++) kv->free_ids[i] = kv->blocks_total - 1 - i;
+    kv->n_free = kv->blocks_total;
+    kv->lru.lru_next = kv->lru.lru_prev = &kv->lru;
+    pthread_mutex_init(&kv->lock, NULL);
+    kv->st.budget_bytes = p->budget_bytes;
+    kv->st.block_bytes = kv->block_bytes;
+    kv->st.blocks_total = kv->blocks_total;
+    *out = kv;
+    return KVS_OK;
+}
+
+void kv_free(kv_state *kv) {
+    if (!kv) return;
+    for (int b = 0; b < KV_HASH_BUCKETS; b++) {
+        kv_session *s = kv->buckets[b];
+        while (s) {
+            kv_session *next = s->hash_next;
+            free(s->blocks);
+            free(s);
+            s = next;
+        }
+    }
+    munmap(kv->arena, kv->arena_bytes);
+    free(kv->free_ids);
+    pthread_mutex_destroy(&kv->lock);
+    free(kv);
+}
+
+size_t kv_block_bytes(const kv_state *kv) { return kv->block_bytes; }
+const kv_params *kv_get_params(const kv_state *kv) { return &kv->p; }
+
+/* ---- begin / commit / abort ---------------------------------------------- */
+
+static uint32_t blocks_for(const kv_state *kv, uint32_t positions) {
+    return (uint32_t)(((uint64_t)positions + (uint64_t)kv->p.block_tokens - 1) / (uint64_t)kv->p.block_tokens);
+}
+
+/* Evicts idle sessions LRU-first (never `keep`) until `need` blocks are free.
+ * Evicts nothing and returns false when even evicting all idle sessions would
+ * not be enough. */
+static bool kv_make_room(kv_state *kv, uint32_t need, const kv_session *keep) {
+    if (kv->n_free >= need) return true;
+    uint64_t avail = kv->n_free;
+    for (kv_session *s = kv->lru.lru_prev; s != &kv->lru && avail < need; s = s->lru_prev)
+        if (s != keep) avail += s->n_blocks;
+    if (avail < need) return false;
+    kv_session *s = kv->lru.lru_prev;
+    while (kv->n_free < need) {
+        kv_session *prev = s->lru_prev;
+        if (s != keep) {
+            kv_drop(kv, s);
+            kv->st.evict_lru++;
+        }
+        s = prev;
+    }
+    return true;
+}
+
+static void *block_slot(const kv_state *kv, uint32_t block, int layer, int kind, uint32_t slot) {
+    size_t off = (size_t)block * kv->block_bytes +
+                 (((size_t)layer * 2 + (size_t)kind) * (size_t)kv->p.block_tokens + slot) * kv->slot_bytes;
+    return kv->arena + off;
+}
+
+int kv_begin(kv_state *kv, const kv_sid *sid, uint64_t epoch, uint32_t start_pos, uint32_t n,
+             const kv_inherit *inherit, kv_txn **out, kv_reply *rep) {
+    kv_reply r = {0};
+    int err = KVS_OK;
+    *out = NULL;
+    if (n == 0) return KVS_ERR_INVALID_ARG;
+    pthread_mutex_lock(&kv->lock);
+    kv_sweep_locked(kv, KV_SWEEP_PER_BEGIN);
+    kv_session *s = kv_find(kv, sid);
+    uint32_t keep = 0;          /* positions of the old state that stay */
+    bool inherit_ok = false, rewind = false;
+    if (s) {
+        r.live_epoch = s->epoch;
+        r.n_past = s->n_past;
+        if (s->inflight) { kv->st.busy++; err = KVS_ERR_BUSY; goto done; }
+        if (epoch < s->epoch) { kv->st.stale++; err = KVS_ERR_STALE_EPOCH; goto done; }
+        if (epoch == s->epoch) {
+            keep = start_pos < s->n_past ? start_pos : s->n_past;
+            rewind = start_pos < s->n_past;
+        } else if (inherit && inherit->old_epoch == s->epoch) {
+            keep = inherit->len < s->n_past ? inherit->len : s->n_past;
+            inherit_ok = true;
+            if (start_pos < keep) { keep = start_pos; }
+        }
+    }
+    if (start_pos > keep) {
+        r.have = keep;
+        kv->st.misses++;
+        err = KVS_ERR_CACHE_MISS;
+        goto done;
+    }
+    if ((uint64_t)start_pos + n > kv->p.max_positions) { err = KVS_ERR_CONTEXT_FULL; goto done; }
+    if (!s && kv->p.max_sessions && kv->n_sessions >= kv->p.max_sessions) {
+        kv_session *victim = kv->lru.lru_prev;
+        if (victim == &kv->lru) { err = KVS_ERR_BUDGET_EXHAUSTED; goto done; }
+    }
+
+    /* Plan the working table. */
+    uint32_t bt = (uint32_t)kv->p.block_tokens;
+    uint32_t n_full = keep / bt;          /* wholly kept blocks, shared */
+    uint32_t partial = keep % bt;         /* kept slots of the next block */
+    bool live_past_keep = s && s->epoch <= epoch && keep < (s ? s->n_past : 0);
+    bool share_partial = partial && !live_past_keep;
+    bool copy_partial = partial && live_past_keep;
+    uint32_t n_table = blocks_for(kv, start_pos + n);
+    uint32_t n_shared = n_full + (share_partial ? 1 : 0);
+    uint32_t n_fresh = n_table - n_shared;
+
+    kv_txn *txn = kv_alloc(kv, sizeof(*txn));
+    uint32_t *table = kv_alloc(kv, (size_t)n_table * sizeof(uint32_t));
+    kv_session *fresh_s = s ? NULL : kv_alloc(kv, sizeof(*fresh_s));
+    if (!txn || !table || (!s && !fresh_s)) {
+        free(txn); free(table); free(fresh_s);
+        err = KVS_ERR_NOMEM;
+        goto done;
+    }
+    if (!s && kv->p.max_sessions && kv->n_sessions >= kv->p.max_sessions) {
+        kv_drop(kv, kv->lru.lru_prev);
+        kv->st.evict_lru++;
+    }
+    if (!kv_make_room(kv, n_fresh, s)) {
+        free(txn); free(table); free(fresh_s);
+        err = KVS_ERR_BUDGET_EXHAUSTED;
+        goto done;
+    }
+    for (uint32_t i = 0; i < n_shared; i++) table[i] = s->blocks[i];
+    for (uint32_t i = n_shared; i < n_table; i++) table[i] = kv->free_ids[--kv->n_free];
+    if (copy_partial) {
+        uint32_t src = s->blocks[n_full], dst = table[n_full];
+        for (int l = 0; l < kv->p.n_layers; l++)
+            for (int kind = 0; kind < 2; kind++)
+                memcpy(block_slot(kv, dst, l, kind, 0), block_slot(kv, src, l, kind, 0), partial * kv->slot_bytes);
+    }
+    if (!s) {
+        s = fresh_s;
+        memset(s, 0, sizeof(*s));
+        s->sid = *sid;
+        s->epoch = epoch;
+        uint32_t h = kv_hash(sid);
+        s->hash_next = kv->buckets[h];
+        kv->buckets[h] = s;
+        kv->n_sessions++;
+    } else {
+        kv->st.hits++;
+    }
+    memset(txn, 0, sizeof(*txn));
+    txn->s = s;
+    txn->created = fresh_s != NULL;
+    txn->epoch = epoch;
+    txn->start = start_pos;
+    txn->end = start_pos + n;
+    txn->table = table;
+    txn->n_table = n_table;
+    txn->n_shared = n_shared;
+    txn->rewind = rewind;
+    txn->inherit = inherit_ok;
+    txn->kv = kv;
+    atomic_init(&txn->cancel, false);
+    s->inflight = txn;
+    lru_unlink(s);
+    s->last_used = kv->p.clock(kv->p.clock_ctx);
+    r.n_past = s->n_past;
+    r.live_epoch = s->epoch;
+    *out = txn;
+done:
+    if (rep) *rep = r;
+    pthread_mutex_unlock(&kv->lock);
+    return err;
+}
+
+void kv_commit(kv_state *kv, kv_txn *txn, kv_reply *rep) {
+    pthread_mutex_lock(&kv->lock);
+    kv_session *s = txn->s;
+    /* Old blocks the new table does not share go back to the pool. */
+    if (s->n_blocks > txn->n_shared) kv_free_blocks(kv, s->blocks + txn->n_shared, s->n_blocks - txn->n_shared);
+    free(s->blocks);
+    s->blocks = txn->table;
+    s->n_blocks = s->cap_blocks = txn->n_table;
+    s->n_past = txn->end;
+    s->epoch = txn->epoch;
+    s->inflight = NULL;
+    s->last_used = kv->p.clock(kv->p.clock_ctx);
+    lru_push_front(kv, s);
+    kv->st.appends++;
+    if (txn->rewind) kv->st.rewinds++;
+    if (txn->inherit) kv->st.inherits++;
+    if (rep) {
+        rep->have = s->n_past;
+        rep->n_past = s->n_past;
+        rep->live_epoch = s->epoch;
+    }
+    free(txn);
+    pthread_mutex_unlock(&kv->lock);
+}
+
+void kv_abort(kv_state *kv, kv_txn *txn, bool cancelled) {
+    pthread_mutex_lock(&kv->lock);
+    kv_session *s = txn->s;
+    kv_free_blocks(kv, txn->table + txn->n_shared, txn->n_table - txn->n_shared);
+    free(txn->table);
+    s->inflight = NULL;
+    if (cancelled) kv->st.cancellations++;
+    if (txn->created) {
+        kv_drop(kv, s);
+    } else {
+        s->last_used = kv->p.clock(kv->p.clock_ctx);
+        lru_push_front(kv, s);
+    }
+    free(txn);
+    pthread_mutex_unlock(&kv->lock);
+}
+
+uint32_t kv_txn_start(const kv_txn *txn) { return txn->start; }
+uint32_t kv_txn_end(const kv_txn *txn) { return txn->end; }
+
+void *kv_txn_k(const kv_txn *txn, int layer, uint32_t pos) {
+    uint32_t bt = (uint32_t)txn->kv->p.block_tokens;
+    return block_slot(txn->kv, txn->table[pos / bt], layer, 0, pos % bt);
+}
+
+void *kv_txn_v(const kv_txn *txn, int layer, uint32_t pos) {
+    uint32_t bt = (uint32_t)txn->kv->p.block_tokens;
+    return block_slot(txn->kv, txn->table[pos / bt], layer, 1, pos % bt);
+}
+
+bool kv_txn_cancelled(const kv_txn *txn) { return atomic_load_explicit(&txn->cancel, memory_order_relaxed); }
+
+int kv_cancel(kv_state *kv, const kv_sid *sid) {
+    pthread_mutex_lock(&kv->lock);
+    kv_session *s = kv_find(kv, sid);
+    int err = KVS_ERR_NOT_FOUND;
+    if (s && s->inflight) {
+        atomic_store_explicit(&s->inflight->cancel, true, memory_order_relaxed);
+        err = KVS_OK;
+    }
+    pthread_mutex_unlock(&kv->lock);
+    return err;
+}
+
+/* ---- truncate / release / queries --------------------------------------- */
+
+/* Finds (sid, epoch) for a non-append op; fills rep and returns an error when
+ * it is absent, stale, newer than what is held, or busy. */
+static int kv_resolve(kv_state *kv, const kv_sid *sid, uint64_t epoch, kv_session **out, kv_reply *r) {
+    kv_session *s = kv_find(kv, sid);
+    if (!s || epoch > s->epoch) {
+        r->have = 0;
+        kv->st.misses++;
+        return KVS_ERR_CACHE_MISS;
+    }
+    r->live_epoch = s->epoch;
+    r->n_past = s->n_past;
+    r->have = s->n_past;
+    if (epoch < s->epoch) { kv->st.stale++; return KVS_ERR_STALE_EPOCH; }
+    if (s->inflight) { kv->st.busy++; return KVS_ERR_BUSY; }
+    *out = s;
+    return KVS_OK;
+}
+
+int kv_truncate(kv_state *kv, const kv_sid *sid, uint64_t epoch, uint32_t len, kv_reply *rep) {
+    kv_reply r = {0};
+    kv_session *s = NULL;
+    pthread_mutex_lock(&kv->lock);
+    int err = kv_resolve(kv, sid, epoch, &s, &r);
+    if (err == KVS_OK && len > s->n_past) err = KVS_ERR_INVALID_ARG;
+    if (err == KVS_OK) {
+        uint32_t nb = blocks_for(kv, len);
+        kv_free_blocks(kv, s->blocks + nb, s->n_blocks - nb);
+        s->n_blocks = nb;
+        s->n_past = len;
+        s->last_used = kv->p.clock(kv->p.clock_ctx);
+        lru_unlink(s);
+        lru_push_front(kv, s);
+        kv->st.truncates++;
+        r.n_past = r.have = len;
+    }
+    if (rep) *rep = r;
+    pthread_mutex_unlock(&kv->lock);
+    return err;
+}
+
+int kv_release(kv_state *kv, const kv_sid *sid, uint64_t epoch, kv_reply *rep) {
+    kv_reply r = {0};
+    kv_session *s = NULL;
+    pthread_mutex_lock(&kv->lock);
+    int err = kv_resolve(kv, sid, epoch, &s, &r);
+    if (err == KVS_OK) {
+        kv_drop(kv, s);
+        kv->st.releases++;
+        r.n_past = r.have = 0;
+    }
+    if (rep) *rep = r;
+    pthread_mutex_unlock(&kv->lock);
+    return err;
+}
+
+int kv_lookup(kv_state *kv, const kv_sid *sid, uint64_t *epoch, uint32_t *n_past) {
+    pthread_mutex_lock(&kv->lock);
+    kv_session *s = kv_find(kv, sid);
+    if (s) {
+        if (epoch) *epoch = s->epoch;
+        if (n_past) *n_past = s->n_past;
+    }
+    pthread_mutex_unlock(&kv->lock);
+    return s ? KVS_OK : KVS_ERR_NOT_FOUND;
+}
+
+uint32_t kv_debug_blocks(kv_state *kv, const kv_sid *sid, uint32_t *ids, uint32_t cap) {
+    pthread_mutex_lock(&kv->lock);
+    kv_session *s = kv_find(kv, sid);
+    uint32_t n = s ? s->n_blocks : 0;
+    for (uint32_t i = 0; i < n && i < cap; i++) ids[i] = s->blocks[i];
+    pthread_mutex_unlock(&kv->lock);
+    return n;
+}
+
+void kv_get_stats(kv_state *kv, kv_stats *st) {
+    pthread_mutex_lock(&kv->lock);
+    *st = kv->st;
+    st->sessions = kv->n_sessions;
+    st->blocks_free = kv->n_free;
+    st->bytes_used = (uint64_t)(kv->blocks_total - kv->n_free) * kv->block_bytes;
+    pthread_mutex_unlock(&kv->lock);
+}

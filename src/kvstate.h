@@ -1,0 +1,111 @@
+/*
+ * kvstate — the hot KV state of a shard: a paged block pool under a fixed
+ * byte budget and a table of route sessions, each with its own block table.
+ * DESIGN.md §2 is the contract; kvstate.c opens with the invariants and the
+ * state diagram.
+ *
+ * Use: kv_begin() validates a request against the session's state, reserves
+ * the blocks its positions need and pins the session; the caller (forward)
+ * writes K/V for the new positions and reads older ones through the returned
+ * transaction; kv_commit() makes the result the session's state, kv_abort()
+ * (error or cancel) leaves the session exactly as before kv_begin().
+ * Thread-safe: any number of threads may drive different sessions at once.
+ */
+#ifndef KVS_KVSTATE_H
+#define KVS_KVSTATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    uint8_t bytes[16];
+} kv_sid;
+
+typedef uint64_t (*kv_clock_fn)(void *ctx); /* nanoseconds, monotonic */
+
+typedef struct {
+    int n_layers;           /* local layers stored per block */
+    int n_kv_heads;         /* per layer */
+    int head_dim;           /* elements per head */
+    int block_tokens;       /* positions per block (default 16) */
+    uint32_t kv_type;       /* QUANT_F16 (default) or QUANT_F32 */
+    uint64_t budget_bytes;  /* block pool size; floor(budget / block_bytes) blocks */
+    uint32_t max_positions; /* per-session cap (CONTEXT_FULL past it) */
+    uint32_t max_sessions;  /* 0: no limit besides the budget */
+    uint64_t ttl_ns;        /* idle time before eviction; 0: never */
+    kv_clock_fn clock;      /* NULL: CLOCK_MONOTONIC */
+    void *clock_ctx;
+} kv_params;
+
+kv_params kv_default_params(void);
+
+/* Recovery fields of a reply (filled on success and on error). */
+typedef struct {
+    uint32_t have;       /* CACHE_MISS: positions the shard holds; resend from here */
+    uint64_t live_epoch; /* STALE_EPOCH: the epoch the shard holds */
+    uint32_t n_past;     /* positions held after the call */
+} kv_reply;
+
+/* Epoch advance that keeps the old epoch's first len positions (no copy). */
+typedef struct {
+    uint64_t old_epoch;
+    uint32_t len;
+} kv_inherit;
+
+typedef struct {
+    uint64_t sessions, bytes_used, budget_bytes, block_bytes, blocks_total, blocks_free;
+    uint64_t hits, misses, stale, evict_ttl, evict_lru, releases, rewinds, cancellations;
+    uint64_t appends, truncates, inherits, busy;
+} kv_stats;
+
+typedef struct kv_state kv_state;
+typedef struct kv_txn kv_txn;
+
+/* Creates the pool (reserved up front, touched lazily) and the session table.
+ * KVS_ERR_INVALID_ARG (msg says which setting) when the budget holds no block. */
+int kv_create(const kv_params *p, kv_state **out, char *msg, size_t msg_cap);
+/* Frees everything; no transaction may be open. NULL is fine. */
+void kv_free(kv_state *kv);
+size_t kv_block_bytes(const kv_state *kv);
+const kv_params *kv_get_params(const kv_state *kv);
+
+/* Starts an append of n positions at start_pos for (sid, epoch); inherit may
+ * be NULL. On success *out is an open transaction (the session is pinned:
+ * never evicted, other requests on it get KVS_ERR_BUSY) that must be closed
+ * with kv_commit or kv_abort. Errors (nothing changed): KVS_ERR_STALE_EPOCH
+ * (rep->live_epoch), KVS_ERR_CACHE_MISS (rep->have), KVS_ERR_CONTEXT_FULL,
+ * KVS_ERR_BUDGET_EXHAUSTED, KVS_ERR_BUSY, KVS_ERR_NOMEM, KVS_ERR_INVALID_ARG. */
+int kv_begin(kv_state *kv, const kv_sid *sid, uint64_t epoch, uint32_t start_pos, uint32_t n,
+             const kv_inherit *inherit, kv_txn **out, kv_reply *rep);
+/* Makes positions [0, start_pos + n) the session's state; frees replaced blocks. */
+void kv_commit(kv_state *kv, kv_txn *txn, kv_reply *rep);
+/* Rolls back: the session is exactly as before kv_begin (or absent if it was
+ * new). cancelled only selects which counter is bumped. */
+void kv_abort(kv_state *kv, kv_txn *txn, bool cancelled);
+
+/* Transaction view, valid until commit/abort. K/V rows of kv_dim elements of kv_type. */
+uint32_t kv_txn_start(const kv_txn *txn);
+uint32_t kv_txn_end(const kv_txn *txn); /* start + n */
+void *kv_txn_k(const kv_txn *txn, int layer, uint32_t pos); /* pos < end */
+void *kv_txn_v(const kv_txn *txn, int layer, uint32_t pos);
+bool kv_txn_cancelled(const kv_txn *txn);
+/* Requests cancellation of the session's in-flight append (if any):
+ * KVS_OK when one was flagged, KVS_ERR_NOT_FOUND otherwise. */
+int kv_cancel(kv_state *kv, const kv_sid *sid);
+
+/* Keeps positions [0, len) (len <= n_past); whole blocks past len return to the pool. */
+int kv_truncate(kv_state *kv, const kv_sid *sid, uint64_t epoch, uint32_t len, kv_reply *rep);
+/* Drops the session; later requests see CACHE_MISS(0). */
+int kv_release(kv_state *kv, const kv_sid *sid, uint64_t epoch, kv_reply *rep);
+/* Current epoch/n_past of a session: KVS_ERR_NOT_FOUND when absent. */
+int kv_lookup(kv_state *kv, const kv_sid *sid, uint64_t *epoch, uint32_t *n_past);
+/* Block ids of a session's table (tests: inherit moves blocks, no copy). Returns count. */
+uint32_t kv_debug_blocks(kv_state *kv, const kv_sid *sid, uint32_t *ids, uint32_t cap);
+/* Evicts idle sessions past their TTL, examining at most max_work sessions; returns evictions. */
+int kv_sweep_ttl(kv_state *kv, int max_work);
+void kv_get_stats(kv_state *kv, kv_stats *st);
+/* Test hook: the n-th counted allocation from now fails (n >= 1); 0 disables. */
+void kv_inject_alloc_failure(kv_state *kv, int n);
+
+#endif /* KVS_KVSTATE_H */

@@ -1,0 +1,256 @@
+#include "ops.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "quant.h"
+#include "util.h"
+
+/* ------------------------------------------------------------------------ */
+/* Thread pool.
+ * Workers wait for `generation` to change: they spin a short while (a layer's
+ * matmuls come back to back during decode, and a futex round trip per matmul
+ * would cost more than the matmul), then sleep on a condition variable. */
+
+#define OPS_SPIN_ITERS 20000
+
+struct ops_pool {
+    int n_threads;
+    pthread_t *threads;          /* n_threads - 1 workers */
+    pthread_mutex_t run_lock;    /* serializes ops_pool_run callers */
+    pthread_mutex_t wake_lock;   /* guards sleeping on wake_cv */
+    pthread_cond_t wake_cv;
+    atomic_uint generation;      /* bumped once per run */
+    atomic_int n_done;           /* workers finished with this generation */
+    atomic_bool stop;
+    ops_task_fn fn;              /* published before generation is bumped */
+    void *arg;
+};
+
+typedef struct {
+    ops_pool *pool;
+    int ith;
+} ops_worker_arg;
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static void *ops_worker_main(void *p) {
+    ops_worker_arg *wa = p;
+    ops_pool *pool = wa->pool;
+    int ith = wa->ith;
+    free(wa);
+    unsigned seen = 0;
+    for (;;) {
+        unsigned gen;
+        int spins = 0;
+        while ((gen = atomic_load_explicit(&pool->generation, memory_order_acquire)) == seen) {
+            if (++spins < OPS_SPIN_ITERS) {
+                cpu_relax();
+                continue;
+            }
+            pthread_mutex_lock(&pool->wake_lock);
+            while ((gen = atomic_load_explicit(&pool->generation, memory_order_acquire)) == seen)
+                pthread_cond_wait(&pool->wake_cv, &pool->wake_lock);
+            pthread_mutex_unlock(&pool->wake_lock);
+            break;
+        }
+        seen = gen;
+        if (atomic_load_explicit(&pool->stop, memory_order_acquire)) return NULL;
+        pool->fn(pool->arg, ith, pool->n_threads);
+        atomic_fetch_add_explicit(&pool->n_done, 1, memory_order_acq_rel);
+    }
+}
+
+ops_pool *ops_pool_create(int n_threads) {
+    if (n_threads < 1) n_threads = 1;
+    ops_pool *pool = calloc(1, sizeof(*pool));
+    if (!pool) return NULL;
+    pool->n_threads = n_threads;
+    pthread_mutex_init(&pool->run_lock, NULL);
+    pthread_mutex_init(&pool->wake_lock, NULL);
+    pthread_cond_init(&pool->wake_cv, NULL);
+    atomic_init(&pool->generation, 0);
+    atomic_init(&pool->n_done, 0);
+    atomic_init(&pool->stop, false);
+    if (n_threads > 1) {
+        pool->threads = calloc((size_t)n_threads - 1, sizeof(pthread_t));
+        if (!pool->threads) goto fail;
+        for (int i = 1; i < n_threads; i++) {
+            ops_worker_arg *wa = malloc(sizeof(*wa));
+            if (!wa) goto fail_started;
+            wa->pool = pool;
+            wa->ith = i;
+            if (pthread_create(&pool->threads[i - 1], NULL, ops_worker_main, wa) != 0) {
+                free(wa);
+                goto fail_started;
+            }
+            continue;
+        fail_started:
+            pool->n_threads = i; /* only i - 1 workers exist */
+            ops_pool_free(pool);
+            return NULL;
+        }
+    }
+    return pool;
+fail:
+    free(pool->threads);
+    free(pool);
+    return NULL;
+}
+
+void ops_pool_free(ops_pool *pool) {
+    if (!pool) return;
+    atomic_store_explicit(&pool->stop, true, memory_order_release);
+    pthread_mutex_lock(&pool->wake_lock);
+    atomic_fetch_add_explicit(&pool->generation, 1, memory_order_acq_rel);
+    pthread_cond_broadcast(&pool->wake_cv);
+    pthread_mutex_unlock(&pool->wake_lock);
+    for (int i = 1; i < pool->n_threads; i++) pthread_join(pool->threads[i - 1], NULL);
+    pthread_mutex_destroy(&pool->run_lock);
+    pthread_mutex_destroy(&pool->wake_lock);
+    pthread_cond_destroy(&pool->wake_cv);
+    free(pool->threads);
+    free(pool);
+}
+
+int ops_pool_threads(const ops_pool *pool) { return pool ? pool->n_threads : 1; }
+
+void ops_pool_run(ops_pool *pool, ops_task_fn fn, void *arg) {
+    if (!pool || pool->n_threads == 1) {
+        fn(arg, 0, 1);
+        return;
+    }
+    pthread_mutex_lock(&pool->run_lock);
+    pool->fn = fn;
+    pool->arg = arg;
+    atomic_store_explicit(&pool->n_done, 0, memory_order_relaxed);
+    pthread_mutex_lock(&pool->wake_lock);
+    atomic_fetch_add_explicit(&pool->generation, 1, memory_order_acq_rel);
+    pthread_cond_broadcast(&pool->wake_cv);
+    pthread_mutex_unlock(&pool->wake_lock);
+    fn(arg, 0, pool->n_threads);
+    int spins = 0;
+    while (atomic_load_explicit(&pool->n_done, memory_order_acquire) < pool->n_threads - 1) {
+        if (++spins < OPS_SPIN_ITERS) cpu_relax();
+        else sched_yield();
+    }
+    pthread_mutex_unlock(&pool->run_lock);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Matmul. Rows are handed out in chunks through an atomic counter; within a
+ * chunk, tokens are taken in tiles so a tile of activations stays in cache
+ * while the chunk's weight rows stream past it. Each (row, token) is one
+ * quant_dot reduction whatever the tiling: batch invariant. */
+
+#define MM_ROW_CHUNK 16
+#define MM_TOK_TILE 32
+
+typedef struct {
+    const ops_weight *w;
+    const float *x;
+    int n_tok;
+    float *y;
+    int64_t y_stride;
+    uint8_t *act;
+    size_t act_bytes; /* per token */
+    atomic_long next_chunk;
+} mm_task;
+
+static void mm_quantize_task(void *p, int ith, int nth) {
+    mm_task *t = p;
+    for (int i = ith; i < t->n_tok; i += nth)
+        quant_act_quantize(t->w->type, t->x + (size_t)i * (size_t)t->w->n_in, t->act + (size_t)i * t->act_bytes,
+                           t->w->n_in);
+}
+
+static void mm_dot_task(void *p, int ith, int nth) {
+    (void)ith;
+    (void)nth;
+    mm_task *t = p;
+    const ops_weight *w = t->w;
+    long n_chunks = (long)((w->n_out + MM_ROW_CHUNK - 1) / MM_ROW_CHUNK);
+    float tmp[MM_TOK_TILE];
+    for (;;) {
+        long c = atomic_fetch_add_explicit(&t->next_chunk, 1, memory_order_relaxed);
+        if (c >= n_chunks) break;
+        int64_t r0 = (int64_t)c * MM_ROW_CHUNK;
+        int64_t r1 = r0 + MM_ROW_CHUNK < w->n_out ? r0 + MM_ROW_CHUNK : w->n_out;
+        for (int t0 = 0; t0 < t->n_tok; t0 += MM_TOK_TILE) {
+            int nt = t->n_tok - t0 < MM_TOK_TILE ? t->n_tok - t0 : MM_TOK_TILE;
+            const uint8_t *act = t->act + (size_t)t0 * t->act_bytes;
+            for (int64_t r = r0; r < r1; r++) {
+                const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+                quant_dot_multi(w->type, w->n_in, row, act, t->act_bytes, nt, tmp);
+                for (int j = 0; j < nt; j++) t->y[(size_t)(t0 + j) * (size_t)t->y_stride + (size_t)r] = tmp[j];
+            }
+        }
+    }
+}
+
+size_t ops_matmul_scratch_bytes(const ops_weight *w, int n_tok) {
+    return (size_t)n_tok * quant_act_row_bytes(w->type, w->n_in);
+}
+
+void ops_matmul(ops_pool *pool, const ops_weight *w, const float *x, int n_tok, float *y, int64_t y_stride,
+                void *act_scratch) {
+    mm_task t = {.w = w, .x = x, .n_tok = n_tok, .y = y, .y_stride = y_stride, .act = act_scratch,
+                 .act_bytes = quant_act_row_bytes(w->type, w->n_in)};
+    atomic_init(&t.next_chunk, 0);
+    if (n_tok < 4) mm_quantize_task(&t, 0, 1);
+    else ops_pool_run(pool, mm_quantize_task, &t);
+    ops_pool_run(pool, mm_dot_task, &t);
+}
+
+/* ------------------------------------------------------------------------ */
+
+void ops_rmsnorm(const float *x, const float *weight, float *out, int64_t n, float eps) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) sum += (double)x[i] * (double)x[i];
+    float scale = 1.0f / sqrtf((float)(sum / (double)n) + eps);
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * weight[i];
+}
+
+void ops_rope_freqs(float *inv_freq, int n_rot, float base) {
+    for (int i = 0; i < n_rot / 2; i++) inv_freq[i] = (float)pow((double)base, -2.0 * i / (double)n_rot);
+}
+
+void ops_rope(float *x, int n_heads, int head_dim, int n_rot, int32_t pos, const float *inv_freq) {
+    for (int i = 0; i < n_rot / 2; i++) {
+        double theta = (double)pos * (double)inv_freq[i];
+        float c = (float)cos(theta), s = (float)sin(theta);
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + (size_t)h * (size_t)head_dim + 2 * (size_t)i;
+            float x0 = v[0], x1 = v[1];
+            v[0] = x0 * c - x1 * s;
+            v[1] = x0 * s + x1 * c;
+        }
+    }
+}
+
+void ops_softmax(float *x, int64_t n) {
+    float max = -INFINITY;
+    for (int64_t i = 0; i < n; i++)
+        if (x[i] > max) max = x[i];
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - max);
+        sum += x[i];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int64_t i = 0; i < n; i++) x[i] *= inv;
+}
+
+void ops_swiglu(float *gate, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i];
+        gate[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}

@@ -1,0 +1,59 @@
+/*
+ * ops — the numeric building blocks of a transformer layer over a persistent
+ * thread pool: matmul against block-format weights, rmsnorm, rope, softmax,
+ * SwiGLU. Knows nothing about GGUF or sessions.
+ *
+ * Batch invariance: every output element is reduced in one fixed order that
+ * does not depend on how many rows/tokens are in the call or how the work is
+ * split across threads, so a token's result is the same alone or batched.
+ */
+#ifndef KVS_OPS_H
+#define KVS_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- thread pool ---- */
+typedef struct ops_pool ops_pool;
+
+/* Task body: called once per thread with ith in [0, nth). */
+typedef void (*ops_task_fn)(void *arg, int ith, int nth);
+
+/* Starts n_threads - 1 workers (the caller is thread 0). NULL on failure. */
+ops_pool *ops_pool_create(int n_threads);
+/* Stops and joins the workers; NULL is fine. */
+void ops_pool_free(ops_pool *pool);
+int ops_pool_threads(const ops_pool *pool);
+/* Runs fn on every thread and returns when all are done. Calls from different
+ * threads are serialized. */
+void ops_pool_run(ops_pool *pool, ops_task_fn fn, void *arg);
+
+/* ---- weights ---- */
+typedef struct {
+    uint32_t type;     /* enum quant_type */
+    int64_t n_in;      /* row length (elements), GGUF ne[0] */
+    int64_t n_out;     /* rows, GGUF ne[1] */
+    size_t row_bytes;  /* bytes per row */
+    const void *data;  /* n_out rows, row_bytes each */
+} ops_weight;
+
+/* y[t][r] = dot(w row r, x[t]) for t < n_tok, r < n_out. x: n_tok x n_in f32
+ * (row stride n_in); y: n_tok x n_out (row stride y_stride >= n_out).
+ * act_scratch must hold n_tok * quant_act_row_bytes(w->type, n_in) bytes. */
+void ops_matmul(ops_pool *pool, const ops_weight *w, const float *x, int n_tok,
+                float *y, int64_t y_stride, void *act_scratch);
+size_t ops_matmul_scratch_bytes(const ops_weight *w, int n_tok);
+
+/* ---- elementwise (single-threaded; callers parallelize over rows) ---- */
+void ops_rmsnorm(const float *x, const float *weight, float *out, int64_t n, float eps);
+/* Rotates adjacent pairs (x[2i], x[2i+1]) of each of n_heads heads (head_dim
+ * each) by pos * inv_freq[i], for i < n_rot/2 (GGUF "llama" / ggml normal rope). */
+void ops_rope(float *x, int n_heads, int head_dim, int n_rot, int32_t pos, const float *inv_freq);
+/* inv_freq[i] = base^(-2i/n_rot), i < n_rot/2. */
+void ops_rope_freqs(float *inv_freq, int n_rot, float base);
+/* In-place softmax of x[0..n). */
+void ops_softmax(float *x, int64_t n);
+/* gate[i] = silu(gate[i]) * up[i]. */
+void ops_swiglu(float *gate, const float *up, int64_t n);
+
+#endif /* KVS_OPS_H */
