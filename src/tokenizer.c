@@ -353,7 +353,8 @@ typedef struct {
 /* Scratch for one tok_encode call. */
 typedef struct {
     char *text;           /* escaped fragment */
-    tok_symbol *sym;
+    tok_symbol *sym;      /* sym_cap entries */
+    size_t sym_cap;
     tok_bigram *heap;
     size_t heap_n, heap_cap;
     int32_t *ids;         /* caller's output */
@@ -438,6 +439,17 @@ static int encode_fragment(const tok_vocab *v, tok_work *w, const char *src, siz
         }
     }
     if (tl == 0) return KVS_OK;
+
+    /* Count first: a lead byte may swallow part of a following U+2581, so the
+     * number of characters is not bounded by the input length. */
+    size_t need = 0;
+    for (size_t off = 0; off < tl; need++) off += (size_t)utf8_len((uint8_t)w->text[off]);
+    if (need > w->sym_cap) {
+        tok_symbol *ns = realloc(w->sym, need * sizeof *ns);
+        if (!ns) return KVS_ERR_NOMEM;
+        w->sym = ns;
+        w->sym_cap = need;
+    }
 
     int32_t n_sym = 0;
     for (size_t off = 0; off < tl;) {
@@ -566,8 +578,7 @@ int tok_encode(const tok_vocab *v, const char *text, size_t len, bool add_bos, i
     if (add_bos) emit(&w, v->bos);
     if (len > 0) {
         w.text = malloc(3 * len + 3);
-        w.sym = malloc((len + 1) * sizeof *w.sym); /* at most one symbol per byte, + the prefix */
-        if (!w.text || !w.sym) {
+        if (!w.text) {
             rc = KVS_ERR_NOMEM;
             goto done;
         }

@@ -214,6 +214,13 @@ static void check_invalid_utf8(const tok_vocab *v) {
         size_t ol = detok(v, ids, n, out, sizeof out);
         CHECK(ol == len + 1 && memcmp(out + 1, bad[c], len) == 0);
     }
+    /* a lead byte that swallows part of an escaped space (U+2581 is 3 bytes): more
+     * characters than input bytes; the space's bytes come back as byte tokens */
+    const char *swallow[] = {"\xC3 ", "\xF0 a", "a\xE6  b", "\xF0\xF0\xF0 \xF0  \xE0 "};
+    for (size_t c = 0; c < sizeof swallow / sizeof *swallow; c++) {
+        CHECK_EQ_INT(encode(v, swallow[c], true, ids, &n), KVS_OK);
+        for (int i = 0; i < n; i++) CHECK(ids[i] >= 0 && ids[i] < tok_n_vocab(v));
+    }
     const char with_nul[] = {'a', '\0', 'b'};
     CHECK_EQ_INT(tok_encode(v, with_nul, 3, false, ids, MAX_IDS, &n), KVS_OK);
     size_t ol = detok(v, ids, n, out, sizeof out);
