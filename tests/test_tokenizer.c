@@ -339,6 +339,35 @@ static void check_synthetic_vocab(void) {
     tok_free(v);
     gguf_close(g);
 
+    /* "none" ids (UINT32_MAX) clear a special token; an id past the vocab is refused;
+     * arrays of different lengths are refused */
+    for (int pass = 0; pass < 3; pass++) {
+        w = gguf_writer_create();
+        CHECK(w != NULL);
+        if (!w) break;
+        gguf_writer_set_str(w, "tokenizer.ggml.model", "llama");
+        gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, (uint64_t)nt);
+        if (pass == 0) gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", UINT32_MAX);
+        if (pass == 1) gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)nt);
+        if (pass == 2) gguf_writer_set_arr_f32(w, "tokenizer.ggml.scores", scores, (uint64_t)nt - 1);
+        g = NULL;
+        v = NULL;
+        rc = gguf_writer_write(w, path, msg, sizeof msg);
+        CHECK_EQ_INT(rc, KVS_OK);
+        if (rc == KVS_OK && gguf_open(path, &g, msg, sizeof msg) == KVS_OK) {
+            rc = tok_from_gguf(g, &v, msg, sizeof msg);
+            CHECK_EQ_INT(rc, pass == 0 ? KVS_OK : KVS_ERR_FORMAT);
+            if (pass == 0 && v) {
+                CHECK_EQ_INT(tok_eos(v), -1);
+                CHECK_EQ_INT(tok_bos(v), 1);
+            }
+            if (pass != 0) CHECK(v == NULL);
+        }
+        tok_free(v);
+        gguf_close(g);
+        gguf_writer_free(w);
+    }
+
     /* a different tokenizer model is refused */
     w = gguf_writer_create();
     CHECK(w != NULL);
