@@ -1,0 +1,183 @@
+/*
+ * quant — type traits and run-time dispatch. The kernels live in quant_ref.c
+ * (scalar), quant_avx2.c and quant_avx512.c; see quant_impl.h for the design.
+ */
+#include <stdatomic.h>
+#include <strings.h>
+
+#include "quant_impl.h"
+#include "util.h"
+
+static const quant_traits traits[QUANT_TYPE_LIMIT] = {
+    [QUANT_F32] = {"f32", 1, 4, true},
+    [QUANT_F16] = {"f16", 1, 2, true},
+    [QUANT_BF16] = {"bf16", 1, 2, true},
+    [QUANT_Q4_0] = {"q4_0", 32, sizeof(block_q4_0), true},
+    [QUANT_Q4_1] = {"q4_1", 32, sizeof(block_q4_1), true},
+    [QUANT_Q5_0] = {"q5_0", 32, sizeof(block_q5_0), true},
+    [QUANT_Q5_1] = {"q5_1", 32, sizeof(block_q5_1), true},
+    [QUANT_Q8_0] = {"q8_0", 32, sizeof(block_q8_0), true},
+    [QUANT_Q8_1] = {"q8_1", 32, sizeof(block_q8_1), false},
+    [QUANT_Q2_K] = {"q2_k", 256, sizeof(block_q2_k), false},
+    [QUANT_Q3_K] = {"q3_k", 256, sizeof(block_q3_k), false},
+    [QUANT_Q4_K] = {"q4_k", 256, sizeof(block_q4_k), true},
+    [QUANT_Q5_K] = {"q5_k", 256, sizeof(block_q5_k), true},
+    [QUANT_Q6_K] = {"q6_k", 256, sizeof(block_q6_k), true},
+    [QUANT_Q8_K] = {"q8_k", 256, sizeof(block_q8_k), false},
+};
+
+const quant_traits *quant_get_traits(uint32_t type) {
+    if (type >= QUANT_TYPE_LIMIT || !traits[type].name) return NULL;
+    return &traits[type];
+}
+
+bool quant_row_bytes(uint32_t type, uint64_t n, uint64_t *out_bytes) {
+    const quant_traits *t = quant_get_traits(type);
+    if (!t || n % t->block_elems != 0) return false;
+    return kvs_mul_u64(n / t->block_elems, t->block_bytes, out_bytes);
+}
+
+int quant_type_from_name(const char *name) {
+    if (!name) return -1;
+    for (int i = 0; i < QUANT_TYPE_LIMIT; i++)
+        if (traits[i].name && strcasecmp(traits[i].name, name) == 0) return i;
+    return -1;
+}
+
+/* --- dispatch ------------------------------------------------------------ */
+
+static const quant_isa_table *const isa_tables[] = {&quant_table_ref, &quant_table_avx2,
+                                                    &quant_table_avx512};
+
+/* -1 until first use; then the ISA in use. Relaxed atomics: every thread that
+ * races on the first use computes the same value. */
+static _Atomic int current_isa = -1;
+
+enum quant_isa quant_isa_detect(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                __builtin_cpu_supports("f16c");
+    if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vnni"))
+        return QUANT_ISA_AVX512;
+    if (avx2) return QUANT_ISA_AVX2;
+#endif
+    return QUANT_ISA_SCALAR;
+}
+
+enum quant_isa quant_isa_current(void) {
+    int isa = atomic_load_explicit(&current_isa, memory_order_relaxed);
+    if (isa < 0) {
+        isa = (int)quant_isa_detect();
+        atomic_store_explicit(&current_isa, isa, memory_order_relaxed);
+    }
+    return (enum quant_isa)isa;
+}
+
+bool quant_isa_force(enum quant_isa isa) {
+    if ((int)isa < 0 || (int)isa > (int)quant_isa_detect()) return false;
+    atomic_store_explicit(&current_isa, (int)isa, memory_order_relaxed);
+    return true;
+}
+
+const char *quant_isa_name(enum quant_isa isa) {
+    switch (isa) {
+    case QUANT_ISA_SCALAR: return "scalar";
+    case QUANT_ISA_AVX2: return "avx2";
+    case QUANT_ISA_AVX512: return "avx512";
+    }
+    return "unknown";
+}
+
+/* The kernels for a compute type under the current ISA; NULL entries fall back
+ * to the next lower ISA. Asserts on a non-compute type: callers validate types
+ * when they load a model, so reaching here with one is a bug. */
+static quant_kernels resolve(uint32_t type) {
+    KVS_ASSERT(type < QUANT_TYPE_LIMIT && quant_table_ref.k[type].dot);
+    quant_kernels k = {0};
+    for (int i = (int)quant_isa_current(); i >= 0; i--) {
+        const quant_kernels *t = &isa_tables[i]->k[type];
+        if (!k.dot) k.dot = t->dot;
+        if (!k.dequant) k.dequant = t->dequant;
+        if (!k.act) k.act = t->act;
+    }
+    return k;
+}
+
+static void check_n(uint32_t type, int64_t n) {
+    KVS_ASSERT(n >= 0 && n % traits[type].block_elems == 0);
+}
+
+size_t quant_act_row_bytes(uint32_t wtype, int64_t n) {
+    if (wtype >= QUANT_TYPE_LIMIT || !quant_table_ref.k[wtype].dot || n < 0) return 0;
+    switch (wtype) {
+    case QUANT_F32: case QUANT_F16: case QUANT_BF16: return (size_t)n * sizeof(float);
+    case QUANT_Q4_K: case QUANT_Q5_K: case QUANT_Q6_K: return (size_t)(n / QKK) * sizeof(block_q8_k);
+    default: return (size_t)(n / QK32) * sizeof(act_q8);
+    }
+}
+
+void quant_act_quantize(uint32_t wtype, const float *x, void *act, int64_t n) {
+    quant_kernels k = resolve(wtype);
+    check_n(wtype, n);
+    k.act(x, act, n);
+}
+
+float quant_dot(uint32_t wtype, int64_t n, const void *w, const void *act) {
+    quant_kernels k = resolve(wtype);
+    check_n(wtype, n);
+    float r;
+    k.dot(n, w, act, 0, 1, &r);
+    return r;
+}
+
+void quant_dot_multi(uint32_t wtype, int64_t n, const void *w, const void *act, size_t act_stride,
+                     int n_act, float *out) {
+    quant_kernels k = resolve(wtype);
+    check_n(wtype, n);
+    if (n_act > 0) k.dot(n, w, act, act_stride, n_act, out);
+}
+
+void quant_dequant_row(uint32_t wtype, const void *w, float *y, int64_t n) {
+    quant_kernels k = resolve(wtype);
+    check_n(wtype, n);
+    k.dequant(w, y, n);
+}
+
+void quant_act_quantize_ref(uint32_t wtype, const float *x, void *act, int64_t n) {
+    KVS_ASSERT(wtype < QUANT_TYPE_LIMIT && quant_table_ref.k[wtype].act);
+    check_n(wtype, n);
+    quant_table_ref.k[wtype].act(x, act, n);
+}
+
+float quant_dot_ref(uint32_t wtype, int64_t n, const void *w, const void *act) {
+    KVS_ASSERT(wtype < QUANT_TYPE_LIMIT && quant_table_ref.k[wtype].dot);
+    check_n(wtype, n);
+    float r;
+    quant_table_ref.k[wtype].dot(n, w, act, 0, 1, &r);
+    return r;
+}
+
+void quant_dequant_row_ref(uint32_t wtype, const void *w, float *y, int64_t n) {
+    KVS_ASSERT(wtype < QUANT_TYPE_LIMIT && quant_table_ref.k[wtype].dequant);
+    check_n(wtype, n);
+    quant_table_ref.k[wtype].dequant(w, y, n);
+}
+
+void quant_f16_to_f32_row(const uint16_t *src, float *dst, int64_t n) {
+    for (int i = (int)quant_isa_current(); i >= 0; i--)
+        if (isa_tables[i]->f16_to_f32) {
+            isa_tables[i]->f16_to_f32(src, dst, n);
+            return;
+        }
+}
+
+void quant_f32_to_f16_row(const float *src, uint16_t *dst, int64_t n) {
+    for (int i = (int)quant_isa_current(); i >= 0; i--)
+        if (isa_tables[i]->f32_to_f16) {
+            isa_tables[i]->f32_to_f16(src, dst, n);
+            return;
+        }
+}

@@ -1,0 +1,630 @@
+/*
+ * quant_ref — scalar kernels: the reference every SIMD kernel is tested
+ * against, and the fallback on CPUs without AVX2. Also the weight quantizers
+ * (used for synthetic models and tests only, so simple rather than optimal).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "quant_impl.h"
+#include "util.h"
+
+/* --- half precision ------------------------------------------------------ */
+
+static float f32_from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+float quant_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1Fu;
+    uint32_t mant = h & 0x3FFu;
+    if (exp == 0) {
+        /* zero or subnormal: mant * 2^-24 is exact in f32 */
+        float f = (float)mant * 0x1p-24f;
+        return sign ? -f : f;
+    }
+    if (exp == 31) return f32_from_bits(sign | 0x7F800000u | (mant << 13));
+    return f32_from_bits(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+uint16_t quant_f32_to_f16(float f) {
+    uint32_t u = f32_bits(f);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) /* NaN: quiet it, keep the top payload bits (as F16C does) */
+        return (uint16_t)(sign | 0x7E00u | ((a >> 13) & 0x3FFu));
+    if (a >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u); /* rounds to inf */
+    if (a < 0x38800000u) {
+        /* result is subnormal or zero: mantissa in units of 2^-24 */
+        uint32_t e = a >> 23;
+        uint32_t m = (a & 0x7FFFFFu) | (e ? 0x800000u : 0);
+        uint32_t s = 126u - e; /* >= 14 */
+        if (s > 24) return sign;
+        uint32_t r = m >> s, rem = m & ((1u << s) - 1u), half = 1u << (s - 1u);
+        if (rem > half || (rem == half && (r & 1u))) r++;
+        return (uint16_t)(sign | r);
+    }
+    uint32_t base = ((a >> 23) - 112u) << 10 | ((a >> 13) & 0x3FFu);
+    uint32_t rem = a & 0x1FFFu;
+    if (rem > 0x1000u || (rem == 0x1000u && (base & 1u))) base++;
+    return (uint16_t)(sign | base);
+}
+
+float quant_bf16_to_f32(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
+
+uint16_t quant_f32_to_bf16(float f) {
+    uint32_t u = f32_bits(f);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+void quant_ref_f16_to_f32_row(const uint16_t *src, float *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = quant_f16_to_f32(src[i]);
+}
+
+void quant_ref_f32_to_f16_row(const float *src, uint16_t *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = quant_f32_to_f16(src[i]);
+}
+
+static inline float h2f(uint16_t h) { return quant_f16_to_f32(h); }
+
+/* Round half to even under the default rounding mode, clamped to [lo, hi]; NaN -> lo. */
+static inline int round_clamp(float v, int lo, int hi) {
+    if (!(v > (float)lo)) return lo;
+    if (!(v < (float)hi)) return hi;
+    return (int)rintf(v);
+}
+
+/* --- activations --------------------------------------------------------- */
+
+static void act_f32_ref(const float *x, void *act, int64_t n) {
+    memcpy(act, x, (size_t)n * sizeof(float));
+}
+
+/* Quantizes 'len' values to int8 with d = amax/127 (design note 3). Returns d. */
+static float q8_block(const float *x, int8_t *q, int len, int *sum) {
+    float amax = 0.0f;
+    for (int i = 0; i < len; i++) {
+        float a = fabsf(x[i]);
+        amax = a > amax ? a : amax;
+    }
+    float d = amax / 127.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int s = 0;
+    for (int i = 0; i < len; i++) {
+        float v = x[i] * id;
+        v = v < 127.0f ? v : 127.0f; /* mirrors min_ps/max_ps, NaN -> 127 */
+        v = v > -127.0f ? v : -127.0f;
+        q[i] = (int8_t)rintf(v);
+        s += q[i];
+    }
+    *sum = s;
+    return d;
+}
+
+static void act_q8_ref(const float *x, void *act, int64_t n) {
+    act_q8 *y = (act_q8 *)act;
+    for (int64_t b = 0; b < n / QK32; b++) {
+        int s;
+        y[b].d = q8_block(x + b * QK32, y[b].qs, QK32, &s);
+        y[b].s = y[b].d * (float)s;
+    }
+}
+
+static void act_q8k_ref(const float *x, void *act, int64_t n) {
+    block_q8_k *y = (block_q8_k *)act;
+    for (int64_t b = 0; b < n / QKK; b++) {
+        int s;
+        y[b].d = q8_block(x + b * QKK, y[b].qs, QKK, &s);
+        for (int j = 0; j < 16; j++) {
+            int bs = 0;
+            for (int i = 0; i < 16; i++) bs += y[b].qs[16 * j + i];
+            y[b].bsums[j] = (int16_t)bs;
+        }
+    }
+}
+
+/* --- dequantization ------------------------------------------------------ */
+
+static void dq_f32(const void *w, float *y, int64_t n) { memcpy(y, w, (size_t)n * sizeof(float)); }
+
+static void dq_f16(const void *w, float *y, int64_t n) {
+    quant_ref_f16_to_f32_row((const uint16_t *)w, y, n);
+}
+
+static void dq_bf16(const void *w, float *y, int64_t n) {
+    const uint16_t *x = (const uint16_t *)w;
+    for (int64_t i = 0; i < n; i++) y[i] = quant_bf16_to_f32(x[i]);
+}
+
+static void dq_q4_0(const void *w, float *y, int64_t n) {
+    const block_q4_0 *x = (const block_q4_0 *)w;
+    for (int64_t b = 0; b < n / QK32; b++, y += QK32) {
+        float d = h2f(x[b].d);
+        for (int i = 0; i < 16; i++) {
+            y[i] = d * (float)((x[b].qs[i] & 0xF) - 8);
+            y[i + 16] = d * (float)((x[b].qs[i] >> 4) - 8);
+        }
+    }
+}
+
+static void dq_q4_1(const void *w, float *y, int64_t n) {
+    const block_q4_1 *x = (const block_q4_1 *)w;
+    for (int64_t b = 0; b < n / QK32; b++, y += QK32) {
+        float d = h2f(x[b].d), m = h2f(x[b].m);
+        for (int i = 0; i < 16; i++) {
+            y[i] = d * (float)(x[b].qs[i] & 0xF) + m;
+            y[i + 16] = d * (float)(x[b].qs[i] >> 4) + m;
+        }
+    }
+}
+
+static inline int q5_hi(const uint8_t qh[4], int i) { return (int)((kvs_rd_u32(qh) >> i) & 1u) << 4; }
+
+static void dq_q5_0(const void *w, float *y, int64_t n) {
+    const block_q5_0 *x = (const block_q5_0 *)w;
+    for (int64_t b = 0; b < n / QK32; b++, y += QK32) {
+        float d = h2f(x[b].d);
+        for (int i = 0; i < 16; i++) {
+            y[i] = d * (float)(((x[b].qs[i] & 0xF) | q5_hi(x[b].qh, i)) - 16);
+            y[i + 16] = d * (float)(((x[b].qs[i] >> 4) | q5_hi(x[b].qh, i + 16)) - 16);
+        }
+    }
+}
+
+static void dq_q5_1(const void *w, float *y, int64_t n) {
+    const block_q5_1 *x = (const block_q5_1 *)w;
+    for (int64_t b = 0; b < n / QK32; b++, y += QK32) {
+        float d = h2f(x[b].d), m = h2f(x[b].m);
+        for (int i = 0; i < 16; i++) {
+            y[i] = d * (float)((x[b].qs[i] & 0xF) | q5_hi(x[b].qh, i)) + m;
+            y[i + 16] = d * (float)((x[b].qs[i] >> 4) | q5_hi(x[b].qh, i + 16)) + m;
+        }
+    }
+}
+
+static void dq_q8_0(const void *w, float *y, int64_t n) {
+    const block_q8_0 *x = (const block_q8_0 *)w;
+    for (int64_t b = 0; b < n / QK32; b++, y += QK32) {
+        float d = h2f(x[b].d);
+        for (int i = 0; i < QK32; i++) y[i] = d * (float)x[b].qs[i];
+    }
+}
+
+static void dq_q4_k(const void *w, float *y, int64_t n) {
+    const block_q4_k *x = (const block_q4_k *)w;
+    for (int64_t b = 0; b < n / QKK; b++) {
+        float d = h2f(x[b].d), dmin = h2f(x[b].dmin);
+        for (int e = 0; e < QKK; e++) {
+            uint8_t sc, m;
+            quant_scale_min_k4(e / 32, x[b].scales, &sc, &m);
+            uint8_t byte = x[b].qs[(e / 64) * 32 + e % 32];
+            int q = (e / 32) % 2 ? byte >> 4 : byte & 0xF;
+            *y++ = d * (float)sc * (float)q - dmin * (float)m;
+        }
+    }
+}
+
+static void dq_q5_k(const void *w, float *y, int64_t n) {
+    const block_q5_k *x = (const block_q5_k *)w;
+    for (int64_t b = 0; b < n / QKK; b++) {
+        float d = h2f(x[b].d), dmin = h2f(x[b].dmin);
+        for (int e = 0; e < QKK; e++) {
+            uint8_t sc, m;
+            quant_scale_min_k4(e / 32, x[b].scales, &sc, &m);
+            uint8_t byte = x[b].qs[(e / 64) * 32 + e % 32];
+            int q = (e / 32) % 2 ? byte >> 4 : byte & 0xF;
+            q |= ((x[b].qh[e % 32] >> (e / 32)) & 1) << 4;
+            *y++ = d * (float)sc * (float)q - dmin * (float)m;
+        }
+    }
+}
+
+/* 6-bit quant e (0..255) of a q6_k block, unsigned (0..63). */
+static inline int q6_get(const block_q6_k *x, int e) {
+    int half = e / 128, k = (e % 128) / 32, l = e % 32;
+    uint8_t lo = x->ql[64 * half + l + 32 * (k & 1)];
+    int q = k < 2 ? lo & 0xF : lo >> 4;
+    return q | (((x->qh[32 * half + l] >> (2 * k)) & 3) << 4);
+}
+
+static void dq_q6_k(const void *w, float *y, int64_t n) {
+    const block_q6_k *x = (const block_q6_k *)w;
+    for (int64_t b = 0; b < n / QKK; b++) {
+        float d = h2f(x[b].d);
+        for (int e = 0; e < QKK; e++)
+            *y++ = d * (float)x[b].scales[e / 16] * (float)(q6_get(&x[b], e) - 32);
+    }
+}
+
+/* --- dots ---------------------------------------------------------------- */
+
+static float dot_f32(int64_t n, const void *w, const void *act) {
+    const uint8_t *x = (const uint8_t *)w;
+    const float *a = (const float *)act;
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) s += kvs_rd_f32(x + 4 * i) * a[i];
+    return s;
+}
+
+static float dot_f16(int64_t n, const void *w, const void *act) {
+    const uint16_t *x = (const uint16_t *)w;
+    const float *a = (const float *)act;
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) s += h2f(x[i]) * a[i];
+    return s;
+}
+
+static float dot_bf16(int64_t n, const void *w, const void *act) {
+    const uint16_t *x = (const uint16_t *)w;
+    const float *a = (const float *)act;
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) s += quant_bf16_to_f32(x[i]) * a[i];
+    return s;
+}
+
+static float dot_q4_0(int64_t n, const void *w, const void *act) {
+    const block_q4_0 *x = (const block_q4_0 *)w;
+    const act_q8 *a = (const act_q8 *)act;
+    float s = 0.0f;
+    for (int64_t b = 0; b < n / QK32; b++) {
+        int is = 0;
+        for (int i = 0; i < 16; i++)
+            is += ((x[b].qs[i] & 0xF) - 8) * a[b].qs[i] + ((x[b].qs[i] >> 4) - 8) * a[b].qs[i + 16];
+        s += (float)is * (h2f(x[b].d) * a[b].d);
+    }
+    return s;
+}
+
+static float dot_q4_1(int64_t n, const void *w, const void *act) {
+    const block_q4_1 *x = (const block_q4_1 *)w;
+    const act_q8 *a = (const act_q8 *)act;
+    float s = 0.0f;
+    for (int64_t b = 0; b < n / QK32; b++) {
+        int is = 0;
+        for (int i = 0; i < 16; i++)
+            is += (x[b].qs[i] & 0xF) * a[b].qs[i] + (x[b].qs[i] >> 4) * a[b].qs[i + 16];
+        s += (float)is * (h2f(x[b].d) * a[b].d) + h2f(x[b].m) * a[b].s;
+    }
+    return s;
+}
+
+static float dot_q5_0(int64_t n, const void *w, const void *act) {
+    const block_q5_0 *x = (const block_q5_0 *)w;
+    const act_q8 *a = (const act_q8 *)act;
+    float s = 0.0f;
+    for (int64_t b = 0; b < n / QK32; b++) {
+        int is = 0;
+        for (int i = 0; i < 16; i++) {
+            is += (((x[b].qs[i] & 0xF) | q5_hi(x[b].qh, i)) - 16) * a[b].qs[i];
+            is += (((x[b].qs[i] >> 4) | q5_hi(x[b].qh, i + 16)) - 16) * a[b].qs[i + 16];
+        }
+        s += (float)is * (h2f(x[b].d) * a[b].d);
+    }
+    return s;
+}
+
+static float dot_q5_1(int64_t n, const void *w, const void *act) {
+    const block_q5_1 *x = (const block_q5_1 *)w;
+    const act_q8 *a = (const act_q8 *)act;
+    float s = 0.0f;
+    for (int64_t b = 0; b < n / QK32; b++) {
+        int is = 0;
+        for (int i = 0; i < 16; i++) {
+            is += ((x[b].qs[i] & 0xF) | q5_hi(x[b].qh, i)) * a[b].qs[i];
+            is += ((x[b].qs[i] >> 4) | q5_hi(x[b].qh, i + 16)) * a[b].qs[i + 16];
+        }
+        s += (float)is * (h2f(x[b].d) * a[b].d) + h2f(x[b].m) * a[b].s;
+    }
+    return s;
+}
+
+static float dot_q8_0(int64_t n, const void *w, const void *act) {
+    const block_q8_0 *x = (const block_q8_0 *)w;
+    const act_q8 *a = (const act_q8 *)act;
+    float s = 0.0f;
+    for (int64_t b = 0; b < n / QK32; b++) {
+        int is = 0;
+        for (int i = 0; i < QK32; i++) is += x[b].qs[i] * a[b].qs[i];
+        s += (float)is * (h2f(x[b].d) * a[b].d);
+    }
+    return s;
+}
+
+/* Shared by q4_k and q5_k: q(e) gives the unsigned quant of element e. */
+static float dot_k4_block(const uint8_t scales[12], uint16_t d, uint16_t dmin, const int q[QKK],
+                          const block_q8_k *a) {
+    int is = 0, ms = 0;
+    for (int j = 0; j < 8; j++) {
+        uint8_t sc, m;
+        quant_scale_min_k4(j, scales, &sc, &m);
+        int sub = 0;
+        for (int i = 0; i < 32; i++) sub += q[32 * j + i] * a->qs[32 * j + i];
+        is += sc * sub;
+        ms += m * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
+    }
+    return h2f(d) * a->d * (float)is - h2f(dmin) * a->d * (float)ms;
+}
+
+static float dot_q4_k(int64_t n, const void *w, const void *act) {
+    const block_q4_k *x = (const block_q4_k *)w;
+    const block_q8_k *a = (const block_q8_k *)act;
+    float s = 0.0f;
+    for (int64_t b = 0; b < n / QKK; b++) {
+        int q[QKK];
+        for (int e = 0; e < QKK; e++) {
+            uint8_t byte = x[b].qs[(e / 64) * 32 + e % 32];
+            q[e] = (e / 32) % 2 ? byte >> 4 : byte & 0xF;
+        }
+        s += dot_k4_block(x[b].scales, x[b].d, x[b].dmin, q, &a[b]);
+    }
+    return s;
+}
+
+static float dot_q5_k(int64_t n, const void *w, const void *act) {
+    const block_q5_k *x = (const block_q5_k *)w;
+    const block_q8_k *a = (const block_q8_k *)act;
+    float s = 0.0f;
+    for (int64_t b = 0; b < n / QKK; b++) {
+        int q[QKK];
+        for (int e = 0; e < QKK; e++) {
+            uint8_t byte = x[b].qs[(e / 64) * 32 + e % 32];
+            q[e] = (e / 32) % 2 ? byte >> 4 : byte & 0xF;
+            q[e] |= ((x[b].qh[e % 32] >> (e / 32)) & 1) << 4;
+        }
+        s += dot_k4_block(x[b].scales, x[b].d, x[b].dmin, q, &a[b]);
+    }
+    return s;
+}
+
+static float dot_q6_k(int64_t n, const void *w, const void *act) {
+    const block_q6_k *x = (const block_q6_k *)w;
+    const block_q8_k *a = (const block_q8_k *)act;
+    float s = 0.0f;
+    for (int64_t b = 0; b < n / QKK; b++) {
+        int is = 0;
+        for (int j = 0; j < 16; j++) {
+            int sub = 0;
+            for (int i = 0; i < 16; i++) sub += (q6_get(&x[b], 16 * j + i) - 32) * a[b].qs[16 * j + i];
+            is += x[b].scales[j] * sub;
+        }
+        s += h2f(x[b].d) * a[b].d * (float)is;
+    }
+    return s;
+}
+
+#define REF_MULTI(name)                                                                        \
+    static void name##_multi(int64_t n, const void *w, const void *act, size_t stride, int n_act, \
+                             float *out) {                                                     \
+        for (int j = 0; j < n_act; j++) out[j] = name(n, w, (const uint8_t *)act + (size_t)j * stride); \
+    }
+REF_MULTI(dot_f32)
+REF_MULTI(dot_f16)
+REF_MULTI(dot_bf16)
+REF_MULTI(dot_q4_0)
+REF_MULTI(dot_q4_1)
+REF_MULTI(dot_q5_0)
+REF_MULTI(dot_q5_1)
+REF_MULTI(dot_q8_0)
+REF_MULTI(dot_q4_k)
+REF_MULTI(dot_q5_k)
+REF_MULTI(dot_q6_k)
+
+const quant_isa_table quant_table_ref = {
+    .k = {
+        [QUANT_F32] = {dot_f32_multi, dq_f32, act_f32_ref},
+        [QUANT_F16] = {dot_f16_multi, dq_f16, act_f32_ref},
+        [QUANT_BF16] = {dot_bf16_multi, dq_bf16, act_f32_ref},
+        [QUANT_Q4_0] = {dot_q4_0_multi, dq_q4_0, act_q8_ref},
+        [QUANT_Q4_1] = {dot_q4_1_multi, dq_q4_1, act_q8_ref},
+        [QUANT_Q5_0] = {dot_q5_0_multi, dq_q5_0, act_q8_ref},
+        [QUANT_Q5_1] = {dot_q5_1_multi, dq_q5_1, act_q8_ref},
+        [QUANT_Q8_0] = {dot_q8_0_multi, dq_q8_0, act_q8_ref},
+        [QUANT_Q4_K] = {dot_q4_k_multi, dq_q4_k, act_q8k_ref},
+        [QUANT_Q5_K] = {dot_q5_k_multi, dq_q5_k, act_q8k_ref},
+        [QUANT_Q6_K] = {dot_q6_k_multi, dq_q6_k, act_q8k_ref},
+    },
+    .f16_to_f32 = quant_ref_f16_to_f32_row,
+    .f32_to_f16 = quant_ref_f32_to_f16_row,
+};
+
+/* --- weight quantizers (reference only) ---------------------------------- */
+
+/* Value of x[0..len) with the largest magnitude, sign kept. */
+static float signed_amax(const float *x, int len) {
+    float best = 0.0f, amax = 0.0f;
+    for (int i = 0; i < len; i++)
+        if (fabsf(x[i]) > amax) { amax = fabsf(x[i]); best = x[i]; }
+    return best;
+}
+
+static void qz_q4_0(const float *x, void *w, int64_t n) {
+    block_q4_0 *y = (block_q4_0 *)w;
+    for (int64_t b = 0; b < n / QK32; b++, x += QK32) {
+        float d = signed_amax(x, QK32) / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = quant_f32_to_f16(d);
+        for (int i = 0; i < 16; i++)
+            y[b].qs[i] = (uint8_t)(round_clamp(x[i] * id + 8.0f, 0, 15) |
+                                   round_clamp(x[i + 16] * id + 8.0f, 0, 15) << 4);
+    }
+}
+
+static void minmax(const float *x, int len, float *mn, float *mx) {
+    *mn = x[0];
+    *mx = x[0];
+    for (int i = 1; i < len; i++) {
+        *mn = x[i] < *mn ? x[i] : *mn;
+        *mx = x[i] > *mx ? x[i] : *mx;
+    }
+}
+
+static void qz_q4_1(const float *x, void *w, int64_t n) {
+    block_q4_1 *y = (block_q4_1 *)w;
+    for (int64_t b = 0; b < n / QK32; b++, x += QK32) {
+        float mn, mx;
+        minmax(x, QK32, &mn, &mx);
+        float d = (mx - mn) / 15.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = quant_f32_to_f16(d);
+        y[b].m = quant_f32_to_f16(mn);
+        for (int i = 0; i < 16; i++)
+            y[b].qs[i] = (uint8_t)(round_clamp((x[i] - mn) * id, 0, 15) |
+                                   round_clamp((x[i + 16] - mn) * id, 0, 15) << 4);
+    }
+}
+
+static void qz_q5_0(const float *x, void *w, int64_t n) {
+    block_q5_0 *y = (block_q5_0 *)w;
+    for (int64_t b = 0; b < n / QK32; b++, x += QK32) {
+        float d = signed_amax(x, QK32) / -16.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = quant_f32_to_f16(d);
+        uint32_t qh = 0;
+        for (int i = 0; i < 16; i++) {
+            int q0 = round_clamp(x[i] * id + 16.0f, 0, 31), q1 = round_clamp(x[i + 16] * id + 16.0f, 0, 31);
+            y[b].qs[i] = (uint8_t)((q0 & 0xF) | (q1 & 0xF) << 4);
+            qh |= (uint32_t)(q0 >> 4) << i | (uint32_t)(q1 >> 4) << (i + 16);
+        }
+        kvs_wr_u32(y[b].qh, qh);
+    }
+}
+
+static void qz_q5_1(const float *x, void *w, int64_t n) {
+    block_q5_1 *y = (block_q5_1 *)w;
+    for (int64_t b = 0; b < n / QK32; b++, x += QK32) {
+        float mn, mx;
+        minmax(x, QK32, &mn, &mx);
+        float d = (mx - mn) / 31.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = quant_f32_to_f16(d);
+        y[b].m = quant_f32_to_f16(mn);
+        uint32_t qh = 0;
+        for (int i = 0; i < 16; i++) {
+            int q0 = round_clamp((x[i] - mn) * id, 0, 31), q1 = round_clamp((x[i + 16] - mn) * id, 0, 31);
+            y[b].qs[i] = (uint8_t)((q0 & 0xF) | (q1 & 0xF) << 4);
+            qh |= (uint32_t)(q0 >> 4) << i | (uint32_t)(q1 >> 4) << (i + 16);
+        }
+        kvs_wr_u32(y[b].qh, qh);
+    }
+}
+
+static void qz_q8_0(const float *x, void *w, int64_t n) {
+    block_q8_0 *y = (block_q8_0 *)w;
+    for (int64_t b = 0; b < n / QK32; b++, x += QK32) {
+        float amax = fabsf(signed_amax(x, QK32));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = quant_f32_to_f16(d);
+        for (int i = 0; i < QK32; i++) y[b].qs[i] = (int8_t)round_clamp(x[i] * id, -127, 127);
+    }
+}
+
+/* q4_k / q5_k: per 32-elem sub-block an affine map with min <= 0; 6-bit scales
+ * rounded up so the range is always covered. Writes d, dmin, scales and q[256]. */
+static void qz_k4(const float *x, int nmax, uint16_t *d16, uint16_t *dmin16, uint8_t scales[12],
+                  int q[QKK]) {
+    float sub_scale[8], sub_min[8], max_scale = 0.0f, max_min = 0.0f;
+    for (int j = 0; j < 8; j++) {
+        float mn, mx;
+        minmax(x + 32 * j, 32, &mn, &mx);
+        mn = mn < 0.0f ? mn : 0.0f;
+        sub_scale[j] = (mx - mn) / (float)nmax;
+        sub_min[j] = -mn;
+        max_scale = sub_scale[j] > max_scale ? sub_scale[j] : max_scale;
+        max_min = sub_min[j] > max_min ? sub_min[j] : max_min;
+    }
+    *d16 = quant_f32_to_f16(max_scale / 63.0f);
+    *dmin16 = quant_f32_to_f16(max_min / 63.0f);
+    float d = h2f(*d16), dmin = h2f(*dmin16);
+    uint8_t sc[8], m[8];
+    for (int j = 0; j < 8; j++) {
+        sc[j] = (uint8_t)(d > 0.0f ? round_clamp(ceilf(sub_scale[j] / d), 0, 63) : 0);
+        m[j] = (uint8_t)(dmin > 0.0f ? round_clamp(sub_min[j] / dmin, 0, 63) : 0);
+    }
+    memset(scales, 0, 12);
+    for (int j = 0; j < 8; j++) {
+        if (j < 4) {
+            scales[j] |= sc[j];
+            scales[j + 4] |= m[j];
+        } else {
+            scales[j + 4] = (uint8_t)((sc[j] & 0xF) | (m[j] & 0xF) << 4);
+            scales[j - 4] |= (uint8_t)((sc[j] >> 4) << 6);
+            scales[j] |= (uint8_t)((m[j] >> 4) << 6);
+        }
+    }
+    for (int j = 0; j < 8; j++) {
+        float es = d * (float)sc[j], em = dmin * (float)m[j];
+        for (int i = 0; i < 32; i++)
+            q[32 * j + i] = es > 0.0f ? round_clamp((x[32 * j + i] + em) / es, 0, nmax) : 0;
+    }
+}
+
+static void qz_q4_k(const float *x, void *w, int64_t n) {
+    block_q4_k *y = (block_q4_k *)w;
+    for (int64_t b = 0; b < n / QKK; b++, x += QKK) {
+        int q[QKK];
+        qz_k4(x, 15, &y[b].d, &y[b].dmin, y[b].scales, q);
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 32; l++)
+                y[b].qs[32 * c + l] = (uint8_t)(q[64 * c + l] | q[64 * c + 32 + l] << 4);
+    }
+}
+
+static void qz_q5_k(const float *x, void *w, int64_t n) {
+    block_q5_k *y = (block_q5_k *)w;
+    for (int64_t b = 0; b < n / QKK; b++, x += QKK) {
+        int q[QKK];
+        qz_k4(x, 31, &y[b].d, &y[b].dmin, y[b].scales, q);
+        memset(y[b].qh, 0, sizeof y[b].qh);
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 32; l++)
+                y[b].qs[32 * c + l] = (uint8_t)((q[64 * c + l] & 0xF) | (q[64 * c + 32 + l] & 0xF) << 4);
+        for (int e = 0; e < QKK; e++) y[b].qh[e % 32] |= (uint8_t)((q[e] >> 4) << (e / 32));
+    }
+}
+
+static void qz_q6_k(const float *x, void *w, int64_t n) {
+    block_q6_k *y = (block_q6_k *)w;
+    for (int64_t b = 0; b < n / QKK; b++, x += QKK) {
+        float sub_scale[16], max_scale = 0.0f;
+        for (int j = 0; j < 16; j++) {
+            sub_scale[j] = signed_amax(x + 16 * j, 16) / -32.0f;
+            max_scale = fabsf(sub_scale[j]) > max_scale ? fabsf(sub_scale[j]) : max_scale;
+        }
+        y[b].d = quant_f32_to_f16(max_scale / 127.0f);
+        float d = h2f(y[b].d);
+        int q[QKK];
+        for (int j = 0; j < 16; j++) {
+            y[b].scales[j] = (int8_t)(d > 0.0f ? round_clamp(sub_scale[j] / d, -128, 127) : 0);
+            float es = d * (float)y[b].scales[j];
+            for (int i = 0; i < 16; i++)
+                q[16 * j + i] = es != 0.0f ? round_clamp(x[16 * j + i] / es, -32, 31) + 32 : 32;
+        }
+        memset(y[b].ql, 0, sizeof y[b].ql);
+        memset(y[b].qh, 0, sizeof y[b].qh);
+        for (int e = 0; e < QKK; e++) {
+            int half = e / 128, k = (e % 128) / 32, l = e % 32;
+            y[b].ql[64 * half + l + 32 * (k & 1)] |= (uint8_t)((q[e] & 0xF) << (k < 2 ? 0 : 4));
+            y[b].qh[32 * half + l] |= (uint8_t)((q[e] >> 4) << (2 * k));
+        }
+    }
+}
+
+bool quant_quantize_row(uint32_t type, const float *x, void *w, int64_t n) {
+    const quant_traits *t = quant_get_traits(type);
+    if (!t || n < 0 || n % t->block_elems != 0) return false;
+    switch (type) {
+    case QUANT_F32: memcpy(w, x, (size_t)n * sizeof(float)); return true;
+    case QUANT_F16: quant_f32_to_f16_row(x, (uint16_t *)w, n); return true;
+    case QUANT_BF16: {
+        uint16_t *y = (uint16_t *)w;
+        for (int64_t i = 0; i < n; i++) y[i] = quant_f32_to_bf16(x[i]);
+        return true;
+    }
+    case QUANT_Q4_0: qz_q4_0(x, w, n); return true;
+    case QUANT_Q4_1: qz_q4_1(x, w, n); return true;
+    case QUANT_Q5_0: qz_q5_0(x, w, n); return true;
+    case QUANT_Q5_1: qz_q5_1(x, w, n); return true;
+    case QUANT_Q8_0: qz_q8_0(x, w, n); return true;
+    case QUANT_Q4_K: qz_q4_k(x, w, n); return true;
+    case QUANT_Q5_K: qz_q5_k(x, w, n); return true;
+    case QUANT_Q6_K: qz_q6_k(x, w, n); return true;
+    default: return false;
+    }
+}

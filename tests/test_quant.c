@@ -1,0 +1,314 @@
+/* test_quant — block layouts, conversions, and every kernel against its scalar twin. */
+#include <math.h>
+#include <stdint.h>
+
+#include "quant.h"
+#include "test.h"
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+static uint32_t rng_u32(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 32);
+}
+
+static float rng_unit(void) { return (float)(rng_u32() >> 8) * (1.0f / 16777216.0f); } /* [0,1) */
+
+/* Roughly Gaussian, with a per-32 scale that varies so blocks differ. */
+static void fill_random(float *x, int64_t n, float scale) {
+    float s = scale;
+    for (int64_t i = 0; i < n; i++) {
+        if (i % 32 == 0) s = scale * (0.25f + 2.0f * rng_unit());
+        x[i] = s * (rng_unit() + rng_unit() + rng_unit() - 1.5f);
+    }
+}
+
+static float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+static int n_isas;
+static enum quant_isa isas[3];
+
+static void test_traits(void) {
+    CHECK(quant_get_traits(4) == NULL);
+    CHECK(quant_get_traits(5) == NULL);
+    CHECK(quant_get_traits(63) == NULL);
+    CHECK(quant_get_traits(64) == NULL);
+    CHECK(quant_get_traits(0xFFFFFFFFu) == NULL);
+    static const struct { uint32_t type; uint32_t elems, bytes; bool compute; } want[] = {
+        {QUANT_F32, 1, 4, true},     {QUANT_F16, 1, 2, true},      {QUANT_BF16, 1, 2, true},
+        {QUANT_Q4_0, 32, 18, true},  {QUANT_Q4_1, 32, 20, true},   {QUANT_Q5_0, 32, 22, true},
+        {QUANT_Q5_1, 32, 24, true},  {QUANT_Q8_0, 32, 34, true},   {QUANT_Q8_1, 32, 36, false},
+        {QUANT_Q2_K, 256, 84, false}, {QUANT_Q3_K, 256, 110, false}, {QUANT_Q4_K, 256, 144, true},
+        {QUANT_Q5_K, 256, 176, true}, {QUANT_Q6_K, 256, 210, true}, {QUANT_Q8_K, 256, 292, false},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const quant_traits *t = quant_get_traits(want[i].type);
+        CHECK(t != NULL);
+        if (!t) continue;
+        CHECK_EQ_INT(t->block_elems, want[i].elems);
+        CHECK_EQ_INT(t->block_bytes, want[i].bytes);
+        CHECK_EQ_INT(t->compute, want[i].compute);
+        CHECK_EQ_INT(quant_type_from_name(t->name), want[i].type);
+    }
+    CHECK_EQ_INT(quant_type_from_name("Q4_K"), QUANT_Q4_K);
+    CHECK_EQ_INT(quant_type_from_name("q4_2"), -1);
+    CHECK_EQ_INT(quant_type_from_name(""), -1);
+
+    uint64_t b = 0;
+    CHECK(quant_row_bytes(QUANT_Q4_0, 64, &b));
+    CHECK_EQ_INT(b, 36);
+    CHECK(quant_row_bytes(QUANT_Q6_K, 512, &b));
+    CHECK_EQ_INT(b, 420);
+    CHECK(quant_row_bytes(QUANT_F16, 3, &b));
+    CHECK_EQ_INT(b, 6);
+    b = 12345;
+    CHECK(!quant_row_bytes(QUANT_Q4_0, 31, &b));
+    CHECK(!quant_row_bytes(QUANT_Q4_K, 300, &b));
+    CHECK(!quant_row_bytes(QUANT_F32, UINT64_MAX / 2, &b));
+    CHECK(!quant_row_bytes(QUANT_Q8_0, (UINT64_MAX / 32) * 32, &b));
+    CHECK(!quant_row_bytes(QUANT_F16, UINT64_MAX / 2 + 1, &b));
+    CHECK(!quant_row_bytes(4, 32, &b));
+    CHECK_EQ_INT(b, 12345);
+}
+
+static void test_half(void) {
+    CHECK_EQ_INT(quant_f32_to_f16(1.0f), 0x3C00);
+    CHECK_EQ_INT(quant_f32_to_f16(-2.0f), 0xC000);
+    CHECK_EQ_INT(quant_f32_to_f16(0.0f), 0x0000);
+    CHECK_EQ_INT(quant_f32_to_f16(-0.0f), 0x8000);
+    CHECK_EQ_INT(quant_f32_to_f16(65504.0f), 0x7BFF);
+    CHECK_EQ_INT(quant_f32_to_f16(65519.0f), 0x7BFF);
+    CHECK_EQ_INT(quant_f32_to_f16(65520.0f), 0x7C00);
+    CHECK_EQ_INT(quant_f32_to_f16(INFINITY), 0x7C00);
+    CHECK_EQ_INT(quant_f32_to_f16(-INFINITY), 0xFC00);
+    CHECK_EQ_INT(quant_f32_to_f16(0x1p-24f), 0x0001);
+    CHECK_EQ_INT(quant_f32_to_f16(0x1p-25f), 0x0000);       /* tie -> even */
+    CHECK_EQ_INT(quant_f32_to_f16(0x1.8p-25f), 0x0001);
+    CHECK_EQ_INT(quant_f32_to_f16(0x1.8p-24f), 0x0002);     /* tie -> even */
+    CHECK_EQ_INT(quant_f32_to_f16(0x1p-14f), 0x0400);
+    CHECK_EQ_INT(quant_f32_to_f16(0x1p-30f), 0x0000);
+    CHECK_EQ_INT(quant_f32_to_f16(1.0f + 0x1p-11f), 0x3C00); /* tie -> even */
+    CHECK_EQ_INT(quant_f32_to_f16(1.0f + 0x1.8p-10f), 0x3C02);
+    uint16_t hn = quant_f32_to_f16(NAN);
+    CHECK((hn & 0x7C00) == 0x7C00 && (hn & 0x3FF) != 0);
+    CHECK(isnan(quant_f16_to_f32(0x7E00)));
+    CHECK(quant_f16_to_f32(0x7C00) == INFINITY);
+    CHECK(quant_f16_to_f32(0xFC00) == -INFINITY);
+    CHECK(quant_f16_to_f32(0x0001) == 0x1p-24f);
+    CHECK(quant_f16_to_f32(0x03FF) == 1023.0f * 0x1p-24f);
+    CHECK(quant_f16_to_f32(0x8000) == 0.0f && signbit(quant_f16_to_f32(0x8000)));
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        if ((h & 0x7C00) == 0x7C00 && (h & 0x3FF)) continue;
+        if (quant_f32_to_f16(quant_f16_to_f32((uint16_t)h)) != h) bad++;
+    }
+    CHECK_EQ_INT(bad, 0);
+
+    CHECK_EQ_INT(quant_f32_to_bf16(1.0f), 0x3F80);
+    CHECK_EQ_INT(quant_f32_to_bf16(bits_f32(0x3F808000u)), 0x3F80); /* tie -> even */
+    CHECK_EQ_INT(quant_f32_to_bf16(bits_f32(0x3F818000u)), 0x3F82);
+    CHECK_EQ_INT(quant_f32_to_bf16(bits_f32(0x3F808001u)), 0x3F81);
+    CHECK_EQ_INT(quant_f32_to_bf16(INFINITY), 0x7F80);
+    CHECK(isnan(quant_bf16_to_f32(quant_f32_to_bf16(NAN))));
+    CHECK(quant_bf16_to_f32(0xC040) == -3.0f);
+
+    /* rows: every ISA equals the scalar conversion (NaN excluded) */
+    enum { N = 1037 };
+    static float src[N], back_ref[N], back[N];
+    static uint16_t h_ref[N], h[N], hsrc[N];
+    for (int i = 0; i < N; i++) {
+        uint32_t u;
+        do u = rng_u32(); while ((u & 0x7F800000u) == 0x7F800000u && (u & 0x7FFFFFu));
+        /* mostly values in f16 range, some huge/tiny/subnormal */
+        src[i] = i % 7 ? (rng_unit() - 0.5f) * 70000.0f * (i % 3 ? 1.0f : 1e-6f) : bits_f32(u);
+        do hsrc[i] = (uint16_t)rng_u32(); while ((hsrc[i] & 0x7C00) == 0x7C00 && (hsrc[i] & 0x3FF));
+    }
+    for (int i = 0; i < N; i++) {
+        h_ref[i] = quant_f32_to_f16(src[i]);
+        back_ref[i] = quant_f16_to_f32(hsrc[i]);
+    }
+    for (int k = 0; k < n_isas; k++) {
+        quant_isa_force(isas[k]);
+        quant_f32_to_f16_row(src, h, N);
+        quant_f16_to_f32_row(hsrc, back, N);
+        int diff_h = 0, diff_f = 0;
+        for (int i = 0; i < N; i++) {
+            diff_h += h[i] != h_ref[i];
+            diff_f += memcmp(&back[i], &back_ref[i], 4) != 0;
+        }
+        CHECK_EQ_INT(diff_h, 0);
+        CHECK_EQ_INT(diff_f, 0);
+    }
+}
+
+/* Hand-built blocks pin the bit layouts. */
+static void test_layouts(void) {
+    float y[256];
+    uint8_t q40[18] = {0x00, 0x3C, 0x1F}; /* d = 1; qs[0]: low 15, high 1 */
+    quant_dequant_row_ref(QUANT_Q4_0, q40, y, 32);
+    CHECK(y[0] == 7.0f && y[16] == -7.0f && y[1] == -8.0f);
+
+    uint8_t q50[22] = {0x00, 0x40, 0x01, 0x00, 0x01, 0x00, 0x03}; /* d = 2; bits 0, 16 */
+    quant_dequant_row_ref(QUANT_Q5_0, q50, y, 32);
+    CHECK(y[0] == 2.0f * (19 - 16) && y[16] == 2.0f * (16 - 16) && y[1] == -32.0f);
+
+    uint8_t q4k[144] = {0};
+    q4k[1] = 0x3C; q4k[3] = 0x3C;  /* d = dmin = 1 */
+    q4k[4 + 0] = 2 | 0x40;         /* sc0 = 2, 5th bit of sc4 */
+    q4k[4 + 4] = 1;                /* m0 = 1 */
+    q4k[4 + 8] = 0x21;             /* sc4 low 1, m4 low 2 */
+    q4k[16 + 0] = 0x53;            /* elem 0 = 3, elem 32 = 5 */
+    q4k[16 + 64] = 0x01;           /* elem 128 = 1 */
+    quant_dequant_row_ref(QUANT_Q4_K, q4k, y, 256);
+    CHECK(y[0] == 5.0f && y[32] == 0.0f && y[128] == 15.0f && y[1] == -1.0f);
+
+    uint8_t q6k[210] = {0};
+    for (int i = 0; i < 16; i++) q6k[192 + i] = 1;
+    q6k[209] = 0x3C;
+    q6k[0] = 0x21;
+    q6k[128] = 0xE4; /* elem0 hi 0, elem32 hi 1, elem64 hi 2, elem96 hi 3 */
+    quant_dequant_row_ref(QUANT_Q6_K, q6k, y, 256);
+    CHECK(y[0] == -31.0f && y[32] == -16.0f && y[64] == 2.0f && y[96] == 16.0f && y[128] == -32.0f);
+}
+
+static double dotd(const float *a, const float *b, int64_t n, double *abs_sum) {
+    double s = 0, as = 0;
+    for (int64_t i = 0; i < n; i++) {
+        s += (double)a[i] * b[i];
+        as += fabs((double)a[i] * b[i]);
+    }
+    *abs_sum = as;
+    return s;
+}
+
+enum { MAX_N = 1024, N_ACT = 9 };
+
+static void test_type(uint32_t type, int64_t n, double rt_bound) {
+    const quant_traits *t = quant_get_traits(type);
+    static float x[MAX_N], y_ref[MAX_N], y[MAX_N], a[N_ACT][MAX_N];
+    static uint8_t w[MAX_N * 4], act[N_ACT][MAX_N * 4], act2[MAX_N * 4], acts[N_ACT * (MAX_N * 4 + 8)];
+    uint64_t wbytes = 0;
+    CHECK(quant_row_bytes(type, (uint64_t)n, &wbytes));
+    size_t abytes = quant_act_row_bytes(type, n);
+    CHECK(abytes > 0 && abytes <= sizeof act[0]);
+
+    fill_random(x, n, 1.0f);
+    CHECK(quant_quantize_row(type, x, w, n));
+    quant_dequant_row_ref(type, w, y_ref, n);
+
+    double err2 = 0, sig2 = 0;
+    for (int64_t i = 0; i < n; i++) {
+        err2 += ((double)y_ref[i] - x[i]) * ((double)y_ref[i] - x[i]);
+        sig2 += (double)x[i] * x[i];
+    }
+    double rel_rmse = sqrt(err2 / sig2);
+    if (!(rel_rmse <= rt_bound))
+        fprintf(stderr, "%s n=%lld: round-trip rel rmse %g > %g\n", t->name, (long long)n, rel_rmse, rt_bound);
+    CHECK(rel_rmse <= rt_bound);
+
+    /* activations; row 0 has a zero block to exercise d == 0 */
+    for (int j = 0; j < N_ACT; j++) {
+        fill_random(a[j], n, 0.5f + (float)j);
+        if (j == 0) memset(a[j], 0, sizeof(float) * (n < 32 ? (size_t)n : 32));
+        quant_act_quantize_ref(type, a[j], act[j], n);
+    }
+
+    /* dot_ref against the float dot of the dequantized row */
+    float maxdiff_ratio = 0;
+    for (int j = 0; j < N_ACT; j++) {
+        double abs_sum, want = dotd(y_ref, a[j], n, &abs_sum);
+        double bound = 1e-5 * abs_sum + 1e-6;
+        if (t->block_elems > 1) {
+            /* int8 activations: each element off by at most amax(block)/254 */
+            int64_t be = type == QUANT_Q4_K || type == QUANT_Q5_K || type == QUANT_Q6_K ? 256 : 32;
+            for (int64_t b0 = 0; b0 < n; b0 += be) {
+                float amax = 0, wsum = 0;
+                for (int64_t i = b0; i < b0 + be; i++) {
+                    amax = fabsf(a[j][i]) > amax ? fabsf(a[j][i]) : amax;
+                    wsum += fabsf(y_ref[i]);
+                }
+                bound += (double)wsum * amax / 254.0 * 1.01;
+            }
+        }
+        float got = quant_dot_ref(type, n, w, act[j]);
+        CHECK_NEAR(got, want, bound);
+        if ((float)(fabs(got - want) / bound) > maxdiff_ratio) maxdiff_ratio = (float)(fabs(got - want) / bound);
+    }
+
+    for (int k = 0; k < n_isas; k++) {
+        CHECK(quant_isa_force(isas[k]));
+        quant_dequant_row(type, w, y, n);
+        CHECK(memcmp(y, y_ref, sizeof(float) * (size_t)n) == 0);
+
+        size_t stride = abytes + (k == 1 ? 8 : 0); /* an odd stride on one pass */
+        for (int j = 0; j < N_ACT; j++) {
+            quant_act_quantize(type, a[j], act2, n);
+            CHECK(memcmp(act2, act[j], abytes) == 0);
+            memcpy(acts + (size_t)j * stride, act[j], abytes);
+        }
+        float single[N_ACT];
+        for (int j = 0; j < N_ACT; j++) {
+            single[j] = quant_dot(type, n, w, act[j]);
+            float ref = quant_dot_ref(type, n, w, act[j]);
+            double abs_sum;
+            dotd(y_ref, a[j], n, &abs_sum);
+            CHECK_NEAR(single[j], ref, 2e-5 * abs_sum + 1e-6);
+        }
+        for (int m = 1; m <= N_ACT; m++) {
+            float out[N_ACT];
+            quant_dot_multi(type, n, w, acts, stride, m, out);
+            int same = memcmp(out, single, sizeof(float) * (size_t)m) == 0;
+            if (!same)
+                fprintf(stderr, "%s/%s n=%lld n_act=%d: dot_multi differs from dot\n", t->name,
+                        quant_isa_name(isas[k]), (long long)n, m);
+            CHECK(same);
+        }
+    }
+    printf("  %-5s n=%-5lld round-trip rel rmse %.4f, dot_ref err/bound %.3f\n", t->name, (long long)n,
+           rel_rmse, (double)maxdiff_ratio);
+}
+
+static void test_zero(uint32_t type, int64_t n) {
+    static float z[MAX_N];
+    static uint8_t w[MAX_N * 4], act[MAX_N * 4];
+    memset(z, 0, sizeof z);
+    CHECK(quant_quantize_row(type, z, w, n));
+    for (int k = 0; k < n_isas; k++) {
+        quant_isa_force(isas[k]);
+        quant_act_quantize(type, z, act, n);
+        float d = quant_dot(type, n, w, act);
+        CHECK(d == 0.0f);
+    }
+}
+
+int main(void) {
+    enum quant_isa best = quant_isa_detect();
+    for (int i = 0; i <= (int)best; i++) isas[n_isas++] = (enum quant_isa)i;
+    printf("test_quant: best ISA %s\n", quant_isa_name(best));
+    CHECK(!quant_isa_force((enum quant_isa)3));
+    CHECK(quant_isa_current() == best);
+
+    test_traits();
+    test_half();
+    test_layouts();
+
+    static const struct { uint32_t type; double rt; } types[] = {
+        {QUANT_F32, 0.0},    {QUANT_F16, 1e-3},   {QUANT_BF16, 5e-3},  {QUANT_Q4_0, 0.15},
+        {QUANT_Q4_1, 0.12},  {QUANT_Q5_0, 0.08},  {QUANT_Q5_1, 0.06},  {QUANT_Q8_0, 0.01},
+        {QUANT_Q4_K, 0.15},  {QUANT_Q5_K, 0.08},  {QUANT_Q6_K, 0.04},
+    };
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        uint32_t be = quant_get_traits(types[i].type)->block_elems;
+        const int64_t *ns;
+        static const int64_t n_float[] = {1, 17, 515, 1024, 0};
+        static const int64_t n_32[] = {32, 224, 1024, 0};
+        static const int64_t n_256[] = {256, 768, 1024, 0};
+        ns = be == 1 ? n_float : be == 32 ? n_32 : n_256;
+        for (; *ns; ns++) test_type(types[i].type, *ns, types[i].rt);
+        test_zero(types[i].type, be == 1 ? 64 : 512);
+    }
+    quant_isa_force(best);
+    return test_finish("test_quant", 1, 0);
+}
