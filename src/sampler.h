@@ -18,9 +18,11 @@ typedef struct sampler sampler;
 /* NULL on allocation failure. */
 sampler *sampler_create(sampler_params p);
 void sampler_free(sampler *s);
-/* Picks one id from logits[0..n_vocab). Does not modify logits. */
+/* Picks one id from logits[0..n_vocab). Does not modify logits. -inf and NaN
+ * logits are never drawn (all of them: returns argmax). -1 for NULL s/logits
+ * or n_vocab <= 0. Not thread-safe per sampler (it owns the PRNG and scratch). */
 int32_t sampler_sample(sampler *s, const float *logits, int32_t n_vocab);
-/* Index of the largest logit (lowest index on ties). */
+/* Index of the largest logit (lowest index on ties; NaN loses); -1 if n_vocab <= 0. */
 int32_t sampler_argmax(const float *logits, int32_t n_vocab);
 
 #endif /* KVS_SAMPLER_H */

@@ -21,13 +21,18 @@ typedef struct tok_vocab tok_vocab;
 int tok_from_gguf(const gguf_ctx *g, tok_vocab **out, char *msg, size_t msg_cap);
 void tok_free(tok_vocab *v);
 
+/* tok_bos / tok_eos return -1 when the metadata marks the token as absent. */
 int32_t tok_n_vocab(const tok_vocab *v);
 int32_t tok_bos(const tok_vocab *v);
 int32_t tok_eos(const tok_vocab *v);
 
 /* Tokenizes text[0..len). Writes up to max_ids ids; *n_ids gets the count
  * needed. Returns KVS_ERR_TOO_LARGE (ids written up to max_ids) if it did not
- * fit. add_bos prepends BOS. */
+ * fit. add_bos prepends BOS. ids may be NULL when max_ids is 0 (a sizing call).
+ * KVS_ERR_INVALID_ARG for NULL v / n_ids, text NULL with len > 0, or text over
+ * ~700 MB; KVS_ERR_UNSUPPORTED for add_bos when the vocab has no BOS;
+ * KVS_ERR_NOMEM. Invalid UTF-8 is not an error (bytes fall back to <0xNN>).
+ * Thread-safe: a vocab is read-only after tok_from_gguf(). */
 int tok_encode(const tok_vocab *v, const char *text, size_t len, bool add_bos,
                int32_t *ids, int max_ids, int *n_ids);
 
