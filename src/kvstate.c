@@ -214,9 +214,10 @@ int kv_create(const kv_params *p, kv_state **out, char *msg, size_t msg_cap) {
     kv->block_bytes = (size_t)p->block_tokens * (size_t)p->n_layers * 2 * kv->slot_bytes;
     uint64_t nb = p->budget_bytes / kv->block_bytes;
     if (nb == 0) {
+        size_t bb = kv->block_bytes;
         free(kv);
         return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "kv: budget %llu B is smaller than one block (%zu B)",
-                        (unsigned long long)p->budget_bytes, kv->block_bytes);
+                        (unsigned long long)p->budget_bytes, bb);
     }
     if (nb > UINT32_MAX - 1) nb = UINT32_MAX - 1;
     kv->blocks_total = (uint32_t)nb;

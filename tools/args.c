@@ -1,0 +1,73 @@
+#include "args.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+bool args_str(int argc, char **argv, int *i, const char **out) {
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "kvshard %s: option %s needs a value\n", argv[0], argv[*i]);
+        return false;
+    }
+    *out = argv[++*i];
+    return true;
+}
+
+bool args_int(int argc, char **argv, int *i, long lo, long hi, long *out) {
+    const char *s;
+    if (!args_str(argc, argv, i, &s)) return false;
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || end == s || v < lo || v > hi) {
+        fprintf(stderr, "kvshard %s: %s wants an integer in [%ld, %ld], got '%s'\n", argv[0], argv[*i - 1], lo, hi, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool args_float(int argc, char **argv, int *i, double lo, double hi, double *out) {
+    const char *s;
+    if (!args_str(argc, argv, i, &s)) return false;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || end == s || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "kvshard %s: %s wants a number in [%g, %g], got '%s'\n", argv[0], argv[*i - 1], lo, hi, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool args_u64(int argc, char **argv, int *i, uint64_t *out) {
+    const char *s;
+    if (!args_str(argc, argv, i, &s)) return false;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end || end == s || s[0] == '-') {
+        fprintf(stderr, "kvshard %s: %s wants an unsigned integer, got '%s'\n", argv[0], argv[*i - 1], s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool args_size(const char *s, uint64_t *out) {
+    char *end;
+    errno = 0;
+    if (s[0] == '-') return false;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s) return false;
+    unsigned shift = 0;
+    if (*end == 'K' || *end == 'k') shift = 10, end++;
+    else if (*end == 'M' || *end == 'm') shift = 20, end++;
+    else if (*end == 'G' || *end == 'g') shift = 30, end++;
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end) return false;
+    if (shift && v > (UINT64_MAX >> shift)) return false;
+    *out = (uint64_t)v << shift;
+    return true;
+}

@@ -1,0 +1,17 @@
+/* Small helpers for parsing subcommand options. */
+#ifndef KVS_ARGS_H
+#define KVS_ARGS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Each returns false (after printing "kvshard CMD: ...") when the value is
+ * missing or malformed. *i is advanced past the consumed value. */
+bool args_str(int argc, char **argv, int *i, const char **out);
+bool args_int(int argc, char **argv, int *i, long lo, long hi, long *out);
+bool args_float(int argc, char **argv, int *i, double lo, double hi, double *out);
+bool args_u64(int argc, char **argv, int *i, uint64_t *out);
+/* Parses "123", "64K", "512M", "2G" (powers of 1024). */
+bool args_size(const char *s, uint64_t *out);
+
+#endif /* KVS_ARGS_H */

@@ -1,0 +1,216 @@
+/* kvshard bench: prefill / decode speed, memory bandwidth and the decode roofline. */
+#include <sodium.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "args.h"
+#include "cli.h"
+#include "engine.h"
+#include "quant.h"
+#include "util.h"
+
+#ifndef KVS_COMMIT
+#define KVS_COMMIT "unknown"
+#endif
+
+static void bench_usage(FILE *f) {
+    fprintf(f, "usage: kvshard bench -m MODEL [-t THREADS] [-p PROMPT_TOKENS] [-n DECODE_TOKENS] [--sessions N]\n"
+               "  prints one JSON object: prefill_tok_s, decode_tok_s, mem_bw_gbs, weight_bytes_per_token,\n"
+               "  decode_roofline, model_sha256, threads, cpu, commit, ... (defaults -p 128 -n 32 --sessions 1)\n");
+}
+
+/* ---- memory read bandwidth: threads sum disjoint parts of a 512 MiB buffer ---- */
+typedef struct {
+    const uint64_t *buf;
+    size_t n;
+    atomic_ullong sink;
+} bw_task;
+
+static void bw_read(void *p, int ith, int nth) {
+    bw_task *t = p;
+    size_t per = t->n / (size_t)nth, lo = per * (size_t)ith, hi = ith == nth - 1 ? t->n : lo + per;
+    uint64_t a = 0, b = 0, c = 0, d = 0;
+    for (size_t i = lo; i + 4 <= hi; i += 4) {
+        a += t->buf[i];
+        b += t->buf[i + 1];
+        c += t->buf[i + 2];
+        d += t->buf[i + 3];
+    }
+    atomic_fetch_add(&t->sink, a ^ b ^ c ^ d);
+}
+
+static double measure_bw_gbs(ops_pool *pool) {
+    size_t bytes = 512u << 20;
+    uint64_t *buf = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (buf == MAP_FAILED) return 0;
+    memset(buf, 1, bytes);
+    bw_task t = {.buf = buf, .n = bytes / 8};
+    atomic_init(&t.sink, 0);
+    double best = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        uint64_t t0 = kvs_now_ns();
+        ops_pool_run(pool, bw_read, &t);
+        double s = (double)(kvs_now_ns() - t0) / 1e9;
+        double gbs = (double)bytes / s / 1e9;
+        if (gbs > best) best = gbs;
+    }
+    munmap(buf, bytes);
+    return best;
+}
+
+static bool file_sha256(const char *path, char hex[65]) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return false;
+    crypto_hash_sha256_state st;
+    crypto_hash_sha256_init(&st);
+    unsigned char *buf = malloc(1 << 20);
+    ssize_t r = -1;
+    while (buf && (r = read(fd, buf, 1 << 20)) > 0) crypto_hash_sha256_update(&st, buf, (unsigned long long)r);
+    close(fd);
+    free(buf);
+    if (r < 0) return false;
+    unsigned char out[32];
+    crypto_hash_sha256_final(&st, out);
+    for (int i = 0; i < 32; i++) sprintf(hex + 2 * i, "%02x", out[i]);
+    return true;
+}
+
+static void cpu_name(char *out, size_t cap) {
+    snprintf(out, cap, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof(line), f)) {
+        if (!strncmp(line, "model name", 10)) {
+            char *c = strchr(line, ':');
+            if (c) {
+                c += 2;
+                c[strcspn(c, "\n")] = 0;
+                snprintf(out, cap, "%s", c);
+            }
+            break;
+        }
+    }
+    fclose(f);
+}
+
+int cmd_bench(int argc, char **argv) {
+    const char *path = NULL;
+    long threads = 0, n_prompt = 128, n_decode = 32, n_sessions = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        bool ok = true;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { bench_usage(stdout); return 0; }
+        else if (!strcmp(a, "-m")) ok = args_str(argc, argv, &i, &path);
+        else if (!strcmp(a, "-t")) ok = args_int(argc, argv, &i, 1, 1024, &threads);
+        else if (!strcmp(a, "-p")) ok = args_int(argc, argv, &i, 1, 1 << 16, &n_prompt);
+        else if (!strcmp(a, "-n")) ok = args_int(argc, argv, &i, 1, 1 << 16, &n_decode);
+        else if (!strcmp(a, "--sessions")) ok = args_int(argc, argv, &i, 1, 256, &n_sessions);
+        else { fprintf(stderr, "kvshard bench: unknown option '%s'\n", a); bench_usage(stderr); return 2; }
+        if (!ok) return 2;
+    }
+    if (!path) { fprintf(stderr, "kvshard bench: -m MODEL is required\n"); bench_usage(stderr); return 2; }
+    if (sodium_init() < 0) { fprintf(stderr, "kvshard bench: libsodium init failed\n"); return 1; }
+    char msg[KVS_MSG_MAX] = "";
+    engine_params ep = engine_default_params();
+    ep.model_path = path;
+    ep.n_threads = (int)threads;
+    ep.kv.budget_bytes = 0;
+    engine *e = NULL;
+    /* Budget: every session's prompt + decode, plus a block of slack each. */
+    model *probe = NULL;
+    int err = model_load(path, 0, 0, &probe, msg, sizeof(msg));
+    if (err) { fprintf(stderr, "kvshard bench: %s: %s\n", path, msg); return 1; }
+    uint64_t kv_tok = (uint64_t)probe->hp.n_layer * 2 * probe->hp.n_head_kv * probe->hp.head_dim * 2;
+    uint32_t n_ctx = probe->hp.n_ctx;
+    model_free(probe);
+    if (n_prompt + n_decode > (long)n_ctx) { fprintf(stderr, "kvshard bench: -p + -n exceed the context %u\n", n_ctx); return 2; }
+    ep.kv.budget_bytes = (uint64_t)n_sessions * ((uint64_t)(n_prompt + n_decode) + 2 * (uint64_t)ep.kv.block_tokens) * kv_tok;
+    if ((err = engine_open(&ep, &e, msg, sizeof(msg)))) { fprintf(stderr, "kvshard bench: %s: %s\n", path, msg); return 1; }
+    const model *m = e->m;
+    int nv = (int)m->hp.n_vocab;
+    int32_t *toks = malloc((size_t)n_prompt * sizeof(int32_t));
+    float *logits = malloc((size_t)n_sessions * (size_t)nv * sizeof(float));
+    engine_req *reqs = calloc((size_t)n_sessions, sizeof(engine_req));
+    int32_t *next = calloc((size_t)n_sessions, sizeof(int32_t));
+    if (!toks || !logits || !reqs || !next) { fprintf(stderr, "kvshard bench: out of memory\n"); return 1; }
+    uint64_t rng = 0x9E3779B97F4A7C15ull;
+    for (long i = 0; i < n_prompt; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        toks[i] = (int32_t)((rng >> 33) % (uint64_t)nv);
+    }
+    fprintf(stderr, "bench: warming up (touching the weights)\n");
+    {
+        engine_req w = {.epoch = 1, .n = 1, .tokens = toks, .out_mode = FWD_OUT_LOGITS_LAST, .out = logits};
+        memcpy(w.sid.bytes, "bench-warmup-000", 16);
+        engine_step(e, &w, 1);
+        kv_release(e->kv, &w.sid, 1, NULL);
+    }
+    fprintf(stderr, "bench: prefill %ld tokens x %ld session(s)\n", n_prompt, n_sessions);
+    double prefill_s = 0;
+    for (long s = 0; s < n_sessions; s++) {
+        engine_req *r = &reqs[s];
+        char sid[32];
+        snprintf(sid, sizeof(sid), "bench-%010ld", s % 10000000000L);
+        memcpy(r->sid.bytes, sid, 16);
+        r->epoch = 1;
+        r->start_pos = 0;
+        r->n = (uint32_t)n_prompt;
+        r->tokens = toks;
+        r->out_mode = FWD_OUT_LOGITS_LAST;
+        r->out = logits + (size_t)s * (size_t)nv;
+        uint64_t t0 = kvs_now_ns();
+        engine_step(e, r, 1);
+        prefill_s += (double)(kvs_now_ns() - t0) / 1e9;
+        if (r->status) { fprintf(stderr, "kvshard bench: prefill failed: %s\n", kvs_strerror(r->status)); return 1; }
+    }
+    fprintf(stderr, "bench: decode %ld steps x %ld session(s)\n", n_decode, n_sessions);
+    uint64_t t0 = kvs_now_ns();
+    for (long step = 0; step < n_decode; step++) {
+        for (long s = 0; s < n_sessions; s++) {
+            engine_req *r = &reqs[s];
+            r->start_pos += r->n;
+            r->n = 1;
+            next[s] = (int32_t)((toks[(step + s) % n_prompt] + step) % nv);
+            r->tokens = &next[s];
+        }
+        engine_step(e, reqs, (int)n_sessions);
+        for (long s = 0; s < n_sessions; s++)
+            if (reqs[s].status) { fprintf(stderr, "kvshard bench: decode failed: %s\n", kvs_strerror(reqs[s].status)); return 1; }
+    }
+    double decode_s = (double)(kvs_now_ns() - t0) / 1e9;
+    fprintf(stderr, "bench: measuring memory bandwidth\n");
+    double bw = measure_bw_gbs(e->pool);
+    uint64_t wbytes = m->weight_bytes;
+    if (m->has_embd && m->output.data != m->tok_embd.data) wbytes -= (uint64_t)m->tok_embd.row_bytes * m->tok_embd.n_out;
+    double decode_tok_s = (double)(n_decode * n_sessions) / decode_s;
+    double step_s = decode_s / (double)n_decode;
+    double floor_s = bw > 0 ? (double)wbytes / (bw * 1e9) : 0;
+    char sha[65] = "unavailable", cpu[256];
+    fprintf(stderr, "bench: hashing the model file\n");
+    if (!file_sha256(path, sha)) snprintf(sha, sizeof(sha), "unavailable");
+    cpu_name(cpu, sizeof(cpu));
+    kv_stats ks;
+    kv_get_stats(e->kv, &ks);
+    printf("{\"model\":\"%s\",\"model_sha256\":\"%s\",\"threads\":%d,\"cpu\":\"%s\",\"isa\":\"%s\",\"commit\":\"%s\","
+           "\"n_prompt\":%ld,\"n_decode\":%ld,\"sessions\":%ld,"
+           "\"prefill_tok_s\":%.2f,\"decode_tok_s\":%.2f,\"decode_step_ms\":%.3f,"
+           "\"mem_bw_gbs\":%.2f,\"weight_bytes_per_token\":%llu,\"decode_floor_ms\":%.3f,\"decode_roofline\":%.3f,"
+           "\"kv_bytes_per_token\":%llu,\"kv_bytes_used\":%llu}\n",
+           path, sha, ops_pool_threads(e->pool), cpu, quant_isa_name(quant_isa_current()), KVS_COMMIT, n_prompt, n_decode,
+           n_sessions, (double)(n_prompt * n_sessions) / prefill_s, decode_tok_s, step_s * 1e3, bw,
+           (unsigned long long)wbytes, floor_s * 1e3, floor_s / step_s, (unsigned long long)kv_tok,
+           (unsigned long long)ks.bytes_used);
+    free(toks);
+    free(logits);
+    free(reqs);
+    free(next);
+    engine_close(e);
+    return 0;
+}

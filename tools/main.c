@@ -1,0 +1,35 @@
+/* kvshard — command line entry point: dispatches to the subcommands. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: kvshard COMMAND [options]\n"
+            "\n"
+            "commands:\n"
+            "  run      generate text from a GGUF model in one process\n"
+            "  logits   print the logits of every position of a prompt (JSON)\n"
+            "  bench    measure prefill/decode speed and memory bandwidth (JSON)\n"
+            "  inspect  print a GGUF file's metadata and tensor table\n"
+            "  mkmodel  write a llama GGUF with seeded random weights\n"
+            "\n"
+            "run 'kvshard COMMAND --help' for a command's options\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    static const struct { const char *name; int (*fn)(int, char **); } cmds[] = {
+        {"run", cmd_run},         {"logits", cmd_logits},   {"bench", cmd_bench},
+        {"inspect", cmd_inspect}, {"mkmodel", cmd_mkmodel},
+    };
+    for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
+        if (!strcmp(argv[1], cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "kvshard: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
