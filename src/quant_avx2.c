@@ -1,4 +1,473 @@
-/* quant_avx2 — SIMD kernels (work in progress). */
+/*
+ * quant_avx2 — AVX2+FMA+F16C kernels (256-bit).
+ *
+ * quant_avx512.c includes this file with QUANT_AVX2_AS_VNNI defined: the same
+ * 256-bit kernels then use AVX512-VNNI (vpdpbusd / vpdpwssd) for the int8 and
+ * int16 dot steps, and that file supplies its own table. Integer sums are
+ * exact either way, so only the float parts decide rounding.
+ *
+ * Batch invariance (design note 4 in quant_impl.h): each *_rows function takes
+ * a compile-time group size g; after inlining, row r of a group runs exactly
+ * the instruction sequence of a group of one. *_multi walks n_act in groups.
+ */
+#include <immintrin.h>
+#include <string.h>
+
 #include "quant_impl.h"
 
-const quant_isa_table quant_table_avx2 = {.f16_to_f32 = 0};
+#define QK_INLINE static inline __attribute__((always_inline))
+
+/* --- helpers --------------------------------------------------------------- */
+
+QK_INLINE float hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+QK_INLINE float h2f(uint16_t h) { return _cvtsh_ss(h); }
+
+/* Sum of u8 x s8 products, four bytes per i32 lane. No saturation here: the
+ * callers keep |u| <= 128 and |s| <= 127, so maddubs never saturates either. */
+QK_INLINE __m256i dot_u8s8(__m256i u, __m256i s) {
+#ifdef QUANT_AVX2_AS_VNNI
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+/* acc + pairwise i16 products of p and scale. */
+QK_INLINE __m256i acc_i16(__m256i acc, __m256i p, __m256i scale) {
+#ifdef QUANT_AVX2_AS_VNNI
+    return _mm256_dpwssd_epi32(acc, p, scale);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, scale));
+#endif
+}
+
+/* 16 bytes of nibbles -> 32 bytes: low nibbles first, then high nibbles. */
+QK_INLINE __m256i nibbles32(const uint8_t *p) {
+    __m128i t = _mm_loadu_si128((const __m128i *)p);
+    __m256i b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    return _mm256_and_si256(b, _mm256_set1_epi8(0x0F));
+}
+
+/* 32 bits -> 32 bytes, byte i = 0x10 when bit i is set. */
+QK_INLINE __m256i bits32_x10(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    const __m256i idx = _mm256_set_epi64x(0x0303030303030303ll, 0x0202020202020202ll,
+                                          0x0101010101010101ll, 0);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)v), idx);
+    b = _mm256_cmpeq_epi8(_mm256_and_si256(b, bit), bit);
+    return _mm256_and_si256(b, _mm256_set1_epi8(0x10));
+}
+
+/* Walks n_act rows of activations in groups of G (then 3, 2, 1). */
+#define QK_MULTI(name, G)                                                                        \
+    static void name##_multi(int64_t n, const void *w, const void *act, size_t stride, int n_act, \
+                             float *out) {                                                       \
+        const uint8_t *a = (const uint8_t *)act;                                                 \
+        int j = 0;                                                                               \
+        for (; n_act - j >= (G); j += (G)) name##_rows(n, w, a + (size_t)j * stride, stride, (G), out + j); \
+        switch (n_act - j) {                                                                     \
+        case 3: name##_rows(n, w, a + (size_t)j * stride, stride, 3, out + j); break;            \
+        case 2: name##_rows(n, w, a + (size_t)j * stride, stride, 2, out + j); break;            \
+        case 1: name##_rows(n, w, a + (size_t)j * stride, stride, 1, out + j); break;            \
+        default: break;                                                                          \
+        }                                                                                        \
+    }
+
+#define FOR_ROWS _Pragma("GCC unroll 4") for (int r = 0; r < g; r++)
+
+/* --- float weights ----------------------------------------------------------- */
+
+/* Per row: four 8-wide accumulators over 32 elements, then 8-wide steps, then a
+ * scalar tail. */
+#define QK_FLOAT_ROWS(name, LOAD8, LOAD1)                                                      \
+    QK_INLINE void name##_rows(int64_t n, const void *w, const uint8_t *act, size_t stride,     \
+                               const int g, float *out) {                                      \
+        const uint8_t *x = (const uint8_t *)w;                                                 \
+        const float *a[4];                                                                     \
+        __m256 acc[4][4];                                                                      \
+        FOR_ROWS {                                                                             \
+            a[r] = (const float *)(act + (size_t)r * stride);                                  \
+            for (int k = 0; k < 4; k++) acc[r][k] = _mm256_setzero_ps();                       \
+        }                                                                                      \
+        int64_t i = 0;                                                                         \
+        for (; i + 32 <= n; i += 32) {                                                         \
+            __m256 w0 = LOAD8(x, i), w1 = LOAD8(x, i + 8), w2 = LOAD8(x, i + 16), w3 = LOAD8(x, i + 24); \
+            FOR_ROWS {                                                                         \
+                acc[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a[r] + i), acc[r][0]);         \
+                acc[r][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(a[r] + i + 8), acc[r][1]);     \
+                acc[r][2] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(a[r] + i + 16), acc[r][2]);    \
+                acc[r][3] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(a[r] + i + 24), acc[r][3]);    \
+            }                                                                                  \
+        }                                                                                      \
+        for (; i + 8 <= n; i += 8) {                                                           \
+            __m256 w0 = LOAD8(x, i);                                                           \
+            FOR_ROWS acc[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a[r] + i), acc[r][0]);    \
+        }                                                                                      \
+        FOR_ROWS {                                                                             \
+            __m256 s = _mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]),                      \
+                                     _mm256_add_ps(acc[r][2], acc[r][3]));                     \
+            float t = hsum_ps(s);                                                              \
+            for (int64_t k = i; k < n; k++) t += LOAD1(x, k) * a[r][k];                        \
+            out[r] = t;                                                                        \
+        }                                                                                      \
+    }
+
+QK_INLINE __m256 ld8_f32(const uint8_t *x, int64_t i) { return _mm256_loadu_ps((const float *)x + i); }
+QK_INLINE float ld1_f32(const uint8_t *x, int64_t i) { float f; memcpy(&f, x + 4 * i, 4); return f; }
+QK_INLINE __m256 ld8_f16(const uint8_t *x, int64_t i) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + 2 * i)));
+}
+QK_INLINE float ld1_f16(const uint8_t *x, int64_t i) { uint16_t h; memcpy(&h, x + 2 * i, 2); return h2f(h); }
+QK_INLINE __m256 ld8_bf16(const uint8_t *x, int64_t i) {
+    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(x + 2 * i)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+QK_INLINE float ld1_bf16(const uint8_t *x, int64_t i) {
+    uint16_t h;
+    memcpy(&h, x + 2 * i, 2);
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+QK_FLOAT_ROWS(avx_f32, ld8_f32, ld1_f32)
+QK_FLOAT_ROWS(avx_f16, ld8_f16, ld1_f16)
+QK_FLOAT_ROWS(avx_bf16, ld8_bf16, ld1_bf16)
+QK_MULTI(avx_f32, 2)
+QK_MULTI(avx_f16, 2)
+QK_MULTI(avx_bf16, 2)
+
+/* --- 32-element blocks with signed quants (q4_0, q5_0, q8_0) ---------------- */
+
+/* Per row and pair of blocks: t = p0 * (dw0 * da0); t = fma(p1, dw1 * da1, t);
+ * acc += t — one add on the loop-carried chain per two blocks. An odd last
+ * block does acc = fma(p, dw * da, acc). UNPACK(blk) yields s8 quants. */
+#define QK_SIGNED32_ROWS(name, block_t, UNPACK)                                                \
+    QK_INLINE void name##_rows(int64_t n, const void *w, const uint8_t *act, size_t stride,     \
+                               const int g, float *out) {                                      \
+        const block_t *x = (const block_t *)w;                                                 \
+        const int64_t nb = n / QK32;                                                           \
+        const act_q8 *a[4];                                                                    \
+        __m256 acc[4];                                                                         \
+        FOR_ROWS {                                                                             \
+            a[r] = (const act_q8 *)(act + (size_t)r * stride);                                 \
+            acc[r] = _mm256_setzero_ps();                                                      \
+        }                                                                                      \
+        int64_t ib = 0;                                                                        \
+        for (; ib + 1 < nb; ib += 2) {                                                         \
+            const __m256i q0 = UNPACK(&x[ib]), q1 = UNPACK(&x[ib + 1]);                        \
+            const __m256i u0 = _mm256_sign_epi8(q0, q0), u1 = _mm256_sign_epi8(q1, q1);        \
+            const __m256 d0 = _mm256_set1_ps(h2f(x[ib].d)), d1 = _mm256_set1_ps(h2f(x[ib + 1].d)); \
+            FOR_ROWS {                                                                         \
+                const act_q8 *y = a[r] + ib;                                                   \
+                __m256i s0 = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y[0].qs), q0); \
+                __m256i s1 = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y[1].qs), q1); \
+                __m256 p0 = _mm256_cvtepi32_ps(dot_u8s8(u0, s0));                              \
+                __m256 p1 = _mm256_cvtepi32_ps(dot_u8s8(u1, s1));                              \
+                __m256 t = _mm256_mul_ps(p0, _mm256_mul_ps(d0, _mm256_broadcast_ss(&y[0].d))); \
+                t = _mm256_fmadd_ps(p1, _mm256_mul_ps(d1, _mm256_broadcast_ss(&y[1].d)), t);   \
+                acc[r] = _mm256_add_ps(acc[r], t);                                             \
+            }                                                                                  \
+        }                                                                                      \
+        if (ib < nb) {                                                                         \
+            const __m256i q0 = UNPACK(&x[ib]);                                                 \
+            const __m256i u0 = _mm256_sign_epi8(q0, q0);                                       \
+            const __m256 d0 = _mm256_set1_ps(h2f(x[ib].d));                                    \
+            FOR_ROWS {                                                                         \
+                const act_q8 *y = a[r] + ib;                                                   \
+                __m256i s0 = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y[0].qs), q0); \
+                __m256 p0 = _mm256_cvtepi32_ps(dot_u8s8(u0, s0));                              \
+                acc[r] = _mm256_fmadd_ps(p0, _mm256_mul_ps(d0, _mm256_broadcast_ss(&y[0].d)), acc[r]); \
+            }                                                                                  \
+        }                                                                                      \
+        FOR_ROWS out[r] = hsum_ps(acc[r]);                                                     \
+    }
+
+QK_INLINE __m256i unpack_q4_0(const block_q4_0 *b) {
+    return _mm256_sub_epi8(nibbles32(b->qs), _mm256_set1_epi8(8));
+}
+QK_INLINE __m256i unpack_q5_0(const block_q5_0 *b) {
+    return _mm256_sub_epi8(_mm256_or_si256(nibbles32(b->qs), bits32_x10(b->qh)), _mm256_set1_epi8(16));
+}
+QK_INLINE __m256i unpack_q8_0(const block_q8_0 *b) { return _mm256_loadu_si256((const __m256i *)b->qs); }
+
+QK_SIGNED32_ROWS(avx_q4_0, block_q4_0, unpack_q4_0)
+QK_SIGNED32_ROWS(avx_q5_0, block_q5_0, unpack_q5_0)
+QK_SIGNED32_ROWS(avx_q8_0, block_q8_0, unpack_q8_0)
+QK_MULTI(avx_q4_0, 4)
+QK_MULTI(avx_q5_0, 4)
+QK_MULTI(avx_q8_0, 4)
+
+/* --- 32-element blocks with unsigned quants and a min (q4_1, q5_1) --------- */
+
+#define QK_MIN32_ROWS(name, block_t, UNPACK)                                                   \
+    QK_INLINE void name##_rows(int64_t n, const void *w, const uint8_t *act, size_t stride,     \
+                               const int g, float *out) {                                      \
+        const block_t *x = (const block_t *)w;                                                 \
+        const int64_t nb = n / QK32;                                                           \
+        const act_q8 *a[4];                                                                    \
+        __m256 acc[4];                                                                         \
+        float summ[4];                                                                         \
+        FOR_ROWS {                                                                             \
+            a[r] = (const act_q8 *)(act + (size_t)r * stride);                                 \
+            acc[r] = _mm256_setzero_ps();                                                      \
+            summ[r] = 0.0f;                                                                    \
+        }                                                                                      \
+        for (int64_t ib = 0; ib < nb; ib++) {                                                  \
+            const __m256i q = UNPACK(&x[ib]);                                                  \
+            const __m256 d = _mm256_set1_ps(h2f(x[ib].d));                                     \
+            const float m = h2f(x[ib].m);                                                      \
+            FOR_ROWS {                                                                         \
+                const act_q8 *y = a[r] + ib;                                                   \
+                __m256 p = _mm256_cvtepi32_ps(dot_u8s8(q, _mm256_loadu_si256((const __m256i *)y->qs))); \
+                acc[r] = _mm256_fmadd_ps(p, _mm256_mul_ps(d, _mm256_broadcast_ss(&y->d)), acc[r]); \
+                summ[r] += m * y->s;                                                           \
+            }                                                                                  \
+        }                                                                                      \
+        FOR_ROWS out[r] = hsum_ps(acc[r]) + summ[r];                                           \
+    }
+
+QK_INLINE __m256i unpack_q4_1(const block_q4_1 *b) { return nibbles32(b->qs); }
+QK_INLINE __m256i unpack_q5_1(const block_q5_1 *b) {
+    return _mm256_or_si256(nibbles32(b->qs), bits32_x10(b->qh));
+}
+
+QK_MIN32_ROWS(avx_q4_1, block_q4_1, unpack_q4_1)
+QK_MIN32_ROWS(avx_q5_1, block_q5_1, unpack_q5_1)
+QK_MULTI(avx_q4_1, 4)
+QK_MULTI(avx_q5_1, 4)
+
+/* --- K-quants with Q8_K activations ------------------------------------------ */
+
+/* q4_k and q5_k share everything but the high bit. Per row and block:
+ * acc += (d * da) * sumi; accm += (dmin * da) * (mins . bsums). */
+QK_INLINE void k4_rows(int64_t n, const void *w, const uint8_t *act, size_t stride, const int g,
+                       float *out, const bool five) {
+    const size_t bsz = five ? sizeof(block_q5_k) : sizeof(block_q4_k);
+    const int64_t nb = n / QKK;
+    const block_q8_k *a[4];
+    __m256 acc[4], accm[4];
+    FOR_ROWS {
+        a[r] = (const block_q8_k *)(act + (size_t)r * stride);
+        acc[r] = _mm256_setzero_ps();
+        accm[r] = _mm256_setzero_ps();
+    }
+    for (int64_t ib = 0; ib < nb; ib++) {
+        const uint8_t *blk = (const uint8_t *)w + (size_t)ib * bsz;
+        uint16_t d16, dmin16;
+        memcpy(&d16, blk, 2);
+        memcpy(&dmin16, blk + 2, 2);
+        const float d = h2f(d16), dmin = h2f(dmin16);
+        const uint8_t *scales = blk + 4;
+        const uint8_t *qh = five ? blk + 16 : NULL;
+        const uint8_t *qs = five ? blk + 48 : blk + 16;
+        uint8_t sc[8], m2[16];
+        for (int j = 0; j < 8; j++) {
+            uint8_t m;
+            quant_scale_min_k4(j, scales, &sc[j], &m);
+            m2[2 * j] = m2[2 * j + 1] = m;
+        }
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)m2));
+        __m256i sumi[4];
+        FOR_ROWS {
+            __m256i bs = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a[r][ib].bsums), mins);
+            accm[r] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * a[r][ib].d), _mm256_cvtepi32_ps(bs), accm[r]);
+            sumi[r] = _mm256_setzero_si256();
+        }
+        const __m256i hb = five ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            const __m256i q4 = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+            const __m256i m4 = _mm256_set1_epi8(0x0F);
+            __m256i lo = _mm256_and_si256(q4, m4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+            if (five) {
+                const __m256i one = _mm256_set1_epi8(1);
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(
+                                             _mm256_and_si256(_mm256_srli_epi16(hb, 2 * c), one), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(
+                                             _mm256_and_si256(_mm256_srli_epi16(hb, 2 * c + 1), one), 4));
+            }
+            const __m256i sl = _mm256_set1_epi16(sc[2 * c]), sh = _mm256_set1_epi16(sc[2 * c + 1]);
+            FOR_ROWS {
+                const int8_t *y = a[r][ib].qs + 64 * c;
+                __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)y));
+                __m256i ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(y + 32)));
+                sumi[r] = acc_i16(acc_i16(sumi[r], pl, sl), ph, sh);
+            }
+        }
+        FOR_ROWS acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[r][ib].d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+    }
+    FOR_ROWS out[r] = hsum_ps(acc[r]) - hsum_ps(accm[r]);
+}
+
+QK_INLINE void avx_q4_k_rows(int64_t n, const void *w, const uint8_t *act, size_t stride, const int g,
+                             float *out) {
+    k4_rows(n, w, act, stride, g, out, false);
+}
+QK_INLINE void avx_q5_k_rows(int64_t n, const void *w, const uint8_t *act, size_t stride, const int g,
+                             float *out) {
+    k4_rows(n, w, act, stride, g, out, true);
+}
+
+/* q6_k: sumi = sum_j sc_j * (q . y)_j - 32 * (scales . bsums); acc += (d * da) * sumi. */
+QK_INLINE void avx_q6_k_rows(int64_t n, const void *w, const uint8_t *act, size_t stride, const int g,
+                             float *out) {
+    const block_q6_k *x = (const block_q6_k *)w;
+    const int64_t nb = n / QKK;
+    const block_q8_k *a[4];
+    __m256 acc[4];
+    FOR_ROWS {
+        a[r] = (const block_q8_k *)(act + (size_t)r * stride);
+        acc[r] = _mm256_setzero_ps();
+    }
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+    for (int64_t ib = 0; ib < nb; ib++) {
+        const block_q6_k *b = &x[ib];
+        const float d = h2f(b->d);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+        __m256i sumi[4];
+        FOR_ROWS {
+            __m256i bs = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a[r][ib].bsums), sc16);
+            sumi[r] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(bs, 5));
+        }
+        for (int h = 0; h < 2; h++) {
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h));
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32));
+            const __m256i hb = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
+            for (int k = 0; k < 4; k++) {
+                __m256i l = k & 1 ? l1 : l0;
+                __m256i q = k < 2 ? _mm256_and_si256(l, m4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
+                q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * k), m2), 4));
+                const int s = 8 * h + 2 * k;
+                const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(b->scales[s + 1]), _mm_set1_epi16(b->scales[s]));
+                FOR_ROWS {
+                    const int8_t *y = a[r][ib].qs + 128 * h + 32 * k;
+                    __m256i p = _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)y));
+                    sumi[r] = acc_i16(sumi[r], p, scv);
+                }
+            }
+        }
+        FOR_ROWS acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[r][ib].d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+    }
+    FOR_ROWS out[r] = hsum_ps(acc[r]);
+}
+
+#ifdef QUANT_AVX2_AS_VNNI
+QK_MULTI(avx_q4_k, 4)
+QK_MULTI(avx_q5_k, 4)
+QK_MULTI(avx_q6_k, 4)
+#else
+QK_MULTI(avx_q4_k, 2)
+QK_MULTI(avx_q5_k, 2)
+QK_MULTI(avx_q6_k, 2)
+#endif
+
+/* --- activations (bit-identical to quant_ref.c, design note 3) --------------- */
+
+/* Quantizes 32 floats with inverse scale id into q; returns the sum of q. */
+QK_INLINE int q8_32(const float *x, __m256 id, int8_t *q) {
+    const __m256 hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+    __m256i v[4];
+    for (int k = 0; k < 4; k++) {
+        __m256 t = _mm256_mul_ps(_mm256_loadu_ps(x + 8 * k), id);
+        t = _mm256_max_ps(_mm256_min_ps(t, hi), lo);
+        v[k] = _mm256_cvtps_epi32(t);
+    }
+    __m256i s = _mm256_add_epi32(_mm256_add_epi32(v[0], v[1]), _mm256_add_epi32(v[2], v[3]));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)q, p);
+    return _mm_cvtsi128_si32(s4);
+}
+
+QK_INLINE float amax_ps(const float *x, int len) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < len; i += 8) m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)), m);
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+static void avx_act_q8(const float *x, void *act, int64_t n) {
+    act_q8 *y = (act_q8 *)act;
+    for (int64_t b = 0; b < n / QK32; b++, x += QK32) {
+        float d = amax_ps(x, QK32) / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int s = q8_32(x, _mm256_set1_ps(id), y[b].qs);
+        y[b].d = d;
+        y[b].s = d * (float)s;
+    }
+}
+
+static void avx_act_q8k(const float *x, void *act, int64_t n) {
+    block_q8_k *y = (block_q8_k *)act;
+    for (int64_t b = 0; b < n / QKK; b++, x += QKK) {
+        float d = amax_ps(x, QKK) / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (int k = 0; k < 8; k++) (void)q8_32(x + 32 * k, _mm256_set1_ps(id), y[b].qs + 32 * k);
+        y[b].d = d;
+        for (int j = 0; j < 16; j++) {
+            /* sum of 16 int8: sign-extend to i16 and add pairwise */
+            __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(y[b].qs + 16 * j)));
+            __m128i s = _mm_add_epi16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+            s = _mm_madd_epi16(s, _mm_set1_epi16(1));
+            s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+            s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+            y[b].bsums[j] = (int16_t)_mm_cvtsi128_si32(s);
+        }
+    }
+}
+
+static void avx_act_f32(const float *x, void *act, int64_t n) { memcpy(act, x, (size_t)n * sizeof(float)); }
+
+/* --- f16 rows ------------------------------------------------------------------ */
+
+static void avx_f16_to_f32_row(const uint16_t *src, float *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    quant_ref_f16_to_f32_row(src + i, dst + i, n - i);
+}
+
+static void avx_f32_to_f16_row(const float *src, uint16_t *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    quant_ref_f32_to_f16_row(src + i, dst + i, n - i);
+}
+
+static void avx_dq_f16(const void *w, float *y, int64_t n) { avx_f16_to_f32_row((const uint16_t *)w, y, n); }
+
+#define QK_AVX2_KERNELS                                                    \
+    [QUANT_F32] = {avx_f32_multi, NULL, avx_act_f32},                      \
+    [QUANT_F16] = {avx_f16_multi, avx_dq_f16, avx_act_f32},                \
+    [QUANT_BF16] = {avx_bf16_multi, NULL, avx_act_f32},                    \
+    [QUANT_Q4_0] = {avx_q4_0_multi, NULL, avx_act_q8},                     \
+    [QUANT_Q4_1] = {avx_q4_1_multi, NULL, avx_act_q8},                     \
+    [QUANT_Q5_0] = {avx_q5_0_multi, NULL, avx_act_q8},                     \
+    [QUANT_Q5_1] = {avx_q5_1_multi, NULL, avx_act_q8},                     \
+    [QUANT_Q8_0] = {avx_q8_0_multi, NULL, avx_act_q8},                     \
+    [QUANT_Q4_K] = {avx_q4_k_multi, NULL, avx_act_q8k},                    \
+    [QUANT_Q5_K] = {avx_q5_k_multi, NULL, avx_act_q8k},                    \
+    [QUANT_Q6_K] = {avx_q6_k_multi, NULL, avx_act_q8k}
+
+#ifndef QUANT_AVX2_AS_VNNI
+const quant_isa_table quant_table_avx2 = {
+    .k = {QK_AVX2_KERNELS},
+    .f16_to_f32 = avx_f16_to_f32_row,
+    .f32_to_f16 = avx_f32_to_f16_row,
+};
+#endif

@@ -1,4 +1,15 @@
-/* quant_avx512 — SIMD kernels (work in progress). */
-#include "quant_impl.h"
+/*
+ * quant_avx512 — AVX-512 (F/BW/VL/DQ/VNNI) kernels.
+ *
+ * The 256-bit kernels of quant_avx2.c are compiled here a second time with
+ * QUANT_AVX2_AS_VNNI, so their int8/int16 dot steps use vpdpbusd/vpdpwssd;
+ * this file then overrides the ones that gain from 512-bit registers.
+ */
+#define QUANT_AVX2_AS_VNNI 1
+#include "quant_avx2.c"
 
-const quant_isa_table quant_table_avx512 = {.f16_to_f32 = 0};
+const quant_isa_table quant_table_avx512 = {
+    .k = {QK_AVX2_KERNELS},
+    .f16_to_f32 = avx_f16_to_f32_row,
+    .f32_to_f16 = avx_f32_to_f16_row,
+};
