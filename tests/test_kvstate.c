@@ -1,0 +1,370 @@
+/* kvstate semantics without a model: DESIGN.md §2 rule by rule, plus a
+ * multi-threaded isolation check (run under TSan in CI). */
+#include <pthread.h>
+
+#include "kvshard.h"
+#include "kvstate.h"
+#include "quant.h"
+#include "test.h"
+
+typedef struct {
+    uint64_t now;
+} fake_clock;
+
+static uint64_t fake_now(void *ctx) { return ((fake_clock *)ctx)->now; }
+
+static kv_sid sid_of(int k) {
+    kv_sid s;
+    memset(&s, 0, sizeof(s));
+    memcpy(s.bytes, &k, sizeof(k));
+    s.bytes[15] = 0xA5;
+    return s;
+}
+
+/* 2 layers, 2 kv heads x 4, f32, 4 positions per block: block = 4*2*2*8*4 = 512 B. */
+static kv_state *make_kv(uint32_t blocks, fake_clock *clk, uint64_t ttl_ns) {
+    kv_params p = kv_default_params();
+    p.n_layers = 2;
+    p.n_kv_heads = 2;
+    p.head_dim = 4;
+    p.block_tokens = 4;
+    p.kv_type = QUANT_F32;
+    p.budget_bytes = (uint64_t)blocks * 512;
+    p.max_positions = 40;
+    p.ttl_ns = ttl_ns;
+    if (clk) {
+        p.clock = fake_now;
+        p.clock_ctx = clk;
+    }
+    kv_state *kv = NULL;
+    char msg[KVS_MSG_MAX];
+    CHECK_EQ_INT(kv_create(&p, &kv, msg, sizeof(msg)), KVS_OK);
+    CHECK_EQ_INT(kv_block_bytes(kv), 512);
+    return kv;
+}
+
+/* Writes marker values into positions [start, end) of every layer's K and V. */
+static void fill(kv_txn *t, float marker) {
+    for (uint32_t p = kv_txn_start(t); p < kv_txn_end(t); p++)
+        for (int l = 0; l < 2; l++) {
+            float *k = kv_txn_k(t, l, p), *v = kv_txn_v(t, l, p);
+            for (int e = 0; e < 8; e++) k[e] = v[e] = marker + (float)p;
+        }
+}
+
+/* True when positions [0, n) of the session hold marker + p (read through a txn at n). */
+static bool holds(kv_state *kv, kv_sid sid, uint64_t epoch, uint32_t n, float marker) {
+    kv_txn *t = NULL;
+    kv_reply r;
+    if (kv_begin(kv, &sid, epoch, n, 1, NULL, &t, &r) != KVS_OK) return false;
+    bool ok = true;
+    for (uint32_t p = 0; p < n; p++)
+        for (int l = 0; l < 2; l++) {
+            const float *k = kv_txn_k(t, l, p), *v = kv_txn_v(t, l, p);
+            for (int e = 0; e < 8; e++) ok = ok && k[e] == marker + (float)p && v[e] == marker + (float)p;
+        }
+    kv_abort(kv, t, false);
+    return ok;
+}
+
+static int append(kv_state *kv, kv_sid sid, uint64_t epoch, uint32_t start, uint32_t n, float marker, kv_reply *r) {
+    kv_txn *t = NULL;
+    int err = kv_begin(kv, &sid, epoch, start, n, NULL, &t, r);
+    if (err) return err;
+    fill(t, marker);
+    kv_commit(kv, t, r);
+    return KVS_OK;
+}
+
+static uint64_t used(kv_state *kv) {
+    kv_stats st;
+    kv_get_stats(kv, &st);
+    return st.bytes_used;
+}
+
+static void test_append_rules(void) {
+    kv_state *kv = make_kv(16, NULL, 0);
+    kv_sid a = sid_of(1);
+    kv_reply r;
+    kv_txn *t = NULL;
+    /* Unknown session: only start_pos 0. */
+    CHECK_EQ_INT(kv_begin(kv, &a, 1, 3, 1, NULL, &t, &r), KVS_ERR_CACHE_MISS);
+    CHECK_EQ_INT(r.have, 0);
+    CHECK_EQ_INT(append(kv, a, 1, 0, 6, 100, &r), KVS_OK);
+    CHECK_EQ_INT(r.n_past, 6);
+    CHECK_EQ_INT(used(kv), 2 * 512);
+    /* Gap: CACHE_MISS(have = n_past), nothing changes. */
+    CHECK_EQ_INT(kv_begin(kv, &a, 1, 8, 1, NULL, &t, &r), KVS_ERR_CACHE_MISS);
+    CHECK_EQ_INT(r.have, 6);
+    /* Decode appends. */
+    CHECK_EQ_INT(append(kv, a, 1, 6, 1, 100, &r), KVS_OK);
+    CHECK_EQ_INT(append(kv, a, 1, 7, 1, 100, &r), KVS_OK);
+    CHECK_EQ_INT(r.n_past, 8);
+    CHECK(holds(kv, a, 1, 8, 100));
+    /* Rewind then abort: old positions intact (copy-on-write of the partial block). */
+    CHECK_EQ_INT(kv_begin(kv, &a, 1, 5, 2, NULL, &t, &r), KVS_OK);
+    fill(t, 900);
+    kv_abort(kv, t, true);
+    CHECK(holds(kv, a, 1, 8, 100));
+    uint64_t epoch;
+    uint32_t n_past;
+    CHECK_EQ_INT(kv_lookup(kv, &a, &epoch, &n_past), KVS_OK);
+    CHECK_EQ_INT(n_past, 8);
+    CHECK_EQ_INT(used(kv), 2 * 512);
+    /* Rewind then commit: the retried request is idempotent. */
+    CHECK_EQ_INT(append(kv, a, 1, 5, 2, 100, &r), KVS_OK);
+    CHECK_EQ_INT(r.n_past, 7);
+    CHECK(holds(kv, a, 1, 7, 100));
+    CHECK_EQ_INT(used(kv), 2 * 512);
+    /* Context cap. */
+    CHECK_EQ_INT(kv_begin(kv, &a, 1, 7, 34, NULL, &t, &r), KVS_ERR_CONTEXT_FULL);
+    /* Busy while pinned. */
+    CHECK_EQ_INT(kv_begin(kv, &a, 1, 7, 1, NULL, &t, &r), KVS_OK);
+    kv_txn *t2 = NULL;
+    CHECK_EQ_INT(kv_begin(kv, &a, 1, 7, 1, NULL, &t2, &r), KVS_ERR_BUSY);
+    CHECK_EQ_INT(kv_cancel(kv, &a), KVS_OK);
+    CHECK(kv_txn_cancelled(t));
+    kv_abort(kv, t, true);
+    CHECK_EQ_INT(kv_cancel(kv, &a), KVS_ERR_NOT_FOUND);
+    kv_stats st;
+    kv_get_stats(kv, &st);
+    CHECK_EQ_INT(st.rewinds, 1);
+    CHECK_EQ_INT(st.cancellations, 2);
+    CHECK_EQ_INT(st.misses, 2);
+    kv_free(kv);
+}
+
+static void test_truncate_release(void) {
+    kv_state *kv = make_kv(16, NULL, 0);
+    kv_sid a = sid_of(2), b = sid_of(3);
+    kv_reply r;
+    uint64_t before = used(kv);
+    CHECK_EQ_INT(append(kv, a, 1, 0, 10, 0, &r), KVS_OK);
+    CHECK_EQ_INT(append(kv, b, 1, 0, 3, 50, &r), KVS_OK);
+    CHECK_EQ_INT(used(kv), 4 * 512);
+    CHECK_EQ_INT(kv_truncate(kv, &a, 1, 11, &r), KVS_ERR_INVALID_ARG);
+    CHECK_EQ_INT(kv_truncate(kv, &a, 1, 4, &r), KVS_OK);
+    CHECK_EQ_INT(used(kv), 2 * 512);
+    CHECK(holds(kv, a, 1, 4, 0));
+    CHECK_EQ_INT(kv_truncate(kv, &a, 0, 1, &r), KVS_ERR_STALE_EPOCH);
+    CHECK_EQ_INT(r.live_epoch, 1);
+    CHECK_EQ_INT(kv_release(kv, &a, 1, &r), KVS_OK);
+    CHECK(holds(kv, b, 1, 3, 50));
+    CHECK_EQ_INT(kv_release(kv, &b, 1, &r), KVS_OK);
+    CHECK_EQ_INT(used(kv), before);
+    kv_txn *t = NULL;
+    CHECK_EQ_INT(kv_begin(kv, &a, 1, 4, 1, NULL, &t, &r), KVS_ERR_CACHE_MISS);
+    CHECK_EQ_INT(r.have, 0);
+    CHECK_EQ_INT(kv_release(kv, &a, 1, &r), KVS_ERR_CACHE_MISS);
+    kv_stats st;
+    kv_get_stats(kv, &st);
+    CHECK_EQ_INT(st.sessions, 0);
+    CHECK_EQ_INT(st.releases, 2);
+    CHECK_EQ_INT(st.blocks_free, st.blocks_total);
+    kv_free(kv);
+}
+
+static void test_epochs(void) {
+    kv_state *kv = make_kv(16, NULL, 0);
+    kv_sid a = sid_of(4);
+    kv_reply r;
+    kv_txn *t = NULL;
+    CHECK_EQ_INT(append(kv, a, 5, 0, 10, 0, &r), KVS_OK);
+    uint32_t ids_before[8], ids_after[8];
+    CHECK_EQ_INT(kv_debug_blocks(kv, &a, ids_before, 8), 3);
+    /* Stale: rejected, no side effect. */
+    kv_stats s0, s1;
+    kv_get_stats(kv, &s0);
+    CHECK_EQ_INT(kv_begin(kv, &a, 4, 10, 1, NULL, &t, &r), KVS_ERR_STALE_EPOCH);
+    CHECK_EQ_INT(r.live_epoch, 5);
+    kv_get_stats(kv, &s1);
+    CHECK_EQ_INT(s1.bytes_used, s0.bytes_used);
+    CHECK(holds(kv, a, 5, 10, 0));
+    /* Inherit (5, 8) into epoch 6: the first two blocks move, no copy. */
+    kv_inherit inh = {.old_epoch = 5, .len = 8};
+    CHECK_EQ_INT(kv_begin(kv, &a, 6, 8, 1, &inh, &t, &r), KVS_OK);
+    fill(t, 0);
+    kv_commit(kv, t, &r);
+    CHECK_EQ_INT(r.n_past, 9);
+    CHECK_EQ_INT(r.live_epoch, 6);
+    CHECK_EQ_INT(kv_debug_blocks(kv, &a, ids_after, 8), 3);
+    CHECK_EQ_INT(ids_after[0], ids_before[0]);
+    CHECK_EQ_INT(ids_after[1], ids_before[1]);
+    CHECK(holds(kv, a, 6, 9, 0));
+    CHECK_EQ_INT(used(kv), 3 * 512);
+    /* Old epoch now stale. */
+    CHECK_EQ_INT(kv_begin(kv, &a, 5, 9, 1, NULL, &t, &r), KVS_ERR_STALE_EPOCH);
+    /* Inherit asking past what is held: CACHE_MISS(have) and nothing changes. */
+    inh.old_epoch = 6;
+    inh.len = 9;
+    CHECK_EQ_INT(kv_begin(kv, &a, 7, 12, 1, &inh, &t, &r), KVS_ERR_CACHE_MISS);
+    CHECK_EQ_INT(r.have, 9);
+    CHECK_EQ_INT(kv_lookup(kv, &a, &(uint64_t){0}, NULL), KVS_OK);
+    /* Newer epoch without inherit drops the old state: only start 0 works. */
+    CHECK_EQ_INT(kv_begin(kv, &a, 8, 9, 1, NULL, &t, &r), KVS_ERR_CACHE_MISS);
+    CHECK_EQ_INT(r.have, 0);
+    CHECK_EQ_INT(append(kv, a, 8, 0, 2, 30, &r), KVS_OK);
+    CHECK_EQ_INT(used(kv), 1 * 512);
+    CHECK(holds(kv, a, 8, 2, 30));
+    kv_free(kv);
+}
+
+static void test_lru_budget(void) {
+    kv_state *kv = make_kv(8, NULL, 0);
+    kv_sid s[4] = {sid_of(10), sid_of(11), sid_of(12), sid_of(13)};
+    kv_reply r;
+    kv_txn *t = NULL;
+    CHECK_EQ_INT(append(kv, s[0], 1, 0, 12, 0, &r), KVS_OK); /* 3 blocks */
+    CHECK_EQ_INT(append(kv, s[1], 1, 0, 12, 0, &r), KVS_OK); /* 3 blocks */
+    CHECK_EQ_INT(append(kv, s[0], 1, 12, 1, 0, &r), KVS_OK); /* s0 now most recent, 4 blocks */
+    /* s2 needs 3 blocks, 1 free: the LRU idle session (s1) goes. */
+    CHECK_EQ_INT(append(kv, s[2], 1, 0, 12, 0, &r), KVS_OK);
+    CHECK_EQ_INT(kv_lookup(kv, &s[1], NULL, NULL), KVS_ERR_NOT_FOUND);
+    CHECK_EQ_INT(kv_lookup(kv, &s[0], NULL, NULL), KVS_OK);
+    CHECK(used(kv) <= 8 * 512);
+    /* Pin s0 and s2; s3 needs more than is free and nothing idle: BUDGET_EXHAUSTED, nothing changes. */
+    kv_txn *p0 = NULL, *p2 = NULL;
+    CHECK_EQ_INT(kv_begin(kv, &s[0], 1, 13, 1, NULL, &p0, &r), KVS_OK);
+    CHECK_EQ_INT(kv_begin(kv, &s[2], 1, 12, 1, NULL, &p2, &r), KVS_OK);
+    uint64_t u = used(kv);
+    CHECK_EQ_INT(kv_begin(kv, &s[3], 1, 0, 8, NULL, &t, &r), KVS_ERR_BUDGET_EXHAUSTED);
+    CHECK_EQ_INT(used(kv), u);
+    CHECK_EQ_INT(kv_lookup(kv, &s[3], NULL, NULL), KVS_ERR_NOT_FOUND);
+    kv_commit(kv, p0, &r);
+    kv_commit(kv, p2, &r);
+    /* The evicted session gets CACHE_MISS(0) and can replay. */
+    CHECK_EQ_INT(kv_begin(kv, &s[1], 1, 12, 1, NULL, &t, &r), KVS_ERR_CACHE_MISS);
+    CHECK_EQ_INT(r.have, 0);
+    CHECK_EQ_INT(append(kv, s[1], 1, 0, 4, 7, &r), KVS_OK);
+    CHECK(holds(kv, s[1], 1, 4, 7));
+    kv_stats st;
+    kv_get_stats(kv, &st);
+    CHECK(st.evict_lru >= 1);
+    CHECK(st.bytes_used <= st.budget_bytes);
+    kv_free(kv);
+}
+
+static void test_ttl(void) {
+    fake_clock clk = {.now = 1000};
+    kv_state *kv = make_kv(8, &clk, 100);
+    kv_sid a = sid_of(20), b = sid_of(21);
+    kv_reply r;
+    CHECK_EQ_INT(append(kv, a, 1, 0, 4, 0, &r), KVS_OK);
+    clk.now = 1050;
+    CHECK_EQ_INT(append(kv, b, 1, 0, 4, 0, &r), KVS_OK);
+    clk.now = 1120; /* a idle 120 > 100, b idle 70 */
+    CHECK_EQ_INT(kv_sweep_ttl(kv, 10), 1);
+    CHECK_EQ_INT(kv_lookup(kv, &a, NULL, NULL), KVS_ERR_NOT_FOUND);
+    CHECK_EQ_INT(kv_lookup(kv, &b, NULL, NULL), KVS_OK);
+    clk.now = 1200;
+    CHECK_EQ_INT(kv_sweep_ttl(kv, 10), 1);
+    kv_stats st;
+    kv_get_stats(kv, &st);
+    CHECK_EQ_INT(st.evict_ttl, 2);
+    CHECK_EQ_INT(st.bytes_used, 0);
+    kv_free(kv);
+}
+
+static void test_alloc_failure(void) {
+    kv_state *kv = make_kv(16, NULL, 0);
+    kv_sid a = sid_of(30), b = sid_of(31);
+    kv_reply r;
+    kv_txn *t = NULL;
+    CHECK_EQ_INT(append(kv, a, 1, 0, 6, 0, &r), KVS_OK);
+    for (int k = 1; k <= 3; k++) {
+        kv_stats s0, s1;
+        kv_get_stats(kv, &s0);
+        kv_inject_alloc_failure(kv, k);
+        int err = kv_begin(kv, &b, 1, 0, 4, NULL, &t, &r);
+        CHECK_EQ_INT(err, KVS_ERR_NOMEM);
+        kv_get_stats(kv, &s1);
+        CHECK_EQ_INT(s1.bytes_used, s0.bytes_used);
+        CHECK_EQ_INT(s1.sessions, s0.sessions);
+        CHECK_EQ_INT(kv_lookup(kv, &b, NULL, NULL), KVS_ERR_NOT_FOUND);
+        if (k <= 2) { /* an existing session's append makes two counted allocations */
+            kv_inject_alloc_failure(kv, k);
+            CHECK_EQ_INT(kv_begin(kv, &a, 1, 3, 2, NULL, &t, &r), KVS_ERR_NOMEM);
+        }
+        kv_inject_alloc_failure(kv, 0);
+        CHECK(holds(kv, a, 1, 6, 0));
+    }
+    kv_free(kv);
+}
+
+/* Four threads, each its own session: appends, rewinds, truncates, cancels,
+ * checking after every step that its positions hold only its own marker. */
+typedef struct {
+    kv_state *kv;
+    int id;
+    int failures;
+} iso_arg;
+
+static void *iso_thread(void *p) {
+    iso_arg *a = p;
+    kv_sid sid = sid_of(100 + a->id);
+    float marker = 1000.0f * (float)(a->id + 1);
+    uint32_t n_past = 0;
+    uint64_t rng = (uint64_t)a->id * 7919 + 1;
+    for (int it = 0; it < 300; it++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        int op = (int)((rng >> 33) % 4);
+        kv_reply r;
+        kv_txn *t = NULL;
+        if (op == 0 || n_past == 0) {
+            uint32_t n = 1 + (uint32_t)((rng >> 40) % 5);
+            if (n_past + n > 40) n = 1, n_past = 0;
+            int err = kv_begin(a->kv, &sid, 1, n_past, n, NULL, &t, &r);
+            if (err == KVS_ERR_BUDGET_EXHAUSTED || err == KVS_ERR_CACHE_MISS) { n_past = 0; continue; }
+            if (err) { a->failures++; continue; }
+            fill(t, marker);
+            kv_commit(a->kv, t, &r);
+            n_past += n;
+        } else if (op == 1) {
+            uint32_t start = (uint32_t)((rng >> 40) % n_past);
+            if (kv_begin(a->kv, &sid, 1, start, 1, NULL, &t, &r) != KVS_OK) { n_past = 0; continue; }
+            fill(t, -1.0f);
+            kv_abort(a->kv, t, true);
+        } else if (op == 2) {
+            uint32_t len = (uint32_t)((rng >> 40) % (n_past + 1));
+            if (kv_truncate(a->kv, &sid, 1, len, &r) == KVS_OK) n_past = len;
+            else n_past = 0;
+        } else {
+            if (!holds(a->kv, sid, 1, n_past, marker)) {
+                uint32_t np = 0;
+                if (kv_lookup(a->kv, &sid, NULL, &np) == KVS_OK && np == n_past) a->failures++;
+                n_past = 0; /* evicted under pressure: start over */
+            }
+        }
+    }
+    return NULL;
+}
+
+static void test_threads(void) {
+    kv_state *kv = make_kv(24, NULL, 0);
+    pthread_t th[4];
+    iso_arg args[4];
+    for (int i = 0; i < 4; i++) {
+        args[i] = (iso_arg){.kv = kv, .id = i};
+        pthread_create(&th[i], NULL, iso_thread, &args[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        CHECK_EQ_INT(args[i].failures, 0);
+    }
+    kv_stats st;
+    kv_get_stats(kv, &st);
+    CHECK(st.bytes_used <= st.budget_bytes);
+    CHECK_EQ_INT(st.bytes_used, (st.blocks_total - st.blocks_free) * st.block_bytes);
+    kv_free(kv);
+}
+
+int main(void) {
+    test_append_rules();
+    test_truncate_release();
+    test_epochs();
+    test_lru_budget();
+    test_ttl();
+    test_alloc_failure();
+    test_threads();
+    return test_finish("test_kvstate", 1, 0);
+}
