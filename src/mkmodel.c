@@ -110,7 +110,7 @@ typedef struct {
     uint64_t ne[2];   /* ne[0] = input dim (row length), ne[1] = rows */
     float mean, std;  /* value distribution */
     uint64_t row_bytes;
-    const char *note; /* fallback explanation or NULL */
+    const char *note; /* non-NULL when the matrix fell back from the requested type */
 } plan_tensor;
 
 typedef struct {
@@ -122,12 +122,8 @@ static uint32_t matrix_type(uint32_t want, uint64_t n_in, const char **note) {
     const quant_traits *tr = quant_get_traits(want);
     *note = NULL;
     if (tr && n_in % tr->block_elems == 0) return want;
-    if (n_in % 32 == 0) {
-        *note = "row length not a multiple of the block size; using q8_0";
-        return QUANT_Q8_0;
-    }
-    *note = "row length not a multiple of the block size; using f16";
-    return QUANT_F16;
+    *note = "fallback";
+    return n_in % 32 == 0 ? QUANT_Q8_0 : QUANT_F16;
 }
 
 static void add(plan *p, const char *name, uint32_t type, uint64_t n_in, uint64_t n_out, float mean, float std) {
@@ -374,9 +370,14 @@ int mkmodel_write(const char *path, mkmodel_params params, char *msg, size_t msg
             progress(&params, "tensor %d/%d %s %s [%" PRIu64 "]", i + 1, pl.n, t->name,
                      quant_get_traits(t->type)->name, t->ne[0]);
         else
-            progress(&params, "tensor %d/%d %s %s [%" PRIu64 ", %" PRIu64 "]%s%s", i + 1, pl.n, t->name,
-                     quant_get_traits(t->type)->name, t->ne[0], t->ne[1], t->note ? " -- " : "",
-                     t->note ? t->note : "");
+        {
+            char fb[128] = "";
+            if (t->note)
+                snprintf(fb, sizeof fb, " (fallback: row length %" PRIu64 " is not a multiple of the %s block size %u)",
+                         t->ne[0], quant_get_traits(params.type)->name, quant_get_traits(params.type)->block_elems);
+            progress(&params, "tensor %d/%d %s %s [%" PRIu64 ", %" PRIu64 "]%s", i + 1, pl.n, t->name,
+                     quant_get_traits(t->type)->name, t->ne[0], t->ne[1], fb);
+        }
         uint64_t rows_per = max_chunk / t->row_bytes;
         for (uint64_t r0 = 0; r0 < t->ne[1]; r0 += rows_per) {
             uint64_t r1 = r0 + rows_per < t->ne[1] ? r0 + rows_per : t->ne[1];
