@@ -72,7 +72,7 @@ void netio_buf_free(struct netio_buf *b); /* frees data, leaves b zeroed; NULL i
 /* Receives one frame: reads and validates the header, then the payload into b (b->len =
  * payload_len). The payload limit is checked before any allocation, and the buffer grows only
  * as bytes actually arrive (a peer that announces 64 MiB and sends nothing costs at most 64 KiB).
- * Header errors (PROTOCOL / UNSUPPORTED / TOO_LARGE) leave *hdr filled as far as decoded so a
+ * Header errors (PROTOCOL / UNSUPPORTED / TOO_LARGE) leave the raw header fields in *hdr so a
  * server can answer before closing; the payload has not been read then. Pointers decoded from
  * b->data stay valid until the next call with the same buffer or netio_buf_free(). */
 int netio_recv_frame(int fd, struct wire_header *hdr, struct netio_buf *b, uint64_t deadline_ns,

@@ -186,27 +186,24 @@ int wire_encode_header(const struct wire_header *h, uint8_t out[WIRE_HEADER_SIZE
 
 int wire_decode_header(const uint8_t in[WIRE_HEADER_SIZE], struct wire_header *out, char *msg,
                        size_t msg_cap) {
-    struct wire_header h;
     if (!in || !out) return KVS_ERR_INVALID_ARG;
-    memset(out, 0, sizeof *out);
+    struct wire_header h;
     h.magic = kvs_rd_u32(in + 0);
     h.version = kvs_rd_u16(in + 4);
     h.op = kvs_rd_u16(in + 6);
     h.flags = kvs_rd_u32(in + 8);
     h.request_id = kvs_rd_u64(in + 12);
     h.payload_len = kvs_rd_u32(in + 20);
+    *out = h; /* raw fields even on failure: a server may echo request_id in its error reply */
     if (h.magic != WIRE_MAGIC) return PROTO("bad frame magic 0x%08x", (unsigned)h.magic);
     if (h.version != WIRE_VERSION)
         return kvs_fail(msg, msg_cap, KVS_ERR_UNSUPPORTED, "frame version %u (speak %u)",
                         (unsigned)h.version, WIRE_VERSION);
     if (h.op == 0 || h.op > WIRE_OP_MAX_) return PROTO("unknown op %u", (unsigned)h.op);
     if (h.flags != 0) return PROTO("reserved header flags 0x%x set", (unsigned)h.flags);
-    if (h.payload_len > WIRE_MAX_PAYLOAD) {
-        *out = h;
+    if (h.payload_len > WIRE_MAX_PAYLOAD)
         return kvs_fail(msg, msg_cap, KVS_ERR_TOO_LARGE, "payload %u bytes over limit %u",
                         (unsigned)h.payload_len, WIRE_MAX_PAYLOAD);
-    }
-    *out = h;
     return KVS_OK;
 }
 

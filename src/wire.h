@@ -92,8 +92,9 @@ struct wire_header {
 int wire_encode_header(const struct wire_header *h, uint8_t out[WIRE_HEADER_SIZE]);
 
 /* Parses and validates 24 header bytes. KVS_ERR_PROTOCOL for a bad magic, unknown op or nonzero
- * flags; KVS_ERR_UNSUPPORTED for another version; KVS_ERR_TOO_LARGE for an oversized payload
- * (out->payload_len and out->op are still filled then, so a server can answer before closing). */
+ * flags; KVS_ERR_UNSUPPORTED for another version; KVS_ERR_TOO_LARGE for an oversized payload.
+ * *out always receives the raw fields read, even on failure (then untrusted: use request_id only
+ * to address an error reply before closing). */
 int wire_decode_header(const uint8_t in[WIRE_HEADER_SIZE], struct wire_header *out, char *msg,
                        size_t msg_cap);
 

@@ -235,6 +235,7 @@ static void test_header(void) {
     memcpy(t, b, sizeof t);
     t[0] = 'X';
     CHECK_EQ_INT(wire_decode_header(t, &d, msg, sizeof msg), KVS_ERR_PROTOCOL);
+    CHECK(d.request_id == h.request_id); /* raw fields kept for an error reply */
     memcpy(t, b, sizeof t);
     t[4] = 2;
     CHECK_EQ_INT(wire_decode_header(t, &d, msg, sizeof msg), KVS_ERR_UNSUPPORTED);
