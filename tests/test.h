@@ -8,6 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kvshard.h"
+
 static int test_failures_;
 
 #define CHECK(cond)                                                                 \

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Builds and runs every test: the release build (all CTest executables), an
+# ASan+UBSan build (all tests), a TSan build (the concurrency tests), and the
+# libFuzzer targets for a short bounded run each (clang).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh
+jobs="$(nproc)"
+export KVS_SHARED_DIR="${KVS_SHARED_DIR:-$(cd .. && pwd)/shared}"
+
+echo "== release build: all tests"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$jobs"
+(cd build && ctest --output-on-failure -j"$jobs")
+
+echo "== ASan+UBSan build: all tests"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVS_SANITIZE=address >/dev/null
+cmake --build build-asan -j"$jobs"
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+   ctest --output-on-failure -j"$jobs")
+
+echo "== TSan build: concurrency tests"
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DKVS_SANITIZE=thread >/dev/null
+cmake --build build-tsan -j"$jobs"
+(cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j"$jobs" -L 'kvstate|sessions|server|pool')
+
+echo "== fuzz targets (clang libFuzzer), ${FUZZ_SECONDS:-20}s each"
+CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DKVS_FUZZ=ON >/dev/null
+cmake --build build-fuzz -j"$jobs"
+for f in build-fuzz/fuzz_*; do
+  [ -x "$f" ] || continue
+  name=$(basename "$f")
+  corpus="build-fuzz/corpus-$name"
+  mkdir -p "$corpus"
+  seeds="fuzz/seeds/$name"
+  [ -d "$seeds" ] && cp -n "$seeds"/* "$corpus"/ 2>/dev/null || true
+  echo "-- $name"
+  "$f" -max_total_time="${FUZZ_SECONDS:-20}" -rss_limit_mb=2048 -print_final_stats=0 "$corpus" 2>&1 | tail -n 3
+done
+echo "all test stages passed"
