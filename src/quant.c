@@ -53,19 +53,31 @@ static const quant_isa_table *const isa_tables[] = {&quant_table_ref, &quant_tab
  * races on the first use computes the same value. */
 static _Atomic int current_isa = -1;
 
-enum quant_isa quant_isa_detect(void) {
 #if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                __builtin_cpu_supports("f16c");
-    if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("avx512vnni"))
-        return QUANT_ISA_AVX512;
-    if (avx2) return QUANT_ISA_AVX2;
-#endif
-    return QUANT_ISA_SCALAR;
+#include <cpuid.h>
+
+/* CPUID plus the OS check (XCR0) that the wide registers are saved on context
+ * switch; __builtin_cpu_supports is not used because clang lacks some names. */
+enum quant_isa quant_isa_detect(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return QUANT_ISA_SCALAR;
+    const bool fma = c & (1u << 12), osxsave = c & (1u << 27), avx = c & (1u << 28),
+               f16c = c & (1u << 29);
+    if (!(fma && osxsave && avx && f16c)) return QUANT_ISA_SCALAR;
+    unsigned xlo, xhi;
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    (void)xhi;
+    if ((xlo & 0x6u) != 0x6u) return QUANT_ISA_SCALAR; /* XMM and YMM state */
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return QUANT_ISA_SCALAR;
+    if (!(b & (1u << 5))) return QUANT_ISA_SCALAR; /* AVX2 */
+    const bool f = b & (1u << 16), dq = b & (1u << 17), bw = b & (1u << 30), vl = b & (1u << 31),
+               vnni = c & (1u << 11);
+    if (f && dq && bw && vl && vnni && (xlo & 0xE6u) == 0xE6u) return QUANT_ISA_AVX512;
+    return QUANT_ISA_AVX2;
 }
+#else
+enum quant_isa quant_isa_detect(void) { return QUANT_ISA_SCALAR; }
+#endif
 
 enum quant_isa quant_isa_current(void) {
     int isa = atomic_load_explicit(&current_isa, memory_order_relaxed);
