@@ -270,13 +270,17 @@ QK_INLINE void k4_rows(int64_t n, const void *w, const uint8_t *act, size_t stri
         const uint8_t *scales = blk + 4;
         const uint8_t *qh = five ? blk + 16 : NULL;
         const uint8_t *qs = five ? blk + 48 : blk + 16;
-        uint8_t sc[8], m2[16];
-        for (int j = 0; j < 8; j++) {
-            uint8_t m;
-            quant_scale_min_k4(j, scales, &sc[j], &m);
-            m2[2 * j] = m2[2 * j + 1] = m;
-        }
-        const __m256i mins = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)m2));
+        /* bytes 0..7 = the 6-bit scales, 8..15 = the mins (see quant_scale_min_k4) */
+        uint32_t u0, u1, u2;
+        memcpy(&u0, scales, 4);
+        memcpy(&u1, scales + 4, 4);
+        memcpy(&u2, scales + 8, 4);
+        const __m128i sm = _mm_set_epi32(
+            (int)(((u2 >> 4) & 0x0F0F0F0Fu) | ((u1 >> 6) & 0x03030303u) << 4), (int)(u1 & 0x3F3F3F3Fu),
+            (int)((u2 & 0x0F0F0F0Fu) | ((u0 >> 6) & 0x03030303u) << 4), (int)(u0 & 0x3F3F3F3Fu));
+        const __m256i sm2 = _mm256_broadcastsi128_si256(sm);
+        const __m256i mins = _mm256_cvtepu8_epi16(
+            _mm_shuffle_epi8(sm, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
         __m256i sumi[4];
         FOR_ROWS {
             __m256i bs = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a[r][ib].bsums), mins);
@@ -296,7 +300,9 @@ QK_INLINE void k4_rows(int64_t n, const void *w, const uint8_t *act, size_t stri
                 hi = _mm256_or_si256(hi, _mm256_slli_epi16(
                                              _mm256_and_si256(_mm256_srli_epi16(hb, 2 * c + 1), one), 4));
             }
-            const __m256i sl = _mm256_set1_epi16(sc[2 * c]), sh = _mm256_set1_epi16(sc[2 * c + 1]);
+            /* i16 lanes = scale 2c (resp. 2c+1): index byte picks it, 0x80 zeroes the high byte */
+            const __m256i sl = _mm256_shuffle_epi8(sm2, _mm256_set1_epi16((short)(0x8000 | (2 * c))));
+            const __m256i sh = _mm256_shuffle_epi8(sm2, _mm256_set1_epi16((short)(0x8000 | (2 * c + 1))));
             FOR_ROWS {
                 const int8_t *y = a[r][ib].qs + 64 * c;
                 __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)y));
