@@ -1051,6 +1051,9 @@ int gguf_writer_begin(gguf_writer *w, const char *path, char *msg, size_t msg_ca
     if (rc) return rc;
     bytebuf b = {0};
     if ((rc = encode_head(w, w->alignment, &b, msg, msg_cap))) goto out;
+    free(w->path); /* from an earlier failed begin */
+    free(w->tmp_path);
+    w->tmp_path = NULL;
     if (!(w->path = strdup(path)) || !(w->tmp_path = tmp_name(path))) {
         rc = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
         goto out;
