@@ -1,7 +1,6 @@
 #include "forward.h"
 
 #include <math.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,7 +30,6 @@ typedef struct {
     float *att_scratch; /* per thread: scores [group][max_pos] + k/v row */
     size_t att_scratch_per_thread;
     int layer;         /* local layer index being computed */
-    atomic_int next_task;
 } fwd_run_ctx;
 
 static void *xmalloc_checked(size_t a, size_t b, bool *ok) {
@@ -47,35 +45,39 @@ static void *xmalloc_checked(size_t a, size_t b, bool *ok) {
 
 /* ---- per-token parallel helpers ---- */
 
-static void norm_task(void *p, int ith, int nth) {
+static void norm_task(void *p, int64_t t0, int64_t t1, int slot) {
+    (void)slot;
     fwd_run_ctx *c = p;
     const model_layer *L = &c->m->layers[c->layer];
     int64_t d = c->m->hp.n_embd;
-    for (int t = ith; t < c->n_tok; t += nth)
+    for (int64_t t = t0; t < t1; t++)
         ops_rmsnorm(c->x + (size_t)t * d, L->attn_norm, c->xb + (size_t)t * d, d, c->m->hp.rms_eps);
 }
 
-static void ffn_norm_task(void *p, int ith, int nth) {
+static void ffn_norm_task(void *p, int64_t t0, int64_t t1, int slot) {
+    (void)slot;
     fwd_run_ctx *c = p;
     const model_layer *L = &c->m->layers[c->layer];
     int64_t d = c->m->hp.n_embd;
-    for (int t = ith; t < c->n_tok; t += nth)
+    for (int64_t t = t0; t < t1; t++)
         ops_rmsnorm(c->x + (size_t)t * d, L->ffn_norm, c->xb + (size_t)t * d, d, c->m->hp.rms_eps);
 }
 
-static void swiglu_task(void *p, int ith, int nth) {
+static void swiglu_task(void *p, int64_t t0, int64_t t1, int slot) {
+    (void)slot;
     fwd_run_ctx *c = p;
     int64_t f = c->m->hp.n_ff;
-    for (int t = ith; t < c->n_tok; t += nth) ops_swiglu(c->gate + (size_t)t * f, c->up + (size_t)t * f, f);
+    for (int64_t t = t0; t < t1; t++) ops_swiglu(c->gate + (size_t)t * f, c->up + (size_t)t * f, f);
 }
 
 /* Rope on q and k, then K/V into the session's blocks at the token's position. */
-static void rope_store_task(void *p, int ith, int nth) {
+static void rope_store_task(void *p, int64_t t0, int64_t t1, int slot) {
+    (void)slot;
     fwd_run_ctx *c = p;
     const model_hparams *hp = &c->m->hp;
     int kv_dim = (int)(hp->n_head_kv * hp->head_dim), q_dim = (int)(hp->n_head * hp->head_dim);
     bool f16 = kv_get_params(c->kv)->kv_type == QUANT_F16;
-    for (int t = ith; t < c->n_tok; t += nth) {
+    for (int64_t t = t0; t < t1; t++) {
         float *q = c->q + (size_t)t * (size_t)q_dim, *k = c->k + (size_t)t * (size_t)kv_dim;
         const float *v = c->v + (size_t)t * (size_t)kv_dim;
         ops_rope(q, (int)hp->n_head, (int)hp->head_dim, (int)hp->n_rot, c->tok_pos[t], c->inv_freq);
@@ -96,20 +98,16 @@ static void rope_store_task(void *p, int ith, int nth) {
 
 /* Attention for one (token, kv head) task: the group of query heads that
  * share the kv head attend over positions [0, pos] of the token's session. */
-static void attention_task(void *p, int ith, int nth) {
-    (void)nth;
+static void attention_task(void *p, int64_t task0, int64_t task1, int slot) {
     fwd_run_ctx *c = p;
     const model_hparams *hp = &c->m->hp;
     int hd = (int)hp->head_dim, n_kv = (int)hp->n_head_kv, group = (int)(hp->n_head / hp->n_head_kv);
     int kv_dim = n_kv * hd, q_dim = (int)hp->n_head * hd;
     bool f16 = kv_get_params(c->kv)->kv_type == QUANT_F16;
     float scale = 1.0f / sqrtf((float)hd);
-    float *scratch = c->att_scratch + (size_t)ith * c->att_scratch_per_thread;
-    int n_tasks = c->n_tok * n_kv;
-    for (;;) {
-        int task = atomic_fetch_add_explicit(&c->next_task, 1, memory_order_relaxed);
-        if (task >= n_tasks) break;
-        int t = task / n_kv, g = task % n_kv;
+    float *scratch = c->att_scratch + (size_t)slot * c->att_scratch_per_thread;
+    for (int64_t task = task0; task < task1; task++) {
+        int t = (int)(task / n_kv), g = (int)(task % n_kv);
         int32_t pos = c->tok_pos[t];
         int n_pos = pos + 1;
         kv_txn *txn = c->items[c->tok_item[t]].txn;
@@ -156,9 +154,8 @@ static void attention_task(void *p, int ith, int nth) {
     (void)kv_dim;
 }
 
-static void run_tokens(fwd_run_ctx *c, ops_task_fn fn) {
-    if (c->n_tok < 4) fn(c, 0, 1);
-    else ops_pool_run(c->pool, fn, c);
+static void run_tokens(fwd_run_ctx *c, ops_range_fn fn) {
+    ops_parallel_for(c->pool, c->n_tok, c->n_tok < 4 ? 4 : 1, fn, c);
 }
 
 /* Drops rows of items whose transaction was cancelled; returns rows left. */
@@ -196,9 +193,7 @@ static void layer_forward(fwd_run_ctx *c, int l) {
     ops_matmul(c->pool, &L->wk, c->xb, T, c->k, kv_dim, c->act);
     ops_matmul(c->pool, &L->wv, c->xb, T, c->v, kv_dim, c->act);
     run_tokens(c, rope_store_task);
-    atomic_store(&c->next_task, 0);
-    if (T * (int)hp->n_head_kv < 2) attention_task(c, 0, 1);
-    else ops_pool_run(c->pool, attention_task, c);
+    ops_parallel_for(c->pool, (int64_t)T * hp->n_head_kv, 1, attention_task, c);
     ops_matmul(c->pool, &L->wo, c->att, T, c->xb, d, c->act);
     for (size_t i = 0; i < (size_t)T * (size_t)d; i++) c->x[i] += c->xb[i];
     run_tokens(c, ffn_norm_task);

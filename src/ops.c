@@ -13,26 +13,34 @@
 /* Thread pool.
  * Workers wait for `generation` to change: they spin a short while (a layer's
  * matmuls come back to back during decode, and a futex round trip per matmul
- * would cost more than the matmul), then sleep on a condition variable. */
+ * would cost more than the matmul), then sleep on a condition variable.
+ * A worker joins a call by incrementing the count in `join` (which also holds
+ * the call's generation and a closed bit); the caller closes the call once it
+ * has run out of chunks and waits only for the workers that joined. */
 
-#define OPS_SPIN_ITERS 20000
+#define OPS_SPIN_ITERS 4000
+#define JOIN_CLOSED (1ull << 31)
+#define JOIN_COUNT_MASK 0x7fffffffull
 
 struct ops_pool {
     int n_threads;
     pthread_t *threads;          /* n_threads - 1 workers */
-    pthread_mutex_t run_lock;    /* serializes ops_pool_run callers */
+    pthread_mutex_t run_lock;    /* serializes callers */
     pthread_mutex_t wake_lock;   /* guards sleeping on wake_cv */
     pthread_cond_t wake_cv;
-    atomic_uint generation;      /* bumped once per run */
-    atomic_int n_done;           /* workers finished with this generation */
+    atomic_uint generation;      /* bumped once per call */
+    _Atomic uint64_t join;       /* generation << 32 | closed | joined workers */
+    atomic_int n_done;           /* joined workers that finished */
     atomic_bool stop;
-    ops_task_fn fn;              /* published before generation is bumped */
+    /* The current call; written before generation/join are published. */
+    ops_range_fn fn;
     void *arg;
+    int64_t n, grain;
+    _Atomic int64_t next;
 };
 
 typedef struct {
     ops_pool *pool;
-    int ith;
 } ops_worker_arg;
 
 static inline void cpu_relax(void) {
@@ -41,11 +49,18 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+static void run_chunks(ops_pool *pool, int slot) {
+    for (;;) {
+        int64_t i0 = atomic_fetch_add_explicit(&pool->next, pool->grain, memory_order_relaxed);
+        if (i0 >= pool->n) break;
+        int64_t i1 = i0 + pool->grain < pool->n ? i0 + pool->grain : pool->n;
+        pool->fn(pool->arg, i0, i1, slot);
+    }
+}
+
 static void *ops_worker_main(void *p) {
-    ops_worker_arg *wa = p;
-    ops_pool *pool = wa->pool;
-    int ith = wa->ith;
-    free(wa);
+    ops_pool *pool = ((ops_worker_arg *)p)->pool;
+    free(p);
     unsigned seen = 0;
     for (;;) {
         unsigned gen;
@@ -63,45 +78,52 @@ static void *ops_worker_main(void *p) {
         }
         seen = gen;
         if (atomic_load_explicit(&pool->stop, memory_order_acquire)) return NULL;
-        pool->fn(pool->arg, ith, pool->n_threads);
+        uint64_t s = atomic_load_explicit(&pool->join, memory_order_acquire);
+        bool joined = false;
+        while ((uint32_t)(s >> 32) == gen && !(s & JOIN_CLOSED)) {
+            if (atomic_compare_exchange_weak_explicit(&pool->join, &s, s + 1, memory_order_acq_rel,
+                                                      memory_order_acquire)) {
+                joined = true;
+                break;
+            }
+        }
+        if (!joined) continue; /* too late for this call */
+        run_chunks(pool, (int)(s & JOIN_COUNT_MASK) + 1);
         atomic_fetch_add_explicit(&pool->n_done, 1, memory_order_acq_rel);
     }
 }
 
 ops_pool *ops_pool_create(int n_threads) {
     if (n_threads < 1) n_threads = 1;
+    if (n_threads > 1024) n_threads = 1024;
     ops_pool *pool = calloc(1, sizeof(*pool));
     if (!pool) return NULL;
-    pool->n_threads = n_threads;
+    pool->n_threads = 1;
     pthread_mutex_init(&pool->run_lock, NULL);
     pthread_mutex_init(&pool->wake_lock, NULL);
     pthread_cond_init(&pool->wake_cv, NULL);
     atomic_init(&pool->generation, 0);
+    atomic_init(&pool->join, JOIN_CLOSED);
     atomic_init(&pool->n_done, 0);
     atomic_init(&pool->stop, false);
+    atomic_init(&pool->next, 0);
     if (n_threads > 1) {
         pool->threads = calloc((size_t)n_threads - 1, sizeof(pthread_t));
         if (!pool->threads) goto fail;
         for (int i = 1; i < n_threads; i++) {
             ops_worker_arg *wa = malloc(sizeof(*wa));
-            if (!wa) goto fail_started;
+            if (!wa) goto fail;
             wa->pool = pool;
-            wa->ith = i;
             if (pthread_create(&pool->threads[i - 1], NULL, ops_worker_main, wa) != 0) {
                 free(wa);
-                goto fail_started;
+                goto fail;
             }
-            continue;
-        fail_started:
-            pool->n_threads = i; /* only i - 1 workers exist */
-            ops_pool_free(pool);
-            return NULL;
+            pool->n_threads = i + 1;
         }
     }
     return pool;
 fail:
-    free(pool->threads);
-    free(pool);
+    ops_pool_free(pool);
     return NULL;
 }
 
@@ -122,22 +144,31 @@ void ops_pool_free(ops_pool *pool) {
 
 int ops_pool_threads(const ops_pool *pool) { return pool ? pool->n_threads : 1; }
 
-void ops_pool_run(ops_pool *pool, ops_task_fn fn, void *arg) {
-    if (!pool || pool->n_threads == 1) {
-        fn(arg, 0, 1);
+void ops_parallel_for(ops_pool *pool, int64_t n, int64_t grain, ops_range_fn fn, void *arg) {
+    if (n <= 0) return;
+    if (grain < 1) grain = 1;
+    if (!pool || pool->n_threads == 1 || n <= grain) {
+        for (int64_t i0 = 0; i0 < n; i0 += grain) fn(arg, i0, i0 + grain < n ? i0 + grain : n, 0);
         return;
     }
     pthread_mutex_lock(&pool->run_lock);
     pool->fn = fn;
     pool->arg = arg;
+    pool->n = n;
+    pool->grain = grain;
+    atomic_store_explicit(&pool->next, 0, memory_order_relaxed);
     atomic_store_explicit(&pool->n_done, 0, memory_order_relaxed);
+    unsigned gen = atomic_load_explicit(&pool->generation, memory_order_relaxed) + 1;
+    atomic_store_explicit(&pool->join, (uint64_t)gen << 32, memory_order_release);
     pthread_mutex_lock(&pool->wake_lock);
-    atomic_fetch_add_explicit(&pool->generation, 1, memory_order_acq_rel);
+    atomic_store_explicit(&pool->generation, gen, memory_order_release);
     pthread_cond_broadcast(&pool->wake_cv);
     pthread_mutex_unlock(&pool->wake_lock);
-    fn(arg, 0, pool->n_threads);
+    run_chunks(pool, 0);
+    uint64_t s = atomic_fetch_or_explicit(&pool->join, JOIN_CLOSED, memory_order_acq_rel);
+    int joined = (int)(s & JOIN_COUNT_MASK);
     int spins = 0;
-    while (atomic_load_explicit(&pool->n_done, memory_order_acquire) < pool->n_threads - 1) {
+    while (atomic_load_explicit(&pool->n_done, memory_order_acquire) < joined) {
         if (++spins < OPS_SPIN_ITERS) cpu_relax();
         else sched_yield();
     }
@@ -145,7 +176,7 @@ void ops_pool_run(ops_pool *pool, ops_task_fn fn, void *arg) {
 }
 
 /* ------------------------------------------------------------------------ */
-/* Matmul. Rows are handed out in chunks through an atomic counter; within a
+/* Matmul. Rows are handed out in chunks by ops_parallel_for; within a
  * chunk, tokens are taken in tiles so a tile of activations stays in cache
  * while the chunk's weight rows stream past it. Each (row, token) is one
  * quant_dot reduction whatever the tiling: batch invariant. */
@@ -161,28 +192,22 @@ typedef struct {
     int64_t y_stride;
     uint8_t *act;
     size_t act_bytes; /* per token */
-    atomic_long next_chunk;
 } mm_task;
 
-static void mm_quantize_task(void *p, int ith, int nth) {
+static void mm_quantize_task(void *p, int64_t i0, int64_t i1, int slot) {
+    (void)slot;
     mm_task *t = p;
-    for (int i = ith; i < t->n_tok; i += nth)
+    for (int64_t i = i0; i < i1; i++)
         quant_act_quantize(t->w->type, t->x + (size_t)i * (size_t)t->w->n_in, t->act + (size_t)i * t->act_bytes,
                            t->w->n_in);
 }
 
-static void mm_dot_task(void *p, int ith, int nth) {
-    (void)ith;
-    (void)nth;
+static void mm_dot_task(void *p, int64_t r0, int64_t r1, int slot) {
+    (void)slot;
     mm_task *t = p;
     const ops_weight *w = t->w;
-    long n_chunks = (long)((w->n_out + MM_ROW_CHUNK - 1) / MM_ROW_CHUNK);
     float tmp[MM_TOK_TILE];
-    for (;;) {
-        long c = atomic_fetch_add_explicit(&t->next_chunk, 1, memory_order_relaxed);
-        if (c >= n_chunks) break;
-        int64_t r0 = (int64_t)c * MM_ROW_CHUNK;
-        int64_t r1 = r0 + MM_ROW_CHUNK < w->n_out ? r0 + MM_ROW_CHUNK : w->n_out;
+    {
         for (int t0 = 0; t0 < t->n_tok; t0 += MM_TOK_TILE) {
             int nt = t->n_tok - t0 < MM_TOK_TILE ? t->n_tok - t0 : MM_TOK_TILE;
             const uint8_t *act = t->act + (size_t)t0 * t->act_bytes;
@@ -203,10 +228,8 @@ void ops_matmul(ops_pool *pool, const ops_weight *w, const float *x, int n_tok, 
                 void *act_scratch) {
     mm_task t = {.w = w, .x = x, .n_tok = n_tok, .y = y, .y_stride = y_stride, .act = act_scratch,
                  .act_bytes = quant_act_row_bytes(w->type, w->n_in)};
-    atomic_init(&t.next_chunk, 0);
-    if (n_tok < 4) mm_quantize_task(&t, 0, 1);
-    else ops_pool_run(pool, mm_quantize_task, &t);
-    ops_pool_run(pool, mm_dot_task, &t);
+    ops_parallel_for(pool, n_tok, n_tok < 4 ? 4 : 1, mm_quantize_task, &t);
+    ops_parallel_for(pool, w->n_out, MM_ROW_CHUNK, mm_dot_task, &t);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -16,17 +16,21 @@
 /* ---- thread pool ---- */
 typedef struct ops_pool ops_pool;
 
-/* Task body: called once per thread with ith in [0, nth). */
-typedef void (*ops_task_fn)(void *arg, int ith, int nth);
+/* Range body: handles items [i0, i1); slot in [0, ops_pool_threads) is unique
+ * among the threads of one call (index per-thread scratch with it). */
+typedef void (*ops_range_fn)(void *arg, int64_t i0, int64_t i1, int slot);
 
 /* Starts n_threads - 1 workers (the caller is thread 0). NULL on failure. */
 ops_pool *ops_pool_create(int n_threads);
 /* Stops and joins the workers; NULL is fine. */
 void ops_pool_free(ops_pool *pool);
 int ops_pool_threads(const ops_pool *pool);
-/* Runs fn on every thread and returns when all are done. Calls from different
- * threads are serialized. */
-void ops_pool_run(ops_pool *pool, ops_task_fn fn, void *arg);
+/* Runs fn over [0, n) in chunks of `grain` items, handed out dynamically to the
+ * caller and to whichever workers join in time, and returns when every chunk
+ * is done. A worker that is descheduled when the call starts simply does not
+ * join: the call never waits for a thread that has no work in hand. Calls
+ * from different threads are serialized. */
+void ops_parallel_for(ops_pool *pool, int64_t n, int64_t grain, ops_range_fn fn, void *arg);
 
 /* ---- weights ---- */
 typedef struct {

@@ -32,9 +32,12 @@ typedef struct {
     atomic_ullong sink;
 } bw_task;
 
-static void bw_read(void *p, int ith, int nth) {
+#define BW_CHUNK (1 << 17) /* u64 words per chunk: 1 MiB */
+
+static void bw_read(void *p, int64_t c0, int64_t c1, int slot) {
+    (void)slot;
     bw_task *t = p;
-    size_t per = t->n / (size_t)nth, lo = per * (size_t)ith, hi = ith == nth - 1 ? t->n : lo + per;
+    size_t lo = (size_t)c0 * BW_CHUNK, hi = (size_t)c1 * BW_CHUNK < t->n ? (size_t)c1 * BW_CHUNK : t->n;
     uint64_t a = 0, b = 0, c = 0, d = 0;
     for (size_t i = lo; i + 4 <= hi; i += 4) {
         a += t->buf[i];
@@ -55,7 +58,7 @@ static double measure_bw_gbs(ops_pool *pool) {
     double best = 0;
     for (int rep = 0; rep < 5; rep++) {
         uint64_t t0 = kvs_now_ns();
-        ops_pool_run(pool, bw_read, &t);
+        ops_parallel_for(pool, (int64_t)((t.n + BW_CHUNK - 1) / BW_CHUNK), 4, bw_read, &t);
         double s = (double)(kvs_now_ns() - t0) / 1e9;
         double gbs = (double)bytes / s / 1e9;
         if (gbs > best) best = gbs;
