@@ -211,7 +211,14 @@ int fwd_run(const model *m, ops_pool *pool, const kv_state *kv, fwd_item *items,
     for (int i = 0; i < n_items; i++) {
         fwd_item *it = &items[i];
         it->status = KVS_OK;
-        uint32_t n = kv_txn_end(it->txn) - kv_txn_start(it->txn);
+        if (it->n == 0) {
+            it->pos0 = kv_txn_start(it->txn);
+            it->n = kv_txn_end(it->txn) - it->pos0;
+        }
+        if (it->pos0 < kv_txn_start(it->txn) || it->pos0 > kv_txn_end(it->txn) ||
+            it->n > kv_txn_end(it->txn) - it->pos0)
+            return KVS_ERR_INVALID_ARG;
+        uint32_t n = it->n;
         if (it->out_mode != FWD_OUT_HIDDEN && !m->has_head) return KVS_ERR_INVALID_ARG;
         if (!it->out || (m->has_embd ? !it->tokens : !it->hidden)) return KVS_ERR_INVALID_ARG;
         if (m->has_embd)
@@ -219,7 +226,7 @@ int fwd_run(const model *m, ops_pool *pool, const kv_state *kv, fwd_item *items,
                 if (it->tokens[j] < 0 || (uint32_t)it->tokens[j] >= hp->n_vocab) return KVS_ERR_INVALID_ARG;
         if (n > (uint32_t)(INT32_MAX / 2) || n_tok > INT32_MAX / 2) return KVS_ERR_INVALID_ARG;
         n_tok += (int)n;
-        if (kv_txn_end(it->txn) > max_pos) max_pos = kv_txn_end(it->txn);
+        if (it->pos0 + n > max_pos) max_pos = it->pos0 + n;
     }
     if (n_tok == 0) return KVS_OK;
 
@@ -264,7 +271,7 @@ int fwd_run(const model *m, ops_pool *pool, const kv_state *kv, fwd_item *items,
     /* Inputs. */
     size_t t = 0;
     for (int i = 0; i < n_items; i++) {
-        uint32_t s = kv_txn_start(items[i].txn), n = kv_txn_end(items[i].txn) - s;
+        uint32_t s = items[i].pos0, n = items[i].n;
         for (uint32_t j = 0; j < n; j++, t++) {
             c.tok_item[t] = i;
             c.tok_pos[t] = (int32_t)(s + j);

@@ -24,9 +24,12 @@ typedef enum {
 } fwd_out_mode;
 
 typedef struct {
-    kv_txn *txn;          /* open transaction; positions [start, end) are computed */
-    const int32_t *tokens; /* end - start ids when the range owns layer 0 */
-    const float *hidden;  /* (end - start) x n_embd otherwise */
+    kv_txn *txn;          /* open transaction; positions [pos0, pos0 + n) are computed */
+    uint32_t pos0, n;     /* a sub-range of the transaction (chunked prefill: positions
+                           * before pos0 must already be written); n == 0: the whole
+                           * transaction [start, end) */
+    const int32_t *tokens; /* n ids when the range owns layer 0 */
+    const float *hidden;  /* n x n_embd otherwise */
     fwd_out_mode out_mode;
     float *out;
     int status;           /* set by fwd_run: KVS_OK or KVS_ERR_CANCELLED */
