@@ -651,3 +651,19 @@ int tok_piece(const tok_vocab *v, int32_t id, char *buf, size_t cap, size_t *len
         return KVS_OK;
     }
 }
+
+/* ---- raw entries (serving the vocab over the wire) ----------------------- */
+
+const char *tok_token_text(const tok_vocab *v, int32_t id, size_t *len) {
+    if (id < 0 || id >= v->n_vocab) {
+        *len = 0;
+        return NULL;
+    }
+    return tok_text(v, id, len);
+}
+
+float tok_token_score(const tok_vocab *v, int32_t id) { return id >= 0 && id < v->n_vocab ? v->scores[id] : 0.0f; }
+
+int32_t tok_token_type(const tok_vocab *v, int32_t id) { return id >= 0 && id < v->n_vocab ? v->types[id] : 0; }
+
+bool tok_add_space_prefix(const tok_vocab *v) { return v->add_space_prefix; }

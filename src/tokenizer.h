@@ -41,4 +41,12 @@ int tok_encode(const tok_vocab *v, const char *text, size_t len, bool add_bos,
  * KVS_ERR_INVALID_ARG for an id out of range. */
 int tok_piece(const tok_vocab *v, int32_t id, char *buf, size_t cap, size_t *len);
 
+/* Raw vocab entries, for serving the vocab to a client over the wire.
+ * tok_token_text: the token's stored text (not NUL-terminated, valid while v
+ * lives), NULL for an id out of range. */
+const char *tok_token_text(const tok_vocab *v, int32_t id, size_t *len);
+float tok_token_score(const tok_vocab *v, int32_t id);
+int32_t tok_token_type(const tok_vocab *v, int32_t id); /* llama token type 0..6 */
+bool tok_add_space_prefix(const tok_vocab *v);
+
 #endif /* KVS_TOKENIZER_H */
