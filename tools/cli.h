@@ -7,5 +7,7 @@ int cmd_logits(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_mkmodel(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
 
 #endif /* KVS_CLI_H */
