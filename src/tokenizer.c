@@ -4,7 +4,9 @@
  *
  * Design notes
  *  1. The vocab owns copies of every token text in one arena (text_arena); the
- *     GGUF context may be closed once tok_from_gguf() returns.
+ *     GGUF context (or the caller's arrays) may be freed once tok_from_gguf() /
+ *     tok_from_arrays() returns. tok_from_gguf only reads the metadata into a
+ *     tok_arrays; tok_from_arrays is the single builder.
  *  2. Token text -> id is an open-addressing hash table (power-of-two slots, load
  *     <= 1/2, linear probing). A text that occurs twice maps to its last id, as in
  *     llama.cpp, whose map assignment overwrites.
@@ -174,48 +176,35 @@ static int cmp_user_key(const void *pa, const void *pb) {
     return a->id < b->id ? -1 : (a->id > b->id);
 }
 
-int tok_from_gguf(const gguf_ctx *g, tok_vocab **out, char *msg, size_t msg_cap) {
+/* The one builder behind tok_from_arrays and tok_from_gguf: validates a (design note 1: copies
+ * everything) and builds the lookup structures. */
+int tok_from_arrays(const tok_arrays *a, tok_vocab **out, char *msg, size_t msg_cap) {
     if (!out) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "out is NULL");
     *out = NULL;
-    if (!g) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "gguf ctx is NULL");
-
-    gguf_str model;
-    int rc = gguf_get_str(g, "tokenizer.ggml.model", &model);
-    if (rc == KVS_ERR_NOT_FOUND)
-        return kvs_fail(msg, msg_cap, KVS_ERR_UNSUPPORTED, "no tokenizer.ggml.model in the file");
-    if (rc != KVS_OK) return kvs_fail(msg, msg_cap, rc, "tokenizer.ggml.model: not a string");
-    if (!gguf_str_eq(model, "llama"))
-        return kvs_fail(msg, msg_cap, KVS_ERR_UNSUPPORTED, "tokenizer model '%.*s' is not supported (only 'llama')",
-                        (int)(model.len > 64 ? 64 : model.len), model.ptr);
-
-    const gguf_kv *ktok = gguf_find_kv(g, "tokenizer.ggml.tokens");
-    if (!ktok) return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "tokenizer.ggml.tokens missing");
-    if (ktok->type != GGUF_VT_ARRAY || ktok->arr_type != GGUF_VT_STRING || !ktok->arr_strs)
-        return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "tokenizer.ggml.tokens: not a string array");
-    if (ktok->arr_n == 0 || ktok->arr_n > TOK_MAX_VOCAB)
-        return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "tokenizer.ggml.tokens: bad count %llu",
-                        (unsigned long long)ktok->arr_n);
-    const int32_t n = (int32_t)ktok->arr_n;
-
-    const gguf_kv *kscore = gguf_find_kv(g, "tokenizer.ggml.scores");
-    if (kscore && (kscore->type != GGUF_VT_ARRAY || kscore->arr_n != ktok->arr_n ||
-                   !(kscore->arr_type == GGUF_VT_F32 || kscore->arr_type == GGUF_VT_F64)))
-        return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "tokenizer.ggml.scores: not a float array of %d", (int)n);
-    const gguf_kv *ktype = gguf_find_kv(g, "tokenizer.ggml.token_type");
-    if (ktype && (ktype->type != GGUF_VT_ARRAY || ktype->arr_n != ktok->arr_n || !is_int_type(ktype->arr_type)))
-        return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "tokenizer.ggml.token_type: not an int array of %d", (int)n);
+    if (!a || !a->texts || !a->text_lens) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "token arrays are NULL");
+    if (a->n_vocab <= 0 || a->n_vocab > TOK_MAX_VOCAB)
+        return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "bad vocab size %d", (int)a->n_vocab);
+    const int32_t n = a->n_vocab;
+    const int32_t *special[3] = {&a->bos, &a->eos, &a->unk};
+    static const char *const special_name[3] = {"bos", "eos", "unknown"};
+    for (int i = 0; i < 3; i++)
+        if (*special[i] < -1 || *special[i] >= n)
+            return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "%s token id %d out of range (vocab %d)", special_name[i],
+                            (int)*special[i], (int)n);
 
     uint64_t text_bytes = 0;
     uint32_t max_len = 0;
     for (int32_t i = 0; i < n; i++) {
-        uint64_t l = ktok->arr_strs[i].len;
+        uint32_t l = a->text_lens[i];
         if (l > TOK_MAX_TOKEN_BYTES)
-            return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "token %d: text of %llu bytes", (int)i, (unsigned long long)l);
+            return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "token %d: text of %u bytes", (int)i, (unsigned)l);
+        if (l > 0 && !a->texts[i]) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "token %d: text is NULL", (int)i);
         text_bytes += l; /* <= 2^24 * 4096: no overflow */
-        if (l > max_len) max_len = (uint32_t)l;
+        if (l > max_len) max_len = l;
     }
     if (text_bytes > UINT32_MAX) return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "token texts too large");
 
+    int rc;
     tok_vocab *v = calloc(1, sizeof *v);
     if (!v) return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
     v->n_vocab = n;
@@ -235,12 +224,12 @@ int tok_from_gguf(const gguf_ctx *g, tok_vocab **out, char *msg, size_t msg_cap)
 
     uint32_t off = 0;
     for (int32_t i = 0; i < n; i++) {
-        gguf_str s = ktok->arr_strs[i];
+        uint32_t l = a->text_lens[i];
         v->text_off[i] = off;
-        if (s.len) memcpy(v->text_arena + off, s.ptr, (size_t)s.len);
-        off += (uint32_t)s.len;
-        v->scores[i] = kscore ? gguf_arr_f32(kscore, (uint64_t)i) : 0.0f;
-        int64_t t = ktype ? gguf_arr_i64(ktype, (uint64_t)i) : TOK_TYPE_NORMAL;
+        if (l) memcpy(v->text_arena + off, a->texts[i], l);
+        off += l;
+        v->scores[i] = a->scores ? a->scores[i] : 0.0f;
+        int32_t t = a->types ? a->types[i] : TOK_TYPE_NORMAL;
         if (t < TOK_TYPE_NORMAL || t > TOK_TYPE_BYTE) t = TOK_TYPE_NORMAL - 1; /* "undefined" (0) */
         v->types[i] = (uint8_t)t;
     }
@@ -294,28 +283,96 @@ int tok_from_gguf(const gguf_ctx *g, tok_vocab **out, char *msg, size_t msg_cap)
         free(keys);
     }
 
-    v->bos = n > 1 ? 1 : -1;
-    v->eos = n > 2 ? 2 : -1;
-    v->unk = 0;
-    if ((rc = read_special_id(g, "tokenizer.ggml.bos_token_id", n, &v->bos, msg, msg_cap)) != KVS_OK) goto fail;
-    if ((rc = read_special_id(g, "tokenizer.ggml.eos_token_id", n, &v->eos, msg, msg_cap)) != KVS_OK) goto fail;
-    if ((rc = read_special_id(g, "tokenizer.ggml.unknown_token_id", n, &v->unk, msg, msg_cap)) != KVS_OK) goto fail;
-
-    v->add_space_prefix = true;
-    const gguf_kv *ksp = gguf_find_kv(g, "tokenizer.ggml.add_space_prefix");
-    if (ksp) {
-        if (ksp->type != GGUF_VT_BOOL) {
-            rc = kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "tokenizer.ggml.add_space_prefix: not a bool");
-            goto fail;
-        }
-        v->add_space_prefix = ksp->val.b;
-    }
-
+    v->bos = a->bos;
+    v->eos = a->eos;
+    v->unk = a->unk;
+    v->add_space_prefix = a->add_space_prefix;
     *out = v;
     return KVS_OK;
 
 fail:
     tok_free(v);
+    return rc;
+}
+
+int tok_from_gguf(const gguf_ctx *g, tok_vocab **out, char *msg, size_t msg_cap) {
+    if (!out) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "out is NULL");
+    *out = NULL;
+    if (!g) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "gguf ctx is NULL");
+
+    gguf_str model;
+    int rc = gguf_get_str(g, "tokenizer.ggml.model", &model);
+    if (rc == KVS_ERR_NOT_FOUND)
+        return kvs_fail(msg, msg_cap, KVS_ERR_UNSUPPORTED, "no tokenizer.ggml.model in the file");
+    if (rc != KVS_OK) return kvs_fail(msg, msg_cap, rc, "tokenizer.ggml.model: not a string");
+    if (!gguf_str_eq(model, "llama"))
+        return kvs_fail(msg, msg_cap, KVS_ERR_UNSUPPORTED, "tokenizer model '%.*s' is not supported (only 'llama')",
+                        (int)(model.len > 64 ? 64 : model.len), model.ptr);
+
+    const gguf_kv *ktok = gguf_find_kv(g, "tokenizer.ggml.tokens");
+    if (!ktok) return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "tokenizer.ggml.tokens missing");
+    if (ktok->type != GGUF_VT_ARRAY || ktok->arr_type != GGUF_VT_STRING || !ktok->arr_strs)
+        return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "tokenizer.ggml.tokens: not a string array");
+    if (ktok->arr_n == 0 || ktok->arr_n > TOK_MAX_VOCAB)
+        return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "tokenizer.ggml.tokens: bad count %llu",
+                        (unsigned long long)ktok->arr_n);
+    const int32_t n = (int32_t)ktok->arr_n;
+
+    const gguf_kv *kscore = gguf_find_kv(g, "tokenizer.ggml.scores");
+    if (kscore && (kscore->type != GGUF_VT_ARRAY || kscore->arr_n != ktok->arr_n ||
+                   !(kscore->arr_type == GGUF_VT_F32 || kscore->arr_type == GGUF_VT_F64)))
+        return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "tokenizer.ggml.scores: not a float array of %d", (int)n);
+    const gguf_kv *ktype = gguf_find_kv(g, "tokenizer.ggml.token_type");
+    if (ktype && (ktype->type != GGUF_VT_ARRAY || ktype->arr_n != ktok->arr_n || !is_int_type(ktype->arr_type)))
+        return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "tokenizer.ggml.token_type: not an int array of %d", (int)n);
+
+    tok_arrays a = {.n_vocab = n, .bos = n > 1 ? 1 : -1, .eos = n > 2 ? 2 : -1, .unk = 0, .add_space_prefix = true};
+    if ((rc = read_special_id(g, "tokenizer.ggml.bos_token_id", n, &a.bos, msg, msg_cap)) != KVS_OK) return rc;
+    if ((rc = read_special_id(g, "tokenizer.ggml.eos_token_id", n, &a.eos, msg, msg_cap)) != KVS_OK) return rc;
+    if ((rc = read_special_id(g, "tokenizer.ggml.unknown_token_id", n, &a.unk, msg, msg_cap)) != KVS_OK) return rc;
+    const gguf_kv *ksp = gguf_find_kv(g, "tokenizer.ggml.add_space_prefix");
+    if (ksp) {
+        if (ksp->type != GGUF_VT_BOOL)
+            return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "tokenizer.ggml.add_space_prefix: not a bool");
+        a.add_space_prefix = ksp->val.b;
+    }
+
+    /* Texts are borrowed from the mapping; scores and types are converted from whatever
+     * element type the file uses. tok_from_arrays copies all of it. */
+    const char **texts = malloc((size_t)n * sizeof *texts);
+    uint32_t *lens = malloc((size_t)n * sizeof *lens);
+    float *scores = kscore ? malloc((size_t)n * sizeof *scores) : NULL;
+    int32_t *types = ktype ? malloc((size_t)n * sizeof *types) : NULL;
+    if (!texts || !lens || (kscore && !scores) || (ktype && !types)) {
+        rc = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        gguf_str s = ktok->arr_strs[i];
+        if (s.len > TOK_MAX_TOKEN_BYTES) {
+            rc = kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "token %d: text of %llu bytes", (int)i,
+                          (unsigned long long)s.len);
+            goto done;
+        }
+        texts[i] = s.ptr;
+        lens[i] = (uint32_t)s.len;
+        if (scores) scores[i] = gguf_arr_f32(kscore, (uint64_t)i);
+        if (types) {
+            int64_t t = gguf_arr_i64(ktype, (uint64_t)i);
+            types[i] = t < TOK_TYPE_NORMAL || t > TOK_TYPE_BYTE ? 0 : (int32_t)t;
+        }
+    }
+    a.texts = texts;
+    a.text_lens = lens;
+    a.scores = scores;
+    a.types = types;
+    rc = tok_from_arrays(&a, out, msg, msg_cap);
+
+done:
+    free(texts);
+    free(lens);
+    free(scores);
+    free(types);
     return rc;
 }
 

@@ -15,11 +15,32 @@
 
 typedef struct tok_vocab tok_vocab;
 
+/* A vocab as plain arrays (all borrowed; tok_from_arrays copies what it keeps). */
+typedef struct {
+    int32_t n_vocab;                /* tokens, 1..2^24 */
+    const char *const *texts;       /* (n_vocab) token text as stored in GGUF (U+2581 for spaces,
+                                       "<0xNN>" for bytes), not NUL-terminated; NULL ok when len 0 */
+    const uint32_t *text_lens;      /* (n_vocab) bytes of each text, <= 4096 */
+    const float *scores;            /* (n_vocab) merge priority; NULL: all 0 */
+    const int32_t *types;           /* (n_vocab) llama token type 1..6 (others: undefined); NULL: all normal */
+    int32_t bos, eos, unk;          /* token ids, -1 when absent */
+    bool add_space_prefix;          /* prepend ' ' to the text before encoding */
+} tok_arrays;
+
 /* Builds the vocab from the GGUF metadata (copied: the ctx may be closed
  * afterwards). KVS_ERR_UNSUPPORTED when tokenizer.ggml.model is not "llama";
  * KVS_ERR_FORMAT on inconsistent arrays. */
 int tok_from_gguf(const gguf_ctx *g, tok_vocab **out, char *msg, size_t msg_cap);
-void tok_free(tok_vocab *v);
+
+/* Builds the vocab from arrays (e.g. the head shard's VOCAB_REPLY pages). Everything is
+ * copied: a may be freed once this returns. On success *out is a new vocab owned by the
+ * caller (tok_free). On failure *out is NULL and: KVS_ERR_INVALID_ARG (NULL arrays),
+ * KVS_ERR_FORMAT (bad n_vocab, a text over 4096 bytes, a special id out of range, a byte
+ * token whose text is not <0xNN>), KVS_ERR_NOMEM. tok_from_gguf reads the metadata into a
+ * tok_arrays and calls this, so both give identical vocabs for the same data. */
+int tok_from_arrays(const tok_arrays *a, tok_vocab **out, char *msg, size_t msg_cap);
+
+void tok_free(tok_vocab *v); /* NULL is fine */
 
 /* tok_bos / tok_eos return -1 when the metadata marks the token as absent. */
 int32_t tok_n_vocab(const tok_vocab *v);
