@@ -1,0 +1,57 @@
+/*
+ * server — a shard: one layer range of a model with its hot KV state, served
+ * over TCP (protocol: docs/protocol.md).
+ *
+ * Threads: the caller of srv_run accepts connections; one reader thread per
+ * connection decodes frames and answers the cheap ops itself (HELLO, VOCAB,
+ * STATS, TRUNCATE, RELEASE, CANCEL); FORWARD requests go to one scheduler
+ * thread that batches the work of different sessions into one forward pass
+ * (every queued decode step, plus prefill cut into chunks so a long prompt
+ * never stalls other sessions' decode) and replies when a request is done.
+ * A connection's disconnect cancels its requests in flight; cancellation
+ * rolls each session back (kvstate transactions).
+ */
+#ifndef KVS_SERVER_H
+#define KVS_SERVER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef void (*srv_log_fn)(void *ctx, const char *line);
+
+typedef struct {
+    const char *model_path;
+    uint32_t first, last;       /* layers [first, last); last 0 = n_layer */
+    const char *listen;         /* "HOST:PORT"; port 0 picks a free one */
+    const char *name;           /* shard name in INFO (default "HOST:PORT") */
+    int n_threads;              /* compute threads; 0 = all CPUs */
+    uint64_t kv_budget_bytes;   /* hot KV pool */
+    uint64_t kv_ttl_ms;         /* idle session TTL; 0 = none */
+    uint32_t max_sessions;      /* 0 = limited by the budget only */
+    uint32_t max_tokens;        /* rows per FORWARD accepted */
+    uint32_t prefill_chunk;     /* prefill rows per scheduler step */
+    int max_batch;              /* requests per forward pass */
+    int max_conns;              /* open connections */
+    int hello_timeout_ms;       /* a new connection must say HELLO within this */
+    int idle_timeout_ms;        /* a connection silent this long is closed */
+    int kv_type;                /* QUANT_F16 or QUANT_F32 */
+    srv_log_fn log;             /* NULL: silent */
+    void *log_ctx;
+} srv_params;
+
+srv_params srv_default_params(void);
+
+typedef struct srv srv;
+
+/* Loads the layer range, hashes the model file, binds the listening socket.
+ * Nothing is served until srv_run. */
+int srv_create(const srv_params *p, srv **out, char *msg, size_t msg_cap);
+uint16_t srv_port(const srv *s);
+/* Serves until srv_stop; then closes every connection and returns KVS_OK. */
+int srv_run(srv *s);
+/* Asks srv_run to return; async-signal-safe. */
+void srv_stop(srv *s);
+void srv_free(srv *s);
+
+#endif /* KVS_SERVER_H */

@@ -1,0 +1,122 @@
+/* kvshard serve: one layer range of a model as a shard over TCP. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "args.h"
+#include "cli.h"
+#include "quant.h"
+#include "server.h"
+#include "util.h"
+
+static srv *g_srv;
+
+static void on_signal(int sig) {
+    (void)sig;
+    if (g_srv) srv_stop(g_srv);
+}
+
+static void log_line(void *ctx, const char *line) {
+    (void)ctx;
+    char ts[32];
+    time_t t = time(NULL);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(ts, sizeof(ts), "%H:%M:%S", &tm);
+    fprintf(stderr, "[%s] serve: %s\n", ts, line);
+}
+
+static void serve_usage(FILE *f) {
+    fprintf(f,
+            "usage: kvshard serve -m MODEL --layers FIRST:LAST [--listen HOST:PORT] [--kv-budget SIZE]\n"
+            "                     [--kv-ttl SECONDS] [-t THREADS] [--max-sessions N] [--max-conns N]\n"
+            "                     [--max-tokens N] [--prefill-chunk N] [--kv-type f16|f32] [--name NAME]\n"
+            "  --layers FIRST:LAST  layers this shard owns, [FIRST, LAST); LAST may be 'end'\n"
+            "  --listen HOST:PORT   default 127.0.0.1:7000; port 0 picks a free port (printed)\n"
+            "  --kv-budget SIZE     hot KV pool, bytes with K/M/G suffix (default 256M)\n"
+            "  --kv-ttl SECONDS     evict sessions idle this long (default 600; 0 = never)\n"
+            "  -t THREADS           compute threads (default: all CPUs)\n"
+            "  --max-sessions N     live sessions (default: limited by the budget)\n"
+            "  --max-conns N        open connections (default 64)\n"
+            "  --max-tokens N       rows per request (default 512)\n"
+            "  --prefill-chunk N    prefill rows per batch step (default 64)\n"
+            "stops cleanly on SIGINT/SIGTERM.\n");
+}
+
+int cmd_serve(int argc, char **argv) {
+    srv_params p = srv_default_params();
+    p.kv_ttl_ms = 600000;
+    const char *layers = NULL, *budget = NULL, *kvt = "f16";
+    long threads = 0, max_sessions = 0, max_conns = p.max_conns, max_tokens = p.max_tokens, chunk = p.prefill_chunk;
+    double ttl = 600;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        bool ok = true;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { serve_usage(stdout); return 0; }
+        else if (!strcmp(a, "-m")) ok = args_str(argc, argv, &i, &p.model_path);
+        else if (!strcmp(a, "--layers")) ok = args_str(argc, argv, &i, &layers);
+        else if (!strcmp(a, "--listen")) ok = args_str(argc, argv, &i, &p.listen);
+        else if (!strcmp(a, "--kv-budget")) ok = args_str(argc, argv, &i, &budget);
+        else if (!strcmp(a, "--kv-ttl")) ok = args_float(argc, argv, &i, 0, 1e7, &ttl);
+        else if (!strcmp(a, "-t")) ok = args_int(argc, argv, &i, 1, 1024, &threads);
+        else if (!strcmp(a, "--max-sessions")) ok = args_int(argc, argv, &i, 0, 1 << 24, &max_sessions);
+        else if (!strcmp(a, "--max-conns")) ok = args_int(argc, argv, &i, 1, 1 << 16, &max_conns);
+        else if (!strcmp(a, "--max-tokens")) ok = args_int(argc, argv, &i, 1, 8192, &max_tokens);
+        else if (!strcmp(a, "--prefill-chunk")) ok = args_int(argc, argv, &i, 1, 8192, &chunk);
+        else if (!strcmp(a, "--kv-type")) ok = args_str(argc, argv, &i, &kvt);
+        else if (!strcmp(a, "--name")) ok = args_str(argc, argv, &i, &p.name);
+        else { fprintf(stderr, "kvshard serve: unknown option '%s'\n", a); serve_usage(stderr); return 2; }
+        if (!ok) return 2;
+    }
+    if (!p.model_path || !layers) {
+        fprintf(stderr, "kvshard serve: -m MODEL and --layers FIRST:LAST are required\n");
+        serve_usage(stderr);
+        return 2;
+    }
+    unsigned first = 0, last = 0;
+    char tail[8] = "";
+    if (sscanf(layers, "%u:%u", &first, &last) == 2) {
+        if (last == 0) { fprintf(stderr, "kvshard serve: --layers LAST must be > FIRST\n"); return 2; }
+    } else if (sscanf(layers, "%u:%7s", &first, tail) == 2 && !strcmp(tail, "end")) {
+        last = 0;
+    } else {
+        fprintf(stderr, "kvshard serve: --layers wants FIRST:LAST (e.g. 0:11), got '%s'\n", layers);
+        return 2;
+    }
+    p.first = first;
+    p.last = last;
+    if (budget && !args_size(budget, &p.kv_budget_bytes)) {
+        fprintf(stderr, "kvshard serve: --kv-budget wants a size like 512M or 2G, got '%s'\n", budget);
+        return 2;
+    }
+    if (!strcmp(kvt, "f16")) p.kv_type = QUANT_F16;
+    else if (!strcmp(kvt, "f32")) p.kv_type = QUANT_F32;
+    else { fprintf(stderr, "kvshard serve: --kv-type must be f16 or f32\n"); return 2; }
+    p.kv_ttl_ms = (uint64_t)(ttl * 1000.0);
+    p.n_threads = (int)threads;
+    p.max_sessions = (uint32_t)max_sessions;
+    p.max_conns = (int)max_conns;
+    p.max_tokens = (uint32_t)max_tokens;
+    p.prefill_chunk = (uint32_t)chunk;
+    p.log = log_line;
+    char msg[KVS_MSG_MAX] = "";
+    int err = srv_create(&p, &g_srv, msg, sizeof(msg));
+    if (err) {
+        fprintf(stderr, "kvshard serve: %s\n", msg[0] ? msg : kvs_strerror(err));
+        return 1;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    fprintf(stderr, "kvshard serve: listening on port %u\n", srv_port(g_srv));
+    fflush(stderr);
+    err = srv_run(g_srv);
+    srv_free(g_srv);
+    g_srv = NULL;
+    return err ? 1 : 0;
+}
