@@ -281,6 +281,7 @@ static void *sched_main(void *arg) {
             next = j->next;
             if (atomic_load(&j->cancel)) {
                 if (j->state == JOB_RUNNING) kv_abort(e->kv, j->txn, true);
+                kv_lookup(e->kv, &j->sid, &j->reply.live_epoch, &j->reply.n_past);
                 j->status = KVS_ERR_CANCELLED;
                 jobs_remove(s, j);
                 j->next = done;
@@ -326,6 +327,10 @@ static void *sched_main(void *arg) {
             s->c_batches++;
             s->c_batch_items += (uint64_t)n_items;
             pthread_mutex_unlock(&s->mu);
+            if (s->p.before_batch) s->p.before_batch(s->p.hook_ctx, n_items);
+            /* Requests cancelled while the lock was down: flag their transactions. */
+            for (int i = 0; i < n_items; i++)
+                if (atomic_load(&batch[i]->cancel)) kv_cancel(e->kv, &batch[i]->sid);
             int err = fwd_run(m, e->pool, e->kv, items, n_items);
             pthread_mutex_lock(&s->mu);
             for (int i = 0; i < n_items; i++) {

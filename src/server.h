@@ -38,6 +38,10 @@ typedef struct {
     int kv_type;                /* QUANT_F16 or QUANT_F32 */
     srv_log_fn log;             /* NULL: silent */
     void *log_ctx;
+    /* Test hook: called by the scheduler before each forward pass with the
+     * number of requests in it (tests use it to order events without sleeps). */
+    void (*before_batch)(void *ctx, int n_items);
+    void *hook_ctx;
 } srv_params;
 
 srv_params srv_default_params(void);

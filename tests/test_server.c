@@ -1,0 +1,492 @@
+/*
+ * The shard server in-process on a free loopback port, driven by a raw wire
+ * client: results equal the local engine bit for bit, recovery fields,
+ * rejected input (bad frames, wrong shard, sizes) never affects the server or
+ * other connections, cancel and disconnect roll the session back (ordered by
+ * a scheduler hook, not by sleeps), and concurrent clients get their solo
+ * results while their decode steps are batched.
+ */
+#include <pthread.h>
+#include <semaphore.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+
+#include "engine.h"
+#include "mkmodel.h"
+#include "netio.h"
+#include "quant.h"
+#include "sampler.h"
+#include "server.h"
+#include "test.h"
+#include "util.h"
+#include "wire.h"
+
+static atomic_int g_disconnect_cancels;
+
+static void test_log(void *ctx, const char *line) {
+    (void)ctx;
+    if (strstr(line, "cancelled its work in flight")) atomic_fetch_add(&g_disconnect_cancels, 1);
+    if (getenv("KVS_TEST_VERBOSE")) fprintf(stderr, "serve: %s\n", line);
+}
+
+typedef struct {
+    srv *s;
+    pthread_t th;
+    sem_t gate;          /* hook waits here when gated */
+    atomic_bool gated;
+} server_ctx;
+
+static void hook(void *ctx, int n) {
+    (void)n;
+    server_ctx *sc = ctx;
+    if (atomic_load(&sc->gated)) sem_wait(&sc->gate);
+}
+
+static void *serve_thread(void *p) {
+    srv_run(((server_ctx *)p)->s);
+    return NULL;
+}
+
+static int start_server(server_ctx *sc, const char *model_path, uint32_t first, uint32_t last, uint32_t chunk) {
+    srv_params p = srv_default_params();
+    p.model_path = model_path;
+    p.first = first;
+    p.last = last;
+    p.listen = "127.0.0.1:0";
+    p.n_threads = 2;
+    p.kv_budget_bytes = 16u << 20;
+    p.hello_timeout_ms = 300;
+    p.prefill_chunk = chunk;
+    p.before_batch = hook;
+    p.log = test_log;
+    p.hook_ctx = sc;
+    sem_init(&sc->gate, 0, 0);
+    atomic_init(&sc->gated, false);
+    char msg[KVS_MSG_MAX] = "";
+    int err = srv_create(&p, &sc->s, msg, sizeof(msg));
+    if (err) {
+        fprintf(stderr, "srv_create: %s\n", msg);
+        return err;
+    }
+    pthread_create(&sc->th, NULL, serve_thread, sc);
+    return KVS_OK;
+}
+
+static void stop_server(server_ctx *sc) {
+    srv_stop(sc->s);
+    pthread_join(sc->th, NULL);
+    srv_free(sc->s);
+    sem_destroy(&sc->gate);
+}
+
+static int connect_to(server_ctx *sc) {
+    int fd = -1;
+    char msg[KVS_MSG_MAX];
+    if (netio_connect("127.0.0.1", srv_port(sc->s), netio_deadline_ms(5000), &fd, msg, sizeof(msg))) return -1;
+    return fd;
+}
+
+static int hello(int fd, struct wire_info *info) {
+    struct wire_hello h = {.min_version = 1, .max_version = 1};
+    uint8_t buf[512];
+    size_t len;
+    wire_encode_hello(&h, buf, sizeof(buf), &len);
+    if (netio_send_frame(fd, WIRE_OP_HELLO, 1, buf, len, netio_deadline_ms(5000))) return KVS_ERR_IO;
+    struct netio_buf b = {0};
+    struct wire_header hd;
+    char msg[KVS_MSG_MAX];
+    int err = netio_recv_frame(fd, &hd, &b, netio_deadline_ms(10000), msg, sizeof(msg));
+    if (!err) err = hd.op == WIRE_OP_INFO ? wire_decode_info(b.data, b.len, info, msg, sizeof(msg)) : KVS_ERR_PROTOCOL;
+    netio_buf_free(&b);
+    return err ? err : info->st.status;
+}
+
+static kv_sid sid_of(int k) {
+    kv_sid s;
+    memset(&s, 0, sizeof(s));
+    memcpy(s.bytes, &k, sizeof(k));
+    s.bytes[12] = 0x77;
+    return s;
+}
+
+/* Sends FORWARD (tokens) and returns the request id used. */
+static int send_forward(int fd, uint64_t rid, kv_sid sid, uint64_t epoch, uint32_t start, uint32_t n,
+                        const int32_t *toks, uint32_t out_mode) {
+    struct wire_forward f = {.epoch = epoch, .start_pos = start, .n_tokens = n, .out_mode = out_mode,
+                             .in_kind = WIRE_IN_TOKENS, .data = toks};
+    memcpy(f.session_id, sid.bytes, 16);
+    size_t len = 0;
+    wire_encode_forward(&f, NULL, 0, &len);
+    uint8_t *buf = malloc(len);
+    wire_encode_forward(&f, buf, len, &len);
+    int err = netio_send_frame(fd, WIRE_OP_FORWARD, rid, buf, len, netio_deadline_ms(5000));
+    free(buf);
+    return err;
+}
+
+/* Receives one frame; returns its op (or a negative error). */
+static int recv_any(int fd, struct netio_buf *b, struct wire_header *hd) {
+    char msg[KVS_MSG_MAX];
+    int err = netio_recv_frame(fd, hd, b, netio_deadline_ms(20000), msg, sizeof(msg));
+    return err ? err : hd->op;
+}
+
+static int recv_forward(int fd, struct netio_buf *b, struct wire_forward_reply *r, uint64_t *rid) {
+    struct wire_header hd;
+    int op = recv_any(fd, b, &hd);
+    if (op < 0) return op;
+    if (rid) *rid = hd.request_id;
+    if (op != WIRE_OP_FORWARD_REPLY) return KVS_ERR_PROTOCOL;
+    char msg[KVS_MSG_MAX];
+    return wire_decode_forward_reply(b->data, b->len, r, msg, sizeof(msg));
+}
+
+static engine *local_engine(const char *path) {
+    engine_params ep = engine_default_params();
+    ep.model_path = path;
+    ep.n_threads = 2;
+    ep.kv.budget_bytes = 16u << 20;
+    engine *e = NULL;
+    char msg[KVS_MSG_MAX];
+    CHECK_EQ_INT(engine_open(&ep, &e, msg, sizeof(msg)), KVS_OK);
+    return e;
+}
+
+/* ---- checks ---- */
+
+static void test_basic(server_ctx *sc, const char *model_path) {
+    int fd = connect_to(sc);
+    CHECK(fd >= 0);
+    struct wire_info info;
+    CHECK_EQ_INT(hello(fd, &info), KVS_OK);
+    CHECK_EQ_INT(info.first, 0);
+    CHECK_EQ_INT(info.last, info.n_layer);
+    uint8_t zero[32] = {0};
+    CHECK(memcmp(info.model_digest, zero, 32) != 0);
+    engine *e = local_engine(model_path);
+    int nv = (int)info.n_vocab;
+    float *local = malloc((size_t)nv * sizeof(float));
+    int32_t toks[40];
+    for (int i = 0; i < 40; i++) toks[i] = (i * 7 + 1) % nv;
+    kv_sid sid = sid_of(1);
+    engine_req lr = {.sid = sid, .epoch = 1, .n = 20, .tokens = toks, .out_mode = FWD_OUT_LOGITS_LAST, .out = local};
+    engine_step(e, &lr, 1);
+    struct netio_buf b = {0};
+    struct wire_forward_reply r;
+    CHECK_EQ_INT(send_forward(fd, 10, sid, 1, 0, 20, toks, WIRE_OUT_LOGITS_LAST), KVS_OK);
+    CHECK_EQ_INT(recv_forward(fd, &b, &r, NULL), KVS_OK);
+    CHECK_EQ_INT(r.st.status, KVS_OK);
+    CHECK_EQ_INT(r.st.n_past, 20);
+    float *remote = malloc((size_t)nv * sizeof(float));
+    CHECK_EQ_INT(wire_forward_reply_to_f32(&r, remote), KVS_OK);
+    CHECK(memcmp(remote, local, (size_t)nv * sizeof(float)) == 0);
+    /* Decode steps. */
+    for (uint32_t p = 20; p < 24; p++) {
+        engine_req d = {.sid = sid, .epoch = 1, .start_pos = p, .n = 1, .tokens = &toks[p], .out_mode = FWD_OUT_LOGITS_LAST, .out = local};
+        engine_step(e, &d, 1);
+        CHECK_EQ_INT(send_forward(fd, 11 + p, sid, 1, p, 1, &toks[p], WIRE_OUT_LOGITS_LAST), KVS_OK);
+        CHECK_EQ_INT(recv_forward(fd, &b, &r, NULL), KVS_OK);
+        CHECK_EQ_INT(r.st.status, KVS_OK);
+        wire_forward_reply_to_f32(&r, remote);
+        CHECK(memcmp(remote, local, (size_t)nv * sizeof(float)) == 0);
+    }
+    /* Recovery fields: gap -> CACHE_MISS(have); older epoch -> STALE_EPOCH(live); unknown sid -> have 0. */
+    CHECK_EQ_INT(send_forward(fd, 30, sid, 1, 30, 1, toks, WIRE_OUT_LOGITS_LAST), KVS_OK);
+    CHECK_EQ_INT(recv_forward(fd, &b, &r, NULL), KVS_OK);
+    CHECK_EQ_INT(r.st.status, KVS_ERR_CACHE_MISS);
+    CHECK_EQ_INT(r.st.have, 24);
+    CHECK_EQ_INT(send_forward(fd, 31, sid, 0, 24, 1, toks, WIRE_OUT_LOGITS_LAST), KVS_OK);
+    CHECK_EQ_INT(recv_forward(fd, &b, &r, NULL), KVS_OK);
+    CHECK_EQ_INT(r.st.status, KVS_ERR_STALE_EPOCH);
+    CHECK_EQ_INT(r.st.live_epoch, 1);
+    CHECK_EQ_INT(send_forward(fd, 32, sid_of(99), 1, 5, 1, toks, WIRE_OUT_LOGITS_LAST), KVS_OK);
+    CHECK_EQ_INT(recv_forward(fd, &b, &r, NULL), KVS_OK);
+    CHECK_EQ_INT(r.st.status, KVS_ERR_CACHE_MISS);
+    CHECK_EQ_INT(r.st.have, 0);
+    /* Token id outside the vocab, position past the context, too many rows. */
+    int32_t bad_tok = nv + 5;
+    CHECK_EQ_INT(send_forward(fd, 33, sid_of(2), 1, 0, 1, &bad_tok, WIRE_OUT_LOGITS_LAST), KVS_OK);
+    CHECK_EQ_INT(recv_forward(fd, &b, &r, NULL), KVS_OK);
+    CHECK_EQ_INT(r.st.status, KVS_ERR_INVALID_ARG);
+    CHECK_EQ_INT(send_forward(fd, 34, sid_of(2), 1, info.max_ctx, 1, toks, WIRE_OUT_LOGITS_LAST), KVS_OK);
+    CHECK_EQ_INT(recv_forward(fd, &b, &r, NULL), KVS_OK);
+    CHECK_EQ_INT(r.st.status, KVS_ERR_CONTEXT_FULL);
+    /* Release, then CACHE_MISS(0). */
+    struct wire_release rel = {.epoch = 1};
+    memcpy(rel.session_id, sid.bytes, 16);
+    uint8_t rb[64];
+    size_t rl;
+    wire_encode_release(&rel, rb, sizeof(rb), &rl);
+    netio_send_frame(fd, WIRE_OP_RELEASE, 40, rb, rl, netio_deadline_ms(5000));
+    struct wire_header hd;
+    CHECK_EQ_INT(recv_any(fd, &b, &hd), WIRE_OP_STATUS);
+    struct wire_status_reply sr;
+    char msg[KVS_MSG_MAX];
+    CHECK_EQ_INT(wire_decode_status_reply(b.data, b.len, &sr, msg, sizeof(msg)), KVS_OK);
+    CHECK_EQ_INT(sr.st.status, KVS_OK);
+    CHECK_EQ_INT(send_forward(fd, 41, sid, 1, 24, 1, toks, WIRE_OUT_LOGITS_LAST), KVS_OK);
+    CHECK_EQ_INT(recv_forward(fd, &b, &r, NULL), KVS_OK);
+    CHECK_EQ_INT(r.st.status, KVS_ERR_CACHE_MISS);
+    CHECK_EQ_INT(r.st.have, 0);
+    /* STATS. */
+    netio_send_frame(fd, WIRE_OP_STATS, 50, NULL, 0, netio_deadline_ms(5000));
+    CHECK_EQ_INT(recv_any(fd, &b, &hd), WIRE_OP_STATS_REPLY);
+    struct wire_stats_reply *st = calloc(1, sizeof(*st));
+    CHECK_EQ_INT(wire_decode_stats_reply(b.data, b.len, st, msg, sizeof(msg)), KVS_OK);
+    CHECK(st->n_stats > 10);
+    free(st);
+    netio_buf_free(&b);
+    close(fd);
+    free(local);
+    free(remote);
+    engine_close(e);
+}
+
+/* Bad input: the server answers or closes, stays up, and other connections go on. */
+static void test_bad_input(server_ctx *sc) {
+    int keep = connect_to(sc);
+    struct wire_info info;
+    CHECK_EQ_INT(hello(keep, &info), KVS_OK);
+    struct netio_buf b = {0};
+    struct wire_header hd;
+    uint8_t junk[256];
+    uint64_t rng = 12345;
+    /* 1. Random bytes instead of HELLO: closed. */
+    for (int round = 0; round < 20; round++) {
+        int fd = connect_to(sc);
+        for (size_t i = 0; i < sizeof(junk); i++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            junk[i] = (uint8_t)(rng >> 56);
+        }
+        netio_write_full(fd, junk, (size_t)(1 + round * 12), netio_deadline_ms(1000));
+        int op;
+        while ((op = recv_any(fd, &b, &hd)) > 0) {}
+        CHECK(op < 0);
+        close(fd);
+    }
+    /* 2. Wrong magic / version / unknown op / oversized length after HELLO: STATUS then close. */
+    struct { uint32_t magic; uint16_t version, op; uint32_t len; int want; } cases[] = {
+        {0x12345678u, 1, WIRE_OP_STATS, 0, KVS_ERR_PROTOCOL},
+        {WIRE_MAGIC, 9, WIRE_OP_STATS, 0, KVS_ERR_UNSUPPORTED},
+        {WIRE_MAGIC, 1, 200, 0, KVS_ERR_PROTOCOL},
+        {WIRE_MAGIC, 1, WIRE_OP_FORWARD, WIRE_MAX_PAYLOAD + 1u, KVS_ERR_TOO_LARGE},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        int fd = connect_to(sc);
+        CHECK_EQ_INT(hello(fd, &info), KVS_OK);
+        uint8_t h[WIRE_HEADER_SIZE];
+        kvs_wr_u32(h, cases[k].magic);
+        kvs_wr_u16(h + 4, cases[k].version);
+        kvs_wr_u16(h + 6, cases[k].op);
+        kvs_wr_u32(h + 8, 0);
+        kvs_wr_u64(h + 12, 77);
+        kvs_wr_u32(h + 20, cases[k].len);
+        netio_write_full(fd, h, sizeof(h), netio_deadline_ms(1000));
+        CHECK_EQ_INT(recv_any(fd, &b, &hd), WIRE_OP_STATUS);
+        struct wire_status_reply sr;
+        char msg[KVS_MSG_MAX];
+        CHECK_EQ_INT(wire_decode_status_reply(b.data, b.len, &sr, msg, sizeof(msg)), KVS_OK);
+        CHECK_EQ_INT(sr.st.status, cases[k].want);
+        CHECK(recv_any(fd, &b, &hd) < 0); /* then closed */
+        close(fd);
+    }
+    /* 3. A payload that does not decode (truncated FORWARD): STATUS PROTOCOL, connection stays. */
+    {
+        int fd = connect_to(sc);
+        CHECK_EQ_INT(hello(fd, &info), KVS_OK);
+        uint8_t half[20] = {0};
+        netio_send_frame(fd, WIRE_OP_FORWARD, 5, half, sizeof(half), netio_deadline_ms(1000));
+        CHECK_EQ_INT(recv_any(fd, &b, &hd), WIRE_OP_STATUS);
+        CHECK_EQ_INT(hd.request_id, 5);
+        netio_send_frame(fd, WIRE_OP_STATS, 6, NULL, 0, netio_deadline_ms(1000));
+        CHECK_EQ_INT(recv_any(fd, &b, &hd), WIRE_OP_STATS_REPLY);
+        /* 4. Header promising more payload than sent, then hang up: the server just closes. */
+        uint8_t h[WIRE_HEADER_SIZE];
+        struct wire_header wh = {.magic = WIRE_MAGIC, .version = 1, .op = WIRE_OP_FORWARD, .request_id = 8, .payload_len = 1000};
+        wire_encode_header(&wh, h);
+        netio_write_full(fd, h, sizeof(h), netio_deadline_ms(1000));
+        netio_write_full(fd, half, 10, netio_deadline_ms(1000));
+        close(fd);
+    }
+    /* 5. A client that connects and never sends: closed after the HELLO timeout. */
+    {
+        int fd = connect_to(sc);
+        CHECK(recv_any(fd, &b, &hd) < 0);
+        close(fd);
+    }
+    /* 6. Hidden states sent to the head shard: INVALID_ARG. */
+    {
+        float hid[64] = {0};
+        struct wire_forward f = {.epoch = 1, .n_tokens = 1, .in_kind = WIRE_IN_HIDDEN_F32, .n_embd = 64, .data = hid};
+        uint8_t buf[512];
+        size_t len;
+        CHECK_EQ_INT(wire_encode_forward(&f, buf, sizeof(buf), &len), KVS_OK);
+        netio_send_frame(keep, WIRE_OP_FORWARD, 9, buf, len, netio_deadline_ms(1000));
+        struct wire_forward_reply r;
+        CHECK_EQ_INT(recv_forward(keep, &b, &r, NULL), KVS_OK);
+        CHECK_EQ_INT(r.st.status, KVS_ERR_INVALID_ARG);
+    }
+    /* The long-lived connection still works. */
+    netio_send_frame(keep, WIRE_OP_STATS, 7, NULL, 0, netio_deadline_ms(1000));
+    CHECK_EQ_INT(recv_any(keep, &b, &hd), WIRE_OP_STATS_REPLY);
+    close(keep);
+    netio_buf_free(&b);
+}
+
+/* CANCEL and disconnect roll the session back; ordered with the scheduler gate. */
+static void test_cancel(server_ctx *sc) {
+    int fd = connect_to(sc);
+    struct wire_info info;
+    CHECK_EQ_INT(hello(fd, &info), KVS_OK);
+    int32_t toks[100];
+    for (int i = 0; i < 100; i++) toks[i] = (i * 5 + 2) % (int)info.n_vocab;
+    struct netio_buf b = {0};
+    struct wire_header hd;
+    struct wire_forward_reply r;
+    kv_sid sid = sid_of(7);
+    /* A committed prefix of 10, then a 90-row prefill (chunked) cancelled mid-way. */
+    send_forward(fd, 1, sid, 1, 0, 10, toks, WIRE_OUT_LOGITS_LAST);
+    CHECK_EQ_INT(recv_forward(fd, &b, &r, NULL), KVS_OK);
+    CHECK_EQ_INT(r.st.status, KVS_OK);
+    atomic_store(&sc->gated, true);
+    send_forward(fd, 2, sid, 1, 10, 90, toks + 10, WIRE_OUT_LOGITS_LAST);
+    sem_post(&sc->gate); /* let one chunk through */
+    struct wire_cancel c = {.target_request_id = 2};
+    uint8_t cb[16];
+    size_t cl;
+    wire_encode_cancel(&c, cb, sizeof(cb), &cl);
+    netio_send_frame(fd, WIRE_OP_CANCEL, 3, cb, cl, netio_deadline_ms(1000));
+    /* The CANCEL's STATUS comes first: the request is still gated. */
+    CHECK_EQ_INT(recv_any(fd, &b, &hd), WIRE_OP_STATUS);
+    CHECK_EQ_INT(hd.request_id, 3);
+    atomic_store(&sc->gated, false);
+    sem_post(&sc->gate);
+    sem_post(&sc->gate);
+    uint64_t rid = 0;
+    CHECK_EQ_INT(recv_forward(fd, &b, &r, &rid), KVS_OK);
+    CHECK_EQ_INT(rid, 2);
+    CHECK_EQ_INT(r.st.status, KVS_ERR_CANCELLED);
+    CHECK_EQ_INT(r.st.n_past, 10);
+    /* The session is exactly as before: position 10 continues. */
+    send_forward(fd, 4, sid, 1, 11, 1, toks, WIRE_OUT_LOGITS_LAST);
+    CHECK_EQ_INT(recv_forward(fd, &b, &r, NULL), KVS_OK);
+    CHECK_EQ_INT(r.st.status, KVS_ERR_CACHE_MISS);
+    CHECK_EQ_INT(r.st.have, 10);
+    /* Disconnect with a request in flight: cancelled, session rolled back. */
+    int fd2 = connect_to(sc);
+    CHECK_EQ_INT(hello(fd2, &info), KVS_OK);
+    kv_sid sid2 = sid_of(8);
+    atomic_store(&sc->gated, true);
+    send_forward(fd2, 1, sid2, 1, 0, 90, toks, WIRE_OUT_LOGITS_LAST);
+    /* Hang up while it is held at the gate; release the gate only once the server has
+     * noticed the disconnect and flagged the request (its log line says so). */
+    int before = atomic_load(&g_disconnect_cancels);
+    shutdown(fd2, SHUT_RDWR);
+    close(fd2);
+    for (int i = 0; i < 10000 && atomic_load(&g_disconnect_cancels) == before; i++) {
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    CHECK(atomic_load(&g_disconnect_cancels) > before);
+    atomic_store(&sc->gated, false);
+    sem_post(&sc->gate);
+    /* The session was never committed: position 1 is a CACHE_MISS(0). BUSY only while the
+     * scheduler is still rolling the cancelled request back. */
+    int got = KVS_OK;
+    for (int tries = 0; tries < 2000; tries++) {
+        send_forward(fd, 5, sid2, 1, 1, 1, toks, WIRE_OUT_LOGITS_LAST);
+        CHECK_EQ_INT(recv_forward(fd, &b, &r, NULL), KVS_OK);
+        got = r.st.status;
+        if (got != KVS_ERR_BUSY) break;
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL); /* BUSY: the cancelled request is still being rolled back */
+    }
+    CHECK_EQ_INT(got, KVS_ERR_CACHE_MISS);
+    CHECK_EQ_INT(r.st.have, 0);
+    netio_buf_free(&b);
+    close(fd);
+}
+
+typedef struct {
+    server_ctx *sc;
+    int k;        /* prompt */
+    int sid_base; /* session ids differ between runs */
+    int32_t ids[16];
+    int failures;
+} client_arg;
+
+static void *client_thread(void *p) {
+    client_arg *a = p;
+    int fd = connect_to(a->sc);
+    struct wire_info info;
+    if (hello(fd, &info) != KVS_OK) {
+        a->failures++;
+        close(fd);
+        return NULL;
+    }
+    int nv = (int)info.n_vocab;
+    int32_t toks[64];
+    for (int i = 0; i < 8; i++) toks[i] = (i * 3 + a->k * 17 + 1) % nv;
+    kv_sid sid = sid_of(a->sid_base + a->k);
+    struct netio_buf b = {0};
+    struct wire_forward_reply r;
+    float *logits = malloc((size_t)nv * sizeof(float));
+    uint32_t pos = 0, n = 8;
+    for (int s = 0; s < 16; s++) {
+        send_forward(fd, (uint64_t)s, sid, 1, pos, n, toks + pos, WIRE_OUT_LOGITS_LAST);
+        if (recv_forward(fd, &b, &r, NULL) != KVS_OK || r.st.status != KVS_OK) {
+            a->failures++;
+            break;
+        }
+        wire_forward_reply_to_f32(&r, logits);
+        pos += n;
+        n = 1;
+        toks[pos] = a->ids[s] = sampler_argmax(logits, nv);
+    }
+    free(logits);
+    netio_buf_free(&b);
+    close(fd);
+    return NULL;
+}
+
+/* Four clients at once: each gets its solo ids, and the server batched them. */
+static void test_concurrent(server_ctx *sc) {
+    client_arg solo[4], conc[4];
+    pthread_t th[4];
+    for (int k = 0; k < 4; k++) {
+        solo[k] = (client_arg){.sc = sc, .k = k, .sid_base = 1000};
+        client_thread(&solo[k]);
+        CHECK_EQ_INT(solo[k].failures, 0);
+        conc[k] = (client_arg){.sc = sc, .k = k, .sid_base = 2000};
+    }
+    for (int k = 0; k < 4; k++) pthread_create(&th[k], NULL, client_thread, &conc[k]);
+    for (int k = 0; k < 4; k++) pthread_join(th[k], NULL);
+    for (int k = 0; k < 4; k++) {
+        CHECK_EQ_INT(conc[k].failures, 0);
+        CHECK(memcmp(conc[k].ids, solo[k].ids, sizeof(solo[k].ids)) == 0);
+    }
+}
+
+int main(void) {
+    char dir[] = "/tmp/kvs-server-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char model_file[256];
+    snprintf(model_file, sizeof(model_file), "%s/small-q8_0.gguf", dir);
+    mkmodel_params mp = mkmodel_default_params();
+    mp.shape = "small";
+    mp.type = QUANT_Q8_0;
+    mp.n_threads = 1;
+    char msg[KVS_MSG_MAX];
+    CHECK_EQ_INT(mkmodel_write(model_file, mp, msg, sizeof(msg)), KVS_OK);
+    server_ctx sc;
+    CHECK_EQ_INT(start_server(&sc, model_file, 0, 0, 16), KVS_OK);
+    test_basic(&sc, model_file);
+    test_bad_input(&sc);
+    test_cancel(&sc);
+    test_concurrent(&sc);
+    stop_server(&sc);
+    unlink(model_file);
+    rmdir(dir);
+    return test_finish("test_server", 1, 0);
+}
