@@ -82,6 +82,7 @@ QK_INLINE __m256i bits32_x10(const uint8_t *p) {
     }
 
 #define FOR_ROWS _Pragma("GCC unroll 4") for (int r = 0; r < g; r++)
+#define QK_UNROLL _Pragma("GCC unroll 8")
 
 /* --- float weights ----------------------------------------------------------- */
 
@@ -192,20 +193,128 @@ QK_MULTI(avx_bf16, 2)
         FOR_ROWS out[r] = hsum_ps(acc[r]);                                                     \
     }
 
-QK_INLINE __m256i unpack_q4_0(const block_q4_0 *b) {
-    return _mm256_sub_epi8(nibbles32(b->qs), _mm256_set1_epi8(8));
-}
 QK_INLINE __m256i unpack_q5_0(const block_q5_0 *b) {
     return _mm256_sub_epi8(_mm256_or_si256(nibbles32(b->qs), bits32_x10(b->qh)), _mm256_set1_epi8(16));
 }
 QK_INLINE __m256i unpack_q8_0(const block_q8_0 *b) { return _mm256_loadu_si256((const __m256i *)b->qs); }
 
-QK_SIGNED32_ROWS(avx_q4_0, block_q4_0, unpack_q4_0)
 QK_SIGNED32_ROWS(avx_q5_0, block_q5_0, unpack_q5_0)
 QK_SIGNED32_ROWS(avx_q8_0, block_q8_0, unpack_q8_0)
-QK_MULTI(avx_q4_0, 4)
 QK_MULTI(avx_q5_0, 4)
 QK_MULTI(avx_q8_0, 4)
+
+/* --- q4_0 ----------------------------------------------------------------------
+ * Unsigned nibbles u = 0..15 go straight into the u8 x s8 dot (no sign trick):
+ * sum (u - 8) q * dw * da = dw * (da * sum(u q) - 8 s), s = da * sum(q) being the
+ * activation block's scaled sum. Blocks go eight per step: the eight i32x8
+ * products are reduced to one vector (lane k = block k), the eight f16 scales
+ * convert with one vcvtph2ps, and each (row, token) pair then costs two fmas
+ * per step. A short last step pads with zero lanes (d = s = 0, product 0).
+ *
+ * Batch invariance: the float work of a (row, token) pair is
+ *   t = fma(P, da, -8 s); acc = fma(t, dw, acc); out = hsum(acc)
+ * with da, s, dw gathered the same way whatever the tile shape. */
+
+/* 16 bytes of nibbles -> 32 bytes (low nibbles, then high), unsigned. */
+QK_INLINE __m256i q4_0_u(const block_q4_0 *b) {
+    __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)b->qs));
+    v = _mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+
+/* Lane k of the result = sum of the lanes of p[k]. */
+QK_INLINE __m256i hsum8_epi32(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
+    /* p0..p3 are hadd pairs: per 128-bit half, lanes of blocks (2k, 2k+1) */
+    const __m256i ab = _mm256_hadd_epi32(p0, p1), cd = _mm256_hadd_epi32(p2, p3);
+    /* ab = [b0..b3 low half sums | b0..b3 high], cd likewise for b4..b7 */
+    const __m256i x = _mm256_permute2x128_si256(ab, cd, 0x21);
+    return _mm256_add_epi32(_mm256_blend_epi32(ab, cd, 0xF0), x);
+}
+
+/* d and -8 s of activation blocks y[0..nk) in lanes 0..nk), zero above. */
+QK_INLINE void q4_0_act_ds(const act_q8 *y, const int nk, __m256 *d, __m256 *ns) {
+    __m256 d8, s8;
+    if (nk == 8) {
+        __m128 v[8];
+        QK_UNROLL for (int k = 0; k < 8; k++) v[k] = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)&y[k]));
+        const __m256 lo = _mm256_set_m128(_mm_movelh_ps(v[4], v[5]), _mm_movelh_ps(v[0], v[1]));
+        const __m256 hi = _mm256_set_m128(_mm_movelh_ps(v[6], v[7]), _mm_movelh_ps(v[2], v[3]));
+        d8 = _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0));
+        s8 = _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1));
+    } else {
+        float dv[8] = {0}, sv[8] = {0};
+        QK_UNROLL for (int k = 0; k < nk; k++) {
+            dv[k] = y[k].d;
+            sv[k] = y[k].s;
+        }
+        d8 = _mm256_loadu_ps(dv);
+        s8 = _mm256_loadu_ps(sv);
+    }
+    *d = d8;
+    *ns = _mm256_mul_ps(s8, _mm256_set1_ps(-8.0f));
+}
+
+/* The f16 scales of blocks x[0..nk) in lanes 0..nk), zero above. */
+QK_INLINE __m256 q4_0_w_d(const block_q4_0 *x, const int nk) {
+    if (nk == 8)
+        return _mm256_cvtph_ps(_mm_setr_epi16((short)x[0].d, (short)x[1].d, (short)x[2].d, (short)x[3].d,
+                                              (short)x[4].d, (short)x[5].d, (short)x[6].d, (short)x[7].d));
+    uint16_t h[8] = {0};
+    QK_UNROLL for (int k = 0; k < nk; k++) h[k] = x[k].d;
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+}
+
+/* One step of up to eight blocks from block ib for an R x T tile. */
+QK_INLINE void q4_0_step(const block_q4_0 *const *x, const int R, const act_q8 *const *a, const int T,
+                         int64_t ib, const int nk, __m256 acc[4][4]) {
+    __m256 da[4], ns[4], dw[4];
+    QK_UNROLL for (int t = 0; t < T; t++) q4_0_act_ds(a[t] + ib, nk, &da[t], &ns[t]);
+    QK_UNROLL for (int r = 0; r < R; r++) dw[r] = q4_0_w_d(x[r] + ib, nk);
+    __m256i h[4][4][4];
+    QK_UNROLL for (int kk = 0; kk < 4; kk++) {
+        QK_UNROLL for (int r = 0; r < R; r++) {
+            const int k0 = 2 * kk, k1 = 2 * kk + 1;
+            const __m256i u0 = k0 < nk ? q4_0_u(x[r] + ib + k0) : _mm256_setzero_si256();
+            const __m256i u1 = k1 < nk ? q4_0_u(x[r] + ib + k1) : _mm256_setzero_si256();
+            QK_UNROLL for (int t = 0; t < T; t++) {
+                const __m256i p0 = k0 < nk ? dot_u8s8(u0, _mm256_loadu_si256((const __m256i *)a[t][ib + k0].qs))
+                                           : _mm256_setzero_si256();
+                const __m256i p1 = k1 < nk ? dot_u8s8(u1, _mm256_loadu_si256((const __m256i *)a[t][ib + k1].qs))
+                                           : _mm256_setzero_si256();
+                h[r][t][kk] = _mm256_hadd_epi32(p0, p1);
+            }
+        }
+    }
+    QK_UNROLL for (int r = 0; r < R; r++)
+        QK_UNROLL for (int t = 0; t < T; t++) {
+            const __m256 p = _mm256_cvtepi32_ps(hsum8_epi32(h[r][t][0], h[r][t][1], h[r][t][2], h[r][t][3]));
+            acc[r][t] = _mm256_fmadd_ps(_mm256_fmadd_ps(p, da[t], ns[t]), dw[r], acc[r][t]);
+        }
+}
+
+/* out[t * ostride + r] for an R x T tile (R, T <= 4, compile-time after inlining). */
+QK_INLINE void q4_0_tile(int64_t n, const uint8_t *w, size_t wstride, const int R, const uint8_t *act,
+                         size_t astride, const int T, float *out, size_t ostride) {
+    const int64_t nb = n / QK32;
+    const block_q4_0 *x[4];
+    const act_q8 *a[4];
+    __m256 acc[4][4];
+    QK_UNROLL for (int r = 0; r < R; r++) x[r] = (const block_q4_0 *)(w + (size_t)r * wstride);
+    QK_UNROLL for (int t = 0; t < T; t++) a[t] = (const act_q8 *)(act + (size_t)t * astride);
+    QK_UNROLL for (int r = 0; r < R; r++)
+        QK_UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    int64_t ib = 0;
+    for (; ib + 8 <= nb; ib += 8) q4_0_step(x, R, a, T, ib, 8, acc);
+    if (ib < nb) q4_0_step(x, R, a, T, ib, (int)(nb - ib), acc);
+    QK_UNROLL for (int r = 0; r < R; r++)
+        QK_UNROLL for (int t = 0; t < T; t++) out[(size_t)t * ostride + (size_t)r] = hsum_ps(acc[r][t]);
+}
+
+QK_INLINE void avx_q4_0_rows(int64_t n, const void *w, const uint8_t *act, size_t stride, const int g,
+                             float *out) {
+    q4_0_tile(n, (const uint8_t *)w, 0, 1, act, stride, g, out, 1);
+}
+QK_MULTI(avx_q4_0, 4)
 
 /* --- 32-element blocks with unsigned quants and a min (q4_1, q5_1) --------- */
 
