@@ -1,0 +1,878 @@
+/*
+ * route — client side: route validation, session driving, failure detection, re-route + replay.
+ * See route.h for the design notes; the numbered invariants below are what the code keeps.
+ *
+ * Invariants
+ *  I1. s->tokens[0..pos) and s->hidden[k][0..pos) (k >= 1) hold the inputs hop k was sent for
+ *      every completed position; during a step, s->hidden[k][start..b) is filled as soon as
+ *      hop k-1 answered for rows [start, b).
+ *  I2. s->bounds[] is strictly increasing; each entry is the end of one request of the original
+ *      segmentation. Replays follow it (route.h design note 1).
+ *  I3. s->hop_epoch[k] is the epoch in which hop k (as it stands in the route) holds the
+ *      session's state, 0 when it holds none we know of. It becomes s->epoch on every OK reply
+ *      (hop_send). A FORWARD to a hop with 0 < hop_epoch < epoch carries INHERIT(hop_epoch,
+ *      start_pos).
+ *  I4. s->hop_gen[k] == r->hop_gen[k] unless hop k was replaced since this session last used
+ *      it; route_forward then treats it as a fresh hop (design note 5 of route.h).
+ *  I5. A hop's fd is -1 only while it is being replaced; route_forward returns with every hop
+ *      connected or with an error.
+ */
+#include "route.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "util.h"
+
+/* Payload bytes of a FORWARD before the data, and of a FORWARD_REPLY before the data. */
+#define FWD_HEAD_BYTES 60u
+#define FWD_REPLY_HEAD_BYTES 32u
+#define ROUTE_MAX_MISSES 8 /* CACHE_MISS answers tolerated for one request */
+
+enum spare_state { SPARE_UNTRIED = 0, SPARE_KNOWN, SPARE_USED, SPARE_DEAD };
+
+typedef struct {
+    route_addr addr;
+    int fd;                /* -1 when not connected */
+    struct wire_info info; /* valid once connected (hops) / when SPARE_KNOWN or USED (spares) */
+} route_hop;
+
+struct route {
+    route_params p;
+    char *auth;              /* copy of p.auth, "" when none */
+    route_hop *hops;         /* (n_hops) in layer order */
+    uint32_t *hop_gen;       /* (n_hops) bumped each time hop k is replaced */
+    uint32_t n_hops;
+    route_hop *spares;       /* (n_spares) */
+    uint8_t *spare_state;    /* (n_spares) enum spare_state */
+    uint32_t n_spares;
+    uint8_t digest[WIRE_DIGEST_SIZE];
+    uint32_t n_layer, n_embd, n_vocab;
+    uint32_t max_ctx;        /* positions, min over hops */
+    uint32_t max_rows;       /* rows per FORWARD, min over hops and payload limit */
+    uint8_t *tx;             /* encode buffer */
+    size_t tx_cap;           /* bytes */
+    struct netio_buf rx;     /* last reply */
+    uint64_t next_rid;
+    float *scratch_logits;   /* (n_vocab) logits of intermediate chunks, discarded */
+};
+
+struct route_session {
+    route *r;
+    uint8_t sid[WIRE_SID_SIZE];
+    uint64_t epoch;
+    uint32_t pos;            /* positions completed along the whole route */
+    uint32_t cap;            /* rows allocated in tokens and hidden[k] */
+    int32_t *tokens;         /* (cap) hop 0 inputs */
+    float **hidden;          /* [n_hops] (cap, n_embd) inputs of hop k; hidden[0] NULL */
+    uint64_t *hop_epoch;     /* (n_hops) I3 */
+    uint32_t *hop_gen;       /* (n_hops) I4 */
+    uint32_t *bounds;        /* (n_bounds) I2 */
+    size_t n_bounds, bounds_cap;
+};
+
+/* Result of one request to a hop, as route_forward sees it. */
+enum hop_result {
+    HOP_OK = 0,
+    HOP_FAILED, /* transport: the hop is gone; re-route */
+    HOP_FATAL,  /* the step cannot go on; rc + msg say why */
+};
+
+static void route_log(const route *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void route_log(const route *r, const char *fmt, ...) {
+    if (!r->p.log) return;
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    r->p.log(r->p.log_user, line);
+}
+
+route_params route_default_params(void) {
+    return (route_params){.timeout_ms = 30000, .auth = NULL, .log = NULL, .log_user = NULL};
+}
+
+/* ---- specs -------------------------------------------------------------- */
+
+int route_parse_spec(const char *spec, route_addr **out, size_t *n, char *msg, size_t msg_cap) {
+    if (!out || !n) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "out is NULL");
+    *out = NULL;
+    *n = 0;
+    if (!spec) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "no route given");
+    size_t count = 1;
+    for (const char *c = spec; *c; c++) count += *c == ',';
+    if (count > ROUTE_MAX_HOPS)
+        return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "%zu entries in '%s' (at most %u)", count, spec,
+                        ROUTE_MAX_HOPS);
+    route_addr *a = calloc(count, sizeof *a);
+    if (!a) return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
+    size_t k = 0;
+    for (const char *p = spec;; k++) {
+        const char *end = strchr(p, ',');
+        if (!end) end = p + strlen(p);
+        while (p < end && (*p == ' ' || *p == '\t')) p++;
+        const char *e = end;
+        while (e > p && (e[-1] == ' ' || e[-1] == '\t')) e--;
+        size_t len = (size_t)(e - p);
+        if (len == 0 || len >= ROUTE_ADDR_MAX) {
+            free(a);
+            return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "entry %zu of '%s' is %s (want HOST:PORT)", k, spec,
+                            len ? "too long" : "empty");
+        }
+        memcpy(a[k].text, p, len);
+        a[k].text[len] = '\0';
+        if (netio_parse_hostport(a[k].text, a[k].host, sizeof a[k].host, &a[k].port) != KVS_OK) {
+            int rc = kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "'%s' is not HOST:PORT", a[k].text);
+            free(a);
+            return rc;
+        }
+        if (!*end) break;
+        p = end + 1;
+    }
+    *out = a;
+    *n = k + 1;
+    return KVS_OK;
+}
+
+/* ---- validation --------------------------------------------------------- */
+
+static void digest_hex(const uint8_t *d, char out[17]) {
+    static const char hex[] = "0123456789abcdef";
+    for (int i = 0; i < 8; i++) {
+        out[2 * i] = hex[d[i] >> 4];
+        out[2 * i + 1] = hex[d[i] & 15];
+    }
+    out[16] = '\0';
+}
+
+/* Same model and shape as ref? Else a message naming hop `what`. */
+static int check_same_model(const struct wire_info *ref, const char *ref_name, const struct wire_info *x,
+                            const char *what, char *msg, size_t msg_cap) {
+    if (memcmp(ref->model_digest, x->model_digest, WIRE_DIGEST_SIZE) != 0) {
+        char a[17], b[17];
+        digest_hex(x->model_digest, a);
+        digest_hex(ref->model_digest, b);
+        return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG,
+                        "%s serves another model (digest %s... but %s has %s...)", what, a, ref_name, b);
+    }
+    if (x->n_layer != ref->n_layer || x->n_embd != ref->n_embd || x->n_vocab != ref->n_vocab)
+        return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG,
+                        "%s reports n_layer %u, n_embd %u, n_vocab %u but %s reports %u, %u, %u", what, x->n_layer,
+                        x->n_embd, x->n_vocab, ref_name, ref->n_layer, ref->n_embd, ref->n_vocab);
+    if (!(x->hidden_dtypes & WIRE_DTYPE_F32))
+        return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "%s does not take f32 hidden states", what);
+    return KVS_OK;
+}
+
+int route_check_hops(const struct wire_info *infos, const char *const *addrs, size_t n, char *msg,
+                     size_t msg_cap) {
+    if (!infos || !addrs || n == 0) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "empty route");
+    char ref_name[ROUTE_ADDR_MAX + 16], what[ROUTE_ADDR_MAX + 16];
+    snprintf(ref_name, sizeof ref_name, "hop 0 (%s)", addrs[0]);
+    for (size_t k = 0; k < n; k++) {
+        const struct wire_info *x = &infos[k];
+        snprintf(what, sizeof what, "hop %zu (%s)", k, addrs[k]);
+        int rc = check_same_model(&infos[0], ref_name, x, what, msg, msg_cap);
+        if (rc != KVS_OK) return rc;
+        if (x->first >= x->last || x->last > x->n_layer)
+            return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "%s reports an invalid layer range [%u, %u) of %u",
+                            what, x->first, x->last, x->n_layer);
+        if (k == 0 && x->first != 0)
+            return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG,
+                            "%s serves layers [%u, %u) but a route must start at layer 0", what, x->first, x->last);
+        if (k > 0 && x->first != infos[k - 1].last)
+            return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG,
+                            "%s serves layers [%u, %u) but the previous hop ends at %u", what, x->first, x->last,
+                            infos[k - 1].last);
+        if (k + 1 == n && x->last != x->n_layer)
+            return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG,
+                            "%s is the last hop and serves layers [%u, %u) but the model has %u layers", what,
+                            x->first, x->last, x->n_layer);
+    }
+    return KVS_OK;
+}
+
+/* ---- one request on one connection --------------------------------------- */
+
+static void hop_disconnect(route_hop *h) {
+    if (h->fd >= 0) close(h->fd);
+    h->fd = -1;
+}
+
+/* Makes room for `need` bytes in r->tx. */
+static int tx_reserve(route *r, size_t need) {
+    if (need <= r->tx_cap) return KVS_OK;
+    size_t cap = r->tx_cap ? r->tx_cap : 4096;
+    while (cap < need) cap *= 2;
+    uint8_t *b = realloc(r->tx, cap);
+    if (!b) return KVS_ERR_NOMEM;
+    r->tx = b;
+    r->tx_cap = cap;
+    return KVS_OK;
+}
+
+/* Sends r->tx[0..len) as one `op` frame on h and waits for the reply frame; KVS_OK when a frame
+ * with op reply_op and the same request id arrived (payload in r->rx). Any other outcome is a
+ * transport failure (the connection is closed; why says what happened): the code from netio, or
+ * KVS_ERR_PROTOCOL for an unexpected frame. A STATUS frame in place of the reply is reported
+ * with the shard's message. */
+static int hop_call(route *r, route_hop *h, uint16_t op, size_t len, uint16_t reply_op, char *why, size_t why_cap) {
+    if (h->fd < 0) return kvs_fail(why, why_cap, KVS_ERR_CLOSED, "not connected");
+    uint64_t rid = ++r->next_rid;
+    uint64_t deadline = netio_deadline_ms(r->p.timeout_ms);
+    char nmsg[KVS_MSG_MAX] = "";
+    int rc = netio_send_frame(h->fd, op, rid, r->tx, len, deadline);
+    if (rc != KVS_OK) {
+        hop_disconnect(h);
+        return kvs_fail(why, why_cap, rc, "sending %s: %s", wire_op_name(op), kvs_strerror(rc));
+    }
+    struct wire_header hdr;
+    rc = netio_recv_frame(h->fd, &hdr, &r->rx, deadline, nmsg, sizeof nmsg);
+    if (rc != KVS_OK) {
+        hop_disconnect(h);
+        if (rc == KVS_ERR_TIMEOUT)
+            return kvs_fail(why, why_cap, rc, "no reply to %s within %lld ms", wire_op_name(op),
+                            (long long)r->p.timeout_ms);
+        return kvs_fail(why, why_cap, rc, "waiting for the reply to %s: %s", wire_op_name(op),
+                        nmsg[0] ? nmsg : kvs_strerror(rc));
+    }
+    if (hdr.request_id == rid && hdr.op == reply_op) return KVS_OK;
+    if (hdr.request_id == rid && hdr.op == WIRE_OP_STATUS) {
+        struct wire_status_reply sr;
+        if (wire_decode_status_reply(r->rx.data, r->rx.len, &sr, nmsg, sizeof nmsg) == KVS_OK) {
+            hop_disconnect(h);
+            return kvs_fail(why, why_cap, KVS_ERR_PROTOCOL, "the shard refused %s: %s%s%s", wire_op_name(op),
+                            kvs_strerror(sr.st.status), sr.msg[0] ? ": " : "", sr.msg);
+        }
+    }
+    hop_disconnect(h);
+    return kvs_fail(why, why_cap, KVS_ERR_PROTOCOL, "expected %s (request %llu), got %s (request %llu)",
+                    wire_op_name(reply_op), (unsigned long long)rid, wire_op_name(hdr.op),
+                    (unsigned long long)hdr.request_id);
+}
+
+/* Connects h, says HELLO and reads its INFO into h->info. On failure h is disconnected and the
+ * code (transport, or the INFO status / INVALID_ARG for a refusal) comes with why. */
+static int hop_connect(route *r, route_hop *h, char *why, size_t why_cap) {
+    hop_disconnect(h);
+    char nmsg[KVS_MSG_MAX] = "";
+    int rc = netio_connect(h->addr.host, h->addr.port, netio_deadline_ms(r->p.timeout_ms), &h->fd, nmsg, sizeof nmsg);
+    if (rc != KVS_OK) {
+        h->fd = -1;
+        return kvs_fail(why, why_cap, rc, "cannot connect: %s", nmsg[0] ? nmsg : kvs_strerror(rc));
+    }
+    struct wire_hello hello = {.min_version = 1, .max_version = WIRE_VERSION};
+    size_t alen = strlen(r->auth);
+    hello.auth_len = (uint16_t)alen;
+    memcpy(hello.auth, r->auth, alen + 1);
+    size_t len = 0;
+    if ((rc = tx_reserve(r, 6 + alen)) != KVS_OK ||
+        (rc = wire_encode_hello(&hello, r->tx, r->tx_cap, &len)) != KVS_OK) {
+        hop_disconnect(h);
+        return kvs_fail(why, why_cap, rc, "cannot encode HELLO: %s", kvs_strerror(rc));
+    }
+    if ((rc = hop_call(r, h, WIRE_OP_HELLO, len, WIRE_OP_INFO, why, why_cap)) != KVS_OK) return rc;
+    rc = wire_decode_info(r->rx.data, r->rx.len, &h->info, nmsg, sizeof nmsg);
+    if (rc != KVS_OK) {
+        hop_disconnect(h);
+        return kvs_fail(why, why_cap, rc, "bad INFO: %s", nmsg);
+    }
+    if (h->info.st.status != KVS_OK) {
+        int st = h->info.st.status;
+        hop_disconnect(h);
+        if (st == KVS_ERR_INVALID_ARG) return kvs_fail(why, why_cap, st, "the shard refused HELLO (wrong auth token?)");
+        return kvs_fail(why, why_cap, st == KVS_ERR_UNSUPPORTED ? st : KVS_ERR_INVALID_ARG,
+                        "the shard refused HELLO: %s", kvs_strerror(st));
+    }
+    return KVS_OK;
+}
+
+/* Recomputes max_ctx / max_rows from the hops. */
+static void route_limits(route *r) {
+    uint32_t ctx = WIRE_MAX_POS, rows = WIRE_MAX_TOKENS;
+    uint64_t row_bytes = (uint64_t)r->n_embd * 4;
+    uint64_t by_payload = (WIRE_MAX_PAYLOAD - FWD_HEAD_BYTES) / row_bytes;
+    if (by_payload < rows) rows = (uint32_t)by_payload;
+    for (uint32_t k = 0; k < r->n_hops; k++) {
+        if (r->hops[k].info.max_ctx < ctx) ctx = r->hops[k].info.max_ctx;
+        if (r->hops[k].info.max_tokens < rows) rows = r->hops[k].info.max_tokens;
+    }
+    r->max_ctx = ctx;
+    r->max_rows = rows ? rows : 1;
+}
+
+/* ---- open / close --------------------------------------------------------- */
+
+void route_close(route *r) {
+    if (!r) return;
+    for (uint32_t k = 0; k < r->n_hops; k++) hop_disconnect(&r->hops[k]);
+    for (uint32_t k = 0; k < r->n_spares; k++) hop_disconnect(&r->spares[k]);
+    free(r->hops);
+    free(r->hop_gen);
+    free(r->spares);
+    free(r->spare_state);
+    free(r->auth);
+    free(r->tx);
+    free(r->scratch_logits);
+    netio_buf_free(&r->rx);
+    free(r);
+}
+
+int route_open(const char *route_spec, const char *spares_spec, const route_params *p, route **out, char *msg,
+               size_t msg_cap) {
+    if (!out) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "out is NULL");
+    *out = NULL;
+    route_addr *addrs = NULL, *spare_addrs = NULL;
+    size_t n = 0, n_spares = 0;
+    const char **names = NULL;
+    struct wire_info *infos = NULL;
+    int rc = route_parse_spec(route_spec, &addrs, &n, msg, msg_cap);
+    if (rc != KVS_OK) return rc;
+    if (spares_spec && *spares_spec &&
+        (rc = route_parse_spec(spares_spec, &spare_addrs, &n_spares, msg, msg_cap)) != KVS_OK) {
+        free(addrs);
+        return rc;
+    }
+    route *r = calloc(1, sizeof *r);
+    if (!r) {
+        rc = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    r->p = p ? *p : route_default_params();
+    r->p.auth = NULL;
+    const char *auth = p && p->auth ? p->auth : "";
+    if (strlen(auth) > WIRE_MAX_AUTH) {
+        rc = kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "auth token longer than %u bytes", WIRE_MAX_AUTH);
+        goto fail;
+    }
+    r->auth = strdup(auth);
+    r->n_hops = (uint32_t)n;
+    r->n_spares = (uint32_t)n_spares;
+    r->hops = calloc(n, sizeof *r->hops);
+    r->hop_gen = calloc(n, sizeof *r->hop_gen);
+    r->spares = calloc(n_spares ? n_spares : 1, sizeof *r->spares);
+    r->spare_state = calloc(n_spares ? n_spares : 1, 1);
+    names = calloc(n, sizeof *names);
+    infos = calloc(n, sizeof *infos);
+    if (!r->auth || !r->hops || !r->hop_gen || !r->spares || !r->spare_state || !names || !infos) {
+        rc = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (size_t k = 0; k < n; k++) r->hops[k] = (route_hop){.addr = addrs[k], .fd = -1};
+    for (size_t k = 0; k < n_spares; k++) r->spares[k] = (route_hop){.addr = spare_addrs[k], .fd = -1};
+
+    for (size_t k = 0; k < n; k++) {
+        char why[KVS_MSG_MAX];
+        rc = hop_connect(r, &r->hops[k], why, sizeof why);
+        if (rc != KVS_OK) {
+            rc = kvs_fail(msg, msg_cap, rc, "hop %zu (%s): %s", k, r->hops[k].addr.text, why);
+            goto fail;
+        }
+        names[k] = r->hops[k].addr.text;
+        infos[k] = r->hops[k].info;
+    }
+    if ((rc = route_check_hops(infos, names, n, msg, msg_cap)) != KVS_OK) goto fail;
+    memcpy(r->digest, infos[0].model_digest, WIRE_DIGEST_SIZE);
+    r->n_layer = infos[0].n_layer;
+    r->n_embd = infos[0].n_embd;
+    r->n_vocab = infos[0].n_vocab;
+    route_limits(r);
+    r->scratch_logits = malloc((size_t)r->n_vocab * sizeof(float));
+    if (!r->scratch_logits) {
+        rc = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    free(addrs);
+    free(spare_addrs);
+    free(names);
+    free(infos);
+    *out = r;
+    return KVS_OK;
+
+fail:
+    free(addrs);
+    free(spare_addrs);
+    free(names);
+    free(infos);
+    route_close(r);
+    return rc;
+}
+
+void route_get_info(const route *r, route_info *out) {
+    *out = (route_info){.n_hops = r->n_hops, .n_layer = r->n_layer, .n_embd = r->n_embd, .n_vocab = r->n_vocab,
+                        .max_ctx = r->max_ctx, .max_rows = r->max_rows};
+    memcpy(out->model_digest, r->digest, WIRE_DIGEST_SIZE);
+}
+
+const char *route_hop_addr(const route *r, uint32_t k) { return r && k < r->n_hops ? r->hops[k].addr.text : NULL; }
+
+/* ---- vocab ------------------------------------------------------------------ */
+
+/* Lowest id of type UNKNOWN (2), else 0 — what GGUF llama vocabs declare as unknown_token_id
+ * (the wire does not carry it). */
+static int32_t guess_unk(const int32_t *types, int32_t n) {
+    for (int32_t i = 0; i < n; i++)
+        if (types[i] == 2) return i;
+    return 0;
+}
+
+int route_fetch_vocab(route *r, tok_vocab **out, char *msg, size_t msg_cap) {
+    if (!out) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "out is NULL");
+    *out = NULL;
+    if (!r) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "route is NULL");
+    route_hop *h = &r->hops[0];
+    const uint32_t nv = r->n_vocab;
+    char *arena = NULL;
+    size_t arena_len = 0, arena_cap = 0;
+    uint64_t *text_off = malloc((size_t)nv * sizeof *text_off);
+    uint32_t *lens = malloc((size_t)nv * sizeof *lens);
+    float *scores = malloc((size_t)nv * sizeof *scores);
+    int32_t *types = malloc((size_t)nv * sizeof *types);
+    const char **texts = malloc((size_t)nv * sizeof *texts);
+    int32_t bos = -1, eos = -1;
+    bool add_space_prefix = true;
+    int rc;
+    if (!text_off || !lens || !scores || !types || !texts) {
+        rc = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (uint32_t first = 0; first < nv;) {
+        char why[KVS_MSG_MAX];
+        struct wire_vocab q = {.first = first, .max_count = nv - first};
+        size_t len = 0;
+        if ((rc = tx_reserve(r, 8)) != KVS_OK || (rc = wire_encode_vocab(&q, r->tx, r->tx_cap, &len)) != KVS_OK) {
+            rc = kvs_fail(msg, msg_cap, rc, "cannot encode VOCAB: %s", kvs_strerror(rc));
+            goto done;
+        }
+        if ((rc = hop_call(r, h, WIRE_OP_VOCAB, len, WIRE_OP_VOCAB_REPLY, why, sizeof why)) != KVS_OK) {
+            rc = kvs_fail(msg, msg_cap, rc, "hop 0 (%s): %s", h->addr.text, why);
+            goto done;
+        }
+        struct wire_vocab_reply v;
+        if ((rc = wire_decode_vocab_reply(r->rx.data, r->rx.len, &v, why, sizeof why)) != KVS_OK) {
+            rc = kvs_fail(msg, msg_cap, rc, "hop 0 (%s): bad VOCAB_REPLY: %s", h->addr.text, why);
+            goto done;
+        }
+        if (v.st.status != KVS_OK) {
+            rc = kvs_fail(msg, msg_cap, v.st.status, "hop 0 (%s) refused VOCAB: %s", h->addr.text,
+                          kvs_strerror(v.st.status));
+            goto done;
+        }
+        if (strcmp(v.tok_model, "llama") != 0) {
+            rc = kvs_fail(msg, msg_cap, KVS_ERR_UNSUPPORTED, "hop 0 (%s) has a '%s' tokenizer (only 'llama')",
+                          h->addr.text, v.tok_model);
+            goto done;
+        }
+        if (v.n_vocab != nv || v.first != first || v.count == 0 ||
+            (first > 0 && (v.bos != bos || v.eos != eos || (v.add_space_prefix != 0) != add_space_prefix))) {
+            rc = kvs_fail(msg, msg_cap, KVS_ERR_PROTOCOL,
+                          "hop 0 (%s): VOCAB page [%u, +%u) of %u does not continue [%u, ...) of %u", h->addr.text,
+                          v.first, v.count, v.n_vocab, first, nv);
+            goto done;
+        }
+        bos = v.bos;
+        eos = v.eos;
+        add_space_prefix = v.add_space_prefix != 0;
+        size_t off = 0;
+        struct wire_vocab_token t;
+        uint32_t i = first;
+        while (wire_vocab_next(&v, &off, &t)) {
+            if (i >= first + v.count) break; /* the decoder guarantees count entries */
+            if (arena_len + t.text_len > arena_cap) {
+                size_t cap = arena_cap ? arena_cap * 2 : 65536;
+                while (cap < arena_len + t.text_len) cap *= 2;
+                char *a = realloc(arena, cap);
+                if (!a) {
+                    rc = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
+                    goto done;
+                }
+                arena = a;
+                arena_cap = cap;
+            }
+            if (t.text_len) memcpy(arena + arena_len, t.text, t.text_len);
+            text_off[i] = arena_len;
+            lens[i] = t.text_len;
+            arena_len += t.text_len;
+            scores[i] = t.score;
+            types[i] = t.type;
+            i++;
+        }
+        if (i != first + v.count) {
+            rc = kvs_fail(msg, msg_cap, KVS_ERR_PROTOCOL, "hop 0 (%s): VOCAB page holds %u entries, announced %u",
+                          h->addr.text, i - first, v.count);
+            goto done;
+        }
+        first += v.count;
+    }
+    for (uint32_t i = 0; i < nv; i++) texts[i] = arena ? arena + text_off[i] : NULL;
+    tok_arrays a = {.n_vocab = (int32_t)nv, .texts = texts, .text_lens = lens, .scores = scores, .types = types,
+                    .bos = bos, .eos = eos, .unk = guess_unk(types, (int32_t)nv),
+                    .add_space_prefix = add_space_prefix};
+    char tmsg[KVS_MSG_MAX] = "";
+    rc = tok_from_arrays(&a, out, tmsg, sizeof tmsg);
+    if (rc != KVS_OK) rc = kvs_fail(msg, msg_cap, rc, "hop 0 (%s): vocab: %s", h->addr.text, tmsg);
+
+done:
+    free(arena);
+    free(text_off);
+    free(lens);
+    free(scores);
+    free(types);
+    free(texts);
+    return rc;
+}
+
+/* ---- sessions ---------------------------------------------------------------- */
+
+int route_session_open(route *r, route_session **out, char *msg, size_t msg_cap) {
+    if (!out) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "out is NULL");
+    *out = NULL;
+    if (!r) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "route is NULL");
+    route_session *s = calloc(1, sizeof *s);
+    if (!s) return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
+    s->r = r;
+    s->epoch = 1;
+    s->hidden = calloc(r->n_hops, sizeof *s->hidden);
+    s->hop_epoch = calloc(r->n_hops, sizeof *s->hop_epoch);
+    s->hop_gen = malloc(r->n_hops * sizeof *s->hop_gen);
+    if (!s->hidden || !s->hop_epoch || !s->hop_gen) {
+        route_release(NULL, s);
+        return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
+    }
+    memcpy(s->hop_gen, r->hop_gen, r->n_hops * sizeof *s->hop_gen);
+    size_t got = 0;
+    while (got < WIRE_SID_SIZE) {
+        ssize_t k = getrandom(s->sid + got, WIRE_SID_SIZE - got, 0);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            route_release(NULL, s);
+            return kvs_fail(msg, msg_cap, KVS_ERR_IO, "getrandom: %s", strerror(errno));
+        }
+        got += (size_t)k;
+    }
+    *out = s;
+    return KVS_OK;
+}
+
+uint32_t route_session_pos(const route_session *s) { return s ? s->pos : 0; }
+uint64_t route_session_epoch(const route_session *s) { return s ? s->epoch : 0; }
+
+/* Grows the per-hop input memory to hold `rows` positions. */
+static int session_reserve(route_session *s, uint32_t rows) {
+    if (rows <= s->cap) return KVS_OK;
+    const route *r = s->r;
+    uint32_t cap = s->cap ? s->cap : 64;
+    while (cap < rows) cap = cap > UINT32_MAX / 2 ? rows : cap * 2;
+    int32_t *t = realloc(s->tokens, (size_t)cap * sizeof *t);
+    if (!t) return KVS_ERR_NOMEM;
+    s->tokens = t;
+    for (uint32_t k = 1; k < r->n_hops; k++) {
+        float *h = realloc(s->hidden[k], (size_t)cap * r->n_embd * sizeof *h);
+        if (!h) return KVS_ERR_NOMEM;
+        s->hidden[k] = h;
+    }
+    s->cap = cap;
+    return KVS_OK;
+}
+
+/* Records the request boundaries of a step [start, end) (I2), dropping any beyond start. */
+static int session_bounds(route_session *s, uint32_t start, uint32_t end, uint32_t max_rows) {
+    while (s->n_bounds > 0 && s->bounds[s->n_bounds - 1] > start) s->n_bounds--;
+    size_t need = s->n_bounds + (end - start + max_rows - 1) / max_rows;
+    if (need > s->bounds_cap) {
+        size_t cap = s->bounds_cap ? s->bounds_cap : 64;
+        while (cap < need) cap *= 2;
+        uint32_t *b = realloc(s->bounds, cap * sizeof *b);
+        if (!b) return KVS_ERR_NOMEM;
+        s->bounds = b;
+        s->bounds_cap = cap;
+    }
+    for (uint32_t a = start; a < end;) {
+        uint32_t b = end - a > max_rows ? a + max_rows : end;
+        s->bounds[s->n_bounds++] = b;
+        a = b;
+    }
+    return KVS_OK;
+}
+
+/* End of the request that starts at `from` in the original segmentation, capped by `limit` and
+ * by the route's current max_rows. */
+static uint32_t session_next_end(const route_session *s, uint32_t from, uint32_t limit) {
+    size_t lo = 0, hi = s->n_bounds;
+    while (lo < hi) { /* first bound > from */
+        size_t mid = (lo + hi) / 2;
+        if (s->bounds[mid] <= from) lo = mid + 1;
+        else hi = mid;
+    }
+    uint32_t end = lo < s->n_bounds ? s->bounds[lo] : limit;
+    if (end > limit) end = limit;
+    if (end - from > s->r->max_rows) end = from + s->r->max_rows;
+    return end;
+}
+
+/* ---- driving ------------------------------------------------------------------ */
+
+/* One FORWARD of rows [from, to) to hop k. On HOP_OK *st is the shard's status block; when it is
+ * OK the output went to out (hidden rows for hop k+1, or the logits row; out NULL: discarded) and
+ * hop_epoch[k] is the session epoch. HOP_FAILED: transport failure, why says what; the hop is
+ * disconnected. HOP_FATAL: *rc and why (an encoder failure, or a reply of the wrong shape). */
+static enum hop_result hop_send(route *r, route_session *s, uint32_t k, uint32_t from, uint32_t to, float *out,
+                                struct wire_status *st, int *rc, char *why, size_t why_cap) {
+    route_hop *h = &r->hops[k];
+    const bool last = k + 1 == r->n_hops;
+    const uint32_t n = to - from;
+    struct wire_forward f = {.epoch = s->epoch, .start_pos = from, .n_tokens = n,
+                             .out_mode = last ? WIRE_OUT_LOGITS_LAST : WIRE_OUT_HIDDEN};
+    memcpy(f.session_id, s->sid, WIRE_SID_SIZE);
+    if (s->hop_epoch[k] != 0 && s->hop_epoch[k] < s->epoch && from > 0) {
+        f.flags = WIRE_FWD_INHERIT;
+        f.inherit_epoch = s->hop_epoch[k];
+        f.inherit_len = from;
+    }
+    size_t bytes;
+    if (k == 0) {
+        f.in_kind = WIRE_IN_TOKENS;
+        f.data = s->tokens + from;
+        bytes = FWD_HEAD_BYTES + (size_t)n * 4;
+    } else {
+        f.in_kind = WIRE_IN_HIDDEN_F32;
+        f.n_embd = r->n_embd;
+        f.data = s->hidden[k] + (size_t)from * r->n_embd;
+        bytes = FWD_HEAD_BYTES + (size_t)n * r->n_embd * 4;
+    }
+    size_t len = 0;
+    if ((*rc = tx_reserve(r, bytes)) != KVS_OK ||
+        (*rc = wire_encode_forward(&f, r->tx, r->tx_cap, &len)) != KVS_OK) {
+        kvs_fail(why, why_cap, *rc, "cannot encode FORWARD [%u, %u): %s", from, to, kvs_strerror(*rc));
+        return HOP_FATAL;
+    }
+    *rc = hop_call(r, h, WIRE_OP_FORWARD, len, WIRE_OP_FORWARD_REPLY, why, why_cap);
+    if (*rc != KVS_OK) return HOP_FAILED;
+    struct wire_forward_reply rep;
+    char dmsg[KVS_MSG_MAX] = "";
+    if (wire_decode_forward_reply(r->rx.data, r->rx.len, &rep, dmsg, sizeof dmsg) != KVS_OK) {
+        hop_disconnect(h);
+        *rc = kvs_fail(why, why_cap, KVS_ERR_PROTOCOL, "bad FORWARD_REPLY: %s", dmsg);
+        return HOP_FAILED;
+    }
+    *st = rep.st;
+    if (rep.st.status != KVS_OK) return HOP_OK;
+    bool shape_ok = last ? rep.out_kind == WIRE_OUTK_LOGITS_F32 && rep.n_rows == 1 && rep.n_cols == r->n_vocab
+                         : rep.out_kind == WIRE_OUTK_HIDDEN_F32 && rep.n_rows == n && rep.n_cols == r->n_embd;
+    if (!shape_ok || rep.st.n_past != to) {
+        hop_disconnect(h);
+        *rc = kvs_fail(why, why_cap, KVS_ERR_PROTOCOL,
+                       "FORWARD [%u, %u) answered out_kind %u, %u x %u, n_past %u (expected %s, n_past %u)", from, to,
+                       rep.out_kind, rep.n_rows, rep.n_cols, rep.st.n_past,
+                       last ? "1 row of logits" : "hidden f32 rows", to);
+        return HOP_FAILED;
+    }
+    if (out) wire_forward_reply_to_f32(&rep, out);
+    s->hop_epoch[k] = s->epoch;
+    return HOP_OK;
+}
+
+static void sleep_ms(unsigned ms) {
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* Brings hop k to position a (replaying remembered inputs where it lacks them), then sends rows
+ * [a, b) with output to out. Handles CACHE_MISS (replay) and BUSY (backoff); any other status is
+ * HOP_FATAL with *rc = that status. */
+static enum hop_result hop_append(route *r, route_session *s, uint32_t k, uint32_t a, uint32_t b, float *out,
+                                  int *rc, char *why, size_t why_cap) {
+    route_hop *h = &r->hops[k];
+    uint32_t from = s->hop_epoch[k] == 0 ? 0 : a;
+    if (from < a) route_log(r, "hop %u (%s): replaying positions [0, %u)", k, h->addr.text, a);
+    int misses = 0;
+    unsigned backoff_ms = 5;
+    uint64_t busy_until = 0;
+    for (;;) {
+        uint32_t to = from < a ? session_next_end(s, from, a) : b;
+        struct wire_status st;
+        enum hop_result res = hop_send(r, s, k, from, to, from == a ? out : NULL, &st, rc, why, why_cap);
+        if (res != HOP_OK) return res;
+        switch (st.status) {
+        case KVS_OK:
+            if (to == b) return HOP_OK;
+            from = to;
+            backoff_ms = 5;
+            busy_until = 0;
+            continue;
+        case KVS_ERR_CACHE_MISS:
+            if (st.have >= from || ++misses > ROUTE_MAX_MISSES) {
+                *rc = kvs_fail(why, why_cap, KVS_ERR_CACHE_MISS,
+                               "answered CACHE_MISS(have %u) for start %u %s", st.have, from,
+                               st.have >= from ? "(not a miss)" : "too many times");
+                return HOP_FATAL;
+            }
+            route_log(r, "hop %u (%s): cache miss at %u (holds %u): replaying [%u, %u)", k, h->addr.text, from,
+                      st.have, st.have, a);
+            from = st.have;
+            continue;
+        case KVS_ERR_BUSY:
+            if (!busy_until) busy_until = netio_deadline_ms(r->p.timeout_ms);
+            if (busy_until != NETIO_NO_DEADLINE && kvs_now_ns() >= busy_until) {
+                *rc = kvs_fail(why, why_cap, KVS_ERR_BUSY, "still busy after %lld ms", (long long)r->p.timeout_ms);
+                return HOP_FATAL;
+            }
+            sleep_ms(backoff_ms);
+            if (backoff_ms < 500) backoff_ms *= 2;
+            continue;
+        case KVS_ERR_STALE_EPOCH:
+            *rc = kvs_fail(why, why_cap, KVS_ERR_STALE_EPOCH,
+                           "the session is driven elsewhere: the shard holds epoch %llu, this client %llu",
+                           (unsigned long long)st.live_epoch, (unsigned long long)s->epoch);
+            return HOP_FATAL;
+        default:
+            *rc = kvs_fail(why, why_cap, st.status, "FORWARD [%u, %u) refused: %s", from, to,
+                           kvs_strerror(st.status));
+            return HOP_FATAL;
+        }
+    }
+}
+
+/* Finds a spare for hop k (same model, same [first, last)), connects it and puts it in place.
+ * KVS_OK, or KVS_ERR_NOT_FOUND when none is usable. */
+static int take_spare(route *r, uint32_t k) {
+    const struct wire_info *want = &r->hops[k].info;
+    for (uint32_t j = 0; j < r->n_spares; j++) {
+        route_hop *sp = &r->spares[j];
+        if (r->spare_state[j] == SPARE_USED || r->spare_state[j] == SPARE_DEAD) continue;
+        if (r->spare_state[j] == SPARE_KNOWN && (sp->info.first != want->first || sp->info.last != want->last))
+            continue;
+        char why[KVS_MSG_MAX];
+        int rc = hop_connect(r, sp, why, sizeof why);
+        if (rc != KVS_OK) {
+            route_log(r, "spare %s: %s", sp->addr.text, why);
+            if (rc != KVS_ERR_TIMEOUT && rc != KVS_ERR_IO && rc != KVS_ERR_CLOSED) r->spare_state[j] = SPARE_DEAD;
+            continue;
+        }
+        char what[ROUTE_ADDR_MAX + 16], ref[ROUTE_ADDR_MAX + 16];
+        snprintf(what, sizeof what, "spare %s", sp->addr.text);
+        snprintf(ref, sizeof ref, "hop 0 (%s)", r->hops[0].addr.text);
+        struct wire_info model = *want;
+        memcpy(model.model_digest, r->digest, WIRE_DIGEST_SIZE);
+        if (check_same_model(&model, ref, &sp->info, what, why, sizeof why) != KVS_OK) {
+            route_log(r, "%s", why);
+            r->spare_state[j] = SPARE_DEAD;
+            hop_disconnect(sp);
+            continue;
+        }
+        r->spare_state[j] = SPARE_KNOWN;
+        if (sp->info.first != want->first || sp->info.last != want->last) {
+            hop_disconnect(sp);
+            continue;
+        }
+        r->spare_state[j] = SPARE_USED;
+        r->hops[k] = *sp;
+        sp->fd = -1;
+        r->hop_gen[k]++;
+        route_limits(r);
+        return KVS_OK;
+    }
+    return KVS_ERR_NOT_FOUND;
+}
+
+/* Hop k failed with `err` (why): replace it and move the session to a new epoch. */
+static int reroute(route *r, route_session *s, uint32_t k, int err, const char *why, char *msg, size_t msg_cap) {
+    route_hop old = r->hops[k];
+    hop_disconnect(&r->hops[k]);
+    route_log(r, "hop %u (%s) failed: %s", k, old.addr.text, why);
+    if (take_spare(r, k) != KVS_OK)
+        return kvs_fail(msg, msg_cap, err, "hop %u (%s) failed (%s) and no spare serves layers [%u, %u)", k,
+                        old.addr.text, why, old.info.first, old.info.last);
+    s->hop_epoch[k] = 0;
+    s->hop_gen[k] = r->hop_gen[k];
+    s->epoch++;
+    route_log(r, "re-route: hop %u [%u, %u) now %s; epoch %llu -> %llu; %u positions to replay into it", k,
+              old.info.first, old.info.last, r->hops[k].addr.text, (unsigned long long)(s->epoch - 1),
+              (unsigned long long)s->epoch, s->pos);
+    return KVS_OK;
+}
+
+int route_forward(route *r, route_session *s, const int32_t *tokens, uint32_t n, float *logits_last, char *msg,
+                  size_t msg_cap) {
+    if (!r || !s || !tokens || !logits_last || s->r != r)
+        return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "NULL argument or session of another route");
+    if (n == 0) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "no tokens");
+    for (uint32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || (uint32_t)tokens[i] >= r->n_vocab)
+            return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "token %u: id %d outside the vocab (%u)", i,
+                            (int)tokens[i], r->n_vocab);
+    const uint32_t base = s->pos;
+    if ((uint64_t)base + n > r->max_ctx)
+        return kvs_fail(msg, msg_cap, KVS_ERR_CONTEXT_FULL, "%u + %u positions exceed the route's context of %u",
+                        base, n, r->max_ctx);
+    const uint32_t end = base + n;
+    if (session_reserve(s, end) != KVS_OK || session_bounds(s, base, end, r->max_rows) != KVS_OK)
+        return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
+    memcpy(s->tokens + base, tokens, (size_t)n * sizeof *tokens);
+
+    /* Hops replaced while another session was driving (I4). */
+    bool replaced = false;
+    for (uint32_t k = 0; k < r->n_hops; k++)
+        if (s->hop_gen[k] != r->hop_gen[k]) {
+            s->hop_gen[k] = r->hop_gen[k];
+            s->hop_epoch[k] = 0;
+            replaced = true;
+        }
+    if (replaced) s->epoch++;
+
+    for (;;) { /* one attempt of the step per iteration; each failed attempt uses up a spare */
+        enum hop_result res = HOP_OK;
+        uint32_t k = 0;
+        int rc = KVS_OK;
+        char why[KVS_MSG_MAX] = "";
+        for (uint32_t a = base; a < end && res == HOP_OK;) {
+            uint32_t b = session_next_end(s, a, end);
+            for (k = 0; k < r->n_hops; k++) {
+                float *out = k + 1 < r->n_hops ? s->hidden[k + 1] + (size_t)a * r->n_embd
+                                               : (b == end ? logits_last : r->scratch_logits);
+                res = hop_append(r, s, k, a, b, out, &rc, why, sizeof why);
+                if (res != HOP_OK) break;
+            }
+            a = b;
+        }
+        if (res == HOP_OK) {
+            s->pos = end;
+            return KVS_OK;
+        }
+        if (res == HOP_FATAL)
+            return kvs_fail(msg, msg_cap, rc, "hop %u (%s): %s", k, r->hops[k].addr.text, why);
+        if ((rc = reroute(r, s, k, rc, why, msg, msg_cap)) != KVS_OK) return rc;
+    }
+}
+
+void route_release(route *r, route_session *s) {
+    if (!s) return;
+    if (r && s->r == r) {
+        for (uint32_t k = 0; k < r->n_hops; k++) {
+            route_hop *h = &r->hops[k];
+            if (h->fd < 0 || s->hop_epoch[k] == 0 || s->hop_gen[k] != r->hop_gen[k]) continue;
+            struct wire_release rel = {.epoch = s->hop_epoch[k]};
+            memcpy(rel.session_id, s->sid, WIRE_SID_SIZE);
+            size_t len = 0;
+            char why[KVS_MSG_MAX];
+            if (tx_reserve(r, 24) != KVS_OK || wire_encode_release(&rel, r->tx, r->tx_cap, &len) != KVS_OK) continue;
+            (void)hop_call(r, h, WIRE_OP_RELEASE, len, WIRE_OP_STATUS, why, sizeof why);
+        }
+    }
+    if (s->hidden)
+        for (uint32_t k = 0; k < s->r->n_hops; k++) free(s->hidden[k]);
+    free(s->hidden);
+    free(s->tokens);
+    free(s->hop_epoch);
+    free(s->hop_gen);
+    free(s->bounds);
+    free(s);
+}

@@ -1,0 +1,145 @@
+/*
+ * route — the client side of a route of shards (DESIGN.md §3, §4; docs/protocol.md §6).
+ *
+ * A route is an ordered list of hops, each a connection to one shard; together the hops' layer
+ * ranges cover [0, n_layer) without gaps. A session (random 128-bit route_session_id plus an
+ * epoch, starting at 1) is driven along the route one step at a time: token ids into hop 0,
+ * f32 hidden rows from each hop into the next, logits of the last position out of the last hop.
+ *
+ * Design notes
+ *  1. The client remembers, per hop, every input row it sent in the session (token ids for hop 0,
+ *     hidden rows for hop k > 0), and the request boundaries it used. Replays re-send exactly the
+ *     same requests (same start positions and row counts), so a replayed shard computes the same
+ *     bits as the original one even if a kernel's result depended on the batch shape.
+ *  2. Recovery, all inside route_forward():
+ *       - CACHE_MISS(have) from a hop: its remembered inputs [have, start) are replayed, then the
+ *         request is sent again;
+ *       - a hop fails (connect refused, EOF/reset, i/o error, undecodable or unexpected reply, or
+ *         no reply within timeout_ms): the first spare that serves the same [first, last) of the
+ *         same model (same digest) replaces it, the session epoch goes E -> E+1 and the current
+ *         step is redone from hop 0. Every hop whose state lives in an older epoch gets its next
+ *         FORWARD with INHERIT(its epoch, start_pos) — it keeps its positions, no recompute; the
+ *         replacement first gets all its remembered inputs [0, start) replayed at epoch E+1;
+ *       - STALE_EPOCH: someone else drives this session with a newer epoch; route_forward fails;
+ *       - BUSY: retried with backoff until timeout_ms has passed.
+ *     Consequently the logits equal those of an uninterrupted run.
+ *  3. Hop numbers in messages are 0-based positions in the route ("hop 0" is the head shard).
+ *  4. The library never prints: recovery events go to route_params.log when set.
+ *  5. Not thread-safe: one thread drives a route and its sessions at a time. Several sessions may
+ *     share a route, one step at a time; a hop replaced while driving one session is noticed by
+ *     the others at their next step (they bump their epoch and replay into it too).
+ */
+#ifndef KVS_ROUTE_H
+#define KVS_ROUTE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "netio.h"
+#include "tokenizer.h"
+#include "wire.h"
+
+#define ROUTE_MAX_HOPS 256u                       /* hops (or spares) in one spec */
+#define ROUTE_ADDR_MAX (NETIO_HOST_MAX + 8u)      /* "host:port" text, NUL included */
+
+typedef struct route route;
+typedef struct route_session route_session;
+
+/* Receives one line (no trailing newline) per recovery event; the line is valid during the call. */
+typedef void (*route_log_fn)(void *user, const char *line);
+
+typedef struct {
+    int64_t timeout_ms; /* connect deadline and reply deadline of every request; < 0: none */
+    const char *auth;   /* HELLO auth token; NULL or "" = none; copied by route_open */
+    route_log_fn log;   /* recovery events; NULL: silent */
+    void *log_user;     /* passed to log */
+} route_params;
+
+/* timeout_ms 30000, no auth, no log. */
+route_params route_default_params(void);
+
+/* One "host:port" of a spec. */
+typedef struct {
+    char host[NETIO_HOST_MAX];
+    uint16_t port;
+    char text[ROUTE_ADDR_MAX]; /* as written in the spec, for messages */
+} route_addr;
+
+/* Parses "h:p,h:p,..." (IPv6 as "[addr]:port"; spaces around entries are ignored). On success
+ * *out is a malloc'd array of *n (1..ROUTE_MAX_HOPS) entries owned by the caller (free()).
+ * KVS_ERR_INVALID_ARG for an empty spec, an empty entry, a malformed entry (msg names it) or
+ * too many entries; KVS_ERR_NOMEM. On failure *out is NULL and *n 0. */
+int route_parse_spec(const char *spec, route_addr **out, size_t *n, char *msg, size_t msg_cap);
+
+/* Checks that hops whose INFO is infos[0..n) form a route: same model digest, n_layer, n_embd
+ * and n_vocab as hop 0; hop 0 starts at layer 0; each hop starts where the previous one ends;
+ * the last hop ends at n_layer; every hop takes f32 hidden input. addrs[k] names hop k in
+ * messages. KVS_OK, or KVS_ERR_INVALID_ARG with a message naming the first offending hop, e.g.
+ * "hop 2 (127.0.0.1:7002) serves layers [3, 5) but the previous hop ends at 4". Pure. */
+int route_check_hops(const struct wire_info *infos, const char *const *addrs, size_t n, char *msg,
+                     size_t msg_cap);
+
+/* Connects every hop of route_spec (each within timeout_ms), says HELLO, reads INFO and checks
+ * the route (route_check_hops). spares_spec (NULL or "" = none) lists replacement shards; they
+ * are connected only when a hop fails, and used only if they serve the failed hop's exact layer
+ * range of the same model. On success *out is a new route owned by the caller (route_close).
+ * Failure: *out NULL, everything closed, and the code of the first problem — KVS_ERR_INVALID_ARG
+ * (bad spec, route does not fit together, shard refused HELLO), KVS_ERR_IO / NOT_FOUND / TIMEOUT /
+ * CLOSED (a hop unreachable), KVS_ERR_PROTOCOL (a hop does not speak the protocol) — with a
+ * message naming the hop. */
+int route_open(const char *route_spec, const char *spares_spec, const route_params *p, route **out,
+               char *msg, size_t msg_cap);
+
+/* Closes every connection and frees the route; NULL is fine. Sessions of the route must have
+ * been released (route_release) before. */
+void route_close(route *r);
+
+/* Shape of the route as it stands now (after any re-route). */
+typedef struct {
+    uint32_t n_hops;
+    uint32_t n_layer, n_embd, n_vocab;
+    uint32_t max_ctx;  /* positions per session: the smallest max_ctx of the hops */
+    uint32_t max_rows; /* rows per request: smallest max_tokens, within the payload limit */
+    uint8_t model_digest[WIRE_DIGEST_SIZE];
+} route_info;
+void route_get_info(const route *r, route_info *out);
+
+/* Address ("host:port") of hop k as it stands now, or NULL when k is out of range. Valid until
+ * the next route_forward or route_close. */
+const char *route_hop_addr(const route *r, uint32_t k);
+
+/* Builds the tokenizer from the head shard's VOCAB pages (tok_from_arrays). On success *out is
+ * a new vocab owned by the caller (tok_free). KVS_ERR_UNSUPPORTED when the shard's tokenizer is
+ * not "llama"; KVS_ERR_PROTOCOL for inconsistent pages; transport errors as route_open; a shard
+ * status as answered. *out NULL on failure; the route stays usable unless hop 0's connection
+ * failed. */
+int route_fetch_vocab(route *r, tok_vocab **out, char *msg, size_t msg_cap);
+
+/* Starts a session on r: a random route_session_id (getrandom), epoch 1, position 0. Nothing is
+ * sent until route_forward. *out is owned by the caller until route_release. KVS_ERR_IO when no
+ * random bytes could be read; KVS_ERR_NOMEM. */
+int route_session_open(route *r, route_session **out, char *msg, size_t msg_cap);
+
+/* Appends tokens[0..n) at the session's position and writes the last position's logits
+ * (n_vocab floats) to logits_last. Requests are split to fit every hop's max_tokens and the
+ * payload limit; failures are recovered as in design note 2. On success the position advances
+ * by n. Failure codes: KVS_ERR_INVALID_ARG (n == 0, a token id outside the vocab, NULL
+ * argument), KVS_ERR_CONTEXT_FULL (position + n > max_ctx; nothing sent), KVS_ERR_STALE_EPOCH,
+ * the transport error of a failed hop when no spare can replace it, or the status a shard
+ * answered (BUSY after timeout_ms, BUDGET_EXHAUSTED, ...). msg says which hop and why. After a
+ * failure other than INVALID_ARG / CONTEXT_FULL the session's state along the route is
+ * unspecified: release it. */
+int route_forward(route *r, route_session *s, const int32_t *tokens, uint32_t n, float *logits_last,
+                  char *msg, size_t msg_cap);
+
+/* Positions the session has completed along the route. */
+uint32_t route_session_pos(const route_session *s);
+/* Current epoch of the session (1 + the re-routes it went through). */
+uint64_t route_session_epoch(const route_session *s);
+
+/* Sends RELEASE for the session to every hop that holds state for it (errors ignored: a shard
+ * that is gone frees it by TTL), then frees the session. NULL s is fine. */
+void route_release(route *r, route_session *s);
+
+#endif /* KVS_ROUTE_H */
