@@ -256,6 +256,15 @@ QK_INLINE void q4_0_act_ds(const act_q8 *y, const int nk, __m256 *d, __m256 *ns)
 
 /* The f16 scales of blocks x[0..nk) in lanes 0..nk), zero above. */
 QK_INLINE __m256 q4_0_w_d(const block_q4_0 *x, const int nk) {
+#ifdef QUANT_AVX2_AS_VNNI
+    /* the scales are words 9k of the group's first 128 bytes: one word permute */
+    if (nk == 8) {
+        const __m512i lo = _mm512_loadu_si512((const void *)x);
+        const __m512i hi = _mm512_loadu_si512((const void *)((const uint8_t *)x + 64));
+        const __m512i idx = _mm512_castsi128_si512(_mm_setr_epi16(0, 9, 18, 27, 36, 45, 54, 63));
+        return _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi16(lo, idx, hi)));
+    }
+#endif
     if (nk == 8)
         return _mm256_cvtph_ps(_mm_setr_epi16((short)x[0].d, (short)x[1].d, (short)x[2].d, (short)x[3].d,
                                               (short)x[4].d, (short)x[5].d, (short)x[6].d, (short)x[7].d));
@@ -315,6 +324,7 @@ QK_INLINE void avx_q4_0_rows(int64_t n, const void *w, const uint8_t *act, size_
     q4_0_tile(n, (const uint8_t *)w, 0, 1, act, stride, g, out, 1);
 }
 QK_MULTI(avx_q4_0, 4)
+
 
 /* --- 32-element blocks with unsigned quants and a min (q4_1, q5_1) --------- */
 
