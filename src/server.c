@@ -291,6 +291,9 @@ static void *sched_main(void *arg) {
             if (j->state == JOB_QUEUED) {
                 j->status = kv_begin(e->kv, &j->sid, j->epoch, j->start_pos, j->n, j->inherit ? &j->inh : NULL,
                                      &j->txn, &j->reply);
+                /* The pool is full of sessions pinned by this batch: wait for them to finish
+                 * rather than fail, unless nothing is running that could free blocks. */
+                if (j->status == KVS_ERR_BUDGET_EXHAUSTED && n_items > 0) continue;
                 if (j->status) {
                     jobs_remove(s, j);
                     j->next = done;
