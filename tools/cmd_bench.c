@@ -103,6 +103,76 @@ static void cpu_name(char *out, size_t cap) {
     fclose(f);
 }
 
+/* Cost of session operations on a pool shaped like the engine's (no compute):
+ * open = first append of a new session (1 position) + commit, release, and an
+ * open that must first evict the LRU idle session. Microseconds per op. */
+typedef struct {
+    double open_us, release_us, open_evict_us;
+} kv_op_costs;
+
+static void measure_kv_ops(const kv_params *shape, kv_op_costs *out) {
+    enum { N = 20000, CAP = 64 };
+    kv_params p = *shape;
+    p.ttl_ns = 0;
+    p.max_sessions = 0;
+    p.budget_bytes = 0;
+    kv_state *probe = NULL;
+    p.budget_bytes = 1ull << 40; /* sizing only */
+    char msg[KVS_MSG_MAX];
+    if (kv_create(&p, &probe, msg, sizeof(msg)) != KVS_OK) return;
+    size_t bb = kv_block_bytes(probe);
+    kv_free(probe);
+    p.budget_bytes = (uint64_t)CAP * bb;
+    kv_state *kv = NULL;
+    if (kv_create(&p, &kv, msg, sizeof(msg)) != KVS_OK) return;
+    kv_sid sid;
+    memset(&sid, 0, sizeof(sid));
+    kv_txn *t;
+    kv_reply r;
+    uint64_t t0 = kvs_now_ns();
+    for (uint32_t i = 0; i < N; i++) {
+        memcpy(sid.bytes, &i, sizeof(i));
+        if (kv_begin(kv, &sid, 1, 0, 1, NULL, &t, &r) == KVS_OK) kv_commit(kv, t, &r);
+        if (i % CAP == CAP - 1) /* keep the pool from filling: release the batch */
+            for (uint32_t k = i + 1 - CAP; k <= i; k++) {
+                memcpy(sid.bytes, &k, sizeof(k));
+                kv_release(kv, &sid, 1, &r);
+            }
+    }
+    uint64_t t1 = kvs_now_ns();
+    /* Release alone: open CAP, time their releases. */
+    uint64_t rel_ns = 0;
+    for (uint32_t round = 0; round < N / CAP; round++) {
+        for (uint32_t k = 0; k < CAP; k++) {
+            memcpy(sid.bytes, &k, sizeof(k));
+            if (kv_begin(kv, &sid, 1, 0, 1, NULL, &t, &r) == KVS_OK) kv_commit(kv, t, &r);
+        }
+        uint64_t a = kvs_now_ns();
+        for (uint32_t k = 0; k < CAP; k++) {
+            memcpy(sid.bytes, &k, sizeof(k));
+            kv_release(kv, &sid, 1, &r);
+        }
+        rel_ns += kvs_now_ns() - a;
+    }
+    /* Full pool: every open evicts the LRU session. */
+    for (uint32_t k = 0; k < CAP; k++) {
+        memcpy(sid.bytes, &k, sizeof(k));
+        if (kv_begin(kv, &sid, 1, 0, 1, NULL, &t, &r) == KVS_OK) kv_commit(kv, t, &r);
+    }
+    uint64_t e0 = kvs_now_ns();
+    for (uint32_t i = CAP; i < CAP + N; i++) {
+        memcpy(sid.bytes, &i, sizeof(i));
+        if (kv_begin(kv, &sid, 1, 0, 1, NULL, &t, &r) == KVS_OK) kv_commit(kv, t, &r);
+    }
+    uint64_t e1 = kvs_now_ns();
+    /* The first loop also released every session: subtract the release cost. */
+    double rel_us = (double)rel_ns / 1e3 / (double)((N / CAP) * CAP);
+    out->release_us = rel_us;
+    out->open_us = (double)(t1 - t0) / 1e3 / N - rel_us;
+    out->open_evict_us = (double)(e1 - e0) / 1e3 / N;
+    kv_free(kv);
+}
+
 int cmd_bench(int argc, char **argv) {
     const char *path = NULL;
     long threads = 0, n_prompt = 128, n_decode = 32, n_sessions = 1;
@@ -201,15 +271,26 @@ int cmd_bench(int argc, char **argv) {
     cpu_name(cpu, sizeof(cpu));
     kv_stats ks;
     kv_get_stats(e->kv, &ks);
+    /* DESIGN §2: block_bytes = block_tokens x n_local_layers x 2 x n_kv_heads x head_dim x sizeof(kv).
+     * Held bytes over the exact need must stay under one block per session. */
+    uint64_t positions = (uint64_t)(n_prompt + n_decode);
+    uint64_t kv_need = (uint64_t)n_sessions * positions * kv_tok;
+    uint64_t kv_waste = ks.bytes_used - kv_need;
+    kv_op_costs ops = {0};
+    measure_kv_ops(kv_get_params(e->kv), &ops);
     printf("{\"model\":\"%s\",\"model_sha256\":\"%s\",\"threads\":%d,\"cpu\":\"%s\",\"isa\":\"%s\",\"commit\":\"%s\","
            "\"n_prompt\":%ld,\"n_decode\":%ld,\"sessions\":%ld,"
            "\"prefill_tok_s\":%.2f,\"decode_tok_s\":%.2f,\"decode_step_ms\":%.3f,"
            "\"mem_bw_gbs\":%.2f,\"weight_bytes_per_token\":%llu,\"decode_floor_ms\":%.3f,\"decode_roofline\":%.3f,"
-           "\"kv_bytes_per_token\":%llu,\"kv_bytes_used\":%llu}\n",
+           "\"kv_bytes_per_token\":%llu,\"kv_block_bytes\":%llu,\"kv_bytes_used\":%llu,\"kv_bytes_needed\":%llu,"
+           "\"kv_waste_bytes\":%llu,\"kv_waste_under_one_block_per_session\":%s,"
+           "\"kv_open_us\":%.3f,\"kv_release_us\":%.3f,\"kv_open_evict_us\":%.3f}\n",
            path, sha, ops_pool_threads(e->pool), cpu, quant_isa_name(quant_isa_current()), KVS_COMMIT, n_prompt, n_decode,
            n_sessions, (double)(n_prompt * n_sessions) / prefill_s, decode_tok_s, step_s * 1e3, bw,
            (unsigned long long)wbytes, floor_s * 1e3, floor_s / step_s, (unsigned long long)kv_tok,
-           (unsigned long long)ks.bytes_used);
+           (unsigned long long)ks.block_bytes, (unsigned long long)ks.bytes_used, (unsigned long long)kv_need,
+           (unsigned long long)kv_waste, kv_waste < (uint64_t)n_sessions * ks.block_bytes ? "true" : "false",
+           ops.open_us, ops.release_us, ops.open_evict_us);
     free(toks);
     free(logits);
     free(reqs);
