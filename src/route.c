@@ -770,6 +770,8 @@ static int take_spare(route *r, uint32_t k) {
         }
         r->spare_state[j] = SPARE_KNOWN;
         if (sp->info.first != want->first || sp->info.last != want->last) {
+            route_log(r, "spare %s serves layers [%u, %u), not [%u, %u)", sp->addr.text, sp->info.first,
+                      sp->info.last, want->first, want->last);
             hop_disconnect(sp);
             continue;
         }
