@@ -27,6 +27,9 @@ cmake --build build-tsan -j"$jobs"
 echo "== fuzz targets (clang libFuzzer), ${FUZZ_SECONDS:-20}s each"
 CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DKVS_FUZZ=ON >/dev/null
 cmake --build build-fuzz -j"$jobs"
+# Seeds: a small real GGUF for the reader (generated, never committed).
+mkdir -p build-fuzz/corpus-fuzz_gguf
+build/kvshard mkmodel -o build-fuzz/corpus-fuzz_gguf/seed-tiny.gguf --shape tiny --type q4_0 -q
 for f in build-fuzz/fuzz_*; do
   [ -x "$f" ] || continue
   name=$(basename "$f")
