@@ -6,8 +6,8 @@
  *  I1. s->tokens[0..pos) and s->hidden[k][0..pos) (k >= 1) hold the inputs hop k was sent for
  *      every completed position; during a step, s->hidden[k][start..b) is filled as soon as
  *      hop k-1 answered for rows [start, b).
- *  I2. s->bounds[] is strictly increasing; each entry is the end of one request of the original
- *      segmentation. Replays follow it (route.h design note 1).
+ *  I2. A replay is merged into the request it precedes whenever the rows fit in one request
+ *      (route.h design note 1).
  *  I3. s->hop_epoch[k] is the epoch in which hop k (as it stands in the route) holds the
  *      session's state, 0 when it holds none we know of. It becomes s->epoch on every OK reply
  *      (hop_send). A FORWARD to a hop with 0 < hop_epoch < epoch carries INHERIT(hop_epoch,
@@ -33,7 +33,7 @@
 /* Payload bytes of a FORWARD before the data, and of a FORWARD_REPLY before the data. */
 #define FWD_HEAD_BYTES 60u
 #define FWD_REPLY_HEAD_BYTES 32u
-#define ROUTE_MAX_MISSES 8 /* CACHE_MISS answers tolerated for one request */
+#define ROUTE_MAX_MISSES 32 /* CACHE_MISS answers in a row tolerated for one request */
 
 enum spare_state { SPARE_UNTRIED = 0, SPARE_KNOWN, SPARE_USED, SPARE_DEAD };
 
@@ -73,8 +73,6 @@ struct route_session {
     float **hidden;          /* [n_hops] (cap, n_embd) inputs of hop k; hidden[0] NULL */
     uint64_t *hop_epoch;     /* (n_hops) I3 */
     uint32_t *hop_gen;       /* (n_hops) I4 */
-    uint32_t *bounds;        /* (n_bounds) I2 */
-    size_t n_bounds, bounds_cap;
 };
 
 /* Result of one request to a hop, as route_forward sees it. */
@@ -582,49 +580,15 @@ static int session_reserve(route_session *s, uint32_t rows) {
     return KVS_OK;
 }
 
-/* Records the request boundaries of a step [start, end) (I2), dropping any beyond start. */
-static int session_bounds(route_session *s, uint32_t start, uint32_t end, uint32_t max_rows) {
-    while (s->n_bounds > 0 && s->bounds[s->n_bounds - 1] > start) s->n_bounds--;
-    size_t need = s->n_bounds + (end - start + max_rows - 1) / max_rows;
-    if (need > s->bounds_cap) {
-        size_t cap = s->bounds_cap ? s->bounds_cap : 64;
-        while (cap < need) cap *= 2;
-        uint32_t *b = realloc(s->bounds, cap * sizeof *b);
-        if (!b) return KVS_ERR_NOMEM;
-        s->bounds = b;
-        s->bounds_cap = cap;
-    }
-    for (uint32_t a = start; a < end;) {
-        uint32_t b = end - a > max_rows ? a + max_rows : end;
-        s->bounds[s->n_bounds++] = b;
-        a = b;
-    }
-    return KVS_OK;
-}
-
-/* End of the request that starts at `from` in the original segmentation, capped by `limit` and
- * by the route's current max_rows. */
-static uint32_t session_next_end(const route_session *s, uint32_t from, uint32_t limit) {
-    size_t lo = 0, hi = s->n_bounds;
-    while (lo < hi) { /* first bound > from */
-        size_t mid = (lo + hi) / 2;
-        if (s->bounds[mid] <= from) lo = mid + 1;
-        else hi = mid;
-    }
-    uint32_t end = lo < s->n_bounds ? s->bounds[lo] : limit;
-    if (end > limit) end = limit;
-    if (end - from > s->r->max_rows) end = from + s->r->max_rows;
-    return end;
-}
-
 /* ---- driving ------------------------------------------------------------------ */
 
 /* One FORWARD of rows [from, to) to hop k. On HOP_OK *st is the shard's status block; when it is
- * OK the output went to out (hidden rows for hop k+1, or the logits row; out NULL: discarded) and
- * hop_epoch[k] is the session epoch. HOP_FAILED: transport failure, why says what; the hop is
+ * OK the output went to out (hidden rows [out_from, to) for hop k+1, or the logits row; out NULL:
+ * discarded) and hop_epoch[k] is the session epoch. HOP_FAILED: transport failure, why says what; the hop is
  * disconnected. HOP_FATAL: *rc and why (an encoder failure, or a reply of the wrong shape). */
-static enum hop_result hop_send(route *r, route_session *s, uint32_t k, uint32_t from, uint32_t to, float *out,
-                                struct wire_status *st, int *rc, char *why, size_t why_cap) {
+static enum hop_result hop_send(route *r, route_session *s, uint32_t k, uint32_t from, uint32_t to,
+                                uint32_t out_from, float *out, struct wire_status *st, int *rc, char *why,
+                                size_t why_cap) {
     route_hop *h = &r->hops[k];
     const bool last = k + 1 == r->n_hops;
     const uint32_t n = to - from;
@@ -674,7 +638,13 @@ static enum hop_result hop_send(route *r, route_session *s, uint32_t k, uint32_t
                        last ? "1 row of logits" : "hidden f32 rows", to);
         return HOP_FAILED;
     }
-    if (out) wire_forward_reply_to_f32(&rep, out);
+    if (out) {
+        if (!last && out_from > from) { /* only the rows the caller asked for */
+            rep.n_rows = to - out_from;
+            rep.data = (const uint8_t *)rep.data + (size_t)(out_from - from) * r->n_embd * 4;
+        }
+        wire_forward_reply_to_f32(&rep, out);
+    }
     s->hop_epoch[k] = s->epoch;
     return HOP_OK;
 }
@@ -686,8 +656,10 @@ static void sleep_ms(unsigned ms) {
 }
 
 /* Brings hop k to position a (replaying remembered inputs where it lacks them), then sends rows
- * [a, b) with output to out. Handles CACHE_MISS (replay) and BUSY (backoff); any other status is
- * HOP_FATAL with *rc = that status. */
+ * [a, b) with output to out. A replay shares the request of rows [a, b) when everything fits in
+ * one request, so a shard under memory pressure cannot evict the session between the two.
+ * Handles CACHE_MISS (replay) and BUSY (backoff); any other status is HOP_FATAL with *rc = that
+ * status. */
 static enum hop_result hop_append(route *r, route_session *s, uint32_t k, uint32_t a, uint32_t b, float *out,
                                   int *rc, char *why, size_t why_cap) {
     route_hop *h = &r->hops[k];
@@ -697,14 +669,18 @@ static enum hop_result hop_append(route *r, route_session *s, uint32_t k, uint32
     unsigned backoff_ms = 5;
     uint64_t busy_until = 0;
     for (;;) {
-        uint32_t to = from < a ? session_next_end(s, from, a) : b;
+        /* The last request ends at b and is as long as allowed; the ones before it replay only
+         * (b - max_rows <= a because b - a <= max_rows). */
+        uint32_t to = b - from <= r->max_rows ? b : from + r->max_rows < b - r->max_rows ? from + r->max_rows
+                                                                                          : b - r->max_rows;
         struct wire_status st;
-        enum hop_result res = hop_send(r, s, k, from, to, from == a ? out : NULL, &st, rc, why, why_cap);
+        enum hop_result res = hop_send(r, s, k, from, to, a, to == b ? out : NULL, &st, rc, why, why_cap);
         if (res != HOP_OK) return res;
         switch (st.status) {
         case KVS_OK:
             if (to == b) return HOP_OK;
             from = to;
+            misses = 0;
             backoff_ms = 5;
             busy_until = 0;
             continue;
@@ -712,7 +688,7 @@ static enum hop_result hop_append(route *r, route_session *s, uint32_t k, uint32
             if (st.have >= from || ++misses > ROUTE_MAX_MISSES) {
                 *rc = kvs_fail(why, why_cap, KVS_ERR_CACHE_MISS,
                                "answered CACHE_MISS(have %u) for start %u %s", st.have, from,
-                               st.have >= from ? "(not a miss)" : "too many times");
+                               st.have >= from ? "(not a miss)" : "too many times in a row");
                 return HOP_FATAL;
             }
             route_log(r, "hop %u (%s): cache miss at %u (holds %u): replaying [%u, %u)", k, h->addr.text, from,
@@ -816,7 +792,7 @@ int route_forward(route *r, route_session *s, const int32_t *tokens, uint32_t n,
         return kvs_fail(msg, msg_cap, KVS_ERR_CONTEXT_FULL, "%u + %u positions exceed the route's context of %u",
                         base, n, r->max_ctx);
     const uint32_t end = base + n;
-    if (session_reserve(s, end) != KVS_OK || session_bounds(s, base, end, r->max_rows) != KVS_OK)
+    if (session_reserve(s, end) != KVS_OK)
         return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
     memcpy(s->tokens + base, tokens, (size_t)n * sizeof *tokens);
 
@@ -836,7 +812,7 @@ int route_forward(route *r, route_session *s, const int32_t *tokens, uint32_t n,
         int rc = KVS_OK;
         char why[KVS_MSG_MAX] = "";
         for (uint32_t a = base; a < end && res == HOP_OK;) {
-            uint32_t b = session_next_end(s, a, end);
+            uint32_t b = end - a > r->max_rows ? a + r->max_rows : end;
             for (k = 0; k < r->n_hops; k++) {
                 float *out = k + 1 < r->n_hops ? s->hidden[k + 1] + (size_t)a * r->n_embd
                                                : (b == end ? logits_last : r->scratch_logits);
@@ -875,6 +851,5 @@ void route_release(route *r, route_session *s) {
     free(s->tokens);
     free(s->hop_epoch);
     free(s->hop_gen);
-    free(s->bounds);
     free(s);
 }

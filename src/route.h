@@ -8,9 +8,11 @@
  *
  * Design notes
  *  1. The client remembers, per hop, every input row it sent in the session (token ids for hop 0,
- *     hidden rows for hop k > 0), and the request boundaries it used. Replays re-send exactly the
- *     same requests (same start positions and row counts), so a replayed shard computes the same
- *     bits as the original one even if a kernel's result depended on the batch shape.
+ *     hidden rows for hop k > 0). A replay goes in the same FORWARD as the rows that needed it
+ *     whenever they fit in one request (max_rows), so a shard under memory pressure cannot evict
+ *     the session between the replay and the step; longer replays go first in max_rows pieces.
+ *     This relies on the shards' batch-invariant kernels (DESIGN.md §2): a row's result does not
+ *     depend on how the rows were split into requests.
  *  2. Recovery, all inside route_forward():
  *       - CACHE_MISS(have) from a hop: its remembered inputs [have, start) are replayed, then the
  *         request is sent again;
