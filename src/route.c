@@ -61,6 +61,9 @@ struct route {
     struct netio_buf rx;     /* last reply */
     uint64_t next_rid;
     float *scratch_logits;   /* (n_vocab) logits of intermediate chunks, discarded */
+    uint64_t bytes_sent;     /* frame bytes (header + payload) written to hops */
+    uint64_t bytes_received; /* frame bytes read from hops */
+    uint32_t reroutes;       /* hops replaced by spares */
 };
 
 struct route_session {
@@ -227,12 +230,14 @@ static int hop_call(route *r, route_hop *h, uint16_t op, size_t len, uint16_t re
     uint64_t deadline = netio_deadline_ms(r->p.timeout_ms);
     char nmsg[KVS_MSG_MAX] = "";
     int rc = netio_send_frame(h->fd, op, rid, r->tx, len, deadline);
+    r->bytes_sent += WIRE_HEADER_SIZE + len;
     if (rc != KVS_OK) {
         hop_disconnect(h);
         return kvs_fail(why, why_cap, rc, "sending %s: %s", wire_op_name(op), kvs_strerror(rc));
     }
     struct wire_header hdr;
     rc = netio_recv_frame(h->fd, &hdr, &r->rx, deadline, nmsg, sizeof nmsg);
+    if (rc == KVS_OK) r->bytes_received += WIRE_HEADER_SIZE + r->rx.len;
     if (rc != KVS_OK) {
         hop_disconnect(h);
         if (rc == KVS_ERR_TIMEOUT)
@@ -405,7 +410,8 @@ fail:
 
 void route_get_info(const route *r, route_info *out) {
     *out = (route_info){.n_hops = r->n_hops, .n_layer = r->n_layer, .n_embd = r->n_embd, .n_vocab = r->n_vocab,
-                        .max_ctx = r->max_ctx, .max_rows = r->max_rows};
+                        .max_ctx = r->max_ctx, .max_rows = r->max_rows, .bytes_sent = r->bytes_sent,
+                        .bytes_received = r->bytes_received, .reroutes = r->reroutes};
     memcpy(out->model_digest, r->digest, WIRE_DIGEST_SIZE);
 }
 
@@ -560,6 +566,8 @@ int route_session_open(route *r, route_session **out, char *msg, size_t msg_cap)
 }
 
 uint32_t route_session_pos(const route_session *s) { return s ? s->pos : 0; }
+void route_session_id(const route_session *s, uint8_t out[WIRE_SID_SIZE]) { memcpy(out, s->sid, WIRE_SID_SIZE); }
+
 uint64_t route_session_epoch(const route_session *s) { return s ? s->epoch : 0; }
 
 /* Grows the per-hop input memory to hold `rows` positions. */
@@ -772,6 +780,7 @@ static int reroute(route *r, route_session *s, uint32_t k, int err, const char *
     s->hop_epoch[k] = 0;
     s->hop_gen[k] = r->hop_gen[k];
     s->epoch++;
+    r->reroutes++;
     route_log(r, "re-route: hop %u [%u, %u) now %s; epoch %llu -> %llu; %u positions to replay into it", k,
               old.info.first, old.info.last, r->hops[k].addr.text, (unsigned long long)(s->epoch - 1),
               (unsigned long long)s->epoch, s->pos);
@@ -845,6 +854,11 @@ void route_release(route *r, route_session *s) {
             (void)hop_call(r, h, WIRE_OP_RELEASE, len, WIRE_OP_STATUS, why, sizeof why);
         }
     }
+    route_session_forget(s);
+}
+
+void route_session_forget(route_session *s) {
+    if (!s) return;
     if (s->hidden)
         for (uint32_t k = 0; k < s->r->n_hops; k++) free(s->hidden[k]);
     free(s->hidden);

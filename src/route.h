@@ -104,6 +104,8 @@ typedef struct {
     uint32_t max_ctx;  /* positions per session: the smallest max_ctx of the hops */
     uint32_t max_rows; /* rows per request: smallest max_tokens, within the payload limit */
     uint8_t model_digest[WIRE_DIGEST_SIZE];
+    uint64_t bytes_sent, bytes_received; /* frame bytes exchanged with hops so far */
+    uint32_t reroutes;                   /* hops replaced by spares so far */
 } route_info;
 void route_get_info(const route *r, route_info *out);
 
@@ -137,11 +139,16 @@ int route_forward(route *r, route_session *s, const int32_t *tokens, uint32_t n,
 
 /* Positions the session has completed along the route. */
 uint32_t route_session_pos(const route_session *s);
+/* The session's route_session_id. */
+void route_session_id(const route_session *s, uint8_t out[WIRE_SID_SIZE]);
 /* Current epoch of the session (1 + the re-routes it went through). */
 uint64_t route_session_epoch(const route_session *s);
 
 /* Sends RELEASE for the session to every hop that holds state for it (errors ignored: a shard
  * that is gone frees it by TTL), then frees the session. NULL s is fine. */
 void route_release(route *r, route_session *s);
+/* Frees the session without telling the shards (their state stays until TTL / LRU eviction or
+ * a later RELEASE). NULL is fine. */
+void route_session_forget(route_session *s);
 
 #endif /* KVS_ROUTE_H */

@@ -1,57 +1,35 @@
-/* kvshard generate: drive a route of shards (no weights here). Same tokenizer, sampler, stop rule
- * and output as `kvshard run`, so for the same prompt, model and sampling the ids and text match. */
-#include <cjson/cJSON.h>
+/* kvshard generate: drive a route of shards (no weights here). The generation loop is the one
+ * `kvshard run` uses (gen_loop.c), so for the same prompt, model and sampling the ids and text
+ * match. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "args.h"
 #include "cli.h"
+#include "gen_loop.h"
 #include "gguf.h"
 #include "route.h"
-#include "sampler.h"
 #include "tokenizer.h"
 
 static void generate_usage(FILE *f) {
     fprintf(f,
             "usage: kvshard generate --route HOST:PORT[,HOST:PORT...] -p PROMPT [-n N] [--temp X]\n"
             "                        [--top-k K] [--top-p P] [--seed S] [--spare HOST:PORT[,...]]\n"
-            "                        [-m MODEL] [--json] [--timeout MS] [-v]\n"
-            "  --route LIST  the shards in layer order; together they must cover every layer\n"
-            "  --spare LIST  replacement shards, used when a hop fails (same model, same layers)\n"
-            "  -n N          tokens to generate (default 64; stops early at end-of-text)\n"
-            "  --temp X      sampling temperature; 0 = greedy (default 0.8)\n"
-            "  --top-k K     keep the K most likely tokens (default 40; 0 = off)\n"
-            "  --top-p P     nucleus sampling threshold (default 0.95; 1 = off)\n"
-            "  --seed S      sampler seed (default 42)\n"
-            "  -m MODEL      read the tokenizer from this GGUF (default: from the head shard)\n"
-            "  --json        print {\"prompt_tokens\":[..],\"generated\":[..],\"text\":\"..\"} only\n"
-            "  --timeout MS  connect / reply deadline per request (default 30000)\n"
-            "  -v            log re-routes and replays to stderr\n"
-            "  -t THREADS    accepted and ignored (the shards compute)\n");
+            "                        [-m MODEL] [--json] [--stats] [--timeout MS] [-v] [--keep-session]\n"
+            "  --route LIST      the shards in layer order; together they must cover every layer\n"
+            "  --spare LIST      replacement shards, used when a hop fails (same model, same layers)\n"
+            "  -m MODEL          read the tokenizer from this GGUF (default: from the head shard)\n"
+            "  --timeout MS      connect / reply deadline per request (default 30000)\n"
+            "  -v                log re-routes and replays to stderr\n"
+            "  --keep-session    testing aid: do not release the session on the shards at the end\n"
+            "  -t THREADS        accepted and ignored (the shards compute)\n");
+    gen_usage_common(f);
 }
 
 static void log_stderr(void *user, const char *line) {
     (void)user;
     fprintf(stderr, "kvshard generate: %s\n", line);
-}
-
-/* Appends the text of id to buf (as kvshard run does). */
-static void piece_append(const tok_vocab *v, int32_t id, char **buf, size_t *len, size_t *cap) {
-    char tmp[256];
-    size_t n = 0;
-    if (tok_piece(v, id, tmp, sizeof(tmp), &n) != KVS_OK) return;
-    if (n > sizeof(tmp)) n = sizeof(tmp);
-    if (*len + n + 1 > *cap) {
-        size_t nc = (*cap ? *cap * 2 : 256) + n;
-        char *nb = realloc(*buf, nc);
-        if (!nb) return;
-        *buf = nb;
-        *cap = nc;
-    }
-    memcpy(*buf + *len, tmp, n);
-    *len += n;
-    (*buf)[*len] = 0;
 }
 
 static int load_local_vocab(const char *path, tok_vocab **out) {
@@ -64,39 +42,65 @@ static int load_local_vocab(const char *path, tok_vocab **out) {
     return err;
 }
 
+typedef struct {
+    route *r;
+    route_session *s;
+} gen_route_ctx;
+
+static int route_step(void *p, const int32_t *tokens, uint32_t n, float *logits, char *msg, size_t cap) {
+    gen_route_ctx *c = p;
+    return route_forward(c->r, c->s, tokens, n, logits, msg, cap);
+}
+
+static void describe_session(void *p, FILE *f) {
+    gen_route_ctx *c = p;
+    uint8_t sid[WIRE_SID_SIZE];
+    route_session_id(c->s, sid);
+    fprintf(f, " (session ");
+    for (int i = 0; i < (int)WIRE_SID_SIZE; i++) fprintf(f, "%02x", sid[i]);
+    fprintf(f, " epoch %llu)", (unsigned long long)route_session_epoch(c->s));
+}
+
+static void describe_stats(void *p, FILE *f) {
+    gen_route_ctx *c = p;
+    route_info ri;
+    route_get_info(c->r, &ri);
+    uint32_t pos = route_session_pos(c->s);
+    fprintf(f,
+            ",\"hops\":%u,\"epoch\":%llu,\"reroutes\":%u,\"wire_bytes_sent\":%llu,\"wire_bytes_received\":%llu,"
+            "\"positions\":%u",
+            ri.n_hops, (unsigned long long)route_session_epoch(c->s), ri.reroutes,
+            (unsigned long long)ri.bytes_sent, (unsigned long long)ri.bytes_received, pos);
+}
+
 int cmd_generate(int argc, char **argv) {
-    const char *route_spec = NULL, *spare_spec = NULL, *path = NULL, *prompt = NULL;
-    long n_gen = 64, threads = 0, timeout_ms = 30000;
-    double temp = 0.8, top_p = 0.95;
-    long top_k = 40;
-    uint64_t seed = 42;
-    bool json = false, verbose = false;
+    const char *route_spec = NULL, *spare_spec = NULL, *path = NULL;
+    long threads = 0, timeout_ms = 30000;
+    bool verbose = false, keep = false;
+    gen_opts o;
+    gen_opts_default(&o);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool ok = true;
+        int g = gen_parse_opt(&o, argc, argv, &i);
+        if (g < 0) return 2;
+        if (g > 0) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { generate_usage(stdout); return 0; }
         else if (!strcmp(a, "--route")) ok = args_str(argc, argv, &i, &route_spec);
         else if (!strcmp(a, "--spare")) ok = args_str(argc, argv, &i, &spare_spec);
         else if (!strcmp(a, "-m")) ok = args_str(argc, argv, &i, &path);
-        else if (!strcmp(a, "-p")) ok = args_str(argc, argv, &i, &prompt);
-        else if (!strcmp(a, "-n")) ok = args_int(argc, argv, &i, 0, 1 << 20, &n_gen);
         else if (!strcmp(a, "-t")) ok = args_int(argc, argv, &i, 1, 1024, &threads);
-        else if (!strcmp(a, "--temp")) ok = args_float(argc, argv, &i, 0, 100, &temp);
-        else if (!strcmp(a, "--top-k")) ok = args_int(argc, argv, &i, 0, 1 << 24, &top_k);
-        else if (!strcmp(a, "--top-p")) ok = args_float(argc, argv, &i, 0, 1, &top_p);
-        else if (!strcmp(a, "--seed")) ok = args_u64(argc, argv, &i, &seed);
         else if (!strcmp(a, "--timeout")) ok = args_int(argc, argv, &i, 1, 24L * 3600 * 1000, &timeout_ms);
-        else if (!strcmp(a, "--json")) json = true;
         else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) verbose = true;
+        else if (!strcmp(a, "--keep-session")) keep = true;
         else { fprintf(stderr, "kvshard generate: unknown option '%s'\n", a); generate_usage(stderr); return 2; }
         if (!ok) return 2;
     }
-    if (!route_spec || !prompt) {
+    if (!route_spec || !o.prompt) {
         fprintf(stderr, "kvshard generate: --route and -p PROMPT are required\n");
         generate_usage(stderr);
         return 2;
     }
-
     char msg[KVS_MSG_MAX] = "";
     route_params rp = route_default_params();
     rp.timeout_ms = timeout_ms;
@@ -109,17 +113,9 @@ int cmd_generate(int argc, char **argv) {
     }
     route_info ri;
     route_get_info(r, &ri);
-
     int rc = 1;
     tok_vocab *vocab = NULL;
     route_session *sess = NULL;
-    sampler *smp = NULL;
-    int32_t *ids = NULL, *gen = NULL;
-    float *logits = NULL;
-    char *text = NULL;
-    size_t text_len = 0, text_cap = 0;
-    size_t plen = strlen(prompt);
-
     if (path) {
         if (load_local_vocab(path, &vocab)) goto out;
     } else if ((err = route_fetch_vocab(r, &vocab, msg, sizeof msg)) != KVS_OK) {
@@ -131,79 +127,20 @@ int cmd_generate(int argc, char **argv) {
                 (int)tok_n_vocab(vocab), ri.n_vocab);
         goto out;
     }
-    int n_ids = 0, cap_ids = (int)plen + 2;
-    ids = malloc((size_t)cap_ids * sizeof(int32_t));
-    gen = malloc(((size_t)n_gen + 1) * sizeof(int32_t));
-    logits = malloc((size_t)ri.n_vocab * sizeof(float));
-    if (!ids || !gen || !logits) { fprintf(stderr, "kvshard generate: out of memory\n"); goto out; }
-    if (tok_encode(vocab, prompt, plen, true, ids, cap_ids, &n_ids) != KVS_OK) {
-        fprintf(stderr, "kvshard generate: cannot tokenize the prompt\n");
-        goto out;
-    }
-    if ((uint64_t)n_ids + (uint64_t)n_gen > ri.max_ctx) {
-        fprintf(stderr,
-                "kvshard generate: prompt (%d tokens) + %ld new tokens exceed the context length %u of the route\n",
-                n_ids, n_gen, ri.max_ctx);
-        goto out;
-    }
-    sampler_params sp = {.temp = (float)temp, .top_k = (int)top_k, .top_p = (float)top_p, .seed = seed};
-    smp = sampler_create(sp);
-    if (!smp) { fprintf(stderr, "kvshard generate: out of memory\n"); goto out; }
     if ((err = route_session_open(r, &sess, msg, sizeof msg)) != KVS_OK) {
         fprintf(stderr, "kvshard generate: %s\n", msg[0] ? msg : kvs_strerror(err));
         goto out;
     }
-    if (!json) {
-        fputs(prompt, stdout);
-        fflush(stdout);
-    }
-    const int32_t *step = ids;
-    uint32_t step_n = (uint32_t)n_ids;
-    int n_out = 0;
-    for (;;) {
-        if ((err = route_forward(r, sess, step, step_n, logits, msg, sizeof msg)) != KVS_OK) {
-            fprintf(stderr, "\nkvshard generate: forward failed: %s\n", msg[0] ? msg : kvs_strerror(err));
-            goto out;
-        }
-        if (n_out >= n_gen) break;
-        int32_t id = sampler_sample(smp, logits, (int32_t)ri.n_vocab);
-        if (id == tok_eos(vocab)) break;
-        gen[n_out++] = id;
-        size_t before = text_len;
-        piece_append(vocab, id, &text, &text_len, &text_cap);
-        if (!json && text) {
-            fwrite(text + before, 1, text_len - before, stdout);
-            fflush(stdout);
-        }
-        if (n_out >= n_gen) break;
-        step = &gen[n_out - 1];
-        step_n = 1;
-    }
-    if (json) {
-        cJSON *o = cJSON_CreateObject();
-        cJSON *pt = cJSON_AddArrayToObject(o, "prompt_tokens");
-        for (int i = 0; i < n_ids; i++) cJSON_AddItemToArray(pt, cJSON_CreateNumber(ids[i]));
-        cJSON *g = cJSON_AddArrayToObject(o, "generated");
-        for (int i = 0; i < n_out; i++) cJSON_AddItemToArray(g, cJSON_CreateNumber(gen[i]));
-        cJSON_AddStringToObject(o, "text", text ? text : "");
-        char *s = cJSON_PrintUnformatted(o);
-        if (s) puts(s);
-        free(s);
-        cJSON_Delete(o);
-    } else {
-        putchar('\n');
-    }
+    gen_route_ctx c = {.r = r, .s = sess};
+    gen_target t = {.cmd = "generate", .vocab = vocab, .n_vocab = (int32_t)ri.n_vocab, .max_ctx = ri.max_ctx,
+                    .step = route_step, .describe = describe_stats, .session = describe_session, .ctx = &c};
+    rc = gen_run(&o, &t);
     if (verbose && route_session_epoch(sess) > 1)
         fprintf(stderr, "kvshard generate: finished at epoch %llu\n", (unsigned long long)route_session_epoch(sess));
-    rc = 0;
 out:
-    route_release(r, sess);
+    if (keep) route_session_forget(sess); /* leave the shards' state in place (testing aid) */
+    else route_release(r, sess);
     route_close(r);
-    sampler_free(smp);
     tok_free(vocab);
-    free(ids);
-    free(gen);
-    free(logits);
-    free(text);
     return rc;
 }

@@ -1,0 +1,54 @@
+/*
+ * The generation loop shared by `kvshard run` (one process) and `kvshard
+ * generate` (a route of shards): tokenize with BOS, one step for the prompt,
+ * then one token at a time, sample, stop at -n or end-of-text, stream the
+ * text or print one JSON object. Only the step function differs, so both
+ * commands produce the same ids and text for the same model and sampling.
+ */
+#ifndef KVS_GEN_LOOP_H
+#define KVS_GEN_LOOP_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "sampler.h"
+#include "tokenizer.h"
+
+typedef struct {
+    const char *prompt;
+    long n_gen;          /* tokens to generate (default 64) */
+    sampler_params sp;   /* default temp 0.8, top_k 40, top_p 0.95, seed 42 */
+    bool json;           /* one {"prompt_tokens","generated","text"} object on stdout */
+    bool stats;          /* one JSON line of timings on stderr at the end */
+    long pause_after;    /* testing aid: after this many tokens, wait for a line on stdin (0 = off) */
+} gen_opts;
+
+void gen_opts_default(gen_opts *o);
+/* Consumes one of the shared options at argv[*i] (-p -n --temp --top-k --top-p --seed --json
+ * --stats --pause-after). Returns 1 when consumed, 0 when not one of them, -1 on a bad value
+ * (already reported). */
+int gen_parse_opt(gen_opts *o, int argc, char **argv, int *i);
+/* The shared part of the --help text. */
+void gen_usage_common(FILE *f);
+
+/* Appends tokens[0..n) at the session's position and writes the last position's logits. */
+typedef int (*gen_step_fn)(void *ctx, const int32_t *tokens, uint32_t n, float *logits, char *msg, size_t cap);
+/* Appends extra ",\"key\":value" members to the --stats object / the pause line (may be NULL). */
+typedef void (*gen_describe_fn)(void *ctx, FILE *f);
+
+typedef struct {
+    const char *cmd;          /* "run" / "generate", for messages */
+    const tok_vocab *vocab;
+    int32_t n_vocab;
+    uint32_t max_ctx;
+    gen_step_fn step;
+    gen_describe_fn describe; /* stats extras */
+    gen_describe_fn session;  /* pause line: session id and epoch */
+    void *ctx;
+} gen_target;
+
+/* Runs the whole generation; returns the process exit status (0 ok, 1 failure). */
+int gen_run(const gen_opts *o, const gen_target *t);
+
+#endif /* KVS_GEN_LOOP_H */
