@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
-#include <sodium.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -14,6 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "digest.h"
 #include "engine.h"
 #include "netio.h"
 #include "quant.h"
@@ -112,21 +112,6 @@ srv_params srv_default_params(void) {
 }
 
 /* ---- helpers -------------------------------------------------------------- */
-
-static int file_digest(const char *path, uint8_t out[32]) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return KVS_ERR_IO;
-    crypto_hash_sha256_state st;
-    crypto_hash_sha256_init(&st);
-    unsigned char *buf = malloc(1 << 20);
-    ssize_t r = -1;
-    while (buf && (r = read(fd, buf, 1 << 20)) > 0) crypto_hash_sha256_update(&st, buf, (unsigned long long)r);
-    close(fd);
-    free(buf);
-    if (r < 0) return KVS_ERR_IO;
-    crypto_hash_sha256_final(&st, out);
-    return KVS_OK;
-}
 
 static void conn_unref(srv_conn *c);
 
@@ -732,7 +717,6 @@ out:
 
 int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
     *out = NULL;
-    if (sodium_init() < 0) return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "libsodium failed to initialize");
     srv *s = calloc(1, sizeof(*s));
     if (!s) return kvs_fail(msg, cap, KVS_ERR_NOMEM, "out of memory");
     s->p = *p;
@@ -761,7 +745,7 @@ int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
     srv_logf(s, "loaded %s layers [%u, %u) of %u: %.1f MiB of weights", p->model_path, s->e->m->first, s->e->m->last,
              s->e->m->hp.n_layer, (double)s->e->m->weight_bytes / (1 << 20));
     srv_logf(s, "hashing the model file for its digest");
-    if ((err = file_digest(p->model_path, s->digest))) {
+    if ((err = digest_file_sha256(p->model_path, s->digest))) {
         err = kvs_fail(msg, cap, err, "cannot read %s to hash it", p->model_path);
         goto fail;
     }

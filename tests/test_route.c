@@ -57,14 +57,14 @@ static void check_routes(const char *model, int n_layer) {
     const char *prompt = "Once upon a time";
     char *ref = reference(model, prompt, "24", "0");
     char *ref_t = reference(model, prompt, "24", "0.8");
-    char l1[16], l2[16], l3[16];
+    char l1[32], l2[32], l3[32];
     /* 1, 2 and 3 shards. */
     for (int shards = 1; shards <= 3 && shards <= n_layer; shards++) {
         proc_server s[3];
         bool ok = true;
         for (int i = 0; i < shards; i++) {
             int a = n_layer * i / shards, b = n_layer * (i + 1) / shards;
-            snprintf(i == 0 ? l1 : i == 1 ? l2 : l3, 16, "%d:%d", a, b);
+            snprintf(i == 0 ? l1 : i == 1 ? l2 : l3, 32, "%d:%d", a, b);
             ok = ok && proc_start_server(&s[i], g_dir, model, i == 0 ? l1 : i == 1 ? l2 : l3, NULL);
         }
         CHECK(ok);

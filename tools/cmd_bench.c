@@ -1,5 +1,4 @@
 /* kvshard bench: prefill / decode speed, memory bandwidth and the decode roofline. */
-#include <sodium.h>
 #include <fcntl.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -11,6 +10,7 @@
 
 #include "args.h"
 #include "cli.h"
+#include "digest.h"
 #include "engine.h"
 #include "quant.h"
 #include "util.h"
@@ -65,23 +65,6 @@ static double measure_bw_gbs(ops_pool *pool) {
     }
     munmap(buf, bytes);
     return best;
-}
-
-static bool file_sha256(const char *path, char hex[65]) {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return false;
-    crypto_hash_sha256_state st;
-    crypto_hash_sha256_init(&st);
-    unsigned char *buf = malloc(1 << 20);
-    ssize_t r = -1;
-    while (buf && (r = read(fd, buf, 1 << 20)) > 0) crypto_hash_sha256_update(&st, buf, (unsigned long long)r);
-    close(fd);
-    free(buf);
-    if (r < 0) return false;
-    unsigned char out[32];
-    crypto_hash_sha256_final(&st, out);
-    for (int i = 0; i < 32; i++) sprintf(hex + 2 * i, "%02x", out[i]);
-    return true;
 }
 
 static void cpu_name(char *out, size_t cap) {
@@ -189,7 +172,6 @@ int cmd_bench(int argc, char **argv) {
         if (!ok) return 2;
     }
     if (!path) { fprintf(stderr, "kvshard bench: -m MODEL is required\n"); bench_usage(stderr); return 2; }
-    if (sodium_init() < 0) { fprintf(stderr, "kvshard bench: libsodium init failed\n"); return 1; }
     char msg[KVS_MSG_MAX] = "";
     engine_params ep = engine_default_params();
     ep.model_path = path;
@@ -267,7 +249,8 @@ int cmd_bench(int argc, char **argv) {
     double floor_s = bw > 0 ? (double)wbytes / (bw * 1e9) : 0;
     char sha[65] = "unavailable", cpu[256];
     fprintf(stderr, "bench: hashing the model file\n");
-    if (!file_sha256(path, sha)) snprintf(sha, sizeof(sha), "unavailable");
+    uint8_t dg[32];
+    if (digest_file_sha256(path, dg) == KVS_OK) digest_hex(dg, sha);
     cpu_name(cpu, sizeof(cpu));
     kv_stats ks;
     kv_get_stats(e->kv, &ks);
