@@ -21,6 +21,9 @@
 
 static void bench_usage(FILE *f) {
     fprintf(f, "usage: kvshard bench -m MODEL [-t THREADS] [-p PROMPT_TOKENS] [-n DECODE_TOKENS] [--sessions N]\n"
+               "                     [--layers FIRST:LAST]\n"
+               "  --layers          bench one shard's range (hidden-state input/output where it lacks\n"
+               "                    the embeddings/head); reports its resident memory (rss_bytes)\n"
                "  prints one JSON object: prefill_tok_s, decode_tok_s, mem_bw_gbs, weight_bytes_per_token,\n"
                "  decode_roofline, model_sha256, threads, cpu, commit, ... (defaults -p 128 -n 32 --sessions 1)\n");
 }
@@ -65,6 +68,18 @@ static double measure_bw_gbs(ops_pool *pool) {
     }
     munmap(buf, bytes);
     return best;
+}
+
+/* Resident set size of this process (VmRSS), bytes; 0 when unknown. */
+static uint64_t rss_bytes(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    uint64_t kb = 0;
+    while (fgets(line, sizeof(line), f))
+        if (!strncmp(line, "VmRSS:", 6)) kb = strtoull(line + 6, NULL, 10);
+    fclose(f);
+    return kb * 1024;
 }
 
 static void cpu_name(char *out, size_t cap) {
@@ -157,7 +172,7 @@ static void measure_kv_ops(const kv_params *shape, kv_op_costs *out) {
 }
 
 int cmd_bench(int argc, char **argv) {
-    const char *path = NULL;
+    const char *path = NULL, *layers = NULL;
     long threads = 0, n_prompt = 128, n_decode = 32, n_sessions = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -168,21 +183,30 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "-p")) ok = args_int(argc, argv, &i, 1, 1 << 16, &n_prompt);
         else if (!strcmp(a, "-n")) ok = args_int(argc, argv, &i, 1, 1 << 16, &n_decode);
         else if (!strcmp(a, "--sessions")) ok = args_int(argc, argv, &i, 1, 256, &n_sessions);
+        else if (!strcmp(a, "--layers")) ok = args_str(argc, argv, &i, &layers);
         else { fprintf(stderr, "kvshard bench: unknown option '%s'\n", a); bench_usage(stderr); return 2; }
         if (!ok) return 2;
     }
     if (!path) { fprintf(stderr, "kvshard bench: -m MODEL is required\n"); bench_usage(stderr); return 2; }
+    unsigned first = 0, last = 0;
+    if (layers && (sscanf(layers, "%u:%u", &first, &last) != 2 || last <= first)) {
+        fprintf(stderr, "kvshard bench: --layers wants FIRST:LAST with FIRST < LAST, got '%s'\n", layers);
+        return 2;
+    }
     char msg[KVS_MSG_MAX] = "";
     engine_params ep = engine_default_params();
     ep.model_path = path;
     ep.n_threads = (int)threads;
+    ep.first = first;
+    ep.last = last;
     ep.kv.budget_bytes = 0;
     engine *e = NULL;
     /* Budget: every session's prompt + decode, plus a block of slack each. */
     model *probe = NULL;
     int err = model_load(path, 0, 0, &probe, msg, sizeof(msg));
     if (err) { fprintf(stderr, "kvshard bench: %s: %s\n", path, msg); return 1; }
-    uint64_t kv_tok = (uint64_t)probe->hp.n_layer * 2 * probe->hp.n_head_kv * probe->hp.head_dim * 2;
+    uint32_t n_local = (last ? last : probe->hp.n_layer) - first;
+    uint64_t kv_tok = (uint64_t)n_local * 2 * probe->hp.n_head_kv * probe->hp.head_dim * 2;
     uint32_t n_ctx = probe->hp.n_ctx;
     model_free(probe);
     if (n_prompt + n_decode > (long)n_ctx) { fprintf(stderr, "kvshard bench: -p + -n exceed the context %u\n", n_ctx); return 2; }
@@ -190,19 +214,32 @@ int cmd_bench(int argc, char **argv) {
     if ((err = engine_open(&ep, &e, msg, sizeof(msg)))) { fprintf(stderr, "kvshard bench: %s: %s\n", path, msg); return 1; }
     const model *m = e->m;
     int nv = (int)m->hp.n_vocab;
+    size_t d = m->hp.n_embd;
+    /* Per session output: logits of the last row, or hidden states of every prompt row. */
+    size_t out_per = m->has_head ? (size_t)nv : (size_t)n_prompt * d;
+    fwd_out_mode out_mode = m->has_head ? FWD_OUT_LOGITS_LAST : FWD_OUT_HIDDEN;
     int32_t *toks = malloc((size_t)n_prompt * sizeof(int32_t));
-    float *logits = malloc((size_t)n_sessions * (size_t)nv * sizeof(float));
+    float *hidden = m->has_embd ? NULL : malloc((size_t)n_prompt * d * sizeof(float));
+    float *logits = malloc((size_t)n_sessions * out_per * sizeof(float));
     engine_req *reqs = calloc((size_t)n_sessions, sizeof(engine_req));
     int32_t *next = calloc((size_t)n_sessions, sizeof(int32_t));
-    if (!toks || !logits || !reqs || !next) { fprintf(stderr, "kvshard bench: out of memory\n"); return 1; }
+    if (!toks || !logits || !reqs || !next || (!m->has_embd && !hidden)) {
+        fprintf(stderr, "kvshard bench: out of memory\n");
+        return 1;
+    }
     uint64_t rng = 0x9E3779B97F4A7C15ull;
     for (long i = 0; i < n_prompt; i++) {
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
         toks[i] = (int32_t)((rng >> 33) % (uint64_t)nv);
     }
+    /* A range without the embeddings gets hidden states of O(1) values. */
+    for (size_t i = 0; hidden && i < (size_t)n_prompt * d; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        hidden[i] = (float)((double)(rng >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
+    }
     fprintf(stderr, "bench: warming up (touching the weights)\n");
     {
-        engine_req w = {.epoch = 1, .n = 1, .tokens = toks, .out_mode = FWD_OUT_LOGITS_LAST, .out = logits};
+        engine_req w = {.epoch = 1, .n = 1, .tokens = toks, .hidden = hidden, .out_mode = out_mode, .out = logits};
         memcpy(w.sid.bytes, "bench-warmup-000", 16);
         engine_step(e, &w, 1);
         kv_release(e->kv, &w.sid, 1, NULL);
@@ -218,8 +255,9 @@ int cmd_bench(int argc, char **argv) {
         r->start_pos = 0;
         r->n = (uint32_t)n_prompt;
         r->tokens = toks;
-        r->out_mode = FWD_OUT_LOGITS_LAST;
-        r->out = logits + (size_t)s * (size_t)nv;
+        r->hidden = hidden;
+        r->out_mode = out_mode;
+        r->out = logits + (size_t)s * out_per;
         uint64_t t0 = kvs_now_ns();
         engine_step(e, r, 1);
         prefill_s += (double)(kvs_now_ns() - t0) / 1e9;
@@ -234,12 +272,14 @@ int cmd_bench(int argc, char **argv) {
             r->n = 1;
             next[s] = (int32_t)((toks[(step + s) % n_prompt] + step) % nv);
             r->tokens = &next[s];
+            r->hidden = hidden ? hidden + (size_t)((step + s) % n_prompt) * d : NULL;
         }
         engine_step(e, reqs, (int)n_sessions);
         for (long s = 0; s < n_sessions; s++)
             if (reqs[s].status) { fprintf(stderr, "kvshard bench: decode failed: %s\n", kvs_strerror(reqs[s].status)); return 1; }
     }
     double decode_s = (double)(kvs_now_ns() - t0) / 1e9;
+    uint64_t rss = rss_bytes(); /* before the bandwidth probe allocates its buffer */
     fprintf(stderr, "bench: measuring memory bandwidth\n");
     double bw = measure_bw_gbs(e->pool);
     uint64_t wbytes = m->weight_bytes;
@@ -262,19 +302,22 @@ int cmd_bench(int argc, char **argv) {
     kv_op_costs ops = {0};
     measure_kv_ops(kv_get_params(e->kv), &ops);
     printf("{\"model\":\"%s\",\"model_sha256\":\"%s\",\"threads\":%d,\"cpu\":\"%s\",\"isa\":\"%s\",\"commit\":\"%s\","
+           "\"first_layer\":%u,\"last_layer\":%u,\"weight_bytes\":%llu,\"rss_bytes\":%llu,"
            "\"n_prompt\":%ld,\"n_decode\":%ld,\"sessions\":%ld,"
            "\"prefill_tok_s\":%.2f,\"decode_tok_s\":%.2f,\"decode_step_ms\":%.3f,"
            "\"mem_bw_gbs\":%.2f,\"weight_bytes_per_token\":%llu,\"decode_floor_ms\":%.3f,\"decode_roofline\":%.3f,"
            "\"kv_bytes_per_token\":%llu,\"kv_block_bytes\":%llu,\"kv_bytes_used\":%llu,\"kv_bytes_needed\":%llu,"
            "\"kv_waste_bytes\":%llu,\"kv_waste_under_one_block_per_session\":%s,"
            "\"kv_open_us\":%.3f,\"kv_release_us\":%.3f,\"kv_open_evict_us\":%.3f}\n",
-           path, sha, ops_pool_threads(e->pool), cpu, quant_isa_name(quant_isa_current()), KVS_COMMIT, n_prompt, n_decode,
+           path, sha, ops_pool_threads(e->pool), cpu, quant_isa_name(quant_isa_current()), KVS_COMMIT, m->first, m->last,
+           (unsigned long long)m->weight_bytes, (unsigned long long)rss, n_prompt, n_decode,
            n_sessions, (double)(n_prompt * n_sessions) / prefill_s, decode_tok_s, step_s * 1e3, bw,
            (unsigned long long)wbytes, floor_s * 1e3, floor_s / step_s, (unsigned long long)kv_tok,
            (unsigned long long)ks.block_bytes, (unsigned long long)ks.bytes_used, (unsigned long long)kv_need,
            (unsigned long long)kv_waste, kv_waste < (uint64_t)n_sessions * ks.block_bytes ? "true" : "false",
            ops.open_us, ops.release_us, ops.open_evict_us);
     free(toks);
+    free(hidden);
     free(logits);
     free(reqs);
     free(next);
