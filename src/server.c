@@ -609,6 +609,31 @@ static void send_info(srv_conn *c, uint64_t rid, int status) {
     if (wire_encode_info(&in, buf, sizeof(buf), &len) == KVS_OK) conn_send(c, WIRE_OP_INFO, rid, buf, len);
 }
 
+/* TRUNCATE and RELEASE: decoded, applied to the hot state, answered with STATUS
+ * (PROTOCOL with the decoder's message when the payload does not decode). */
+static void handle_truncate_release(srv_conn *c, const struct wire_header *h, const uint8_t *payload, size_t len) {
+    char msg[KVS_MSG_MAX] = "";
+    kv_state *kv = c->s->e->kv;
+    kv_sid sid;
+    kv_reply r = {0};
+    int err;
+    if (h->op == WIRE_OP_TRUNCATE) {
+        struct wire_truncate t;
+        if (!(err = wire_decode_truncate(payload, len, &t, msg, sizeof(msg)))) {
+            memcpy(sid.bytes, t.session_id, 16);
+            err = kv_truncate(kv, &sid, t.epoch, t.len, &r);
+        }
+    } else {
+        struct wire_release t;
+        if (!(err = wire_decode_release(payload, len, &t, msg, sizeof(msg)))) {
+            memcpy(sid.bytes, t.session_id, 16);
+            err = kv_release(kv, &sid, t.epoch, &r);
+        }
+    }
+    if (msg[0]) err = KVS_ERR_PROTOCOL; /* only the decoders write msg */
+    send_status(c, h->request_id, err, &r, msg[0] ? msg : NULL);
+}
+
 static void *conn_main(void *arg) {
     srv_conn *c = arg;
     srv *s = c->s;
@@ -650,30 +675,10 @@ static void *conn_main(void *arg) {
         case WIRE_OP_FORWARD:
             handle_forward(c, h.request_id, buf.data, buf.len);
             break;
-        case WIRE_OP_TRUNCATE: {
-            struct wire_truncate t;
-            if (wire_decode_truncate(buf.data, buf.len, &t, msg, sizeof(msg))) {
-                send_status(c, h.request_id, KVS_ERR_PROTOCOL, NULL, msg);
-                break;
-            }
-            kv_sid sid;
-            memcpy(sid.bytes, t.session_id, 16);
-            kv_reply r = {0};
-            send_status(c, h.request_id, kv_truncate(s->e->kv, &sid, t.epoch, t.len, &r), &r, NULL);
+        case WIRE_OP_TRUNCATE:
+        case WIRE_OP_RELEASE:
+            handle_truncate_release(c, &h, buf.data, buf.len);
             break;
-        }
-        case WIRE_OP_RELEASE: {
-            struct wire_release t;
-            if (wire_decode_release(buf.data, buf.len, &t, msg, sizeof(msg))) {
-                send_status(c, h.request_id, KVS_ERR_PROTOCOL, NULL, msg);
-                break;
-            }
-            kv_sid sid;
-            memcpy(sid.bytes, t.session_id, 16);
-            kv_reply r = {0};
-            send_status(c, h.request_id, kv_release(s->e->kv, &sid, t.epoch, &r), &r, NULL);
-            break;
-        }
         case WIRE_OP_CANCEL: {
             struct wire_cancel t;
             if (wire_decode_cancel(buf.data, buf.len, &t, msg, sizeof(msg))) {

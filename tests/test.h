@@ -3,6 +3,7 @@
 #define KVS_TEST_H
 
 #include <inttypes.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +54,23 @@ static inline const char *test_shared_path(const char *rel, char *buf, size_t ca
         return NULL;
     }
     return buf;
+}
+
+/* Reads a whole file into a malloc'd buffer (*n bytes); NULL when it cannot. */
+static inline uint8_t *test_read_file(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long sz = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *b = malloc(sz > 0 ? (size_t)sz : 1);
+    if (b && fread(b, 1, (size_t)sz, f) != (size_t)sz) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    *n = (size_t)(sz > 0 ? sz : 0);
+    return b;
 }
 
 /* Prints the closing line and returns the process exit code. */

@@ -17,21 +17,6 @@ static char tmp_dir[256];
 
 /* ---------------------------------------------------------------- helpers */
 
-static uint8_t *read_file(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc(sz > 0 ? (size_t)sz : 1);
-    if (b && fread(b, 1, (size_t)sz, f) != (size_t)sz) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    *n = (size_t)sz;
-    return b;
-}
 
 /* Opens an exact-size heap copy of buf[0..n) (so ASan sees any overread);
  * returns the rc and leaves the message in msg. */
@@ -468,7 +453,7 @@ static void test_round_trip(void) {
     CHECK_EQ_INT(gguf_writer_finish(w, msg, sizeof msg), KVS_OK);
     gguf_writer_free(w);
     size_t n1 = 0, n2 = 0;
-    uint8_t *f1 = read_file(path, &n1), *f2 = read_file(path2, &n2);
+    uint8_t *f1 = test_read_file(path, &n1), *f2 = test_read_file(path2, &n2);
     CHECK(f1 && f2 && n1 == n2 && memcmp(f1, f2, n1) == 0);
     free(f1);
     free(f2);
@@ -558,7 +543,7 @@ static uint8_t *make_synthetic(size_t *n) {
     gguf_writer_add_tensor(w, "token_embd.weight", QUANT_F32, 2, ne2, data, 512);
     CHECK_EQ_INT(gguf_writer_write(w, path, msg, sizeof msg), KVS_OK);
     gguf_writer_free(w);
-    uint8_t *b = read_file(path, n);
+    uint8_t *b = test_read_file(path, n);
     unlink(path);
     return b;
 }
@@ -796,7 +781,7 @@ static void test_corruption(void) {
             n_skipped++;
             continue;
         }
-        uint8_t *real = read_file(path, &n);
+        uint8_t *real = test_read_file(path, &n);
         CHECK(real != NULL);
         if (real) corrupt_all(names[i], real, n);
         free(real);

@@ -16,21 +16,6 @@
 static int n_run, n_skipped;
 static char tmp_dir[256];
 
-static uint8_t *read_file(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc(sz > 0 ? (size_t)sz : 1);
-    if (b && fread(b, 1, (size_t)sz, f) != (size_t)sz) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    *n = (size_t)sz;
-    return b;
-}
 
 static int write_model(const char *path, const char *shape, uint32_t type, uint64_t seed, int threads) {
     mkmodel_params p = mkmodel_default_params();
@@ -186,7 +171,7 @@ static void check_model(const char *path, const mkmodel_shape *s, uint32_t type)
 
 static bool same_file(const char *a, const char *b) {
     size_t na = 0, nb = 0;
-    uint8_t *x = read_file(a, &na), *y = read_file(b, &nb);
+    uint8_t *x = test_read_file(a, &na), *y = test_read_file(b, &nb);
     bool same = x && y && na == nb && memcmp(x, y, na) == 0;
     free(x);
     free(y);
@@ -276,7 +261,7 @@ static void test_cli(void) {
     snprintf(cmd, sizeof cmd, "%s mkmodel -o %s --shape tiny --type q6_k --seed 3 2>%s", bin, path, out);
     CHECK_EQ_INT(run_cmd(cmd), 0);
     size_t n = 0;
-    char *log = (char *)read_file(out, &n);
+    char *log = (char *)test_read_file(out, &n);
     CHECK(log != NULL);
     if (log) {
         log = realloc(log, n + 1);
@@ -287,7 +272,7 @@ static void test_cli(void) {
     }
     snprintf(cmd, sizeof cmd, "%s inspect %s >%s", bin, path, out);
     CHECK_EQ_INT(run_cmd(cmd), 0);
-    log = (char *)read_file(out, &n);
+    log = (char *)test_read_file(out, &n);
     if (log) {
         log = realloc(log, n + 1);
         log[n] = '\0';
@@ -301,7 +286,7 @@ static void test_cli(void) {
     /* a truncated file: exit 1 with a message on stderr */
     snprintf(cmd, sizeof cmd, "truncate -s 5000 %s && %s inspect %s >/dev/null 2>%s", path, bin, path, out);
     CHECK_EQ_INT(run_cmd(cmd), 1);
-    log = (char *)read_file(out, &n);
+    log = (char *)test_read_file(out, &n);
     CHECK(log && n > 0);
     free(log);
     snprintf(cmd, sizeof cmd, "%s mkmodel -o %s --shape nope --type f32 2>/dev/null", bin, path);
