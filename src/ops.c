@@ -192,20 +192,32 @@ typedef struct {
     int64_t y_stride;
     uint8_t *act;
     size_t act_bytes; /* per token */
+    bool tiled;       /* act rows in the tile layout, dots by quant_dot_tile */
 } mm_task;
 
 static void mm_quantize_task(void *p, int64_t i0, int64_t i1, int slot) {
     (void)slot;
     mm_task *t = p;
-    for (int64_t i = i0; i < i1; i++)
-        quant_act_quantize(t->w->type, t->x + (size_t)i * (size_t)t->w->n_in, t->act + (size_t)i * t->act_bytes,
-                           t->w->n_in);
+    for (int64_t i = i0; i < i1; i++) {
+        uint8_t *act = t->act + (size_t)i * t->act_bytes;
+        quant_act_quantize(t->w->type, t->x + (size_t)i * (size_t)t->w->n_in, act, t->w->n_in);
+        if (t->tiled) quant_act_tile_layout(t->w->type, act, t->w->n_in);
+    }
 }
 
 static void mm_dot_task(void *p, int64_t r0, int64_t r1, int slot) {
     (void)slot;
     mm_task *t = p;
     const ops_weight *w = t->w;
+    if (t->tiled) {
+        for (int t0 = 0; t0 < t->n_tok; t0 += MM_TOK_TILE) {
+            int nt = t->n_tok - t0 < MM_TOK_TILE ? t->n_tok - t0 : MM_TOK_TILE;
+            quant_dot_tile(w->type, w->n_in, (const uint8_t *)w->data + (size_t)r0 * w->row_bytes, w->row_bytes,
+                           (int)(r1 - r0), t->act + (size_t)t0 * t->act_bytes, t->act_bytes, nt,
+                           t->y + (size_t)t0 * (size_t)t->y_stride + (size_t)r0, (size_t)t->y_stride);
+        }
+        return;
+    }
     float tmp[MM_TOK_TILE];
     {
         for (int t0 = 0; t0 < t->n_tok; t0 += MM_TOK_TILE) {
@@ -227,7 +239,9 @@ size_t ops_matmul_scratch_bytes(const ops_weight *w, int n_tok) {
 void ops_matmul(ops_pool *pool, const ops_weight *w, const float *x, int n_tok, float *y, int64_t y_stride,
                 void *act_scratch) {
     mm_task t = {.w = w, .x = x, .n_tok = n_tok, .y = y, .y_stride = y_stride, .act = act_scratch,
-                 .act_bytes = quant_act_row_bytes(w->type, w->n_in)};
+                 .act_bytes = quant_act_row_bytes(w->type, w->n_in),
+                 /* decode (one token) keeps the multi kernel's plain activation rows */
+                 .tiled = n_tok > 1 && quant_has_tile(w->type)};
     ops_parallel_for(pool, n_tok, n_tok < 4 ? 4 : 1, mm_quantize_task, &t);
     /* Few large contiguous row ranges per thread: the hardware prefetchers
      * stream a long run far better than many 16-row pieces (measured: 14 ->

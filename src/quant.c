@@ -3,6 +3,7 @@
  * (scalar), quant_avx2.c and quant_avx512.c; see quant_impl.h for the design.
  */
 #include <stdatomic.h>
+#include <string.h>
 #include <strings.h>
 
 #include "quant_impl.h"
@@ -192,4 +193,36 @@ void quant_f32_to_f16_row(const float *src, uint16_t *dst, int64_t n) {
             isa_tables[i]->f32_to_f16(src, dst, n);
             return;
         }
+}
+
+/* --- tiled prefill (design note 6) ----------------------------------------- */
+
+bool quant_has_tile(uint32_t wtype) {
+    return wtype < QUANT_TYPE_LIMIT && isa_tables[quant_isa_current()]->k[wtype].tile != NULL;
+}
+
+void quant_act_tile_layout(uint32_t wtype, void *act, int64_t n) {
+    KVS_ASSERT(wtype == QUANT_Q4_0);
+    check_n(wtype, n);
+    act_q8 *y = (act_q8 *)act;
+    for (int64_t g = 0; g + 8 <= n / QK32; g += 8) {
+        act_q8 b[8];
+        memcpy(b, y + g, sizeof b);
+        act_q8x8 t;
+        for (int k = 0; k < 8; k++) {
+            t.d[k] = b[k].d;
+            t.ns[k] = b[k].s * -8.0f;
+            for (int i = 0; i < 8; i++) memcpy(&t.qs[i][4 * k], &b[k].qs[4 * i], 4);
+        }
+        memcpy(y + g, &t, sizeof t);
+    }
+}
+
+void quant_dot_tile(uint32_t wtype, int64_t n, const void *w, size_t w_stride, int n_rows, const void *act,
+                    size_t act_stride, int n_act, float *out, size_t out_stride) {
+    KVS_ASSERT(quant_has_tile(wtype));
+    check_n(wtype, n);
+    if (n_rows > 0 && n_act > 0)
+        isa_tables[quant_isa_current()]->k[wtype].tile(n, w, w_stride, n_rows, act, act_stride, n_act, out,
+                                                       out_stride);
 }

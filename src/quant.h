@@ -79,6 +79,21 @@ float quant_dot(uint32_t wtype, int64_t n, const void *w, const void *act);
 /* out[j] = quant_dot(wtype, n, w, act + j * act_stride) for j in [0, n_act), bit-identical. */
 void quant_dot_multi(uint32_t wtype, int64_t n, const void *w, const void *act,
                      size_t act_stride, int n_act, float *out);
+/* Tiled prefill kernels. For some types (q4_0) under some ISAs (AVX2, AVX-512)
+ * a kernel takes a block of weight rows x activation rows at once; it reads the
+ * activations in a reordered "tile layout" of the same size, which
+ * quant_act_tile_layout makes in place from a quant_act_quantize row.
+ * quant_dot_tile gives out[t * out_stride + r] bit-identical to
+ * quant_dot(wtype, n, w + r * w_stride, act_t) for r in [0, n_rows), t in
+ * [0, n_act), act_t being activation row t before the layout change; the ISA
+ * must not change between the two calls. */
+/* True when the current ISA has a tile kernel for wtype. */
+bool quant_has_tile(uint32_t wtype);
+/* Reorders one quantized activation row (n elements) into the tile layout;
+ * only for types where quant_has_tile is true. */
+void quant_act_tile_layout(uint32_t wtype, void *act, int64_t n);
+void quant_dot_tile(uint32_t wtype, int64_t n, const void *w, size_t w_stride, int n_rows, const void *act,
+                    size_t act_stride, int n_act, float *out, size_t out_stride);
 /* Dequantizes n elements of wtype into y. */
 void quant_dequant_row(uint32_t wtype, const void *w, float *y, int64_t n);
 /* Reference quantizer (weights), for mkmodel and tests: f32, f16, bf16, q4_0,

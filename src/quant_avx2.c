@@ -17,6 +17,17 @@
 
 #define QK_INLINE static inline __attribute__((always_inline))
 
+/* Micro-tile of the tiled q4_0 kernel: weight rows x tokens. */
+#ifndef QK_TILE_R
+#ifdef QUANT_AVX2_AS_VNNI
+#define QK_TILE_R 2
+#define QK_TILE_T 4
+#else
+#define QK_TILE_R 1
+#define QK_TILE_T 4
+#endif
+#endif
+
 /* --- helpers --------------------------------------------------------------- */
 
 QK_INLINE float hsum_ps(__m256 v) {
@@ -325,6 +336,102 @@ QK_INLINE void avx_q4_0_rows(int64_t n, const void *w, const uint8_t *act, size_
 }
 QK_MULTI(avx_q4_0, 4)
 
+/* Tiled q4_0 (design note 6 in quant_impl.h). A full group of eight blocks of a
+ * weight row is transposed once per R x T micro-tile: chunk i, lane k = unpacked
+ * bytes 4i..4i+3 of block k, matching the act_q8x8 layout, so eight u8 x s8 dots
+ * summed in i32 give P with lane k = block k's exact integer sum — the same P as
+ * q4_0_step — and the float steps per (row, token) are q4_0_step's. A last
+ * partial group goes through q4_0_step itself. */
+
+/* Sum of u8 x s8 products added to acc (exact, as in dot_u8s8). */
+QK_INLINE __m256i dot_u8s8_acc(__m256i acc, __m256i u, __m256i s) {
+#ifdef QUANT_AVX2_AS_VNNI
+    return _mm256_dpbusd_epi32(acc, u, s);
+#else
+    return _mm256_add_epi32(acc, dot_u8s8(u, s));
+#endif
+}
+
+/* The eight transposed weight chunks of blocks x[0..8). */
+QK_INLINE void q4_0_w_chunks(const block_q4_0 *x, __m256i c[8]) {
+    __m256i b[4];
+    QK_UNROLL for (int k = 0; k < 4; k++)
+        b[k] = _mm256_loadu2_m128i((const __m128i *)x[k + 4].qs, (const __m128i *)x[k].qs);
+    const __m256i t0 = _mm256_unpacklo_epi32(b[0], b[1]), t1 = _mm256_unpackhi_epi32(b[0], b[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(b[2], b[3]), t3 = _mm256_unpackhi_epi32(b[2], b[3]);
+    const __m256i d[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
+                          _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    QK_UNROLL for (int i = 0; i < 4; i++) {
+        c[i] = _mm256_and_si256(d[i], m4);
+        c[i + 4] = _mm256_and_si256(_mm256_srli_epi16(d[i], 4), m4);
+    }
+}
+
+/* out[t * ostride + r] for an R x T micro-tile, R and T compile-time. */
+QK_INLINE void q4_0_tile_rt(int64_t n, const uint8_t *w, size_t wstride, const int R, const uint8_t *act,
+                            size_t astride, const int T, float *out, size_t ostride) {
+    const int64_t nb = n / QK32;
+    const block_q4_0 *x[QK_TILE_R];
+    const act_q8 *a[QK_TILE_T];
+    __m256 acc[QK_TILE_R][QK_TILE_T];
+    QK_UNROLL for (int r = 0; r < R; r++) x[r] = (const block_q4_0 *)(w + (size_t)r * wstride);
+    QK_UNROLL for (int t = 0; t < T; t++) a[t] = (const act_q8 *)(act + (size_t)t * astride);
+    QK_UNROLL for (int r = 0; r < R; r++)
+        QK_UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    int64_t ib = 0;
+    for (; ib + 8 <= nb; ib += 8) {
+        QK_UNROLL for (int r = 0; r < R; r++) {
+            __m256i c[8];
+            q4_0_w_chunks(x[r] + ib, c);
+            const __m256 dw = q4_0_w_d(x[r] + ib, 8);
+            QK_UNROLL for (int t = 0; t < T; t++) {
+                const act_q8x8 *y = (const act_q8x8 *)(a[t] + ib);
+                __m256i s = dot_u8s8(c[0], _mm256_loadu_si256((const __m256i *)y->qs[0]));
+                QK_UNROLL for (int i = 1; i < 8; i++)
+                    s = dot_u8s8_acc(s, c[i], _mm256_loadu_si256((const __m256i *)y->qs[i]));
+                const __m256 p = _mm256_cvtepi32_ps(s);
+                const __m256 tt = _mm256_fmadd_ps(p, _mm256_loadu_ps(y->d), _mm256_loadu_ps(y->ns));
+                acc[r][t] = _mm256_fmadd_ps(tt, dw, acc[r][t]);
+            }
+        }
+    }
+    if (ib < nb) {
+        QK_UNROLL for (int r = 0; r < R; r++)
+            QK_UNROLL for (int t = 0; t < T; t++) {
+                __m256 one[4][4];
+                one[0][0] = acc[r][t];
+                q4_0_step(&x[r], 1, &a[t], 1, ib, (int)(nb - ib), one);
+                acc[r][t] = one[0][0];
+            }
+    }
+    QK_UNROLL for (int r = 0; r < R; r++)
+        QK_UNROLL for (int t = 0; t < T; t++) out[(size_t)t * ostride + (size_t)r] = hsum_ps(acc[r][t]);
+}
+
+/* Rows in micro-tiles of QK_TILE_R (then 1), tokens of QK_TILE_T (then fewer). */
+static void avx_q4_0_tile(int64_t n, const void *w, size_t wstride, int n_rows, const void *act,
+                          size_t astride, int n_act, float *out, size_t ostride) {
+    const uint8_t *wb = (const uint8_t *)w, *ab = (const uint8_t *)act;
+    int r = 0;
+    for (; r < n_rows; ) {
+        const int R = n_rows - r >= QK_TILE_R ? QK_TILE_R : 1;
+        const uint8_t *wr = wb + (size_t)r * wstride;
+        int t = 0;
+        for (; n_act - t >= QK_TILE_T; t += QK_TILE_T) {
+            float *o = out + (size_t)t * ostride + (size_t)r;
+            if (R == QK_TILE_R) q4_0_tile_rt(n, wr, wstride, QK_TILE_R, ab + (size_t)t * astride, astride, QK_TILE_T, o, ostride);
+            else q4_0_tile_rt(n, wr, wstride, 1, ab + (size_t)t * astride, astride, QK_TILE_T, o, ostride);
+        }
+        for (; t < n_act; t++) {
+            float *o = out + (size_t)t * ostride + (size_t)r;
+            if (R == QK_TILE_R) q4_0_tile_rt(n, wr, wstride, QK_TILE_R, ab + (size_t)t * astride, astride, 1, o, ostride);
+            else q4_0_tile_rt(n, wr, wstride, 1, ab + (size_t)t * astride, astride, 1, o, ostride);
+        }
+        r += R;
+    }
+}
+
 
 /* --- 32-element blocks with unsigned quants and a min (q4_1, q5_1) --------- */
 
@@ -580,7 +687,7 @@ static void avx_dq_f16(const void *w, float *y, int64_t n) { avx_f16_to_f32_row(
     [QUANT_F32] = {avx_f32_multi, NULL, avx_act_f32},                      \
     [QUANT_F16] = {avx_f16_multi, avx_dq_f16, avx_act_f32},                \
     [QUANT_BF16] = {avx_bf16_multi, NULL, avx_act_f32},                    \
-    [QUANT_Q4_0] = {avx_q4_0_multi, NULL, avx_act_q8},                     \
+    [QUANT_Q4_0] = {avx_q4_0_multi, NULL, avx_act_q8, avx_q4_0_tile},                     \
     [QUANT_Q4_1] = {avx_q4_1_multi, NULL, avx_act_q8},                     \
     [QUANT_Q5_0] = {avx_q5_0_multi, NULL, avx_act_q8},                     \
     [QUANT_Q5_1] = {avx_q5_1_multi, NULL, avx_act_q8},                     \

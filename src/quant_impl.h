@@ -19,7 +19,13 @@
  *     activation rows shares the weight unpacking, but each row's float
  *     accumulation runs the same instruction sequence whatever the group size.
  *  5. Tables are indexed by type id; a NULL entry in an ISA table falls back to
- *     the next lower ISA (avx512 -> avx2 -> ref).
+ *     the next lower ISA (avx512 -> avx2 -> ref), except the tile kernel.
+ *  6. Tile layout (q4_0 prefill): each full group of eight act_q8 blocks of a
+ *     row becomes one act_q8x8, the four-byte pieces transposed so that one
+ *     u8 x s8 dot over a transposed weight group puts block k's partial sum in
+ *     lane k (no horizontal reduction); a last partial group stays as it is.
+ *     Integer sums are exact, and the float steps per (row, token) are those
+ *     of the multi kernel, so the tile kernel is bit-identical to it.
  */
 #ifndef KVS_QUANT_IMPL_H
 #define KVS_QUANT_IMPL_H
@@ -131,8 +137,18 @@ typedef struct {
 } act_q8;
 static_assert(sizeof(act_q8) == 40, "act_q8 size");
 
+/* Tile layout of eight act_q8 blocks (design note 6), same size as the eight. */
+typedef struct {
+    float d[8];          /* scale of block k */
+    float ns[8];         /* -8 * s of block k (the q4_0 kernel's offset term) */
+    int8_t qs[8][32];    /* [i][4k..4k+3] = bytes 4i..4i+3 of block k */
+} act_q8x8;
+static_assert(sizeof(act_q8x8) == 8 * sizeof(act_q8), "act_q8x8 size");
+
 typedef void (*quant_dot_multi_fn)(int64_t n, const void *w, const void *act, size_t act_stride,
                                    int n_act, float *out);
+typedef void (*quant_dot_tile_fn)(int64_t n, const void *w, size_t w_stride, int n_rows, const void *act,
+                                  size_t act_stride, int n_act, float *out, size_t out_stride);
 typedef void (*quant_dequant_fn)(const void *w, float *y, int64_t n);
 typedef void (*quant_act_fn)(const float *x, void *act, int64_t n);
 
@@ -140,6 +156,7 @@ typedef struct {
     quant_dot_multi_fn dot;     /* NULL: fall back */
     quant_dequant_fn dequant;   /* NULL: fall back */
     quant_act_fn act;           /* NULL: fall back */
+    quant_dot_tile_fn tile;     /* NULL: no tile kernel under this ISA (no fall back) */
 } quant_kernels;
 
 typedef struct {

@@ -270,6 +270,55 @@ static void test_type(uint32_t type, int64_t n, double rt_bound) {
            rel_rmse, (double)maxdiff_ratio);
 }
 
+/* quant_dot_tile against quant_dot, bit for bit, on every ISA with a tile kernel. */
+static void test_tile(uint32_t type, int64_t n) {
+    enum { ROWS = 7, TOKS = 11 };
+    static float x[MAX_N], a[MAX_N];
+    static uint8_t w[ROWS][MAX_N * 4], act[TOKS][MAX_N * 4], tiled[TOKS * (MAX_N * 4 + 8)];
+    uint64_t wbytes = 0;
+    CHECK(quant_row_bytes(type, (uint64_t)n, &wbytes));
+    for (int r = 0; r < ROWS; r++) {
+        fill_random(x, n, 1.0f + (float)r);
+        CHECK(quant_quantize_row(type, x, w[r], n));
+    }
+    for (int t = 0; t < TOKS; t++) {
+        fill_random(a, n, 0.5f + (float)t);
+        if (t == 0) memset(a, 0, sizeof(float) * 32);
+        quant_act_quantize_ref(type, a, act[t], n);
+    }
+    size_t abytes = quant_act_row_bytes(type, n);
+    int tested = 0;
+    for (int k = 0; k < n_isas; k++) {
+        CHECK(quant_isa_force(isas[k]));
+        if (!quant_has_tile(type)) continue;
+        tested++;
+        static float single[TOKS][ROWS];
+        for (int t = 0; t < TOKS; t++)
+            for (int r = 0; r < ROWS; r++) single[t][r] = quant_dot(type, n, w[r], act[t]);
+        size_t stride = abytes + (k == 1 ? 8 : 0);
+        for (int t = 0; t < TOKS; t++) {
+            memcpy(tiled + (size_t)t * stride, act[t], abytes);
+            quant_act_tile_layout(type, tiled + (size_t)t * stride, n);
+        }
+        static const int shapes[][2] = {{1, 1}, {1, 4}, {2, 4}, {4, 4}, {5, 9}, {7, 11}, {3, 2}, {4, 8}, {7, 1}};
+        for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
+            const int nr = shapes[sh][0], nt = shapes[sh][1];
+            float out[TOKS][ROWS + 1];
+            memset(out, 0xFF, sizeof out);
+            quant_dot_tile(type, n, w[0], sizeof w[0], nr, tiled, stride, nt, &out[0][0], ROWS + 1);
+            int diff = 0;
+            for (int t = 0; t < nt; t++)
+                for (int r = 0; r < nr; r++) diff += memcmp(&out[t][r], &single[t][r], 4) != 0;
+            if (diff)
+                fprintf(stderr, "%s/%s n=%lld tile %dx%d: %d outputs differ from quant_dot\n",
+                        quant_get_traits(type)->name, quant_isa_name(isas[k]), (long long)n, nr, nt, diff);
+            CHECK_EQ_INT(diff, 0);
+        }
+    }
+    printf("  %-5s n=%-5lld tile kernel bit-identical to dot on %d ISA(s)\n", quant_get_traits(type)->name,
+           (long long)n, tested);
+}
+
 static void test_zero(uint32_t type, int64_t n) {
     static float z[MAX_N];
     static uint8_t w[MAX_N * 4], act[MAX_N * 4];
@@ -309,6 +358,8 @@ int main(void) {
         for (; *ns; ns++) test_type(types[i].type, *ns, types[i].rt);
         test_zero(types[i].type, be == 1 ? 64 : 512);
     }
+    static const int64_t n_tile[] = {32, 224, 256, 288, 1024};
+    for (size_t i = 0; i < sizeof n_tile / sizeof n_tile[0]; i++) test_tile(QUANT_Q4_0, n_tile[i]);
     quant_isa_force(best);
     return test_finish("test_quant", 1, 0);
 }
