@@ -184,12 +184,16 @@ void ops_parallel_for(ops_pool *pool, int64_t n, int64_t grain, ops_range_fn fn,
 #define MM_ROW_CHUNK 16
 #define MM_TOK_TILE 32
 
+#define MM_MAX_GROUP 4
+
 typedef struct {
-    const ops_weight *w;
+    int n_w;                          /* weights sharing the input (same type and n_in) */
+    const ops_weight *w[MM_MAX_GROUP];
+    float *y[MM_MAX_GROUP];
+    int64_t y_stride[MM_MAX_GROUP];
+    int64_t row0[MM_MAX_GROUP + 1];   /* first virtual row of each weight; row0[n_w] = total */
     const float *x;
     int n_tok;
-    float *y;
-    int64_t y_stride;
     uint8_t *act;
     size_t act_bytes; /* per token */
     bool tiled;       /* act rows in the tile layout, dots by quant_dot_tile */
@@ -198,37 +202,44 @@ typedef struct {
 static void mm_quantize_task(void *p, int64_t i0, int64_t i1, int slot) {
     (void)slot;
     mm_task *t = p;
+    const ops_weight *w = t->w[0];
     for (int64_t i = i0; i < i1; i++) {
         uint8_t *act = t->act + (size_t)i * t->act_bytes;
-        quant_act_quantize(t->w->type, t->x + (size_t)i * (size_t)t->w->n_in, act, t->w->n_in);
-        if (t->tiled) quant_act_tile_layout(t->w->type, act, t->w->n_in);
+        quant_act_quantize(w->type, t->x + (size_t)i * (size_t)w->n_in, act, w->n_in);
+        if (t->tiled) quant_act_tile_layout(w->type, act, w->n_in);
     }
 }
 
-static void mm_dot_task(void *p, int64_t r0, int64_t r1, int slot) {
-    (void)slot;
-    mm_task *t = p;
-    const ops_weight *w = t->w;
+/* Rows [r0, r1) of one weight into y. */
+static void mm_dot_rows(const mm_task *t, const ops_weight *w, float *y, int64_t y_stride, int64_t r0, int64_t r1) {
     if (t->tiled) {
         for (int t0 = 0; t0 < t->n_tok; t0 += MM_TOK_TILE) {
             int nt = t->n_tok - t0 < MM_TOK_TILE ? t->n_tok - t0 : MM_TOK_TILE;
             quant_dot_tile(w->type, w->n_in, (const uint8_t *)w->data + (size_t)r0 * w->row_bytes, w->row_bytes,
                            (int)(r1 - r0), t->act + (size_t)t0 * t->act_bytes, t->act_bytes, nt,
-                           t->y + (size_t)t0 * (size_t)t->y_stride + (size_t)r0, (size_t)t->y_stride);
+                           y + (size_t)t0 * (size_t)y_stride + (size_t)r0, (size_t)y_stride);
         }
         return;
     }
     float tmp[MM_TOK_TILE];
-    {
-        for (int t0 = 0; t0 < t->n_tok; t0 += MM_TOK_TILE) {
-            int nt = t->n_tok - t0 < MM_TOK_TILE ? t->n_tok - t0 : MM_TOK_TILE;
-            const uint8_t *act = t->act + (size_t)t0 * t->act_bytes;
-            for (int64_t r = r0; r < r1; r++) {
-                const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
-                quant_dot_multi(w->type, w->n_in, row, act, t->act_bytes, nt, tmp);
-                for (int j = 0; j < nt; j++) t->y[(size_t)(t0 + j) * (size_t)t->y_stride + (size_t)r] = tmp[j];
-            }
+    for (int t0 = 0; t0 < t->n_tok; t0 += MM_TOK_TILE) {
+        int nt = t->n_tok - t0 < MM_TOK_TILE ? t->n_tok - t0 : MM_TOK_TILE;
+        const uint8_t *act = t->act + (size_t)t0 * t->act_bytes;
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+            quant_dot_multi(w->type, w->n_in, row, act, t->act_bytes, nt, tmp);
+            for (int j = 0; j < nt; j++) y[(size_t)(t0 + j) * (size_t)y_stride + (size_t)r] = tmp[j];
         }
+    }
+}
+
+/* Virtual rows [v0, v1) of the group: the part that falls in each weight. */
+static void mm_dot_task(void *p, int64_t v0, int64_t v1, int slot) {
+    (void)slot;
+    mm_task *t = p;
+    for (int i = 0; i < t->n_w; i++) {
+        int64_t a = v0 > t->row0[i] ? v0 : t->row0[i], b = v1 < t->row0[i + 1] ? v1 : t->row0[i + 1];
+        if (a < b) mm_dot_rows(t, t->w[i], t->y[i], t->y_stride[i], a - t->row0[i], b - t->row0[i]);
     }
 }
 
@@ -236,21 +247,46 @@ size_t ops_matmul_scratch_bytes(const ops_weight *w, int n_tok) {
     return (size_t)n_tok * quant_act_row_bytes(w->type, w->n_in);
 }
 
-void ops_matmul(ops_pool *pool, const ops_weight *w, const float *x, int n_tok, float *y, int64_t y_stride,
-                void *act_scratch) {
-    mm_task t = {.w = w, .x = x, .n_tok = n_tok, .y = y, .y_stride = y_stride, .act = act_scratch,
-                 .act_bytes = quant_act_row_bytes(w->type, w->n_in),
-                 /* decode (one token) keeps the multi kernel's plain activation rows */
-                 .tiled = n_tok > 1 && quant_has_tile(w->type)};
-    ops_parallel_for(pool, n_tok, n_tok < 4 ? 4 : 1, mm_quantize_task, &t);
+static void mm_run(ops_pool *pool, mm_task *t) {
+    const ops_weight *w = t->w[0];
+    t->act_bytes = quant_act_row_bytes(w->type, w->n_in);
+    /* decode (one token) keeps the multi kernel's plain activation rows */
+    t->tiled = t->n_tok > 1 && quant_has_tile(w->type);
+    ops_parallel_for(pool, t->n_tok, t->n_tok < 4 ? 4 : 1, mm_quantize_task, t);
     /* Few large contiguous row ranges per thread: the hardware prefetchers
      * stream a long run far better than many 16-row pieces (measured: 14 ->
      * 21 GB/s on a 2-core EPYC for q4_0 decode). */
+    int64_t total = t->row0[t->n_w];
     int nth = ops_pool_threads(pool);
-    int64_t grain = w->n_out / ((int64_t)nth * 4);
+    int64_t grain = total / ((int64_t)nth * 4);
     grain = (grain + MM_ROW_CHUNK - 1) / MM_ROW_CHUNK * MM_ROW_CHUNK;
     if (grain < MM_ROW_CHUNK) grain = MM_ROW_CHUNK;
-    ops_parallel_for(pool, w->n_out, grain, mm_dot_task, &t);
+    ops_parallel_for(pool, total, grain, mm_dot_task, t);
+}
+
+void ops_matmul(ops_pool *pool, const ops_weight *w, const float *x, int n_tok, float *y, int64_t y_stride,
+                void *act_scratch) {
+    mm_task t = {.n_w = 1, .w = {w}, .y = {y}, .y_stride = {y_stride}, .row0 = {0, w->n_out}, .x = x,
+                 .n_tok = n_tok, .act = act_scratch};
+    mm_run(pool, &t);
+}
+
+void ops_matmul_group(ops_pool *pool, int n_w, const ops_weight *const *ws, const float *x, int n_tok,
+                      float *const *ys, const int64_t *y_strides, void *act_scratch) {
+    bool same = n_w >= 1 && n_w <= MM_MAX_GROUP;
+    for (int i = 1; same && i < n_w; i++) same = ws[i]->type == ws[0]->type && ws[i]->n_in == ws[0]->n_in;
+    if (!same) {
+        for (int i = 0; i < n_w; i++) ops_matmul(pool, ws[i], x, n_tok, ys[i], y_strides[i], act_scratch);
+        return;
+    }
+    mm_task t = {.n_w = n_w, .x = x, .n_tok = n_tok, .act = act_scratch};
+    for (int i = 0; i < n_w; i++) {
+        t.w[i] = ws[i];
+        t.y[i] = ys[i];
+        t.y_stride[i] = y_strides[i];
+        t.row0[i + 1] = t.row0[i] + ws[i]->n_out;
+    }
+    mm_run(pool, &t);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -47,6 +47,12 @@ typedef struct {
 void ops_matmul(ops_pool *pool, const ops_weight *w, const float *x, int n_tok,
                 float *y, int64_t y_stride, void *act_scratch);
 size_t ops_matmul_scratch_bytes(const ops_weight *w, int n_tok);
+/* ys[i] = ws[i] x for up to 4 weights that read the same input (Q/K/V, gate/up):
+ * x is quantized once and the pool makes one pass over all their rows (fewer
+ * synchronizations per layer). Weights of different types or row lengths fall
+ * back to one ops_matmul each. Results are identical to separate calls. */
+void ops_matmul_group(ops_pool *pool, int n_w, const ops_weight *const *ws, const float *x, int n_tok,
+                      float *const *ys, const int64_t *y_strides, void *act_scratch);
 
 /* ---- elementwise (single-threaded; callers parallelize over rows) ---- */
 void ops_rmsnorm(const float *x, const float *weight, float *out, int64_t n, float eps);
