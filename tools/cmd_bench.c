@@ -15,9 +15,7 @@
 #include "quant.h"
 #include "util.h"
 
-#ifndef KVS_COMMIT
-#define KVS_COMMIT "unknown"
-#endif
+#include "kvs_commit.h" /* KVS_COMMIT, written at build time (cmake/commit.cmake) */
 
 static void bench_usage(FILE *f) {
     fprintf(f, "usage: kvshard bench -m MODEL [-t THREADS] [-p PROMPT_TOKENS] [-n DECODE_TOKENS] [--sessions N]\n"
