@@ -856,8 +856,9 @@ int srv_run(srv *s) {
         nanosleep(&ts, NULL);
     }
     kv_get_stats(s->e->kv, &ks);
-    srv_logf(s, "stopped: %llu requests, %llu sessions live, %llu evicted (lru %llu, ttl %llu)",
-             (unsigned long long)s->c_requests, (unsigned long long)ks.sessions,
+    srv_logf(s, "stopped: %llu requests in %llu forward passes (%.2f per pass), %llu sessions live, %llu evicted (lru %llu, ttl %llu)",
+             (unsigned long long)s->c_requests, (unsigned long long)s->c_batches,
+             s->c_batches ? (double)s->c_batch_items / (double)s->c_batches : 0.0, (unsigned long long)ks.sessions,
              (unsigned long long)(ks.evict_lru + ks.evict_ttl), (unsigned long long)ks.evict_lru,
              (unsigned long long)ks.evict_ttl);
     return KVS_OK;
