@@ -6,6 +6,7 @@
 
 #include "quant.h"
 #include "util.h"
+#include "vecops.h"
 
 /* One forward call's working set. Rows are tokens of the active items, in
  * item order; tok_item/tok_pos say whose and where each row is. */
@@ -112,22 +113,14 @@ static void attention_task(void *p, int64_t task0, int64_t task1, int slot) {
         int n_pos = pos + 1;
         kv_txn *txn = c->items[c->tok_item[t]].txn;
         const float *q = c->q + (size_t)t * (size_t)q_dim + (size_t)g * (size_t)group * (size_t)hd;
-        float *scores = scratch;                         /* [group][n_pos] */
-        float *row = scratch + (size_t)group * (size_t)n_pos; /* [hd] */
+        float *scores = scratch; /* [group][n_pos] */
         for (int j = 0; j < n_pos; j++) {
-            const float *kr;
             const uint8_t *kp = kv_txn_k(txn, c->layer, (uint32_t)j);
-            if (f16) {
-                quant_f16_to_f32_row((const uint16_t *)kp + (size_t)g * (size_t)hd, row, hd);
-                kr = row;
-            } else {
-                kr = (const float *)kp + (size_t)g * (size_t)hd;
-            }
             for (int h = 0; h < group; h++) {
                 const float *qh = q + (size_t)h * (size_t)hd;
-                float s = 0.0f;
-                for (int e = 0; e < hd; e++) s += qh[e] * kr[e];
-                scores[(size_t)h * (size_t)n_pos + (size_t)j] = s * scale;
+                float sc = f16 ? vec_dot_f32_f16(qh, (const uint16_t *)kp + (size_t)g * (size_t)hd, hd)
+                               : vec_dot_f32(qh, (const float *)kp + (size_t)g * (size_t)hd, hd);
+                scores[(size_t)h * (size_t)n_pos + (size_t)j] = sc * scale;
             }
         }
         float *out = c->att + (size_t)t * (size_t)q_dim + (size_t)g * (size_t)group * (size_t)hd;
@@ -136,18 +129,12 @@ static void attention_task(void *p, int64_t task0, int64_t task1, int slot) {
             memset(out + (size_t)h * (size_t)hd, 0, (size_t)hd * sizeof(float));
         }
         for (int j = 0; j < n_pos; j++) {
-            const float *vr;
             const uint8_t *vp = kv_txn_v(txn, c->layer, (uint32_t)j);
-            if (f16) {
-                quant_f16_to_f32_row((const uint16_t *)vp + (size_t)g * (size_t)hd, row, hd);
-                vr = row;
-            } else {
-                vr = (const float *)vp + (size_t)g * (size_t)hd;
-            }
             for (int h = 0; h < group; h++) {
                 float a = scores[(size_t)h * (size_t)n_pos + (size_t)j];
                 float *oh = out + (size_t)h * (size_t)hd;
-                for (int e = 0; e < hd; e++) oh[e] += a * vr[e];
+                if (f16) vec_axpy_f16(a, (const uint16_t *)vp + (size_t)g * (size_t)hd, oh, hd);
+                else vec_axpy_f32(a, (const float *)vp + (size_t)g * (size_t)hd, oh, hd);
             }
         }
     }
