@@ -103,6 +103,34 @@ static void *client_main(void *p) {
 static const char *PROMPTS[8] = {"Once upon a time", "The little dog", "Lily and Ben", "Tom had a toy car",
                                  "One day, a bird", "The sun was hot", "Mom said no", "A big red ball"};
 
+/* STATS from a shard: KV bytes used, budget, LRU evictions. */
+static int probe_stats(int port, uint64_t *used, uint64_t *budget, uint64_t *lru) {
+    int fd = -1;
+    char msg[KVS_MSG_MAX];
+    if (netio_connect("127.0.0.1", (uint16_t)port, netio_deadline_ms(5000), &fd, msg, sizeof(msg))) return KVS_ERR_IO;
+    uint8_t buf[64];
+    size_t len;
+    struct wire_hello h = {.min_version = 1, .max_version = 1};
+    wire_encode_hello(&h, buf, sizeof(buf), &len);
+    struct netio_buf b = {0};
+    struct wire_header hd;
+    int err = netio_send_frame(fd, WIRE_OP_HELLO, 1, buf, len, netio_deadline_ms(5000));
+    if (!err) err = netio_recv_frame(fd, &hd, &b, netio_deadline_ms(5000), msg, sizeof(msg));
+    if (!err) err = netio_send_frame(fd, WIRE_OP_STATS, 2, NULL, 0, netio_deadline_ms(5000));
+    if (!err) err = netio_recv_frame(fd, &hd, &b, netio_deadline_ms(5000), msg, sizeof(msg));
+    struct wire_stats_reply *st = calloc(1, sizeof(*st));
+    if (!err) err = wire_decode_stats_reply(b.data, b.len, st, msg, sizeof(msg));
+    for (uint32_t i = 0; !err && i < st->n_stats; i++) {
+        if (!strcmp(st->stats[i].name, "kv.bytes_used")) *used = st->stats[i].value;
+        if (!strcmp(st->stats[i].name, "kv.budget_bytes")) *budget = st->stats[i].value;
+        if (!strcmp(st->stats[i].name, "kv.evict_lru")) *lru = st->stats[i].value;
+    }
+    free(st);
+    netio_buf_free(&b);
+    close(fd);
+    return err;
+}
+
 /* n clients at once through a 2-shard route: each equals its solo run. */
 static void check_concurrent(const char *model, int n_layer, int n_clients, const char *budget) {
     char layers_a[16], layers_b[16];
@@ -131,6 +159,26 @@ static void check_concurrent(const char *model, int n_layer, int n_clients, cons
     }
     printf("  %d concurrent clients through a 2-shard route%s%s: each equals its solo run\n", n_clients,
            budget ? ", kv budget " : "", budget ? budget : "");
+    if (budget) {
+        /* Bounded memory: each shard's resident set stays small (the model is 1 MB, the KV
+         * budget tiny; 8 clients' sessions came and went through it). */
+        for (int i = 0; i < 2; i++) {
+            char path[64], line[256];
+            snprintf(path, sizeof(path), "/proc/%d/status", (int)s[i].pid);
+            FILE *f = fopen(path, "r");
+            long kb = -1;
+            while (f && fgets(line, sizeof(line), f))
+                if (!strncmp(line, "VmRSS:", 6)) kb = atol(line + 6);
+            if (f) fclose(f);
+            uint64_t used = 0, budget_b = 0, lru = 0;
+            CHECK_EQ_INT(probe_stats(s[i].port, &used, &budget_b, &lru), KVS_OK);
+            printf("  shard %d after 8 clients: kv %llu of %llu bytes, %llu LRU evictions, resident %ld KiB\n", i,
+                   (unsigned long long)used, (unsigned long long)budget_b, (unsigned long long)lru, kb);
+            CHECK(used <= budget_b);
+            CHECK(lru > 0);
+            CHECK(kb > 0 && kb < 128 * 1024); /* 1 MB model, 24 KiB of KV: tens of MB even under ASan */
+        }
+    }
     for (int i = 0; i < 2; i++) CHECK_EQ_INT(proc_stop_server(&s[i]), 0);
     if (budget) {
         /* The shards evicted sessions and never went over budget: their final log line

@@ -468,6 +468,83 @@ static void test_concurrent(server_ctx *sc) {
     }
 }
 
+/* A tail shard (layers [1, 2)) takes hidden states in f32 or f16 and answers in the same
+ * dtype; the f16 answer is the f32 one rounded (inputs rounded to f16 first), and both
+ * equal the local engine's split computation. */
+static void test_hidden_dtypes(const char *model_path) {
+    server_ctx tail;
+    CHECK_EQ_INT(start_server(&tail, model_path, 1, 2, 16), KVS_OK);
+    int fd = connect_to(&tail);
+    struct wire_info info;
+    CHECK_EQ_INT(hello(fd, &info), KVS_OK);
+    CHECK_EQ_INT(info.first, 1);
+    CHECK(info.hidden_dtypes & WIRE_DTYPE_F16);
+    uint32_t d = info.n_embd, n = 6;
+    float *hid = malloc((size_t)n * d * sizeof(float)), *back = malloc((size_t)n * d * sizeof(float));
+    uint16_t *h16 = malloc((size_t)n * d * sizeof(uint16_t));
+    for (size_t i = 0; i < (size_t)n * d; i++) hid[i] = (float)((int)(i * 37 % 101) - 50) / 25.0f;
+    quant_f32_to_f16_row(hid, h16, (int64_t)n * d);
+    quant_f16_to_f32_row(h16, hid, (int64_t)n * d); /* both requests carry the same values */
+    /* The local engine on the same range. */
+    engine_params ep = engine_default_params();
+    ep.model_path = model_path;
+    ep.first = 1;
+    ep.last = 2;
+    ep.n_threads = 2;
+    ep.kv.budget_bytes = 4u << 20;
+    engine *e = NULL;
+    char msg[KVS_MSG_MAX];
+    CHECK_EQ_INT(engine_open(&ep, &e, msg, sizeof(msg)), KVS_OK);
+    float *local = malloc((size_t)n * d * sizeof(float));
+    engine_req lr = {.sid = sid_of(900), .epoch = 1, .n = n, .hidden = hid, .out_mode = FWD_OUT_HIDDEN, .out = local};
+    if (e) engine_step(e, &lr, 1);
+    struct netio_buf b = {0};
+    for (int pass = 0; pass < 2; pass++) {
+        bool f16 = pass == 1;
+        struct wire_forward f = {.epoch = 1, .n_tokens = n, .out_mode = WIRE_OUT_HIDDEN,
+                                 .in_kind = f16 ? WIRE_IN_HIDDEN_F16 : WIRE_IN_HIDDEN_F32, .n_embd = d,
+                                 .data = f16 ? (const void *)h16 : (const void *)hid};
+        kv_sid sid = sid_of(910 + pass);
+        memcpy(f.session_id, sid.bytes, 16);
+        size_t len = 0;
+        wire_encode_forward(&f, NULL, 0, &len);
+        uint8_t *buf = malloc(len);
+        CHECK_EQ_INT(wire_encode_forward(&f, buf, len, &len), KVS_OK);
+        netio_send_frame(fd, WIRE_OP_FORWARD, 1, buf, len, netio_deadline_ms(5000));
+        free(buf);
+        struct wire_forward_reply r;
+        CHECK_EQ_INT(recv_forward(fd, &b, &r, NULL), KVS_OK);
+        CHECK_EQ_INT(r.st.status, KVS_OK);
+        CHECK_EQ_INT(r.out_kind, f16 ? WIRE_OUTK_HIDDEN_F16 : WIRE_OUTK_HIDDEN_F32);
+        CHECK_EQ_INT(r.n_rows, n);
+        CHECK_EQ_INT(r.n_cols, d);
+        CHECK_EQ_INT(wire_forward_reply_to_f32(&r, back), KVS_OK);
+        for (size_t i = 0; i < (size_t)n * d; i++) {
+            float want = f16 ? quant_f16_to_f32(quant_f32_to_f16(local[i])) : local[i];
+            if (back[i] != want) {
+                fprintf(stderr, "%s hidden reply differs at %zu: %g vs %g\n", f16 ? "f16" : "f32", i,
+                        (double)back[i], (double)want);
+                test_failures_++;
+                break;
+            }
+        }
+    }
+    /* Token ids are refused by a shard that does not own layer 0. */
+    int32_t tok = 1;
+    CHECK_EQ_INT(send_forward(fd, 3, sid_of(920), 1, 0, 1, &tok, WIRE_OUT_HIDDEN), KVS_OK);
+    struct wire_forward_reply r;
+    CHECK_EQ_INT(recv_forward(fd, &b, &r, NULL), KVS_OK);
+    CHECK_EQ_INT(r.st.status, KVS_ERR_INVALID_ARG);
+    netio_buf_free(&b);
+    close(fd);
+    engine_close(e);
+    free(hid);
+    free(back);
+    free(h16);
+    free(local);
+    stop_server(&tail);
+}
+
 int main(void) {
     char dir[] = "/tmp/kvs-server-XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
@@ -486,6 +563,7 @@ int main(void) {
     test_cancel(&sc);
     test_concurrent(&sc);
     stop_server(&sc);
+    test_hidden_dtypes(model_file);
     unlink(model_file);
     rmdir(dir);
     return test_finish("test_server", 1, 0);
