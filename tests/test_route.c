@@ -249,7 +249,7 @@ static int probe_epoch(int port, const uint8_t sid[16], uint64_t epoch, uint64_t
 /* kill -9 of the last shard while the client is paused mid-generation (a handshake, not a
  * sleep), with a spare running: the generation completes with output identical to an
  * uninterrupted run, only the spare replays, and the survivor rejects the old epoch. */
-static void check_failover(const char *model, int n_layer) {
+static void check_failover(const char *model, int n_layer, bool stop_instead) {
     char la[16], lb[16];
     snprintf(la, sizeof(la), "0:%d", n_layer / 2);
     snprintf(lb, sizeof(lb), "%d:%d", n_layer / 2, n_layer);
@@ -276,7 +276,7 @@ static void check_failover(const char *model, int n_layer) {
         close(out[0]);
         execl(proc_bin(), "kvshard", "generate", "--route", route, "--spare", spare_s, "-p", prompt, "-n", "40",
               "--temp", "0", "--seed", "5", "--json", "--stats", "-v", "--pause-after", "8", "--keep-session",
-              (char *)NULL);
+              "--timeout", stop_instead ? "2000" : "30000", (char *)NULL);
         _exit(127);
     }
     close(in[0]);
@@ -302,9 +302,13 @@ static void check_failover(const char *model, int n_layer) {
         if (!paused) proc_sleep_ms(5);
     }
     CHECK(paused);
-    kill(b.pid, SIGKILL);
-    proc_wait(b.pid, 10000);
-    b.pid = 0;
+    if (stop_instead) {
+        kill(b.pid, SIGSTOP); /* alive but silent: only the client's timeout can tell */
+    } else {
+        kill(b.pid, SIGKILL);
+        proc_wait(b.pid, 10000);
+        b.pid = 0;
+    }
     ssize_t w = write(in[1], "\n", 1);
     CHECK_EQ_INT(w, 1);
     close(in[1]);
@@ -327,8 +331,8 @@ static void check_failover(const char *model, int n_layer) {
         CHECK(strstr(line, "\"reroutes\":1,") != NULL);
         CHECK(strstr(line, "\"epoch\":2,") != NULL);
         const char *p = strstr(line, "\"resume_step_ms\":");
-        if (p) printf("  failover: shard killed while paused; the next token took %.1f ms (detect, re-route, replay)\n",
-                      atof(p + strlen("\"resume_step_ms\":")));
+        if (p) printf("  failover: shard %s while paused; the next token took %.1f ms (detect, re-route, replay)\n",
+                      stop_instead ? "stopped" : "killed", atof(p + strlen("\"resume_step_ms\":")));
     }
     if (f) fclose(f);
     CHECK(stats);
@@ -336,7 +340,12 @@ static void check_failover(const char *model, int n_layer) {
     uint64_t live = 0;
     CHECK_EQ_INT(probe_epoch(a.port, sid, 1, &live), KVS_ERR_STALE_EPOCH);
     CHECK_EQ_INT(live, 2);
-    printf("  kill -9 of a shard mid-generation: output identical, survivor rejects the old epoch\n");
+    printf("  %s of a shard mid-generation: output identical, survivor rejects the old epoch\n",
+           stop_instead ? "SIGSTOP (reply timeout)" : "kill -9");
+    if (stop_instead) {
+        kill(b.pid, SIGCONT);
+        proc_stop_server(&b);
+    }
     free(got);
     free(ref);
     proc_stop_server(&a);
@@ -355,13 +364,14 @@ int main(void) {
     CHECK_EQ_INT(st, 0);
     check_routes(synth, 2);
     check_bad_route(synth, 2);
-    check_failover(synth, 2);
+    check_failover(synth, 2, false);
     int skipped = 0;
     char buf[1024];
     const char *stories = test_shared_path("models/stories260K.gguf", buf, sizeof(buf));
     if (stories) {
         check_routes(stories, 5);
-        check_failover(stories, 5);
+        check_failover(stories, 5, false);
+        check_failover(stories, 5, true);
         check_concurrent(stories, 5, 4, NULL);
         /* Budget for about two sessions of 5+20 positions per shard (block = 16 positions). */
         check_concurrent(stories, 5, 8, "24K");
