@@ -62,11 +62,13 @@ int main(void) {
     expect_exit(bad_layers, 2, "--layers");
     const char *bad_budget[] = {"serve", "-m", "x.gguf", "--layers", "0:1", "--kv-budget", "12Q", NULL};
     expect_exit(bad_budget, 2, "--kv-budget");
+    const char *no_shard[] = {"stats", "127.0.0.1:1", NULL};
+    expect_exit(no_shard, 1, "127.0.0.1:1");
     const char *bad_shape[] = {"mkmodel", "-o", "/tmp/never.gguf", "--shape", "huge", "--type", "f32", NULL};
     char *out = NULL;
     CHECK(cli(bad_shape, &out) != 0);
     free(out);
-    const char *cmds[] = {"run", "logits", "bench", "inspect", "mkmodel", "serve", "generate"};
+    const char *cmds[] = {"run", "logits", "bench", "inspect", "mkmodel", "serve", "generate", "stats"};
     for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
         const char *help[] = {cmds[i], "--help", NULL};
         CHECK_EQ_INT(cli(help, &out), 0);

@@ -177,6 +177,14 @@ static void check_concurrent(const char *model, int n_layer, int n_clients, cons
             CHECK(used <= budget_b);
             CHECK(lru > 0);
             CHECK(kb > 0 && kb < 128 * 1024); /* 1 MB model, 24 KiB of KV: tens of MB even under ASan */
+            char addr[64];
+            snprintf(addr, sizeof(addr), "127.0.0.1:%d", s[i].port);
+            const char *stats_args[] = {"stats", addr, NULL};
+            int st;
+            char *js = run_cli(stats_args, &st);
+            CHECK_EQ_INT(st, 0);
+            CHECK(strstr(js, "\"kv.evict_lru\":") != NULL && strstr(js, "\"model_digest\":\"") != NULL);
+            free(js);
         }
     }
     for (int i = 0; i < 2; i++) CHECK_EQ_INT(proc_stop_server(&s[i]), 0);
