@@ -103,19 +103,27 @@ static void *client_main(void *p) {
 static const char *PROMPTS[8] = {"Once upon a time", "The little dog", "Lily and Ben", "Tom had a toy car",
                                  "One day, a bird", "The sun was hot", "Mom said no", "A big red ball"};
 
-/* STATS from a shard: KV bytes used, budget, LRU evictions. */
-static int probe_stats(int port, uint64_t *used, uint64_t *budget, uint64_t *lru) {
-    int fd = -1;
+/* Connects to a shard on loopback and says HELLO (the INFO reply lands in b). */
+static int probe_connect(int port, int *fd, struct netio_buf *b) {
     char msg[KVS_MSG_MAX];
-    if (netio_connect("127.0.0.1", (uint16_t)port, netio_deadline_ms(5000), &fd, msg, sizeof(msg))) return KVS_ERR_IO;
+    if (netio_connect("127.0.0.1", (uint16_t)port, netio_deadline_ms(5000), fd, msg, sizeof(msg))) return KVS_ERR_IO;
     uint8_t buf[64];
     size_t len;
     struct wire_hello h = {.min_version = 1, .max_version = 1};
     wire_encode_hello(&h, buf, sizeof(buf), &len);
+    struct wire_header hd;
+    int err = netio_send_frame(*fd, WIRE_OP_HELLO, 1, buf, len, netio_deadline_ms(5000));
+    if (!err) err = netio_recv_frame(*fd, &hd, b, netio_deadline_ms(5000), msg, sizeof(msg));
+    return err;
+}
+
+/* STATS from a shard: KV bytes used, budget, LRU evictions. */
+static int probe_stats(int port, uint64_t *used, uint64_t *budget, uint64_t *lru) {
+    int fd = -1;
+    char msg[KVS_MSG_MAX];
     struct netio_buf b = {0};
     struct wire_header hd;
-    int err = netio_send_frame(fd, WIRE_OP_HELLO, 1, buf, len, netio_deadline_ms(5000));
-    if (!err) err = netio_recv_frame(fd, &hd, &b, netio_deadline_ms(5000), msg, sizeof(msg));
+    int err = probe_connect(port, &fd, &b);
     if (!err) err = netio_send_frame(fd, WIRE_OP_STATS, 2, NULL, 0, netio_deadline_ms(5000));
     if (!err) err = netio_recv_frame(fd, &hd, &b, netio_deadline_ms(5000), msg, sizeof(msg));
     struct wire_stats_reply *st = calloc(1, sizeof(*st));
@@ -228,15 +236,11 @@ static void check_bad_route(const char *model, int n_layer) {
 static int probe_epoch(int port, const uint8_t sid[16], uint64_t epoch, uint64_t *live) {
     int fd = -1;
     char msg[KVS_MSG_MAX];
-    if (netio_connect("127.0.0.1", (uint16_t)port, netio_deadline_ms(5000), &fd, msg, sizeof(msg))) return KVS_ERR_IO;
     uint8_t buf[256];
     size_t len;
-    struct wire_hello h = {.min_version = 1, .max_version = 1};
-    wire_encode_hello(&h, buf, sizeof(buf), &len);
-    netio_send_frame(fd, WIRE_OP_HELLO, 1, buf, len, netio_deadline_ms(5000));
     struct netio_buf b = {0};
     struct wire_header hd;
-    int err = netio_recv_frame(fd, &hd, &b, netio_deadline_ms(5000), msg, sizeof(msg));
+    int err = probe_connect(port, &fd, &b);
     int32_t tok = 1;
     struct wire_forward f = {.epoch = epoch, .n_tokens = 1, .out_mode = WIRE_OUT_HIDDEN, .in_kind = WIRE_IN_TOKENS, .data = &tok};
     memcpy(f.session_id, sid, 16);
