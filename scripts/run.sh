@@ -8,7 +8,7 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)"
 model="${KVS_SHARED_DIR:-../shared}/models/stories260K.gguf"
 if [ ! -f "$model" ]; then
-  echo "run: $model not found; generating a tiny synthetic model instead" >&2
+  echo "run: $model not found; generating a tiny synthetic model instead (random weights: its text is noise)" >&2
   model=build/tiny-q8_0.gguf
   ./build/kvshard mkmodel -o "$model" --shape tiny --type q8_0 --seed 1
 fi
