@@ -360,6 +360,8 @@ int main(void) {
     }
     static const int64_t n_tile[] = {32, 224, 256, 288, 1024};
     for (size_t i = 0; i < sizeof n_tile / sizeof n_tile[0]; i++) test_tile(QUANT_Q4_0, n_tile[i]);
+    static const int64_t n_ktile[] = {256, 768, 1024};
+    for (size_t i = 0; i < sizeof n_ktile / sizeof n_ktile[0]; i++) test_tile(QUANT_Q4_K, n_ktile[i]);
     quant_isa_force(best);
     return test_finish("test_quant", 1, 0);
 }
