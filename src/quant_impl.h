@@ -26,6 +26,9 @@
  *     lane k (no horizontal reduction); a last partial group stays as it is.
  *     Integer sums are exact, and the float steps per (row, token) are those
  *     of the multi kernel, so the tile kernel is bit-identical to it.
+ *     q4_k has a tile kernel too; its activations keep the block_q8_k layout
+ *     (quant_act_tile_layout leaves them as they are) and each i32 lane of a
+ *     block's sum holds the same elements as in the multi kernel.
  */
 #ifndef KVS_QUANT_IMPL_H
 #define KVS_QUANT_IMPL_H
