@@ -158,7 +158,7 @@ QK_MULTI(avx_f32, 2)
 QK_MULTI(avx_f16, 2)
 QK_MULTI(avx_bf16, 2)
 
-/* --- 32-element blocks with signed quants (q4_0, q5_0, q8_0) ---------------- */
+/* --- 32-element blocks with signed quants (q5_0; q4_0 and q8_0 below) ------- */
 
 /* Per row and pair of blocks: t = p0 * (dw0 * da0); t = fma(p1, dw1 * da1, t);
  * acc += t — one add on the loop-carried chain per two blocks. An odd last
@@ -207,12 +207,9 @@ QK_MULTI(avx_bf16, 2)
 QK_INLINE __m256i unpack_q5_0(const block_q5_0 *b) {
     return _mm256_sub_epi8(_mm256_or_si256(nibbles32(b->qs), bits32_x10(b->qh)), _mm256_set1_epi8(16));
 }
-QK_INLINE __m256i unpack_q8_0(const block_q8_0 *b) { return _mm256_loadu_si256((const __m256i *)b->qs); }
 
 QK_SIGNED32_ROWS(avx_q5_0, block_q5_0, unpack_q5_0)
-QK_SIGNED32_ROWS(avx_q8_0, block_q8_0, unpack_q8_0)
 QK_MULTI(avx_q5_0, 4)
-QK_MULTI(avx_q8_0, 4)
 
 /* --- q4_0 ----------------------------------------------------------------------
  * Unsigned nibbles u = 0..15 go straight into the u8 x s8 dot (no sign trick):
@@ -432,6 +429,149 @@ static void avx_q4_0_tile(int64_t n, const void *w, size_t wstride, int n_rows, 
     }
 }
 
+
+/* --- q8_0 ------------------------------------------------------------------------
+ * The q4_0 scheme with the sign trick: |q| x sign(a, q) (both within +-127, so
+ * maddubs never saturates) gives block k's exact sum(q a) in lane k of P after
+ * hsum8_epi32. Per (row, token) and step of up to eight blocks:
+ *   acc = fma(P * da, dw, acc); out = hsum(acc)
+ * and the tile kernel (transposed groups as in q4_0, same P) runs the same
+ * float steps, so dot, multi and tile agree bit for bit. */
+
+/* The f16 scales of blocks x[0..nk) in lanes 0..nk), zero above. */
+QK_INLINE __m256 q8_0_w_d(const block_q8_0 *x, const int nk) {
+    uint16_t h[8] = {0};
+    QK_UNROLL for (int k = 0; k < nk; k++) h[k] = x[k].d;
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+}
+
+/* One step of up to eight blocks from block ib for an R x T tile, plain activation rows. */
+QK_INLINE void q8_0_step(const block_q8_0 *const *x, const int R, const act_q8 *const *a, const int T,
+                         int64_t ib, const int nk, __m256 acc[4][4]) {
+    __m256 da[4], ns[4], dw[4];
+    QK_UNROLL for (int t = 0; t < T; t++) q4_0_act_ds(a[t] + ib, nk, &da[t], &ns[t]);
+    QK_UNROLL for (int r = 0; r < R; r++) dw[r] = q8_0_w_d(x[r] + ib, nk);
+    __m256i h[4][4][4];
+    QK_UNROLL for (int kk = 0; kk < 4; kk++) {
+        QK_UNROLL for (int r = 0; r < R; r++) {
+            const int k0 = 2 * kk, k1 = 2 * kk + 1;
+            const __m256i q0 = k0 < nk ? _mm256_loadu_si256((const __m256i *)x[r][ib + k0].qs) : _mm256_setzero_si256();
+            const __m256i q1 = k1 < nk ? _mm256_loadu_si256((const __m256i *)x[r][ib + k1].qs) : _mm256_setzero_si256();
+            const __m256i u0 = _mm256_sign_epi8(q0, q0), u1 = _mm256_sign_epi8(q1, q1);
+            QK_UNROLL for (int t = 0; t < T; t++) {
+                const __m256i p0 = k0 < nk ? dot_u8s8(u0, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)a[t][ib + k0].qs), q0))
+                                           : _mm256_setzero_si256();
+                const __m256i p1 = k1 < nk ? dot_u8s8(u1, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)a[t][ib + k1].qs), q1))
+                                           : _mm256_setzero_si256();
+                h[r][t][kk] = _mm256_hadd_epi32(p0, p1);
+            }
+        }
+    }
+    QK_UNROLL for (int r = 0; r < R; r++)
+        QK_UNROLL for (int t = 0; t < T; t++) {
+            const __m256 p = _mm256_cvtepi32_ps(hsum8_epi32(h[r][t][0], h[r][t][1], h[r][t][2], h[r][t][3]));
+            acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(p, da[t]), dw[r], acc[r][t]);
+        }
+}
+
+QK_INLINE void avx_q8_0_rows(int64_t n, const void *w, const uint8_t *act, size_t stride, const int g,
+                             float *out) {
+    const int64_t nb = n / QK32;
+    const block_q8_0 *x[1] = {(const block_q8_0 *)w};
+    const act_q8 *a[4];
+    __m256 acc[4][4];
+    FOR_ROWS {
+        a[r] = (const act_q8 *)(act + (size_t)r * stride);
+        acc[0][r] = _mm256_setzero_ps();
+    }
+    int64_t ib = 0;
+    for (; ib + 8 <= nb; ib += 8) q8_0_step(x, 1, a, g, ib, 8, acc);
+    if (ib < nb) q8_0_step(x, 1, a, g, ib, (int)(nb - ib), acc);
+    FOR_ROWS out[r] = hsum_ps(acc[0][r]);
+}
+QK_MULTI(avx_q8_0, 4)
+
+/* Chunk i, lane k = bytes 4i..4i+3 of block x[k] (an 8 x 8 transpose of i32). */
+QK_INLINE void q8_0_w_chunks(const block_q8_0 *x, __m256i c[8]) {
+    __m256i b[8], t[8], u[8];
+    QK_UNROLL for (int k = 0; k < 8; k++) b[k] = _mm256_loadu_si256((const __m256i *)x[k].qs);
+    QK_UNROLL for (int k = 0; k < 8; k += 2) {
+        t[k] = _mm256_unpacklo_epi32(b[k], b[k + 1]);
+        t[k + 1] = _mm256_unpackhi_epi32(b[k], b[k + 1]);
+    }
+    /* t[2m] = [b2m0 b2m+1,0 b2m1 b2m+1,1 | lanes 4,5], t[2m+1] = lanes 2,3 | 6,7 */
+    QK_UNROLL for (int k = 0; k < 8; k += 4) {
+        u[k] = _mm256_unpacklo_epi64(t[k], t[k + 2]);     /* lane 0 | 4 of blocks k..k+3 */
+        u[k + 1] = _mm256_unpackhi_epi64(t[k], t[k + 2]); /* lane 1 | 5 */
+        u[k + 2] = _mm256_unpacklo_epi64(t[k + 1], t[k + 3]); /* lane 2 | 6 */
+        u[k + 3] = _mm256_unpackhi_epi64(t[k + 1], t[k + 3]); /* lane 3 | 7 */
+    }
+    QK_UNROLL for (int i = 0; i < 4; i++) {
+        c[i] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x20);
+        c[i + 4] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x31);
+    }
+}
+
+QK_INLINE void q8_0_tile_rt(int64_t n, const uint8_t *w, size_t wstride, const int R, const uint8_t *act,
+                            size_t astride, const int T, float *out, size_t ostride) {
+    const int64_t nb = n / QK32;
+    const block_q8_0 *x[QK_TILE_R];
+    const act_q8 *a[QK_TILE_T];
+    __m256 acc[QK_TILE_R][QK_TILE_T];
+    QK_UNROLL for (int r = 0; r < R; r++) x[r] = (const block_q8_0 *)(w + (size_t)r * wstride);
+    QK_UNROLL for (int t = 0; t < T; t++) a[t] = (const act_q8 *)(act + (size_t)t * astride);
+    QK_UNROLL for (int r = 0; r < R; r++)
+        QK_UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    int64_t ib = 0;
+    for (; ib + 8 <= nb; ib += 8) {
+        QK_UNROLL for (int r = 0; r < R; r++) {
+            __m256i c[8], u[8];
+            q8_0_w_chunks(x[r] + ib, c);
+            QK_UNROLL for (int i = 0; i < 8; i++) u[i] = _mm256_sign_epi8(c[i], c[i]);
+            const __m256 dw = q8_0_w_d(x[r] + ib, 8);
+            QK_UNROLL for (int t = 0; t < T; t++) {
+                const act_q8x8 *y = (const act_q8x8 *)(a[t] + ib);
+                __m256i s = dot_u8s8(u[0], _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y->qs[0]), c[0]));
+                QK_UNROLL for (int i = 1; i < 8; i++)
+                    s = dot_u8s8_acc(s, u[i], _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y->qs[i]), c[i]));
+                const __m256 p = _mm256_cvtepi32_ps(s);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(p, _mm256_loadu_ps(y->d)), dw, acc[r][t]);
+            }
+        }
+    }
+    if (ib < nb) {
+        QK_UNROLL for (int r = 0; r < R; r++)
+            QK_UNROLL for (int t = 0; t < T; t++) {
+                __m256 one[4][4];
+                one[0][0] = acc[r][t];
+                q8_0_step(&x[r], 1, &a[t], 1, ib, (int)(nb - ib), one);
+                acc[r][t] = one[0][0];
+            }
+    }
+    QK_UNROLL for (int r = 0; r < R; r++)
+        QK_UNROLL for (int t = 0; t < T; t++) out[(size_t)t * ostride + (size_t)r] = hsum_ps(acc[r][t]);
+}
+
+static void avx_q8_0_tile(int64_t n, const void *w, size_t wstride, int n_rows, const void *act,
+                          size_t astride, int n_act, float *out, size_t ostride) {
+    const uint8_t *wb = (const uint8_t *)w, *ab = (const uint8_t *)act;
+    for (int r = 0; r < n_rows;) {
+        const int R = n_rows - r >= QK_TILE_R ? QK_TILE_R : 1;
+        const uint8_t *wr = wb + (size_t)r * wstride;
+        int t = 0;
+        for (; n_act - t >= QK_TILE_T; t += QK_TILE_T) {
+            float *o = out + (size_t)t * ostride + (size_t)r;
+            if (R == QK_TILE_R) q8_0_tile_rt(n, wr, wstride, QK_TILE_R, ab + (size_t)t * astride, astride, QK_TILE_T, o, ostride);
+            else q8_0_tile_rt(n, wr, wstride, 1, ab + (size_t)t * astride, astride, QK_TILE_T, o, ostride);
+        }
+        for (; t < n_act; t++) {
+            float *o = out + (size_t)t * ostride + (size_t)r;
+            if (R == QK_TILE_R) q8_0_tile_rt(n, wr, wstride, QK_TILE_R, ab + (size_t)t * astride, astride, 1, o, ostride);
+            else q8_0_tile_rt(n, wr, wstride, 1, ab + (size_t)t * astride, astride, 1, o, ostride);
+        }
+        r += R;
+    }
+}
 
 /* --- 32-element blocks with unsigned quants and a min (q4_1, q5_1) --------- */
 
@@ -788,7 +928,7 @@ static void avx_dq_f16(const void *w, float *y, int64_t n) { avx_f16_to_f32_row(
     [QUANT_Q4_1] = {avx_q4_1_multi, NULL, avx_act_q8},                     \
     [QUANT_Q5_0] = {avx_q5_0_multi, NULL, avx_act_q8},                     \
     [QUANT_Q5_1] = {avx_q5_1_multi, NULL, avx_act_q8},                     \
-    [QUANT_Q8_0] = {avx_q8_0_multi, NULL, avx_act_q8},                     \
+    [QUANT_Q8_0] = {avx_q8_0_multi, NULL, avx_act_q8, avx_q8_0_tile},                     \
     [QUANT_Q4_K] = {avx_q4_k_multi, NULL, avx_act_q8k, avx_q4_k_tile},                    \
     [QUANT_Q5_K] = {avx_q5_k_multi, NULL, avx_act_q8k},                    \
     [QUANT_Q6_K] = {avx_q6_k_multi, NULL, avx_act_q8k}

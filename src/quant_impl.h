@@ -26,6 +26,8 @@
  *     lane k (no horizontal reduction); a last partial group stays as it is.
  *     Integer sums are exact, and the float steps per (row, token) are those
  *     of the multi kernel, so the tile kernel is bit-identical to it.
+ *     q8_0 uses the same layout (ns unused) and, like q4_0, reduces each
+ *     block to one lane in its multi kernel too, so the two agree bit for bit.
  *     q4_k has a tile kernel too; its activations keep the block_q8_k layout
  *     (quant_act_tile_layout leaves them as they are) and each i32 lane of a
  *     block's sum holds the same elements as in the multi kernel.

@@ -359,7 +359,10 @@ int main(void) {
         test_zero(types[i].type, be == 1 ? 64 : 512);
     }
     static const int64_t n_tile[] = {32, 224, 256, 288, 1024};
-    for (size_t i = 0; i < sizeof n_tile / sizeof n_tile[0]; i++) test_tile(QUANT_Q4_0, n_tile[i]);
+    for (size_t i = 0; i < sizeof n_tile / sizeof n_tile[0]; i++) {
+        test_tile(QUANT_Q4_0, n_tile[i]);
+        test_tile(QUANT_Q8_0, n_tile[i]);
+    }
     static const int64_t n_ktile[] = {256, 768, 1024};
     for (size_t i = 0; i < sizeof n_ktile / sizeof n_ktile[0]; i++) test_tile(QUANT_Q4_K, n_ktile[i]);
     quant_isa_force(best);
