@@ -252,7 +252,7 @@ static void mm_run(ops_pool *pool, mm_task *t) {
     t->act_bytes = quant_act_row_bytes(w->type, w->n_in);
     /* Decode steps of up to 4 sessions keep the multi kernel (it streams each
      * weight row once for all of them: 4 sessions 1.1x -> 1.6x of one with the
-     * 4x4 tile kernel measured on the 2-core EPYC); larger batches (prefill,
+     * q4_0 4x4 tile kernel measured on the 2-core EPYC); larger batches (prefill,
      * many sessions) use the tile kernel. Both give bit-identical results. */
     t->tiled = t->n_tok > 4 && quant_has_tile(w->type);
     ops_parallel_for(pool, t->n_tok, t->n_tok < 4 ? 4 : 1, mm_quantize_task, t);
