@@ -51,13 +51,30 @@ struct srv_job {
     srv_job *next;          /* scheduler list */
 };
 
+/* One queued outgoing frame. */
+typedef struct srv_out {
+    struct srv_out *next;
+    uint16_t op;
+    uint64_t request_id;
+    size_t len;
+    uint8_t data[]; /* payload */
+} srv_out;
+
 struct srv_conn {
     srv *s;
     int fd;
     unsigned id;
     char peer[64];
     pthread_t thread;
-    pthread_mutex_t write_lock;
+    /* Outgoing frames go through a queue drained by the connection's writer
+     * thread, so no other thread (the scheduler above all) ever blocks on a
+     * client that does not read; a queue past max_queued_bytes closes it. */
+    pthread_t writer;
+    pthread_mutex_t write_lock; /* guards the queue fields below */
+    pthread_cond_t write_cv;
+    srv_out *out_head, *out_tail;
+    size_t out_bytes;
+    bool writer_stop;
     atomic_int refs;        /* reader + jobs */
     atomic_bool closed;
     srv_conn *next;         /* server's list */
@@ -108,6 +125,7 @@ srv_params srv_default_params(void) {
     p.hello_timeout_ms = 10000;
     p.idle_timeout_ms = 600000;
     p.kv_type = QUANT_F16;
+    p.max_queued_bytes = 256ull << 20;
     return p;
 }
 
@@ -115,17 +133,70 @@ srv_params srv_default_params(void) {
 
 static void conn_unref(srv_conn *c);
 
-/* Sends one frame on c under its write lock; errors close the connection's
- * read side so the reader notices. */
+static void out_free_all(srv_out *o) {
+    while (o) {
+        srv_out *next = o->next;
+        free(o);
+        o = next;
+    }
+}
+
+/* Queues one frame for c's writer thread (the payload is copied). Never
+ * blocks on the peer. A closed connection drops it; a queue over the limit
+ * closes the connection (its reader sees the shutdown). */
 static void conn_send(srv_conn *c, uint16_t op, uint64_t rid, const uint8_t *payload, size_t len) {
     if (atomic_load(&c->closed)) return;
+    srv_out *o = malloc(sizeof(*o) + len);
+    if (!o) return;
+    o->next = NULL;
+    o->op = op;
+    o->request_id = rid;
+    o->len = len;
+    if (len) memcpy(o->data, payload, len);
     pthread_mutex_lock(&c->write_lock);
-    int err = netio_send_frame(c->fd, op, rid, payload, len, netio_deadline_ms(c->s->p.idle_timeout_ms));
+    bool over = c->out_bytes + len > c->s->p.max_queued_bytes;
+    size_t queued = c->out_bytes;
+    if (!over) {
+        if (c->out_tail) c->out_tail->next = o;
+        else c->out_head = o;
+        c->out_tail = o;
+        c->out_bytes += len;
+        pthread_cond_signal(&c->write_cv);
+    }
     pthread_mutex_unlock(&c->write_lock);
-    if (err) {
+    if (over) {
+        free(o);
+        srv_logf(c->s, "conn %u (%s): not reading its replies (%zu bytes queued), closing", c->id, c->peer, queued);
         atomic_store(&c->closed, true);
         shutdown(c->fd, SHUT_RDWR);
     }
+}
+
+/* Writer thread: sends queued frames in order until told to stop and the
+ * queue is empty. After a send error it discards what is left. */
+static void *conn_writer(void *arg) {
+    srv_conn *c = arg;
+    bool failed = false;
+    pthread_mutex_lock(&c->write_lock);
+    for (;;) {
+        while (!c->out_head && !c->writer_stop) pthread_cond_wait(&c->write_cv, &c->write_lock);
+        srv_out *o = c->out_head;
+        if (!o) break; /* stopped and drained */
+        c->out_head = o->next;
+        if (!c->out_head) c->out_tail = NULL;
+        c->out_bytes -= o->len;
+        pthread_mutex_unlock(&c->write_lock);
+        if (!failed &&
+            netio_send_frame(c->fd, o->op, o->request_id, o->data, o->len, netio_deadline_ms(c->s->p.idle_timeout_ms))) {
+            failed = true;
+            atomic_store(&c->closed, true);
+            shutdown(c->fd, SHUT_RDWR);
+        }
+        free(o);
+        pthread_mutex_lock(&c->write_lock);
+    }
+    pthread_mutex_unlock(&c->write_lock);
+    return NULL;
 }
 
 static void send_status(srv_conn *c, uint64_t rid, int status, const kv_reply *r, const char *text) {
@@ -372,7 +443,9 @@ static void conn_unref(srv_conn *c) {
     s->n_conns--;
     pthread_mutex_unlock(&s->mu);
     close(c->fd);
+    out_free_all(c->out_head); /* replies queued after the writer stopped */
     pthread_mutex_destroy(&c->write_lock);
+    pthread_cond_destroy(&c->write_cv);
     free(c);
 }
 
@@ -708,11 +781,19 @@ static void *conn_main(void *arg) {
         }
     }
 out:
-    atomic_store(&c->closed, true);
-    shutdown(c->fd, SHUT_RDWR);
-    int n = cancel_jobs(c, true, 0);
-    srv_logf(s, "conn %u (%s): closed after %lu request(s)%s", c->id, c->peer, c->requests,
-             n ? ", cancelled its work in flight" : "");
+    {
+        int n = cancel_jobs(c, true, 0);
+        /* Let the writer flush what is queued (an error reply before closing), then stop it. */
+        pthread_mutex_lock(&c->write_lock);
+        c->writer_stop = true;
+        pthread_cond_signal(&c->write_cv);
+        pthread_mutex_unlock(&c->write_lock);
+        pthread_join(c->writer, NULL);
+        atomic_store(&c->closed, true);
+        shutdown(c->fd, SHUT_RDWR);
+        srv_logf(s, "conn %u (%s): closed after %lu request(s)%s", c->id, c->peer, c->requests,
+                 n ? ", cancelled its work in flight" : "");
+    }
     netio_buf_free(&buf);
     conn_unref(c);
     return NULL;
@@ -809,6 +890,7 @@ int srv_run(srv *s) {
         c->s = s;
         c->fd = fd;
         pthread_mutex_init(&c->write_lock, NULL);
+        pthread_cond_init(&c->write_cv, NULL);
         atomic_init(&c->refs, 1);
         atomic_init(&c->closed, false);
         struct sockaddr_storage ss;
@@ -830,8 +912,16 @@ int srv_run(srv *s) {
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        if (pthread_create(&c->thread, &attr, conn_main, c) != 0) {
+        if (pthread_create(&c->writer, NULL, conn_writer, c) != 0) {
             atomic_store(&c->closed, true);
+            conn_unref(c);
+        } else if (pthread_create(&c->thread, &attr, conn_main, c) != 0) {
+            atomic_store(&c->closed, true);
+            pthread_mutex_lock(&c->write_lock);
+            c->writer_stop = true;
+            pthread_cond_signal(&c->write_cv);
+            pthread_mutex_unlock(&c->write_lock);
+            pthread_join(c->writer, NULL);
             conn_unref(c);
         }
         pthread_attr_destroy(&attr);

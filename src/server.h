@@ -2,8 +2,10 @@
  * server — a shard: one layer range of a model with its hot KV state, served
  * over TCP (protocol: docs/protocol.md).
  *
- * Threads: the caller of srv_run accepts connections; one reader thread per
- * connection decodes frames and answers the cheap ops itself (HELLO, VOCAB,
+ * Threads: the caller of srv_run accepts connections; per connection, a reader
+ * thread decodes frames and a writer thread sends the queued replies (so no
+ * one ever blocks on a client that does not read); the reader answers the cheap
+ * ops itself (HELLO, VOCAB,
  * STATS, TRUNCATE, RELEASE, CANCEL); FORWARD requests go to one scheduler
  * thread that batches the work of different sessions into one forward pass
  * (every queued decode step, plus prefill cut into chunks so a long prompt
@@ -36,6 +38,8 @@ typedef struct {
     int hello_timeout_ms;       /* a new connection must say HELLO within this */
     int idle_timeout_ms;        /* a connection silent this long is closed */
     int kv_type;                /* QUANT_F16 or QUANT_F32 */
+    size_t max_queued_bytes;    /* replies queued for a connection that is not reading them,
+                                   bytes, before it is closed (default 256 MiB) */
     srv_log_fn log;             /* NULL: silent */
     void *log_ctx;
     /* Test hook: called by the scheduler before each forward pass with the

@@ -7,6 +7,7 @@
  * results while their decode steps are batched.
  */
 #include <pthread.h>
+#include <errno.h>
 #include <semaphore.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -23,10 +24,12 @@
 #include "wire.h"
 
 static atomic_int g_disconnect_cancels;
+static atomic_int g_slow_closed;
 
 static void test_log(void *ctx, const char *line) {
     (void)ctx;
     if (strstr(line, "cancelled its work in flight")) atomic_fetch_add(&g_disconnect_cancels, 1);
+    if (strstr(line, "not reading its replies")) atomic_fetch_add(&g_slow_closed, 1);
     if (getenv("KVS_TEST_VERBOSE")) fprintf(stderr, "serve: %s\n", line);
 }
 
@@ -40,7 +43,9 @@ typedef struct {
 static void hook(void *ctx, int n) {
     (void)n;
     server_ctx *sc = ctx;
-    if (atomic_load(&sc->gated)) sem_wait(&sc->gate);
+    if (atomic_load(&sc->gated))
+        while (sem_wait(&sc->gate) != 0 && errno == EINTR) {
+        }
 }
 
 static void *serve_thread(void *p) {
@@ -60,6 +65,7 @@ static int start_server(server_ctx *sc, const char *model_path, uint32_t first, 
     p.prefill_chunk = chunk;
     p.before_batch = hook;
     p.log = test_log;
+    p.max_queued_bytes = 1u << 20;
     p.hook_ctx = sc;
     sem_init(&sc->gate, 0, 0);
     atomic_init(&sc->gated, false);
@@ -545,6 +551,42 @@ static void test_hidden_dtypes(const char *model_path) {
     stop_server(&tail);
 }
 
+/* A client that floods requests and never reads its replies: the scheduler never waits on it
+ * (replies queue per connection), another client is served meanwhile, and once the queue passes
+ * max_queued_bytes (1 MiB here) the flooder is disconnected. */
+static void test_slow_reader(server_ctx *sc) {
+    int flood = connect_to(sc), ok = connect_to(sc);
+    struct wire_info info;
+    CHECK_EQ_INT(hello(flood, &info), KVS_OK);
+    CHECK_EQ_INT(hello(ok, &info), KVS_OK);
+    int32_t toks[16];
+    for (int i = 0; i < 16; i++) toks[i] = (i * 11 + 3) % (int)info.n_vocab;
+    /* 2000 replies of 16 x n_vocab floats (32 KiB each): far past any socket buffer. */
+    int sent = 0;
+    for (int i = 0; i < 2000; i++) {
+        if (send_forward(flood, (uint64_t)i, sid_of(3000 + i), 1, 0, 16, toks, WIRE_OUT_LOGITS_ALL) != KVS_OK) break;
+        sent++;
+    }
+    CHECK(sent > 0);
+    /* The other client still gets answers. */
+    struct netio_buf b = {0};
+    struct wire_forward_reply r;
+    for (int i = 0; i < 5; i++) {
+        CHECK_EQ_INT(send_forward(ok, 100 + (uint64_t)i, sid_of(5000 + i), 1, 0, 4, toks, WIRE_OUT_LOGITS_LAST), KVS_OK);
+        CHECK_EQ_INT(recv_forward(ok, &b, &r, NULL), KVS_OK);
+        CHECK_EQ_INT(r.st.status, KVS_OK);
+    }
+    /* The flooder is cut off once its queue passes the limit (bounded wait on the log line). */
+    for (int i = 0; i < 20000 && atomic_load(&g_slow_closed) == 0; i++) {
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    CHECK(atomic_load(&g_slow_closed) > 0);
+    netio_buf_free(&b);
+    close(flood);
+    close(ok);
+}
+
 int main(void) {
     char dir[] = "/tmp/kvs-server-XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
@@ -562,6 +604,7 @@ int main(void) {
     test_bad_input(&sc);
     test_cancel(&sc);
     test_concurrent(&sc);
+    test_slow_reader(&sc);
     stop_server(&sc);
     test_hidden_dtypes(model_file);
     unlink(model_file);
