@@ -94,7 +94,6 @@ static void rope_store_task(void *p, int64_t t0, int64_t t1, int slot) {
             memcpy(vd, v, (size_t)kv_dim * sizeof(float));
         }
     }
-    (void)q_dim;
 }
 
 /* Attention for one (token, kv head) task: the group of query heads that
@@ -103,7 +102,7 @@ static void attention_task(void *p, int64_t task0, int64_t task1, int slot) {
     fwd_run_ctx *c = p;
     const model_hparams *hp = &c->m->hp;
     int hd = (int)hp->head_dim, n_kv = (int)hp->n_head_kv, group = (int)(hp->n_head / hp->n_head_kv);
-    int kv_dim = n_kv * hd, q_dim = (int)hp->n_head * hd;
+    int q_dim = (int)hp->n_head * hd;
     bool f16 = kv_get_params(c->kv)->kv_type == QUANT_F16;
     float scale = 1.0f / sqrtf((float)hd);
     float *scratch = c->att_scratch + (size_t)slot * c->att_scratch_per_thread;
@@ -138,7 +137,6 @@ static void attention_task(void *p, int64_t task0, int64_t task1, int slot) {
             }
         }
     }
-    (void)kv_dim;
 }
 
 static void run_tokens(fwd_run_ctx *c, ops_range_fn fn) {

@@ -58,8 +58,8 @@ struct kv_session {
     kv_sid sid;
     uint64_t epoch;
     uint32_t n_past;        /* positions held */
-    uint32_t *blocks;       /* block ids, n_blocks used, cap_blocks allocated */
-    uint32_t n_blocks, cap_blocks;
+    uint32_t *blocks;       /* block ids, n_blocks of them */
+    uint32_t n_blocks;
     uint64_t last_used;     /* clock ns */
     kv_txn *inflight;       /* non-NULL while pinned */
     kv_session *hash_next;
@@ -270,17 +270,23 @@ static uint32_t blocks_for(const kv_state *kv, uint32_t positions) {
     return (uint32_t)(((uint64_t)positions + (uint64_t)kv->p.block_tokens - 1) / (uint64_t)kv->p.block_tokens);
 }
 
-/* Evicts idle sessions LRU-first (never `keep`) until `need` blocks are free.
- * Evicts nothing and returns false when even evicting all idle sessions would
+/* Evicts idle sessions LRU-first (never `keep`) until `need` blocks are free
+ * and, when need_slot, the table has room for one more session (max_sessions).
+ * Evicts nothing and returns false when even evicting every idle session would
  * not be enough. */
-static bool kv_make_room(kv_state *kv, uint32_t need, const kv_session *keep) {
-    if (kv->n_free >= need) return true;
+static bool kv_make_room(kv_state *kv, uint32_t need, bool need_slot, const kv_session *keep) {
+    need_slot = need_slot && kv->p.max_sessions && kv->n_sessions >= kv->p.max_sessions;
+    if (kv->n_free >= need && !need_slot) return true;
     uint64_t avail = kv->n_free;
-    for (kv_session *s = kv->lru.lru_prev; s != &kv->lru && avail < need; s = s->lru_prev)
-        if (s != keep) avail += s->n_blocks;
-    if (avail < need) return false;
+    uint32_t idle = 0;
+    for (kv_session *s = kv->lru.lru_prev; s != &kv->lru; s = s->lru_prev)
+        if (s != keep) {
+            avail += s->n_blocks;
+            idle++;
+        }
+    if (avail < need || (need_slot && idle == 0)) return false;
     kv_session *s = kv->lru.lru_prev;
-    while (kv->n_free < need) {
+    while (kv->n_free < need || (need_slot && kv->n_sessions >= kv->p.max_sessions)) {
         kv_session *prev = s->lru_prev;
         if (s != keep) {
             kv_drop(kv, s);
@@ -329,16 +335,12 @@ int kv_begin(kv_state *kv, const kv_sid *sid, uint64_t epoch, uint32_t start_pos
         goto done;
     }
     if ((uint64_t)start_pos + n > kv->p.max_positions) { err = KVS_ERR_CONTEXT_FULL; goto done; }
-    if (!s && kv->p.max_sessions && kv->n_sessions >= kv->p.max_sessions) {
-        kv_session *victim = kv->lru.lru_prev;
-        if (victim == &kv->lru) { err = KVS_ERR_BUDGET_EXHAUSTED; goto done; }
-    }
 
     /* Plan the working table. */
     uint32_t bt = (uint32_t)kv->p.block_tokens;
     uint32_t n_full = keep / bt;          /* wholly kept blocks, shared */
     uint32_t partial = keep % bt;         /* kept slots of the next block */
-    bool live_past_keep = s && s->epoch <= epoch && keep < (s ? s->n_past : 0);
+    bool live_past_keep = s && keep < s->n_past; /* slots past keep hold live data */
     bool share_partial = partial && !live_past_keep;
     bool copy_partial = partial && live_past_keep;
     uint32_t n_table = blocks_for(kv, start_pos + n);
@@ -353,11 +355,7 @@ int kv_begin(kv_state *kv, const kv_sid *sid, uint64_t epoch, uint32_t start_pos
         err = KVS_ERR_NOMEM;
         goto done;
     }
-    if (!s && kv->p.max_sessions && kv->n_sessions >= kv->p.max_sessions) {
-        kv_drop(kv, kv->lru.lru_prev);
-        kv->st.evict_lru++;
-    }
-    if (!kv_make_room(kv, n_fresh, s)) {
+    if (!kv_make_room(kv, n_fresh, !s, s)) {
         free(txn); free(table); free(fresh_s);
         err = KVS_ERR_BUDGET_EXHAUSTED;
         goto done;
@@ -414,7 +412,7 @@ void kv_commit(kv_state *kv, kv_txn *txn, kv_reply *rep) {
     if (s->n_blocks > txn->n_shared) kv_free_blocks(kv, s->blocks + txn->n_shared, s->n_blocks - txn->n_shared);
     free(s->blocks);
     s->blocks = txn->table;
-    s->n_blocks = s->cap_blocks = txn->n_table;
+    s->n_blocks = txn->n_table;
     s->n_past = txn->end;
     s->epoch = txn->epoch;
     s->inflight = NULL;

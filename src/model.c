@@ -204,8 +204,7 @@ int model_load(const char *path, uint32_t first, uint32_t last, model **out, cha
     if (m->has_head) {
         if ((err = bind_vector(m, "output_norm.weight", hp->n_embd, &m->out_norm, msg, cap))) goto fail;
         if (tied) {
-            m->output = m->tok_embd;
-            if (m->has_embd) { /* counted once */ }
+            m->output = m->tok_embd; /* its bytes are counted once, with token_embd */
         } else if ((err = bind_weight(m->gguf, "output.weight", hp->n_embd, hp->n_vocab, &m->output, &m->weight_bytes, msg,
                                       cap))) {
             goto fail;

@@ -244,6 +244,43 @@ static void test_lru_budget(void) {
     kv_free(kv);
 }
 
+/* max_sessions: a new session evicts the LRU idle one; with every session pinned it is refused
+ * and nothing changes. */
+static void test_max_sessions(void) {
+    kv_params p = kv_default_params();
+    p.n_layers = 2;
+    p.n_kv_heads = 2;
+    p.head_dim = 4;
+    p.block_tokens = 4;
+    p.kv_type = QUANT_F32;
+    p.budget_bytes = 16 * 512;
+    p.max_positions = 40;
+    p.max_sessions = 2;
+    kv_state *kv = NULL;
+    char msg[KVS_MSG_MAX];
+    CHECK_EQ_INT(kv_create(&p, &kv, msg, sizeof(msg)), KVS_OK);
+    kv_sid a = sid_of(40), b = sid_of(41), c = sid_of(42);
+    kv_reply r;
+    kv_txn *t = NULL, *ta = NULL, *tb = NULL;
+    CHECK_EQ_INT(append(kv, a, 1, 0, 4, 0, &r), KVS_OK);
+    CHECK_EQ_INT(append(kv, b, 1, 0, 4, 0, &r), KVS_OK);
+    CHECK_EQ_INT(append(kv, c, 1, 0, 4, 0, &r), KVS_OK); /* a is least recently used */
+    CHECK_EQ_INT(kv_lookup(kv, &a, NULL, NULL), KVS_ERR_NOT_FOUND);
+    CHECK_EQ_INT(kv_lookup(kv, &b, NULL, NULL), KVS_OK);
+    CHECK_EQ_INT(kv_begin(kv, &b, 1, 4, 1, NULL, &tb, &r), KVS_OK);
+    CHECK_EQ_INT(kv_begin(kv, &c, 1, 4, 1, NULL, &ta, &r), KVS_OK);
+    kv_stats s0, s1;
+    kv_get_stats(kv, &s0);
+    CHECK_EQ_INT(kv_begin(kv, &a, 1, 0, 4, NULL, &t, &r), KVS_ERR_BUDGET_EXHAUSTED);
+    kv_get_stats(kv, &s1);
+    CHECK_EQ_INT(s1.sessions, 2);
+    CHECK_EQ_INT(s1.evict_lru, s0.evict_lru);
+    CHECK_EQ_INT(s1.bytes_used, s0.bytes_used);
+    kv_abort(kv, tb, false);
+    kv_abort(kv, ta, false);
+    kv_free(kv);
+}
+
 static void test_ttl(void) {
     fake_clock clk = {.now = 1000};
     kv_state *kv = make_kv(8, &clk, 100);
@@ -363,6 +400,7 @@ int main(void) {
     test_truncate_release();
     test_epochs();
     test_lru_budget();
+    test_max_sessions();
     test_ttl();
     test_alloc_failure();
     test_threads();
