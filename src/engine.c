@@ -24,6 +24,10 @@ int engine_open(const engine_params *p, engine **out, char *msg, size_t cap) {
     kp.n_kv_heads = (int)e->m->hp.n_head_kv;
     kp.head_dim = (int)e->m->hp.head_dim;
     if (kp.max_positions == 0 || kp.max_positions > e->m->hp.n_ctx) kp.max_positions = e->m->hp.n_ctx;
+    if (p->kv_positions > 0) {
+        uint64_t blocks = ((uint64_t)p->kv_positions + (uint64_t)kp.block_tokens - 1) / (uint64_t)kp.block_tokens + 1;
+        kp.budget_bytes = (p->kv_sessions ? p->kv_sessions : 1) * blocks * kv_params_block_bytes(&kp);
+    }
     if ((err = kv_create(&kp, &e->kv, msg, cap))) goto fail;
     int nt = p->n_threads > 0 ? p->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (nt < 1) nt = 1;

@@ -21,6 +21,9 @@ typedef struct {
     uint32_t first, last;   /* layer range; last 0 = n_layer */
     int n_threads;          /* 0: online CPUs */
     kv_params kv;           /* n_layers/heads/head_dim filled from the model */
+    uint32_t kv_positions;  /* > 0: size the KV budget (kv.budget_bytes ignored) for kv_sessions
+                               sessions of this many positions, plus a block of slack each */
+    uint32_t kv_sessions;   /* with kv_positions; 0 counts as 1 */
 } engine_params;
 
 engine_params engine_default_params(void);

@@ -211,7 +211,7 @@ int kv_create(const kv_params *p, kv_state **out, char *msg, size_t msg_cap) {
     kv->elem_bytes = p->kv_type == QUANT_F16 ? 2 : 4;
     kv->kv_dim = (size_t)p->n_kv_heads * (size_t)p->head_dim;
     kv->slot_bytes = kv->kv_dim * kv->elem_bytes;
-    kv->block_bytes = (size_t)p->block_tokens * (size_t)p->n_layers * 2 * kv->slot_bytes;
+    kv->block_bytes = kv_params_block_bytes(p);
     uint64_t nb = p->budget_bytes / kv->block_bytes;
     if (nb == 0) {
         size_t bb = kv->block_bytes;
@@ -262,6 +262,12 @@ void kv_free(kv_state *kv) {
 }
 
 size_t kv_block_bytes(const kv_state *kv) { return kv->block_bytes; }
+
+size_t kv_params_block_bytes(const kv_params *p) {
+    if (p->n_layers < 1 || p->n_kv_heads < 1 || p->head_dim < 1 || p->block_tokens < 1) return 0;
+    size_t elem = p->kv_type == QUANT_F16 ? 2 : 4;
+    return (size_t)p->block_tokens * (size_t)p->n_layers * 2 * (size_t)p->n_kv_heads * (size_t)p->head_dim * elem;
+}
 const kv_params *kv_get_params(const kv_state *kv) { return &kv->p; }
 
 /* ---- begin / commit / abort ---------------------------------------------- */

@@ -68,6 +68,9 @@ int kv_create(const kv_params *p, kv_state **out, char *msg, size_t msg_cap);
 /* Frees everything; no transaction may be open. NULL is fine. */
 void kv_free(kv_state *kv);
 size_t kv_block_bytes(const kv_state *kv);
+/* Bytes of one block for these settings (DESIGN §2: block_tokens x n_layers x 2 x n_kv_heads x
+ * head_dim x sizeof(kv_type)); 0 when a setting is out of range. */
+size_t kv_params_block_bytes(const kv_params *p);
 const kv_params *kv_get_params(const kv_state *kv);
 
 /* Starts an append of n positions at start_pos for (sid, epoch); inherit may

@@ -3,6 +3,9 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include "quant.h"
 
 bool args_str(int argc, char **argv, int *i, const char **out) {
     if (*i + 1 >= argc) {
@@ -52,6 +55,18 @@ bool args_u64(int argc, char **argv, int *i, uint64_t *out) {
         return false;
     }
     *out = v;
+    return true;
+}
+
+bool args_kv_type(int argc, char **argv, int *i, uint32_t *out) {
+    const char *s;
+    if (!args_str(argc, argv, i, &s)) return false;
+    if (!strcmp(s, "f16")) *out = QUANT_F16;
+    else if (!strcmp(s, "f32")) *out = QUANT_F32;
+    else {
+        fprintf(stderr, "kvshard %s: %s must be f16 or f32, got '%s'\n", argv[0], argv[*i - 1], s);
+        return false;
+    }
     return true;
 }
 

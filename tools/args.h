@@ -11,6 +11,8 @@ bool args_str(int argc, char **argv, int *i, const char **out);
 bool args_int(int argc, char **argv, int *i, long lo, long hi, long *out);
 bool args_float(int argc, char **argv, int *i, double lo, double hi, double *out);
 bool args_u64(int argc, char **argv, int *i, uint64_t *out);
+/* --kv-type value: "f16" or "f32" -> QUANT_F16 / QUANT_F32. */
+bool args_kv_type(int argc, char **argv, int *i, uint32_t *out);
 /* Parses "123", "64K", "512M", "2G" (powers of 1024). */
 bool args_size(const char *s, uint64_t *out);
 

@@ -197,20 +197,20 @@ int cmd_bench(int argc, char **argv) {
     ep.n_threads = (int)threads;
     ep.first = first;
     ep.last = last;
-    ep.kv.budget_bytes = 0;
+    /* Every session's prompt + decode, plus a block of slack each. */
+    ep.kv_positions = (uint32_t)(n_prompt + n_decode);
+    ep.kv_sessions = (uint32_t)n_sessions;
     engine *e = NULL;
-    /* Budget: every session's prompt + decode, plus a block of slack each. */
-    model *probe = NULL;
-    int err = model_load(path, 0, 0, &probe, msg, sizeof(msg));
-    if (err) { fprintf(stderr, "kvshard bench: %s: %s\n", path, msg); return 1; }
-    uint32_t n_local = (last ? last : probe->hp.n_layer) - first;
-    uint64_t kv_tok = (uint64_t)n_local * 2 * probe->hp.n_head_kv * probe->hp.head_dim * 2;
-    uint32_t n_ctx = probe->hp.n_ctx;
-    model_free(probe);
-    if (n_prompt + n_decode > (long)n_ctx) { fprintf(stderr, "kvshard bench: -p + -n exceed the context %u\n", n_ctx); return 2; }
-    ep.kv.budget_bytes = (uint64_t)n_sessions * ((uint64_t)(n_prompt + n_decode) + 2 * (uint64_t)ep.kv.block_tokens) * kv_tok;
+    int err;
     if ((err = engine_open(&ep, &e, msg, sizeof(msg)))) { fprintf(stderr, "kvshard bench: %s: %s\n", path, msg); return 1; }
     const model *m = e->m;
+    if (n_prompt + n_decode > (long)m->hp.n_ctx) {
+        fprintf(stderr, "kvshard bench: -p + -n exceed the context %u\n", m->hp.n_ctx);
+        engine_close(e);
+        return 2;
+    }
+    /* KV bytes per position of the local layers (DESIGN §2). */
+    uint64_t kv_tok = kv_block_bytes(e->kv) / (uint64_t)kv_get_params(e->kv)->block_tokens;
     int nv = (int)m->hp.n_vocab;
     size_t d = m->hp.n_embd;
     /* Per session output: logits of the last row, or hidden states of every prompt row. */

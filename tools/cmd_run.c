@@ -7,6 +7,7 @@
 #include "cli.h"
 #include "engine.h"
 #include "gen_loop.h"
+#include "quant.h"
 #include "util.h"
 
 static void run_usage(FILE *f) {
@@ -40,33 +41,16 @@ static int open_engine(const char *path, int threads, uint32_t kv_type, uint32_t
     ep.model_path = path;
     ep.n_threads = threads;
     ep.kv.kv_type = kv_type;
-    /* Budget for one session of `positions` tokens, rounded up to blocks. */
-    ep.kv.budget_bytes = 1; /* replaced below once the shape is known */
-    model *m = NULL;
-    int err = model_load(path, 0, 0, &m, msg, sizeof(msg));
-    if (err) {
-        fprintf(stderr, "kvshard: %s: %s\n", path, msg[0] ? msg : kvs_strerror(err));
-        return err;
-    }
-    uint64_t per_tok = (uint64_t)m->hp.n_layer * 2 * m->hp.n_head_kv * m->hp.head_dim * (kv_type == 1 ? 2 : 4);
-    uint64_t blocks = (positions + (uint64_t)ep.kv.block_tokens - 1) / (uint64_t)ep.kv.block_tokens + 1;
-    ep.kv.budget_bytes = blocks * (uint64_t)ep.kv.block_tokens * per_tok;
-    model_free(m);
-    err = engine_open(&ep, e, msg, sizeof(msg));
+    ep.kv_positions = positions; /* one session of this many positions */
+    int err = engine_open(&ep, e, msg, sizeof(msg));
     if (err) fprintf(stderr, "kvshard: %s: %s\n", path, msg[0] ? msg : kvs_strerror(err));
     return err;
 }
 
-static bool parse_kv_type(const char *s, uint32_t *out) {
-    if (!strcmp(s, "f16")) *out = 1;
-    else if (!strcmp(s, "f32")) *out = 0;
-    else return false;
-    return true;
-}
-
 int cmd_run(int argc, char **argv) {
-    const char *path = NULL, *kvt = "f16";
+    const char *path = NULL;
     long threads = 0;
+    uint32_t kv_type = QUANT_F16;
     gen_opts o;
     gen_opts_default(&o);
     for (int i = 1; i < argc; i++) {
@@ -78,13 +62,11 @@ int cmd_run(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { run_usage(stdout); return 0; }
         else if (!strcmp(a, "-m")) ok = args_str(argc, argv, &i, &path);
         else if (!strcmp(a, "-t")) ok = args_int(argc, argv, &i, 1, 1024, &threads);
-        else if (!strcmp(a, "--kv-type")) ok = args_str(argc, argv, &i, &kvt);
+        else if (!strcmp(a, "--kv-type")) ok = args_kv_type(argc, argv, &i, &kv_type);
         else { fprintf(stderr, "kvshard run: unknown option '%s'\n", a); run_usage(stderr); return 2; }
         if (!ok) return 2;
     }
-    uint32_t kv_type;
     if (!path || !o.prompt) { fprintf(stderr, "kvshard run: -m MODEL and -p PROMPT are required\n"); run_usage(stderr); return 2; }
-    if (!parse_kv_type(kvt, &kv_type)) { fprintf(stderr, "kvshard run: --kv-type must be f16 or f32\n"); return 2; }
     engine *e = NULL;
     if (open_engine(path, (int)threads, kv_type, (uint32_t)(strlen(o.prompt) + 2 + (size_t)o.n_gen), &e)) return 1;
     int rc = 1;
@@ -108,8 +90,9 @@ static void logits_usage(FILE *f) {
 }
 
 int cmd_logits(int argc, char **argv) {
-    const char *path = NULL, *prompt = NULL, *toks = NULL, *kvt = "f16";
+    const char *path = NULL, *prompt = NULL, *toks = NULL;
     long threads = 0;
+    uint32_t kv_type = QUANT_F16;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool ok = true;
@@ -118,17 +101,15 @@ int cmd_logits(int argc, char **argv) {
         else if (!strcmp(a, "-p")) ok = args_str(argc, argv, &i, &prompt);
         else if (!strcmp(a, "--tokens")) ok = args_str(argc, argv, &i, &toks);
         else if (!strcmp(a, "-t")) ok = args_int(argc, argv, &i, 1, 1024, &threads);
-        else if (!strcmp(a, "--kv-type")) ok = args_str(argc, argv, &i, &kvt);
+        else if (!strcmp(a, "--kv-type")) ok = args_kv_type(argc, argv, &i, &kv_type);
         else { fprintf(stderr, "kvshard logits: unknown option '%s'\n", a); logits_usage(stderr); return 2; }
         if (!ok) return 2;
     }
-    uint32_t kv_type;
     if (!path || (!prompt == !toks)) {
         fprintf(stderr, "kvshard logits: -m MODEL and exactly one of -p / --tokens are required\n");
         logits_usage(stderr);
         return 2;
     }
-    if (!parse_kv_type(kvt, &kv_type)) { fprintf(stderr, "kvshard logits: --kv-type must be f16 or f32\n"); return 2; }
     size_t cap = prompt ? strlen(prompt) + 2 : strlen(toks) / 2 + 2;
     int32_t *ids = malloc(cap * sizeof(int32_t));
     if (!ids) return 1;

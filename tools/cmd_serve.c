@@ -48,7 +48,8 @@ static void serve_usage(FILE *f) {
 int cmd_serve(int argc, char **argv) {
     srv_params p = srv_default_params();
     p.kv_ttl_ms = 600000;
-    const char *layers = NULL, *budget = NULL, *kvt = "f16";
+    const char *layers = NULL, *budget = NULL;
+    uint32_t kv_type = QUANT_F16;
     long threads = 0, max_sessions = 0, max_conns = p.max_conns, max_tokens = p.max_tokens, chunk = p.prefill_chunk;
     double ttl = 600;
     for (int i = 1; i < argc; i++) {
@@ -65,7 +66,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-conns")) ok = args_int(argc, argv, &i, 1, 1 << 16, &max_conns);
         else if (!strcmp(a, "--max-tokens")) ok = args_int(argc, argv, &i, 1, 8192, &max_tokens);
         else if (!strcmp(a, "--prefill-chunk")) ok = args_int(argc, argv, &i, 1, 8192, &chunk);
-        else if (!strcmp(a, "--kv-type")) ok = args_str(argc, argv, &i, &kvt);
+        else if (!strcmp(a, "--kv-type")) ok = args_kv_type(argc, argv, &i, &kv_type);
         else if (!strcmp(a, "--name")) ok = args_str(argc, argv, &i, &p.name);
         else { fprintf(stderr, "kvshard serve: unknown option '%s'\n", a); serve_usage(stderr); return 2; }
         if (!ok) return 2;
@@ -91,9 +92,7 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "kvshard serve: --kv-budget wants a size like 512M or 2G, got '%s'\n", budget);
         return 2;
     }
-    if (!strcmp(kvt, "f16")) p.kv_type = QUANT_F16;
-    else if (!strcmp(kvt, "f32")) p.kv_type = QUANT_F32;
-    else { fprintf(stderr, "kvshard serve: --kv-type must be f16 or f32\n"); return 2; }
+    p.kv_type = (int)kv_type;
     p.kv_ttl_ms = (uint64_t)(ttl * 1000.0);
     p.n_threads = (int)threads;
     p.max_sessions = (uint32_t)max_sessions;
