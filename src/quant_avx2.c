@@ -365,6 +365,30 @@ QK_INLINE void q4_0_w_chunks(const block_q4_0 *x, __m256i c[8]) {
     }
 }
 
+/* Walks n_rows x n_act in micro-tiles of QK_TILE_R rows (then 1) and QK_TILE_T tokens
+ * (then 1), calling RT (an inline kernel specialized on its constant R and T). */
+#define QK_TILE_WALK(name, RT)                                                                    \
+    static void name(int64_t n, const void *w, size_t wstride, int n_rows, const void *act, size_t astride, \
+                     int n_act, float *out, size_t ostride) {                                     \
+        const uint8_t *wb = (const uint8_t *)w, *ab = (const uint8_t *)act;                       \
+        for (int r = 0; r < n_rows;) {                                                            \
+            const int R = n_rows - r >= QK_TILE_R ? QK_TILE_R : 1;                                \
+            const uint8_t *wr = wb + (size_t)r * wstride;                                         \
+            int t = 0;                                                                            \
+            for (; n_act - t >= QK_TILE_T; t += QK_TILE_T) {                                      \
+                float *o = out + (size_t)t * ostride + (size_t)r;                                 \
+                if (R == QK_TILE_R) RT(n, wr, wstride, QK_TILE_R, ab + (size_t)t * astride, astride, QK_TILE_T, o, ostride); \
+                else RT(n, wr, wstride, 1, ab + (size_t)t * astride, astride, QK_TILE_T, o, ostride); \
+            }                                                                                     \
+            for (; t < n_act; t++) {                                                              \
+                float *o = out + (size_t)t * ostride + (size_t)r;                                 \
+                if (R == QK_TILE_R) RT(n, wr, wstride, QK_TILE_R, ab + (size_t)t * astride, astride, 1, o, ostride); \
+                else RT(n, wr, wstride, 1, ab + (size_t)t * astride, astride, 1, o, ostride);     \
+            }                                                                                     \
+            r += R;                                                                               \
+        }                                                                                         \
+    }
+
 /* out[t * ostride + r] for an R x T micro-tile, R and T compile-time. */
 QK_INLINE void q4_0_tile_rt(int64_t n, const uint8_t *w, size_t wstride, const int R, const uint8_t *act,
                             size_t astride, const int T, float *out, size_t ostride) {
@@ -407,27 +431,7 @@ QK_INLINE void q4_0_tile_rt(int64_t n, const uint8_t *w, size_t wstride, const i
 }
 
 /* Rows in micro-tiles of QK_TILE_R (then 1), tokens of QK_TILE_T (then fewer). */
-static void avx_q4_0_tile(int64_t n, const void *w, size_t wstride, int n_rows, const void *act,
-                          size_t astride, int n_act, float *out, size_t ostride) {
-    const uint8_t *wb = (const uint8_t *)w, *ab = (const uint8_t *)act;
-    int r = 0;
-    for (; r < n_rows; ) {
-        const int R = n_rows - r >= QK_TILE_R ? QK_TILE_R : 1;
-        const uint8_t *wr = wb + (size_t)r * wstride;
-        int t = 0;
-        for (; n_act - t >= QK_TILE_T; t += QK_TILE_T) {
-            float *o = out + (size_t)t * ostride + (size_t)r;
-            if (R == QK_TILE_R) q4_0_tile_rt(n, wr, wstride, QK_TILE_R, ab + (size_t)t * astride, astride, QK_TILE_T, o, ostride);
-            else q4_0_tile_rt(n, wr, wstride, 1, ab + (size_t)t * astride, astride, QK_TILE_T, o, ostride);
-        }
-        for (; t < n_act; t++) {
-            float *o = out + (size_t)t * ostride + (size_t)r;
-            if (R == QK_TILE_R) q4_0_tile_rt(n, wr, wstride, QK_TILE_R, ab + (size_t)t * astride, astride, 1, o, ostride);
-            else q4_0_tile_rt(n, wr, wstride, 1, ab + (size_t)t * astride, astride, 1, o, ostride);
-        }
-        r += R;
-    }
-}
+QK_TILE_WALK(avx_q4_0_tile, q4_0_tile_rt)
 
 
 /* --- q8_0 ------------------------------------------------------------------------
@@ -552,26 +556,7 @@ QK_INLINE void q8_0_tile_rt(int64_t n, const uint8_t *w, size_t wstride, const i
         QK_UNROLL for (int t = 0; t < T; t++) out[(size_t)t * ostride + (size_t)r] = hsum_ps(acc[r][t]);
 }
 
-static void avx_q8_0_tile(int64_t n, const void *w, size_t wstride, int n_rows, const void *act,
-                          size_t astride, int n_act, float *out, size_t ostride) {
-    const uint8_t *wb = (const uint8_t *)w, *ab = (const uint8_t *)act;
-    for (int r = 0; r < n_rows;) {
-        const int R = n_rows - r >= QK_TILE_R ? QK_TILE_R : 1;
-        const uint8_t *wr = wb + (size_t)r * wstride;
-        int t = 0;
-        for (; n_act - t >= QK_TILE_T; t += QK_TILE_T) {
-            float *o = out + (size_t)t * ostride + (size_t)r;
-            if (R == QK_TILE_R) q8_0_tile_rt(n, wr, wstride, QK_TILE_R, ab + (size_t)t * astride, astride, QK_TILE_T, o, ostride);
-            else q8_0_tile_rt(n, wr, wstride, 1, ab + (size_t)t * astride, astride, QK_TILE_T, o, ostride);
-        }
-        for (; t < n_act; t++) {
-            float *o = out + (size_t)t * ostride + (size_t)r;
-            if (R == QK_TILE_R) q8_0_tile_rt(n, wr, wstride, QK_TILE_R, ab + (size_t)t * astride, astride, 1, o, ostride);
-            else q8_0_tile_rt(n, wr, wstride, 1, ab + (size_t)t * astride, astride, 1, o, ostride);
-        }
-        r += R;
-    }
-}
+QK_TILE_WALK(avx_q8_0_tile, q8_0_tile_rt)
 
 /* --- 32-element blocks with unsigned quants and a min (q4_1, q5_1) --------- */
 
