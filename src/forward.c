@@ -26,7 +26,6 @@ typedef struct {
     float *att;        /* [n_tok][n_head * head_dim] */
     float *gate;       /* [n_tok][n_ff] */
     float *up;         /* [n_tok][n_ff] */
-    float *inv_freq;   /* [n_rot / 2] */
     void *act;         /* matmul activation scratch */
     float *att_scratch; /* per thread: scores [group][max_pos] + k/v row */
     size_t att_scratch_per_thread;
@@ -81,8 +80,8 @@ static void rope_store_task(void *p, int64_t t0, int64_t t1, int slot) {
     for (int64_t t = t0; t < t1; t++) {
         float *q = c->q + (size_t)t * (size_t)q_dim, *k = c->k + (size_t)t * (size_t)kv_dim;
         const float *v = c->v + (size_t)t * (size_t)kv_dim;
-        ops_rope(q, (int)hp->n_head, (int)hp->head_dim, (int)hp->n_rot, c->tok_pos[t], c->inv_freq);
-        ops_rope(k, (int)hp->n_head_kv, (int)hp->head_dim, (int)hp->n_rot, c->tok_pos[t], c->inv_freq);
+        ops_rope(q, (int)hp->n_head, (int)hp->head_dim, (int)hp->n_rot, c->tok_pos[t], c->m->rope_inv_freq);
+        ops_rope(k, (int)hp->n_head_kv, (int)hp->head_dim, (int)hp->n_rot, c->tok_pos[t], c->m->rope_inv_freq);
         kv_txn *txn = c->items[c->tok_item[t]].txn;
         void *kd = kv_txn_k(txn, c->layer, (uint32_t)c->tok_pos[t]);
         void *vd = kv_txn_v(txn, c->layer, (uint32_t)c->tok_pos[t]);
@@ -222,17 +221,6 @@ int fwd_run(const model *m, ops_pool *pool, const kv_state *kv, fwd_item *items,
     size_t T = (size_t)n_tok, d = hp->n_embd, q_dim = (size_t)hp->n_head * hp->head_dim;
     size_t kv_dim = (size_t)hp->n_head_kv * hp->head_dim, ff = hp->n_ff;
     int nth = ops_pool_threads(pool);
-    size_t act_bytes = 0;
-    for (uint32_t l = 0; l < m->last - m->first; l++) {
-        const model_layer *L = &m->layers[l];
-        const ops_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t k = 0; k < 7; k++) {
-            size_t b = ops_matmul_scratch_bytes(ws[k], n_tok);
-            if (b > act_bytes) act_bytes = b;
-        }
-    }
-    if (m->has_head && ops_matmul_scratch_bytes(&m->output, n_tok) > act_bytes)
-        act_bytes = ops_matmul_scratch_bytes(&m->output, n_tok);
     size_t group = hp->n_head / hp->n_head_kv;
     c.att_scratch_per_thread = group * (size_t)max_pos + hp->head_dim + 16;
     bool ok = true;
@@ -246,15 +234,13 @@ int fwd_run(const model *m, ops_pool *pool, const kv_state *kv, fwd_item *items,
     c.att = xmalloc_checked(T, q_dim * sizeof(float), &ok);
     c.gate = xmalloc_checked(T, ff * sizeof(float), &ok);
     c.up = xmalloc_checked(T, ff * sizeof(float), &ok);
-    c.inv_freq = xmalloc_checked(hp->n_rot / 2 + 1, sizeof(float), &ok);
-    c.act = xmalloc_checked(act_bytes + 64, 1, &ok);
+    c.act = xmalloc_checked(T, m->act_row_bytes, &ok);
     c.att_scratch = xmalloc_checked((size_t)nth, c.att_scratch_per_thread * sizeof(float), &ok);
     int err = KVS_OK;
     if (!ok) {
         err = KVS_ERR_NOMEM;
         goto out;
     }
-    ops_rope_freqs(c.inv_freq, (int)hp->n_rot, hp->rope_base);
 
     /* Inputs. */
     size_t t = 0;
@@ -293,6 +279,6 @@ int fwd_run(const model *m, ops_pool *pool, const kv_state *kv, fwd_item *items,
     }
 out:
     free(c.tok_item); free(c.tok_pos); free(c.x); free(c.xb); free(c.q); free(c.k); free(c.v);
-    free(c.att); free(c.gate); free(c.up); free(c.inv_freq); free(c.act); free(c.att_scratch);
+    free(c.att); free(c.gate); free(c.up); free(c.act); free(c.att_scratch);
     return err;
 }

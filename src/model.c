@@ -210,6 +210,23 @@ int model_load(const char *path, uint32_t first, uint32_t last, model **out, cha
             goto fail;
         }
     }
+    /* Derived once here rather than on every forward call. */
+    for (uint32_t l = 0; l < last - first; l++) {
+        const model_layer *L = &m->layers[l];
+        const ops_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t k = 0; k < sizeof(ws) / sizeof(ws[0]); k++) {
+            size_t b = ops_matmul_scratch_bytes(ws[k], 1);
+            if (b > m->act_row_bytes) m->act_row_bytes = b;
+        }
+    }
+    if (m->has_head && ops_matmul_scratch_bytes(&m->output, 1) > m->act_row_bytes)
+        m->act_row_bytes = ops_matmul_scratch_bytes(&m->output, 1);
+    m->rope_inv_freq = malloc((hp->n_rot / 2 + 1) * sizeof(float));
+    if (!m->rope_inv_freq) {
+        err = kvs_fail(msg, cap, KVS_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    ops_rope_freqs(m->rope_inv_freq, (int)hp->n_rot, hp->rope_base);
     *out = m;
     return KVS_OK;
 fail:
@@ -221,6 +238,7 @@ void model_free(model *m) {
     if (!m) return;
     for (int i = 0; i < m->n_owned_floats; i++) free(m->owned_floats[i]);
     free(m->owned_floats);
+    free(m->rope_inv_freq);
     free(m->layers);
     gguf_close(m->gguf);
     free(m);

@@ -53,6 +53,8 @@ struct model {
     const float *out_norm;   /* [n_embd] (has_head) */
     ops_weight output;       /* n_embd -> n_vocab (has_head; token_embd when tied) */
     uint64_t weight_bytes;   /* bytes of the owned tensors */
+    size_t act_row_bytes;    /* largest quantized activation row any owned matrix needs, bytes */
+    float *rope_inv_freq;    /* [n_rot / 2] rope frequencies, base^(-2i/n_rot) */
     float **owned_floats;    /* norm vectors converted to f32, freed with the model */
     int n_owned_floats;
 };
