@@ -477,10 +477,7 @@ static int handle_forward(srv_conn *c, uint64_t rid, const uint8_t *payload, siz
     } else if (f.n_tokens > s->p.max_tokens) {
         bad.st.status = KVS_ERR_TOO_LARGE;
         why = "more rows than max_tokens";
-    } else if (f.start_pos + (uint64_t)f.n_tokens > kv_get_params(s->e->kv)->max_positions) {
-        bad.st.status = KVS_ERR_CONTEXT_FULL;
-        why = "positions past the context";
-    }
+    } /* positions past the context: kv_begin answers CONTEXT_FULL */
     uint32_t rows = f.out_mode == WIRE_OUT_LOGITS_LAST ? 1 : f.n_tokens;
     uint32_t cols = f.out_mode == WIRE_OUT_HIDDEN ? m->hp.n_embd : m->hp.n_vocab;
     if (!why && (uint64_t)rows * cols * 4 + 64 > WIRE_MAX_PAYLOAD) {
