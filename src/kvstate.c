@@ -334,13 +334,14 @@ int kv_begin(kv_state *kv, const kv_sid *sid, uint64_t epoch, uint32_t start_pos
             if (start_pos < keep) { keep = start_pos; }
         }
     }
+    /* Past the cap no replay could help: say so before any CACHE_MISS. */
+    if ((uint64_t)start_pos + n > kv->p.max_positions) { err = KVS_ERR_CONTEXT_FULL; goto done; }
     if (start_pos > keep) {
         r.have = keep;
         kv->st.misses++;
         err = KVS_ERR_CACHE_MISS;
         goto done;
     }
-    if ((uint64_t)start_pos + n > kv->p.max_positions) { err = KVS_ERR_CONTEXT_FULL; goto done; }
 
     /* Plan the working table. */
     uint32_t bt = (uint32_t)kv->p.block_tokens;
