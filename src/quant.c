@@ -104,6 +104,15 @@ const char *quant_isa_name(enum quant_isa isa) {
     return "unknown";
 }
 
+const char *quant_kernel_path(uint32_t wtype) {
+    static const char *const names[3][2] = {
+        {"scalar", "scalar+tile"}, {"avx2", "avx2+tile"}, {"avx512-vnni", "avx512-vnni+tile"}};
+    if (wtype >= QUANT_TYPE_LIMIT || !quant_table_ref.k[wtype].dot) return NULL;
+    int i = (int)quant_isa_current();
+    while (i > 0 && !isa_tables[i]->k[wtype].dot) i--;
+    return names[i][quant_has_tile(wtype) ? 1 : 0];
+}
+
 /* The kernels for a compute type under the current ISA; NULL entries fall back
  * to the next lower ISA. Asserts on a non-compute type: callers validate types
  * when they load a model, so reaching here with one is a bug. */

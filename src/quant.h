@@ -114,5 +114,10 @@ enum quant_isa quant_isa_current(void);
 /* Forces an ISA (for tests); returns false and changes nothing if the CPU lacks it. */
 bool quant_isa_force(enum quant_isa isa);
 const char *quant_isa_name(enum quant_isa isa);
+/* The kernel path the dispatcher takes for weight type wtype under the current
+ * ISA, for reports: "scalar", "avx2" or "avx512-vnni" (the table that supplies
+ * the dot kernel after fall back), with "+tile" when a tiled prefill kernel
+ * exists. NULL for a type without kernels. */
+const char *quant_kernel_path(uint32_t wtype);
 
 #endif /* KVS_QUANT_H */
