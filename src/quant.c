@@ -210,9 +210,20 @@ bool quant_has_tile(uint32_t wtype) {
     return wtype < QUANT_TYPE_LIMIT && isa_tables[quant_isa_current()]->k[wtype].tile != NULL;
 }
 
+int quant_tile_min_tokens(uint32_t wtype) {
+    if (!quant_has_tile(wtype)) return 0;
+    const int m = isa_tables[quant_isa_current()]->k[wtype].tile_min_tokens;
+    return m > 0 ? m : 5;
+}
+
 void quant_act_tile_layout(uint32_t wtype, void *act, int64_t n) {
     KVS_ASSERT(wtype == QUANT_Q4_0 || wtype == QUANT_Q8_0 || wtype == QUANT_Q4_K);
     check_n(wtype, n);
+    const quant_layout_fn own = isa_tables[quant_isa_current()]->k[wtype].layout;
+    if (own) {
+        own(act, n);
+        return;
+    }
     if (wtype == QUANT_Q4_K) return; /* q4_k tiles read block_q8_k rows as they are */
     act_q8 *y = (act_q8 *)act;
     for (int64_t g = 0; g + 8 <= n / QK32; g += 8) {

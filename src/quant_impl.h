@@ -156,12 +156,15 @@ typedef void (*quant_dot_tile_fn)(int64_t n, const void *w, size_t w_stride, int
                                   size_t act_stride, int n_act, float *out, size_t out_stride);
 typedef void (*quant_dequant_fn)(const void *w, float *y, int64_t n);
 typedef void (*quant_act_fn)(const float *x, void *act, int64_t n);
+typedef void (*quant_layout_fn)(void *act, int64_t n);
 
 typedef struct {
     quant_dot_multi_fn dot;     /* NULL: fall back */
     quant_dequant_fn dequant;   /* NULL: fall back */
     quant_act_fn act;           /* NULL: fall back */
     quant_dot_tile_fn tile;     /* NULL: no tile kernel under this ISA (no fall back) */
+    quant_layout_fn layout;     /* the tile layout when tile is set; NULL: design note 6's */
+    int tile_min_tokens;        /* tile is the faster path from this many tokens; 0: from 5 */
 } quant_kernels;
 
 typedef struct {
