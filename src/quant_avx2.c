@@ -273,9 +273,17 @@ QK_INLINE __m256 q4_0_w_d(const block_q4_0 *x, const int nk) {
         return _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi16(lo, idx, hi)));
     }
 #endif
-    if (nk == 8)
-        return _mm256_cvtph_ps(_mm_setr_epi16((short)x[0].d, (short)x[1].d, (short)x[2].d, (short)x[3].d,
-                                              (short)x[4].d, (short)x[5].d, (short)x[6].d, (short)x[7].d));
+    if (nk == 8) { /* a chain of word inserts straight from memory */
+        __m128i h = _mm_cvtsi32_si128(x[0].d);
+        h = _mm_insert_epi16(h, x[1].d, 1);
+        h = _mm_insert_epi16(h, x[2].d, 2);
+        h = _mm_insert_epi16(h, x[3].d, 3);
+        h = _mm_insert_epi16(h, x[4].d, 4);
+        h = _mm_insert_epi16(h, x[5].d, 5);
+        h = _mm_insert_epi16(h, x[6].d, 6);
+        h = _mm_insert_epi16(h, x[7].d, 7);
+        return _mm256_cvtph_ps(h);
+    }
     uint16_t h[8] = {0};
     QK_UNROLL for (int k = 0; k < nk; k++) h[k] = x[k].d;
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
