@@ -368,11 +368,11 @@ static void check_synthetic_vocab(void) {
         gguf_writer_free(w);
     }
 
-    /* a different tokenizer model is refused */
+    /* a tokenizer model other than llama / gpt2 is refused */
     w = gguf_writer_create();
     CHECK(w != NULL);
     if (w) {
-        gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
+        gguf_writer_set_str(w, "tokenizer.ggml.model", "bert");
         gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, (uint64_t)nt);
         g = NULL;
         v = NULL;
