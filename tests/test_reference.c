@@ -29,7 +29,9 @@ static const ref_case CASES[] = {
     {"synth-Q4_0", 1.0, 3e-3, 0.25, 0.5, ""},       {"synth-Q4_1", 1.0, 3e-3, 0.25, 0.5, ""},
     {"synth-Q5_0", 1.0, 3e-3, 0.25, 0.5, ""},       {"synth-Q4_K_M", 1.0, 3e-3, 0.25, 0.5, ""},
     {"synth-Q5_K_M", 1.0, 3e-3, 0.25, 0.5, ""},     {"synth-Q6_K", 1.0, 3e-3, 0.25, 0.5, ""},
-    {"synth-Q5_1", 1.0, 3e-3, 0.25, 0.5, "downloads/"},
+    {"synth-Q5_1", 1.0, 3e-3, 0.25, 0.5, "downloads/"},   {"synth-Q2_K", 1.0, 3e-3, 0.25, 0.5, "downloads/"},
+    {"synth-Q3_K_M", 1.0, 3e-3, 0.25, 0.5, "downloads/"}, {"synth-IQ4_NL", 1.0, 3e-3, 0.25, 0.5, "downloads/"},
+    {"synth-IQ4_XS", 1.0, 3e-3, 0.25, 0.5, "downloads/"},
 };
 
 static engine *open_range(const char *path, uint32_t first, uint32_t last) {
