@@ -490,6 +490,7 @@ int kv_begin(kv_state *kv, const kv_sid *sid, uint64_t epoch, uint32_t start_pos
     if ((err = kv_make_room(kv, n_fresh, !s, s)) != KVS_OK) {
         free(txn); free(table); free(fresh_s);
         if (err == KVS_ERR_BUSY) kv->st.busy++;
+        r.pinned_short = err == KVS_ERR_BUSY || (uint64_t)kv->blocks_total - n_old >= n_fresh;
         goto done;
     }
     for (uint32_t i = 0; i < n_shared; i++) table[i] = s->blocks[i];

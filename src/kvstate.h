@@ -49,6 +49,8 @@ typedef struct {
     uint32_t have;       /* CACHE_MISS: positions the shard holds; resend from here */
     uint64_t live_epoch; /* STALE_EPOCH: the epoch the shard holds */
     uint32_t n_past;     /* positions held after the call */
+    bool pinned_short;   /* BUDGET_EXHAUSTED / BUSY only because other sessions are pinned (in
+                            flight): the same request can succeed once they finish */
 } kv_reply;
 
 /* Epoch advance that keeps the old epoch's first len positions (no copy). */

@@ -106,14 +106,14 @@ static const char *PROMPTS[8] = {"Once upon a time", "The little dog", "Lily and
 /* Connects to a shard on loopback and says HELLO (the INFO reply lands in b). */
 static int probe_connect(int port, int *fd, struct netio_buf *b) {
     char msg[KVS_MSG_MAX];
-    if (netio_connect("127.0.0.1", (uint16_t)port, netio_deadline_ms(5000), fd, msg, sizeof(msg))) return KVS_ERR_IO;
+    if (netio_connect("127.0.0.1", (uint16_t)port, netio_deadline_ms(30000), fd, msg, sizeof(msg))) return KVS_ERR_IO;
     uint8_t buf[64];
     size_t len;
     struct wire_hello h = {.min_version = 1, .max_version = 1};
     wire_encode_hello(&h, buf, sizeof(buf), &len);
     struct wire_header hd;
-    int err = netio_send_frame(*fd, WIRE_OP_HELLO, 1, buf, len, netio_deadline_ms(5000));
-    if (!err) err = netio_recv_frame(*fd, &hd, b, netio_deadline_ms(5000), msg, sizeof(msg));
+    int err = netio_send_frame(*fd, WIRE_OP_HELLO, 1, buf, len, netio_deadline_ms(30000));
+    if (!err) err = netio_recv_frame(*fd, &hd, b, netio_deadline_ms(30000), msg, sizeof(msg));
     return err;
 }
 
@@ -124,8 +124,8 @@ static int probe_stats(int port, uint64_t *used, uint64_t *budget, uint64_t *lru
     struct netio_buf b = {0};
     struct wire_header hd;
     int err = probe_connect(port, &fd, &b);
-    if (!err) err = netio_send_frame(fd, WIRE_OP_STATS, 2, NULL, 0, netio_deadline_ms(5000));
-    if (!err) err = netio_recv_frame(fd, &hd, &b, netio_deadline_ms(5000), msg, sizeof(msg));
+    if (!err) err = netio_send_frame(fd, WIRE_OP_STATS, 2, NULL, 0, netio_deadline_ms(30000));
+    if (!err) err = netio_recv_frame(fd, &hd, &b, netio_deadline_ms(30000), msg, sizeof(msg));
     struct wire_stats_reply *st = calloc(1, sizeof(*st));
     if (!err) err = wire_decode_stats_reply(b.data, b.len, st, msg, sizeof(msg));
     for (uint32_t i = 0; !err && i < st->n_stats; i++) {
@@ -245,8 +245,8 @@ static int probe_epoch(int port, const uint8_t sid[16], uint64_t epoch, uint64_t
     struct wire_forward f = {.epoch = epoch, .n_tokens = 1, .out_mode = WIRE_OUT_HIDDEN, .in_kind = WIRE_IN_TOKENS, .data = &tok};
     memcpy(f.session_id, sid, 16);
     wire_encode_forward(&f, buf, sizeof(buf), &len);
-    if (!err) err = netio_send_frame(fd, WIRE_OP_FORWARD, 2, buf, len, netio_deadline_ms(5000));
-    if (!err) err = netio_recv_frame(fd, &hd, &b, netio_deadline_ms(5000), msg, sizeof(msg));
+    if (!err) err = netio_send_frame(fd, WIRE_OP_FORWARD, 2, buf, len, netio_deadline_ms(30000));
+    if (!err) err = netio_recv_frame(fd, &hd, &b, netio_deadline_ms(30000), msg, sizeof(msg));
     struct wire_forward_reply r;
     if (!err) err = wire_decode_forward_reply(b.data, b.len, &r, msg, sizeof(msg));
     if (!err) {
@@ -288,7 +288,7 @@ static void check_failover(const char *model, int n_layer, bool stop_instead) {
         close(out[0]);
         execl(proc_bin(), "kvshard", "generate", "--route", route, "--spare", spare_s, "-p", prompt, "-n", "40",
               "--temp", "0", "--seed", "5", "--json", "--stats", "-v", "--pause-after", "8", "--keep-session",
-              "--timeout", stop_instead ? "2000" : "30000", (char *)NULL);
+              "--timeout", stop_instead ? "5000" : "30000", (char *)NULL);
         _exit(127);
     }
     close(in[0]);
