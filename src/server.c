@@ -646,6 +646,7 @@ static void handle_stats(srv_conn *c, uint64_t rid) {
         {"kv.rewinds", k.rewinds},             {"kv.cancellations", k.cancellations},
         {"kv.appends", k.appends},             {"kv.truncates", k.truncates},
         {"kv.inherits", k.inherits},           {"kv.busy", k.busy},
+        {"kv.in_place", k.in_place},           {"kv.tombstones", k.tombstones},
         {"srv.connections_total", s->c_conns_total}, {"srv.connections_open", (uint64_t)s->n_conns},
         {"srv.connections_rejected", s->c_rejected_conns}, {"srv.requests", s->c_requests},
         {"srv.forward_rows", s->c_forward_rows}, {"srv.batches", s->c_batches},
