@@ -322,6 +322,41 @@ static void route_limits(route *r) {
     r->max_rows = rows ? rows : 1;
 }
 
+static int take_spare(route *r, uint32_t k);
+
+/* Errors of a hop that is gone (the connection or the shard), as opposed to a refusal. */
+static bool is_transport_error(int rc) {
+    return rc == KVS_ERR_IO || rc == KVS_ERR_TIMEOUT || rc == KVS_ERR_CLOSED || rc == KVS_ERR_PROTOCOL;
+}
+
+/* route_open found hop k unreachable: puts in its place the first spare that starts at layer
+ * `first` (the route check then validates the whole chain). KVS_OK or KVS_ERR_NOT_FOUND. */
+static int open_spare(route *r, uint32_t k, uint32_t first) {
+    for (uint32_t j = 0; j < r->n_spares; j++) {
+        route_hop *sp = &r->spares[j];
+        if (r->spare_state[j] == SPARE_USED || r->spare_state[j] == SPARE_DEAD) continue;
+        if (r->spare_state[j] == SPARE_KNOWN && sp->info.first != first) continue;
+        char why[KVS_MSG_MAX];
+        int rc = hop_connect(r, sp, why, sizeof why);
+        if (rc != KVS_OK) {
+            route_log(r, "spare %s: %s", sp->addr.text, why);
+            if (!is_transport_error(rc)) r->spare_state[j] = SPARE_DEAD;
+            continue;
+        }
+        r->spare_state[j] = SPARE_KNOWN;
+        if (sp->info.first != first) {
+            hop_disconnect(sp);
+            continue;
+        }
+        r->spare_state[j] = SPARE_USED;
+        r->hops[k] = *sp;
+        sp->fd = -1;
+        r->reroutes++;
+        return KVS_OK;
+    }
+    return KVS_ERR_NOT_FOUND;
+}
+
 /* ---- open / close --------------------------------------------------------- */
 
 void route_close(route *r) {
@@ -387,6 +422,14 @@ int route_open(const char *route_spec, const char *spares_spec, const route_para
     for (size_t k = 0; k < n; k++) {
         char why[KVS_MSG_MAX];
         rc = hop_connect(r, &r->hops[k], why, sizeof why);
+        if (rc != KVS_OK && is_transport_error(rc)) {
+            char old[ROUTE_ADDR_MAX];
+            snprintf(old, sizeof old, "%s", r->hops[k].addr.text);
+            if (open_spare(r, (uint32_t)k, k ? infos[k - 1].last : 0) == KVS_OK) {
+                route_log(r, "hop %zu (%s): %s; using spare %s", k, old, why, r->hops[k].addr.text);
+                rc = KVS_OK;
+            }
+        }
         if (rc != KVS_OK) {
             rc = kvs_fail(msg, msg_cap, rc, "hop %zu (%s): %s", k, r->hops[k].addr.text, why);
             goto fail;
@@ -475,7 +518,17 @@ int route_fetch_vocab(route *r, tok_vocab **out, char *msg, size_t msg_cap) {
             goto done;
         }
         if ((rc = hop_call(r, h, WIRE_OP_VOCAB, len, WIRE_OP_VOCAB_REPLY, why, sizeof why)) != KVS_OK) {
-            rc = kvs_fail(msg, msg_cap, rc, "hop 0 (%s): %s", h->addr.text, why);
+            char old[ROUTE_ADDR_MAX];
+            snprintf(old, sizeof old, "%s", h->addr.text);
+            hop_disconnect(h);
+            if (is_transport_error(rc) && take_spare(r, 0) == KVS_OK) { /* the head died: ask its spare */
+                route_log(r, "hop 0 (%s) failed during VOCAB (%s): now %s", old, why, h->addr.text);
+                r->reroutes++;
+                first = 0;
+                arena_len = 0;
+                continue;
+            }
+            rc = kvs_fail(msg, msg_cap, rc, "hop 0 (%s): %s", old, why);
             goto done;
         }
         struct wire_vocab_reply v;

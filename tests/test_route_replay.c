@@ -5,11 +5,14 @@
  *    session, two sessions interleaved) give logits identical to an undisturbed f16 run, because a
  *    replay sends exactly the bytes first sent; the replay memory is half the f32 one;
  *  - max_replay_bytes bounds it: max_ctx drops to what fits, the session's memory never passes
- *    the cap, and a step past it is CONTEXT_FULL with nothing sent.
+ *    the cap, and a step past it is CONTEXT_FULL with nothing sent;
+ *  - a hop that is gone when the route opens is replaced by a spare (soak: a shard killed while a
+ *    client says HELLO).
  */
 #include <pthread.h>
 
 #include "mkmodel.h"
+#include "netio.h"
 #include "quant.h"
 #include "route.h"
 #include "server.h"
@@ -154,6 +157,27 @@ int main(void) {
     CHECK_EQ_INT(route_session_pos(s), 20);
     route_release(r, s);
     route_close(r);
+
+    /* A hop that is gone when the route opens is replaced by a spare of the same start layer. */
+    {
+        int lfd = -1;
+        uint16_t dead = 0;
+        CHECK_EQ_INT(netio_listen("127.0.0.1", 0, 1, &lfd, &dead, msg, sizeof msg), KVS_OK);
+        close(lfd); /* nothing listens there now */
+        char spec[64], spare[32];
+        snprintf(spec, sizeof spec, "127.0.0.1:%u,127.0.0.1:%u", dead, srv_port(tail.s));
+        snprintf(spare, sizeof spare, "127.0.0.1:%u", srv_port(head.s));
+        route_params rp = route_default_params();
+        CHECK_EQ_INT(route_open(spec, spare, &rp, &r, msg, sizeof msg), KVS_OK);
+        if (r) {
+            route_get_info(r, &info);
+            CHECK_EQ_INT(info.reroutes, 1);
+            CHECK_EQ_INT(route_session_open(r, &s, msg, sizeof msg), KVS_OK);
+            CHECK_EQ_INT(route_forward(r, s, toks, 4, got, msg, sizeof msg), KVS_OK);
+            route_release(r, s);
+            route_close(r);
+        }
+    }
 
     free(ref);
     free(got);

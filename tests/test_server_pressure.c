@@ -30,13 +30,21 @@ typedef struct {
     srv *s;
     pthread_t th;
     sem_t gate;
+    sem_t held;               /* posted by the hook when it holds a step for hold_at */
     atomic_bool gated;
+    atomic_int hold_at;       /* > 0: the first step with at least this many requests waits at the gate */
     atomic_uint_fast64_t now; /* hot-state clock, ns */
 } server_ctx;
 
 static void hook(void *ctx, int n) {
-    (void)n;
     server_ctx *sc = ctx;
+    int h = atomic_load(&sc->hold_at);
+    if (h > 0 && n >= h) {
+        atomic_store(&sc->hold_at, 0);
+        sem_post(&sc->held);
+        while (sem_wait(&sc->gate) != 0 && errno == EINTR) {
+        }
+    }
     if (atomic_load(&sc->gated))
         while (sem_wait(&sc->gate) != 0 && errno == EINTR) {
         }
@@ -70,7 +78,9 @@ static int start_server(server_ctx *sc, const char *model_path, uint64_t budget,
     p.kv_clock_ctx = sc;
     p.log = quiet_log;
     sem_init(&sc->gate, 0, 0);
+    sem_init(&sc->held, 0, 0);
     atomic_init(&sc->gated, false);
+    atomic_init(&sc->hold_at, 0);
     atomic_init(&sc->now, 1000000000ull);
     char msg[KVS_MSG_MAX] = "";
     int err = srv_create(&p, &sc->s, msg, sizeof(msg));
@@ -87,6 +97,7 @@ static void stop_server(server_ctx *sc) {
     pthread_join(sc->th, NULL);
     srv_free(sc->s);
     sem_destroy(&sc->gate);
+    sem_destroy(&sc->held);
 }
 
 static void ungate(server_ctx *sc) {
@@ -487,6 +498,74 @@ static void test_sessions_ttl(const char *model_path, engine *e) {
     stop_server(&sc);
 }
 
+/* Also test: one session cancelled mid-prefill while two others decode in the same forward pass
+ * (its rows are compacted out at the layer boundary): the decodes equal their solo runs, and the
+ * cancelled session is as before (absent: its next request at 0 starts it). */
+static void test_cancel_in_batch(const char *model_path, engine *e) {
+    server_ctx sc;
+    CHECK_EQ_INT(start_server(&sc, model_path, 16u << 20, 16, 0, 0), KVS_OK);
+    struct wire_info info;
+    int fd = connect_hello(&sc, &info);
+    CHECK(fd >= 0);
+    uint32_t nv = info.n_vocab;
+    int32_t ty[9], tz[9], tx[100];
+    fill_tokens(ty, 9, 50, nv);
+    fill_tokens(tz, 9, 51, nv);
+    fill_tokens(tx, 100, 52, nv);
+    float *want_y = solo_logits(e, 50, ty, 9), *want_z = solo_logits(e, 51, tz, 9);
+    outbuf o = {0};
+    put_forward(&o, 1, sid_of(50), 1, 0, 8, ty, NULL);
+    put_forward(&o, 2, sid_of(51), 1, 0, 8, tz, NULL);
+    flush(fd, &o);
+    for (int i = 0; i < 2; i++) free(recv_reply(fd, nv, NULL).logits);
+    /* The first step holding all three (X's prefill chunk, Y's and Z's decode) waits at the gate. */
+    atomic_store(&sc.hold_at, 3);
+    put_forward(&o, 3, sid_of(52), 1, 0, 100, tx, NULL);
+    put_forward(&o, 4, sid_of(50), 1, 8, 1, ty + 8, NULL);
+    put_forward(&o, 5, sid_of(51), 1, 8, 1, tz + 8, NULL);
+    flush(fd, &o);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 60; /* bounded: the step comes as soon as the reader has queued the three */
+    int w;
+    while ((w = sem_timedwait(&sc.held, &until)) != 0 && errno == EINTR) {
+    }
+    CHECK_EQ_INT(w, 0);
+    struct wire_cancel c = {.target_request_id = 3};
+    uint8_t cb[16];
+    size_t cl;
+    wire_encode_cancel(&c, cb, sizeof(cb), &cl);
+    put_frame(&o, WIRE_OP_CANCEL, 6, cb, cl);
+    flush(fd, &o);
+    reply cr = recv_reply(fd, nv, NULL); /* CANCEL answered while the step is held */
+    CHECK_EQ_INT(cr.op, WIRE_OP_STATUS);
+    CHECK_EQ_INT(cr.rid, 6);
+    CHECK_EQ_INT(cr.st.status, KVS_OK);
+    sem_post(&sc.gate);
+    for (int i = 0; i < 3; i++) {
+        reply r = recv_reply(fd, nv, NULL);
+        if (r.rid == 3) {
+            CHECK_EQ_INT(r.st.status, KVS_ERR_CANCELLED);
+            CHECK_EQ_INT(r.st.n_past, 0);
+        } else {
+            CHECK_EQ_INT(r.st.status, KVS_OK);
+            CHECK(same_logits(r.logits, r.rid == 4 ? want_y : want_z, nv));
+        }
+        free(r.logits);
+    }
+    put_forward(&o, 7, sid_of(52), 1, 1, 1, tx, NULL);
+    flush(fd, &o);
+    reply r = recv_reply(fd, nv, NULL);
+    CHECK_EQ_INT(r.st.status, KVS_ERR_CACHE_MISS);
+    CHECK_EQ_INT(r.st.have, 0);
+    CHECK_EQ_INT(stat_of(fd, "kv.cancellations"), 1);
+    free(want_y);
+    free(want_z);
+    free(o.data);
+    close(fd);
+    stop_server(&sc);
+}
+
 int main(void) {
     char dir[] = "/tmp/kvs-srvp-XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
@@ -506,11 +585,22 @@ int main(void) {
     CHECK_EQ_INT(engine_open(&ep, &e, msg, sizeof(msg)), KVS_OK);
     if (e) {
         size_t block_bytes = kv_block_bytes(e->kv);
+        /* Also test: a block holds only the shard's own layers (DESIGN §2): small has 2 layers,
+         * 2 kv heads x 64, f16 KV, 16 positions per block. */
+        CHECK_EQ_INT(block_bytes, 16 * 2 * 2 * 2 * 64 * 2);
+        engine_params hp = ep;
+        hp.first = 0;
+        hp.last = 1;
+        engine *head = NULL;
+        CHECK_EQ_INT(engine_open(&hp, &head, msg, sizeof(msg)), KVS_OK);
+        if (head) CHECK_EQ_INT(kv_block_bytes(head->kv), 16 * 1 * 2 * 2 * 64 * 2);
+        engine_close(head);
         test_full_pool_retry(model_path, e, block_bytes);
         test_wait_for_running(model_path, e, block_bytes);
         test_fair_chunks(model_path, e);
         test_op_order(model_path);
         test_sessions_ttl(model_path, e);
+        test_cancel_in_batch(model_path, e);
     }
     engine_close(e);
     unlink(model_path);
