@@ -364,6 +364,82 @@ static void check_failover(const char *model, int n_layer, bool stop_instead) {
     proc_stop_server(&spare);
 }
 
+/* Issue 7: failover of the head, the middle or the tail of a 3-shard stories260K route whose
+ * shards each hold a KV budget of exactly 2 blocks (one session of the run: 5 + 20 positions):
+ * the survivors' inherit and the retried step need no free block, and the output equals an
+ * uninterrupted run. The victim is killed while the client is paused after 8 tokens. */
+static void check_failover_full(const char *model, int victim) {
+    static const char *layers[3] = {"0:2", "2:4", "4:5"};
+    static const char *budgets[3] = {"8192", "8192", "4096"}; /* 2 blocks of 16 positions each */
+    proc_server s[3], spare;
+    for (int i = 0; i < 3; i++) {
+        const char *extra[] = {"--kv-budget", budgets[i], NULL};
+        CHECK(proc_start_server(&s[i], g_dir, model, layers[i], extra));
+    }
+    const char *sextra[] = {"--kv-budget", budgets[victim], NULL};
+    CHECK(proc_start_server(&spare, g_dir, model, layers[victim], sextra));
+    const char *prompt = "Once upon a time";
+    char *ref = reference(model, prompt, "20", "0");
+    char route[256], spare_s[64], errlog[256];
+    route_of(route, sizeof(route), s, 3);
+    snprintf(spare_s, sizeof(spare_s), "127.0.0.1:%d", spare.port);
+    snprintf(errlog, sizeof(errlog), "%s/failover-full-%d.err", g_dir, victim);
+    int in[2], out[2];
+    CHECK(pipe(in) == 0 && pipe(out) == 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(in[0], 0);
+        dup2(out[1], 1);
+        int fd = open(errlog, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 2);
+        close(in[1]);
+        close(out[0]);
+        execl(proc_bin(), "kvshard", "generate", "--route", route, "--spare", spare_s, "-p", prompt, "-n", "20",
+              "--temp", "0", "--seed", "5", "--json", "-v", "--pause-after", "8", "--timeout", "30000", (char *)NULL);
+        _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    bool paused = false;
+    for (int waited = 0; waited < 60000 && !paused; waited += 5) {
+        FILE *f = fopen(errlog, "r");
+        char line[512];
+        while (f && fgets(line, sizeof(line), f)) paused = paused || strstr(line, "paused after 8 tokens") != NULL;
+        if (f) fclose(f);
+        if (!paused) proc_sleep_ms(5);
+    }
+    CHECK(paused);
+    kill(s[victim].pid, SIGKILL);
+    proc_wait(s[victim].pid, 10000);
+    s[victim].pid = 0;
+    ssize_t w = write(in[1], "\n", 1);
+    CHECK_EQ_INT(w, 1);
+    close(in[1]);
+    size_t len = 0, cap = 1 << 16;
+    char *got = malloc(cap);
+    ssize_t n;
+    while ((n = read(out[0], got + len, cap - len - 1)) > 0) len += (size_t)n;
+    got[len] = 0;
+    close(out[0]);
+    int st = proc_wait(pid, 60000);
+    CHECK_EQ_INT(st, 0);
+    if (st != 0 || strcmp(got, ref)) {
+        fprintf(stderr, "failover of hop %d with full budgets:\n  got %s  want %s", victim, got, ref);
+        FILE *f = fopen(errlog, "r");
+        char line[512];
+        while (f && fgets(line, sizeof(line), f)) fprintf(stderr, "  | %s", line);
+        if (f) fclose(f);
+    }
+    CHECK(strcmp(got, ref) == 0);
+    printf("  kill -9 of hop %d (%s) with every pool at its budget: output identical\n", victim,
+           victim == 0 ? "head" : victim == 1 ? "middle" : "tail");
+    free(got);
+    free(ref);
+    for (int i = 0; i < 3; i++)
+        if (i != victim) proc_stop_server(&s[i]);
+    proc_stop_server(&spare);
+}
+
 int main(void) {
     snprintf(g_dir, sizeof(g_dir), "/tmp/kvs-route-XXXXXX");
     CHECK(mkdtemp(g_dir) != NULL);
@@ -384,6 +460,7 @@ int main(void) {
         check_routes(stories, 5);
         check_failover(stories, 5, false);
         check_failover(stories, 5, true);
+        for (int victim = 0; victim < 3; victim++) check_failover_full(stories, victim);
         check_concurrent(stories, 5, 4, NULL);
         /* Budget for about two sessions of 5+20 positions per shard (block = 16 positions). */
         check_concurrent(stories, 5, 8, "24K");
