@@ -489,6 +489,78 @@ static int32_t guess_unk(const int32_t *types, int32_t n) {
     return 0;
 }
 
+/* The BPE half of a vocab (VOCAB_META pages): merges rebuilt as "left right" texts. */
+typedef struct {
+    char pre[WIRE_MAX_PRE + 1];
+    int8_t add_bos;
+    char *chat_template;
+    uint32_t n_merges;
+    char **merges;
+    uint32_t *merge_lens;
+} bpe_meta;
+
+static void bpe_meta_free(bpe_meta *m) {
+    for (uint32_t i = 0; m->merges && i < m->n_merges; i++) free(m->merges[i]);
+    free(m->merges);
+    free(m->merge_lens);
+    free(m->chat_template);
+}
+
+static int fetch_bpe_meta(route *r, uint32_t nv, const char *const *texts, const uint32_t *lens, bpe_meta *m,
+                          char *msg, size_t msg_cap) {
+    route_hop *h = &r->hops[0];
+    int rc;
+    for (uint32_t first = 0;;) {
+        char why[KVS_MSG_MAX];
+        struct wire_vocab_meta q = {.first = first, .max_count = WIRE_MAX_MERGES};
+        size_t len = 0;
+        if ((rc = tx_reserve(r, 8)) != KVS_OK || (rc = wire_encode_vocab_meta(&q, r->tx, r->tx_cap, &len)) != KVS_OK)
+            return kvs_fail(msg, msg_cap, rc, "cannot encode VOCAB_META: %s", kvs_strerror(rc));
+        if ((rc = hop_call(r, h, WIRE_OP_VOCAB_META, len, WIRE_OP_VOCAB_META_REPLY, why, sizeof why)) != KVS_OK)
+            return kvs_fail(msg, msg_cap, rc, "hop 0 (%s): %s", h->addr.text, why);
+        struct wire_vocab_meta_reply v;
+        if ((rc = wire_decode_vocab_meta_reply(r->rx.data, r->rx.len, &v, why, sizeof why)) != KVS_OK)
+            return kvs_fail(msg, msg_cap, rc, "hop 0 (%s): bad VOCAB_META_REPLY: %s", h->addr.text, why);
+        if (v.st.status != KVS_OK)
+            return kvs_fail(msg, msg_cap, v.st.status, "hop 0 (%s) refused VOCAB_META: %s", h->addr.text,
+                            kvs_strerror(v.st.status));
+        if (v.n_vocab != nv || v.first != first || (first > 0 && v.n_merges != m->n_merges) ||
+            (v.count == 0 && first < v.n_merges))
+            return kvs_fail(msg, msg_cap, KVS_ERR_PROTOCOL, "hop 0 (%s): VOCAB_META page [%u, +%u) of %u does not "
+                            "continue [%u, ...)", h->addr.text, v.first, v.count, v.n_merges, first);
+        if (first == 0) {
+            memcpy(m->pre, v.pre, sizeof m->pre);
+            m->add_bos = v.add_bos == 1 ? 1 : v.add_bos == 2 ? -1 : 0;
+            m->n_merges = v.n_merges;
+            m->merges = calloc(v.n_merges ? v.n_merges : 1, sizeof *m->merges);
+            m->merge_lens = calloc(v.n_merges ? v.n_merges : 1, sizeof *m->merge_lens);
+            if (v.template_len) {
+                m->chat_template = malloc((size_t)v.template_len + 1);
+                if (m->chat_template) {
+                    memcpy(m->chat_template, v.chat_template, v.template_len);
+                    m->chat_template[v.template_len] = 0;
+                }
+            }
+            if (!m->merges || !m->merge_lens || (v.template_len && !m->chat_template))
+                return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
+        }
+        for (uint32_t i = 0; i < v.count; i++) {
+            int32_t lid, rid;
+            wire_vocab_meta_merge(&v, i, &lid, &rid); /* ids < n_vocab: checked by the decoder */
+            size_t ll = lens[lid], rl = lens[rid];
+            char *s = malloc(ll + rl + 2);
+            if (!s) return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
+            if (ll) memcpy(s, texts[lid], ll);
+            s[ll] = ' ';
+            if (rl) memcpy(s + ll + 1, texts[rid], rl);
+            m->merges[first + i] = s;
+            m->merge_lens[first + i] = (uint32_t)(ll + rl + 1);
+        }
+        first += v.count;
+        if (first >= v.n_merges) return KVS_OK;
+    }
+}
+
 int route_fetch_vocab(route *r, tok_vocab **out, char *msg, size_t msg_cap) {
     if (!out) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "out is NULL");
     *out = NULL;
@@ -503,7 +575,8 @@ int route_fetch_vocab(route *r, tok_vocab **out, char *msg, size_t msg_cap) {
     int32_t *types = malloc((size_t)nv * sizeof *types);
     const char **texts = malloc((size_t)nv * sizeof *texts);
     int32_t bos = -1, eos = -1;
-    bool add_space_prefix = true;
+    bool add_space_prefix = true, is_bpe = false;
+    bpe_meta meta = {0};
     int rc;
     if (!text_off || !lens || !scores || !types || !texts) {
         rc = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
@@ -541,9 +614,15 @@ int route_fetch_vocab(route *r, tok_vocab **out, char *msg, size_t msg_cap) {
                           kvs_strerror(v.st.status));
             goto done;
         }
-        if (strcmp(v.tok_model, "llama") != 0) {
-            rc = kvs_fail(msg, msg_cap, KVS_ERR_UNSUPPORTED, "hop 0 (%s) has a '%s' tokenizer (only 'llama')",
+        if (strcmp(v.tok_model, "llama") != 0 && strcmp(v.tok_model, "gpt2") != 0) {
+            rc = kvs_fail(msg, msg_cap, KVS_ERR_UNSUPPORTED, "hop 0 (%s) has a '%s' tokenizer (only llama, gpt2)",
                           h->addr.text, v.tok_model);
+            goto done;
+        }
+        if (first == 0) is_bpe = !strcmp(v.tok_model, "gpt2");
+        else if (is_bpe != !strcmp(v.tok_model, "gpt2")) {
+            rc = kvs_fail(msg, msg_cap, KVS_ERR_PROTOCOL, "hop 0 (%s): VOCAB pages disagree on the tokenizer",
+                          h->addr.text);
             goto done;
         }
         if (v.n_vocab != nv || v.first != first || v.count == 0 ||
@@ -589,13 +668,24 @@ int route_fetch_vocab(route *r, tok_vocab **out, char *msg, size_t msg_cap) {
     }
     for (uint32_t i = 0; i < nv; i++) texts[i] = arena ? arena + text_off[i] : NULL;
     tok_arrays a = {.n_vocab = (int32_t)nv, .texts = texts, .text_lens = lens, .scores = scores, .types = types,
-                    .bos = bos, .eos = eos, .unk = guess_unk(types, (int32_t)nv),
+                    .bos = bos, .eos = eos, .unk = is_bpe ? -1 : guess_unk(types, (int32_t)nv),
                     .add_space_prefix = add_space_prefix};
+    if (is_bpe) {
+        if ((rc = fetch_bpe_meta(r, nv, texts, lens, &meta, msg, msg_cap)) != KVS_OK) goto done;
+        a.kind = TOK_KIND_BPE;
+        a.pre = meta.pre;
+        a.add_bos = meta.add_bos;
+        a.chat_template = meta.chat_template;
+        a.n_merges = (int32_t)meta.n_merges;
+        a.merges = (const char *const *)meta.merges;
+        a.merge_lens = meta.merge_lens;
+    }
     char tmsg[KVS_MSG_MAX] = "";
     rc = tok_from_arrays(&a, out, tmsg, sizeof tmsg);
     if (rc != KVS_OK) rc = kvs_fail(msg, msg_cap, rc, "hop 0 (%s): vocab: %s", h->addr.text, tmsg);
 
 done:
+    bpe_meta_free(&meta);
     free(arena);
     free(text_off);
     free(lens);

@@ -128,7 +128,7 @@ const char *route_hop_addr(const route *r, uint32_t k);
 
 /* Builds the tokenizer from the head shard's VOCAB pages (tok_from_arrays). On success *out is
  * a new vocab owned by the caller (tok_free). KVS_ERR_UNSUPPORTED when the shard's tokenizer is
- * not "llama"; KVS_ERR_PROTOCOL for inconsistent pages; transport errors as route_open; a shard
+ * neither "llama" nor "gpt2"; KVS_ERR_PROTOCOL for inconsistent pages; transport errors as route_open; a shard
  * status as answered. *out NULL on failure; the route stays usable unless hop 0's connection
  * failed. */
 int route_fetch_vocab(route *r, tok_vocab **out, char *msg, size_t msg_cap);

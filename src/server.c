@@ -700,8 +700,9 @@ static void handle_vocab(srv_conn *c, uint64_t rid, const struct wire_vocab *q) 
     r.bos = tok_bos(v);
     r.eos = tok_eos(v);
     r.add_space_prefix = tok_add_space_prefix(v);
-    memcpy(r.tok_model, "llama", 5);
-    r.tok_model_len = 5;
+    const char *model_name = tok_vocab_kind(v) == TOK_KIND_BPE ? "gpt2" : "llama";
+    r.tok_model_len = (uint8_t)strlen(model_name);
+    memcpy(r.tok_model, model_name, r.tok_model_len);
     r.tokens = toks;
     size_t len = 0;
     uint8_t *buf = NULL;
@@ -710,6 +711,45 @@ static void handle_vocab(srv_conn *c, uint64_t rid, const struct wire_vocab *q) 
     if (!err && buf) conn_send(c, WIRE_OP_VOCAB_REPLY, rid, buf, len);
     free(buf);
     free(toks);
+}
+
+/* VOCAB_META: the BPE settings, the chat template (first page) and a page of merges. */
+static void handle_vocab_meta(srv_conn *c, uint64_t rid, const struct wire_vocab_meta *q) {
+    const tok_vocab *v = c->s->e->vocab;
+    struct wire_vocab_meta_reply r;
+    memset(&r, 0, sizeof(r));
+    int32_t nm = v ? tok_n_merges(v) : 0;
+    const char *tmpl = v ? tok_chat_template(v) : NULL;
+    size_t tl = tmpl ? strlen(tmpl) : 0;
+    if (!v) r.st.status = KVS_ERR_UNSUPPORTED;
+    else if (q->first > (uint32_t)nm || tl > WIRE_MAX_TEMPLATE || strlen(tok_pre_name(v)) > WIRE_MAX_PRE)
+        r.st.status = KVS_ERR_INVALID_ARG;
+    uint32_t count = r.st.status ? 0 : (uint32_t)nm - q->first;
+    if (count > q->max_count) count = q->max_count;
+    if (count > (1u << 20)) count = 1u << 20; /* 8 MiB of ids per page */
+    int32_t *ids = count ? malloc((size_t)count * 2 * sizeof(*ids)) : NULL;
+    if (count && !ids) r.st.status = KVS_ERR_NOMEM;
+    if (!r.st.status) {
+        for (uint32_t i = 0; i < count; i++) tok_merge(v, (int32_t)(q->first + i), &ids[2 * i], &ids[2 * i + 1]);
+        r.n_vocab = (uint32_t)tok_n_vocab(v);
+        int8_t ab = tok_add_bos_setting(v);
+        r.add_bos = ab > 0 ? 1 : ab < 0 ? 2 : 0;
+        r.pre_len = (uint8_t)strlen(tok_pre_name(v));
+        memcpy(r.pre, tok_pre_name(v), r.pre_len);
+        r.n_merges = (uint32_t)nm;
+        r.first = q->first;
+        r.count = count;
+        r.template_len = q->first == 0 ? (uint32_t)tl : 0;
+        r.chat_template = tmpl;
+        r.merge_ids = ids;
+    }
+    size_t len = 0;
+    uint8_t *buf = NULL;
+    int err = wire_encode_vocab_meta_reply(&r, NULL, 0, &len);
+    if (!err && (buf = malloc(len))) err = wire_encode_vocab_meta_reply(&r, buf, len, &len);
+    if (!err && buf) conn_send(c, WIRE_OP_VOCAB_META_REPLY, rid, buf, len);
+    free(buf);
+    free(ids);
 }
 
 static void send_info(srv_conn *c, uint64_t rid, int status) {
@@ -858,6 +898,13 @@ static void *conn_main(void *arg) {
             struct wire_vocab q;
             if (wire_decode_vocab(buf.data, buf.len, &q, msg, sizeof(msg))) send_status(c, h.request_id, KVS_ERR_PROTOCOL, NULL, msg);
             else handle_vocab(c, h.request_id, &q);
+            break;
+        }
+        case WIRE_OP_VOCAB_META: {
+            struct wire_vocab_meta q;
+            if (wire_decode_vocab_meta(buf.data, buf.len, &q, msg, sizeof(msg)))
+                send_status(c, h.request_id, KVS_ERR_PROTOCOL, NULL, msg);
+            else handle_vocab_meta(c, h.request_id, &q);
             break;
         }
         default:
