@@ -485,7 +485,8 @@ int gguf_open_buffer(const void *data, size_t size, gguf_ctx **out, char *msg, s
 int gguf_open(const char *path, gguf_ctx **out, char *msg, size_t msg_cap) {
     if (!out || !path) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "NULL argument");
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO (or a device) must not wait for a writer; it is refused below. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return kvs_fail(msg, msg_cap, KVS_ERR_IO, "%s: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {

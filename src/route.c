@@ -34,6 +34,11 @@
 #define FWD_HEAD_BYTES 60u
 #define FWD_REPLY_HEAD_BYTES 32u
 #define ROUTE_MAX_MISSES 32 /* CACHE_MISS answers in a row tolerated for one request */
+/* Bounds on what a (possibly hostile) shard can make the client allocate, checked as each size
+ * arrives, before any allocation for it. */
+#define ROUTE_MAX_TOKEN_BYTES 4096u          /* one vocab token's text (the tokenizer's limit) */
+#define ROUTE_MAX_VOCAB_TEXT (32u << 20)     /* all vocab token texts together, bytes */
+#define ROUTE_MAX_SMALL_REPLY 4096u          /* INFO, STATUS payload bytes */
 
 enum spare_state { SPARE_UNTRIED = 0, SPARE_KNOWN, SPARE_USED, SPARE_DEAD };
 
@@ -203,7 +208,7 @@ int route_check_hops(const struct wire_info *infos, const char *const *addrs, si
 /* ---- one request on one connection --------------------------------------- */
 
 static void hop_disconnect(route_hop *h) {
-    if (h->fd >= 0) close(h->fd);
+    netio_close(h->fd);
     h->fd = -1;
 }
 
@@ -217,6 +222,19 @@ static int tx_reserve(route *r, size_t need) {
     r->tx = b;
     r->tx_cap = cap;
     return KVS_OK;
+}
+
+/* Largest payload a reply of op reply_op (or a STATUS in its place) may announce. */
+static uint32_t reply_limit(const route *r, uint16_t reply_op) {
+    uint64_t lim = WIRE_MAX_PAYLOAD;
+    if (reply_op == WIRE_OP_INFO) lim = ROUTE_MAX_SMALL_REPLY;
+    if (reply_op == WIRE_OP_FORWARD_REPLY && r->n_embd) {
+        uint64_t cols = r->n_vocab > r->n_embd ? r->n_vocab : r->n_embd;
+        uint64_t rows = r->max_rows ? r->max_rows : WIRE_MAX_TOKENS;
+        lim = FWD_REPLY_HEAD_BYTES + rows * cols * 4u;
+    }
+    if (lim < ROUTE_MAX_SMALL_REPLY) lim = ROUTE_MAX_SMALL_REPLY;
+    return lim > WIRE_MAX_PAYLOAD ? WIRE_MAX_PAYLOAD : (uint32_t)lim;
 }
 
 /* Sends r->tx[0..len) as one `op` frame on h and waits for the reply frame; KVS_OK when a frame
@@ -236,7 +254,9 @@ static int hop_call(route *r, route_hop *h, uint16_t op, size_t len, uint16_t re
         return kvs_fail(why, why_cap, rc, "sending %s: %s", wire_op_name(op), kvs_strerror(rc));
     }
     struct wire_header hdr;
-    rc = netio_recv_frame(h->fd, &hdr, &r->rx, deadline, nmsg, sizeof nmsg);
+    netio_recv_opts ro = {.idle_deadline_ns = deadline, .frame_timeout_ms = -1,
+                          .max_payload = reply_limit(r, reply_op)};
+    rc = netio_recv_frame_opt(h->fd, &hdr, &r->rx, &ro, nmsg, sizeof nmsg);
     if (rc == KVS_OK) r->bytes_received += WIRE_HEADER_SIZE + r->rx.len;
     if (rc != KVS_OK) {
         hop_disconnect(h);
@@ -489,6 +509,12 @@ int route_fetch_vocab(route *r, tok_vocab **out, char *msg, size_t msg_cap) {
         uint32_t i = first;
         while (wire_vocab_next(&v, &off, &t)) {
             if (i >= first + v.count) break; /* the decoder guarantees count entries */
+            if (t.text_len > ROUTE_MAX_TOKEN_BYTES || arena_len + t.text_len > ROUTE_MAX_VOCAB_TEXT) {
+                rc = kvs_fail(msg, msg_cap, KVS_ERR_PROTOCOL,
+                              "hop 0 (%s): VOCAB token %u is %u bytes (limit %u, %u for the whole vocab)",
+                              h->addr.text, i, t.text_len, ROUTE_MAX_TOKEN_BYTES, ROUTE_MAX_VOCAB_TEXT);
+                goto done;
+            }
             if (arena_len + t.text_len > arena_cap) {
                 size_t cap = arena_cap ? arena_cap * 2 : 65536;
                 while (cap < arena_len + t.text_len) cap *= 2;

@@ -442,7 +442,7 @@ static void conn_unref(srv_conn *c) {
     if (*pp) *pp = c->next;
     s->n_conns--;
     pthread_mutex_unlock(&s->mu);
-    close(c->fd);
+    netio_close(c->fd);
     out_free_all(c->out_head); /* replies queued after the writer stopped */
     pthread_mutex_destroy(&c->write_lock);
     pthread_cond_destroy(&c->write_cv);
@@ -456,7 +456,9 @@ static int handle_forward(srv_conn *c, uint64_t rid, const uint8_t *payload, siz
     char msg[KVS_MSG_MAX] = "";
     int err = wire_decode_forward(payload, len, &f, msg, sizeof(msg));
     if (err) {
+        pthread_mutex_lock(&s->mu);
         s->c_protocol_errors++;
+        pthread_mutex_unlock(&s->mu);
         send_status(c, rid, KVS_ERR_PROTOCOL, NULL, msg);
         return KVS_OK;
     }
@@ -612,7 +614,7 @@ static void handle_vocab(srv_conn *c, uint64_t rid, const struct wire_vocab *q) 
     const tok_vocab *v = s->e->vocab;
     struct wire_vocab_reply r;
     memset(&r, 0, sizeof(r));
-    if (!v) {
+    if (!v || s->e->m->first != 0) { /* only the head shard (layer 0, token ids in) answers */
         r.st.status = KVS_ERR_UNSUPPORTED;
     } else if (q->first >= (uint32_t)tok_n_vocab(v)) {
         r.st.status = KVS_ERR_INVALID_ARG;
@@ -798,6 +800,16 @@ out:
 
 /* ---- lifecycle ---------------------------------------------------------------- */
 
+/* RAM of this machine in bytes, 0 when unknown. A KV budget above it is refused rather than
+ * clamped: the operator asked for something that cannot hold, and a silent clamp would
+ * advertise a different budget than the one configured. */
+static uint64_t physical_memory_bytes(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || page <= 0) return 0;
+    uint64_t b;
+    return kvs_mul_u64((uint64_t)pages, (uint64_t)page, &b) ? b : 0;
+}
+
 int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
     *out = NULL;
     srv *s = calloc(1, sizeof(*s));
@@ -813,6 +825,13 @@ int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
     int err = netio_parse_hostport(p->listen, host, sizeof(host), &port);
     if (err) {
         err = kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "--listen '%s' is not HOST:PORT", p->listen);
+        goto fail;
+    }
+    uint64_t phys = physical_memory_bytes();
+    if (phys && p->kv_budget_bytes > phys) {
+        err = kvs_fail(msg, cap, KVS_ERR_INVALID_ARG,
+                       "--kv-budget %.1f GiB is more than this machine's physical memory (%.1f GiB)",
+                       (double)p->kv_budget_bytes / (1u << 30), (double)phys / (1u << 30));
         goto fail;
     }
     engine_params ep = engine_default_params();
