@@ -403,7 +403,7 @@ int netio_recv_frame(int fd, struct wire_header *hdr, struct netio_buf *b, uint6
     return netio_recv_frame_opt(fd, hdr, b, &o, msg, msg_cap);
 }
 
-int netio_recv_frame_opt(int fd, struct wire_header *hdr, struct netio_buf *b, const netio_recv_opts *o,
+int netio_recv_frame_opt(int fd, struct wire_header *hdr, struct netio_buf *b, netio_recv_opts *o,
                          char *msg, size_t msg_cap) {
     uint8_t hb[WIRE_HEADER_SIZE];
     if (!hdr || !b || !o) return KVS_ERR_INVALID_ARG;
@@ -411,9 +411,11 @@ int netio_recv_frame_opt(int fd, struct wire_header *hdr, struct netio_buf *b, c
     b->len = 0;
     uint64_t deadline_ns = o->idle_deadline_ns;
     int rc;
+    o->started = false;
     if (o->frame_timeout_ms >= 0) {
         rc = wait_first_byte(fd, o->idle_deadline_ns);
         if (rc != KVS_OK) return kvs_fail(msg, msg_cap, rc, "waiting for a frame: %s", kvs_strerror(rc));
+        o->started = true;
         deadline_ns = netio_deadline_ms(o->frame_timeout_ms);
     }
     rc = netio_read_full(fd, hb, sizeof hb, deadline_ns);

@@ -21,6 +21,7 @@
 #ifndef KVS_NETIO_H
 #define KVS_NETIO_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -98,11 +99,13 @@ typedef struct {
      * refuses the frame (returned as is, payload unread). NULL: always admitted. */
     int (*admit)(void *ctx, const struct wire_header *h);
     void *admit_ctx;
+    bool started;              /* out: the frame's first byte arrived (a TIMEOUT with this set is
+                                  a frame that did not complete in time, not an idle peer) */
 } netio_recv_opts;
 
 /* netio_recv_frame under the limits in *o. A frame over max_payload gives KVS_ERR_TOO_LARGE with
  * *hdr filled; a frame that does not complete in time gives KVS_ERR_TIMEOUT. */
-int netio_recv_frame_opt(int fd, struct wire_header *hdr, struct netio_buf *b, const netio_recv_opts *o,
+int netio_recv_frame_opt(int fd, struct wire_header *hdr, struct netio_buf *b, netio_recv_opts *o,
                          char *msg, size_t msg_cap);
 
 /* Closes fd, first ending and freeing the TLS session attached to it (tls.h), if any. -1 is fine.

@@ -28,6 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tls.h"
 #include "util.h"
 
 /* Payload bytes of a FORWARD before the data, and of a FORWARD_REPLY before the data. */
@@ -51,6 +52,7 @@ typedef struct {
 struct route {
     route_params p;
     char *auth;              /* copy of p.auth, "" when none */
+    tls_ctx *tls;            /* NULL: plaintext */
     route_hop *hops;         /* (n_hops) in layer order */
     uint32_t *hop_gen;       /* (n_hops) bumped each time hop k is replaced */
     uint32_t n_hops;
@@ -291,6 +293,15 @@ static int hop_connect(route *r, route_hop *h, char *why, size_t why_cap) {
         h->fd = -1;
         return kvs_fail(why, why_cap, rc, "cannot connect: %s", nmsg[0] ? nmsg : kvs_strerror(rc));
     }
+    if (r->tls) {
+        char peer_id[TLS_ID_MAX];
+        rc = tls_handshake(r->tls, h->fd, netio_deadline_ms(r->p.timeout_ms), peer_id, sizeof peer_id, nmsg,
+                           sizeof nmsg);
+        if (rc != KVS_OK) {
+            hop_disconnect(h);
+            return kvs_fail(why, why_cap, rc, "%s", nmsg);
+        }
+    }
     struct wire_hello hello = {.min_version = 1, .max_version = WIRE_VERSION};
     size_t alen = strlen(r->auth);
     hello.auth_len = (uint16_t)alen;
@@ -342,6 +353,7 @@ void route_close(route *r) {
     free(r->spares);
     free(r->spare_state);
     free(r->auth);
+    tls_ctx_free(r->tls);
     free(r->tx);
     free(r->scratch_logits);
     netio_buf_free(&r->rx);
@@ -376,6 +388,11 @@ int route_open(const char *route_spec, const char *spares_spec, const route_para
         goto fail;
     }
     r->auth = strdup(auth);
+    if (p && (p->tls_cert || p->tls_key || p->tls_ca)) {
+        tls_params tp = {.cert_file = p->tls_cert, .key_file = p->tls_key, .ca_file = p->tls_ca};
+        if ((rc = tls_ctx_create(&tp, false, &r->tls, msg, msg_cap)) != KVS_OK) goto fail;
+    }
+    r->p.tls_cert = r->p.tls_key = r->p.tls_ca = NULL; /* not kept: the context holds what it needs */
     r->n_hops = (uint32_t)n;
     r->n_spares = (uint32_t)n_spares;
     r->hops = calloc(n, sizeof *r->hops);
