@@ -378,6 +378,10 @@ void netio_buf_free(struct netio_buf *b) {
     memset(b, 0, sizeof *b);
 }
 
+void netio_buf_trim(struct netio_buf *b) {
+    if (b && b->cap > NETIO_BUF_KEEP) netio_buf_free(b);
+}
+
 /* Makes b hold at least need bytes (keeping contents). */
 static int buf_reserve(struct netio_buf *b, size_t need) {
     if (need <= b->cap) return KVS_OK;
@@ -407,7 +411,7 @@ int netio_recv_frame_opt(int fd, struct wire_header *hdr, struct netio_buf *b, n
                          char *msg, size_t msg_cap) {
     uint8_t hb[WIRE_HEADER_SIZE];
     if (!hdr || !b || !o) return KVS_ERR_INVALID_ARG;
-    if (b->cap > NETIO_BUF_KEEP) netio_buf_free(b);
+    netio_buf_trim(b);
     b->len = 0;
     uint64_t deadline_ns = o->idle_deadline_ns;
     int rc;

@@ -74,6 +74,8 @@ struct netio_buf {
     size_t cap;    /* bytes allocated */
 };
 void netio_buf_free(struct netio_buf *b); /* frees data, leaves b zeroed; NULL is fine */
+/* Frees b's data when it holds more than NETIO_BUF_KEEP bytes (what a large frame left). */
+void netio_buf_trim(struct netio_buf *b);
 
 /* Receives one frame: reads and validates the header, then the payload into b (b->len =
  * payload_len). The payload limit is checked before any allocation, and the buffer grows only

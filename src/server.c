@@ -86,6 +86,7 @@ struct srv_conn {
     char identity[TLS_ID_MAX];   /* authenticated peer identity; sessions are keyed by it */
     atomic_int inflight;         /* FORWARD jobs queued or running */
     size_t rx_held;              /* bytes of s->buffered held by the frame being handled */
+    size_t rx_cap;               /* bytes of the receive buffer, as counted in s->rx_capacity */
 };
 
 struct srv {
@@ -110,6 +111,7 @@ struct srv {
     uint8_t (*tokens)[crypto_generichash_BYTES];  /* (n_tokens) hashes of the accepted auth tokens */
     int n_tokens;
     atomic_ullong buffered; /* receive-buffer and reply-queue bytes over all connections */
+    atomic_ullong rx_capacity; /* bytes allocated for receive buffers over all connections */
     /* counters */
     uint64_t c_auth_failures, c_busy_inflight, c_refused_addr, c_frame_timeouts, c_refused_buffers;
     uint64_t c_conns_total, c_requests, c_forward_rows, c_batches, c_batch_items, c_protocol_errors,
@@ -639,6 +641,7 @@ static void handle_stats(srv_conn *c, uint64_t rid) {
         {"srv.refused_per_addr", s->c_refused_addr}, {"srv.frame_timeouts", s->c_frame_timeouts},
         {"srv.refused_buffers", s->c_refused_buffers},
         {"srv.buffered_bytes", (uint64_t)atomic_load(&s->buffered)},
+        {"srv.rx_buffer_bytes", (uint64_t)atomic_load(&s->rx_capacity)},
     };
     pthread_mutex_unlock(&s->mu);
     size_t n = sizeof(list) / sizeof(list[0]);
@@ -788,6 +791,13 @@ static void conn_release_rx(srv_conn *c) {
     c->rx_held = 0;
 }
 
+/* Brings s->rx_capacity up to date with c's receive buffer. */
+static void conn_count_rx(srv_conn *c, const struct netio_buf *b) {
+    atomic_fetch_add(&c->s->rx_capacity, b->cap);
+    atomic_fetch_sub(&c->s->rx_capacity, c->rx_cap);
+    c->rx_cap = b->cap;
+}
+
 static void count_protocol_error(srv *s) {
     pthread_mutex_lock(&s->mu);
     s->c_protocol_errors++;
@@ -840,10 +850,13 @@ static void *conn_main(void *arg) {
     }
     while (!atomic_load(&c->closed)) {
         conn_release_rx(c);
+        netio_buf_trim(&buf); /* a large frame does not keep its buffer while the peer idles */
+        conn_count_rx(c, &buf);
         netio_recv_opts o = {.idle_deadline_ns = netio_deadline_ms(s->p.idle_timeout_ms),
                              .frame_timeout_ms = s->p.frame_timeout_ms > 0 ? s->p.frame_timeout_ms : -1,
                              .admit = conn_admit, .admit_ctx = c};
         err = netio_recv_frame_opt(c->fd, &h, &buf, &o, msg, sizeof(msg));
+        conn_count_rx(c, &buf);
         if (err) {
             if (err == KVS_ERR_PROTOCOL || err == KVS_ERR_UNSUPPORTED || err == KVS_ERR_TOO_LARGE) {
                 send_status(c, h.request_id, err, NULL, msg);
@@ -919,6 +932,7 @@ out:
                  n ? ", cancelled its work in flight" : "");
     }
     netio_buf_free(&buf);
+    conn_count_rx(c, &buf);
     conn_unref(c);
     return NULL;
 }
@@ -1012,6 +1026,7 @@ int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
     }
     randombytes_buf(s->sid_key, sizeof s->sid_key);
     atomic_init(&s->buffered, 0);
+    atomic_init(&s->rx_capacity, 0);
     if (want_tls && (err = tls_ctx_create(&(tls_params){.cert_file = p->tls_cert, .key_file = p->tls_key,
                                                          .ca_file = p->tls_ca}, true, &s->tls, msg, cap)))
         goto fail;
