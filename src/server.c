@@ -828,10 +828,10 @@ static void *conn_main(void *arg) {
     if (err == KVS_OK && h.op == WIRE_OP_HELLO && wire_decode_hello(buf.data, buf.len, &hello, msg, sizeof(msg)) == KVS_OK &&
         hello.min_version <= WIRE_VERSION && hello.max_version >= WIRE_VERSION) {
         if (conn_authenticate(c, &hello) != KVS_OK) {
-            send_info(c, h.request_id, KVS_ERR_INVALID_ARG);
             pthread_mutex_lock(&s->mu);
             s->c_auth_failures++;
             pthread_mutex_unlock(&s->mu);
+            send_info(c, h.request_id, KVS_ERR_INVALID_ARG);
             srv_logf(s, "conn %u (%s): wrong auth token, closing", c->id, c->peer);
             goto out;
         }
@@ -863,10 +863,10 @@ static void *conn_main(void *arg) {
                 count_protocol_error(s);
                 srv_logf(s, "conn %u (%s): bad frame (%s), closing", c->id, c->peer, msg);
             } else if (err == KVS_ERR_BUSY) {
-                send_status(c, h.request_id, err, NULL, "the shard holds too many buffered bytes");
                 pthread_mutex_lock(&s->mu);
                 s->c_refused_buffers++;
                 pthread_mutex_unlock(&s->mu);
+                send_status(c, h.request_id, err, NULL, "the shard holds too many buffered bytes");
                 srv_logf(s, "conn %u (%s): %s, closing", c->id, c->peer, msg);
             } else if (err == KVS_ERR_TIMEOUT && o.started) {
                 pthread_mutex_lock(&s->mu);
