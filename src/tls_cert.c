@@ -103,7 +103,12 @@ int tls_make_cluster(const char *dir, const char *const *names, size_t n, int da
                             names[i] ? names[i] : "(null)");
     int rc = KVS_OK;
     EVP_PKEY *ca_key = EVP_PKEY_Q_keygen(NULL, NULL, "EC", "P-256");
-    X509 *ca = ca_key ? make_cert(ca_key, "kvshard cluster CA", NULL, ca_key, days) : NULL;
+    /* A random tag in the CA's name: two clusters' CAs never share a subject. */
+    unsigned char tag[4] = {0};
+    char ca_cn[64];
+    if (getrandom(tag, sizeof tag, 0) != (ssize_t)sizeof tag) memset(tag, 0, sizeof tag);
+    snprintf(ca_cn, sizeof ca_cn, "kvshard cluster CA %02x%02x%02x%02x", tag[0], tag[1], tag[2], tag[3]);
+    X509 *ca = ca_key ? make_cert(ca_key, ca_cn, NULL, ca_key, days) : NULL;
     if (!ca) {
         rc = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "cannot make the CA certificate");
         goto done;
