@@ -136,13 +136,13 @@ static void *hostile_main(void *arg) {
         size_t len = 0;
         if (wire_encode_vocab_reply(&r, NULL, 0, &len) != KVS_OK) break;
         uint8_t *out = malloc(len);
+        atomic_fetch_add(&h->pages_served, 1); /* before the send: the client may be done right after */
         if (!out || wire_encode_vocab_reply(&r, out, len, &len) != KVS_OK ||
             netio_send_frame(fd, WIRE_OP_VOCAB_REPLY, hd.request_id, out, len, netio_deadline_ms(5000)) != KVS_OK) {
             free(out);
             break;
         }
         free(out);
-        atomic_fetch_add(&h->pages_served, 1);
     }
     free(text);
 out:
