@@ -10,6 +10,9 @@ static void usage(FILE *f) {
             "\n"
             "commands:\n"
             "  run      generate text from a GGUF model in one process\n"
+            "  chat     converse with an instruct model (its chat template), locally or over a route\n"
+            "  tokenize   print a file's token ids for a text (JSON)\n"
+            "  detokenize print the text of token ids (JSON)\n"
             "  logits   print the logits of every position of a prompt (JSON)\n"
             "  serve    serve a layer range of a model as a shard over TCP\n"
             "  generate generate text by driving a route of shards (no weights needed)\n"
@@ -32,6 +35,7 @@ int main(int argc, char **argv) {
         {"run", cmd_run},         {"logits", cmd_logits},   {"bench", cmd_bench},
         {"inspect", cmd_inspect}, {"mkmodel", cmd_mkmodel}, {"serve", cmd_serve},
         {"generate", cmd_generate}, {"stats", cmd_stats},     {"split", cmd_split},
+        {"tokenize", cmd_tokenize}, {"detokenize", cmd_detokenize}, {"chat", cmd_chat},
         {"cert", cmd_cert},
     };
     for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
