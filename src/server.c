@@ -544,6 +544,7 @@ static void *sched_main(void *arg) {
 static void conn_unref(srv_conn *c) {
     if (atomic_fetch_sub(&c->refs, 1) != 1) return;
     srv *s = c->s;
+    atomic_fetch_sub(&s->buffered, c->out_bytes); /* before n_conns drops: srv_free may follow */
     pthread_mutex_lock(&s->mu);
     srv_conn **pp = &s->conns;
     while (*pp && *pp != c) pp = &(*pp)->next;
@@ -551,7 +552,6 @@ static void conn_unref(srv_conn *c) {
     s->n_conns--;
     pthread_mutex_unlock(&s->mu);
     netio_close(c->fd);
-    atomic_fetch_sub(&s->buffered, c->out_bytes);
     out_free_all(c->out_head); /* replies queued after the writer stopped */
     pthread_mutex_destroy(&c->write_lock);
     pthread_cond_destroy(&c->write_cv);
