@@ -11,17 +11,24 @@
 #include "gguf.h"
 #include "route.h"
 #include "tokenizer.h"
+#include "util.h"
 
 static void generate_usage(FILE *f) {
     fprintf(f,
             "usage: kvshard generate --route HOST:PORT[,HOST:PORT...] -p PROMPT [-n N] [--temp X]\n"
             "                        [--top-k K] [--top-p P] [--seed S] [--spare HOST:PORT[,...]]\n"
             "                        [-m MODEL] [--json] [--stats] [--timeout MS] [-v] [--keep-session]\n"
+            "                        [--logits] [--no-relay] [--wire-dtype f32|f16]\n"
             "  --route LIST      the shards in layer order; together they must cover every layer\n"
             "  --spare LIST      replacement shards, used when a hop fails (same model, same layers)\n"
             "  -m MODEL          read the tokenizer from this GGUF (default: from the head shard)\n"
             "  --timeout MS      connect / reply deadline per request (default 30000)\n"
             "  -v                log re-routes and replays to stderr\n"
+            "  --logits          the tail shard answers full logits and this client samples (default:\n"
+            "                    the tail samples and answers the token; the same ids either way)\n"
+            "  --no-relay        drive every hop from this client (2n transfers per step) instead of\n"
+            "                    shard-to-shard relay (n+1); the same ids either way\n"
+            "  --wire-dtype T    hidden states on the wire: f32 (default, bit-exact) or f16\n"
             "  --keep-session    testing aid: do not release the session on the shards at the end\n"
             "  -t THREADS        accepted and ignored (the shards compute)\n");
     gen_usage_common(f);
@@ -45,11 +52,27 @@ static int load_local_vocab(const char *path, tok_vocab **out) {
 typedef struct {
     route *r;
     route_session *s;
+    route_step_opts o;
 } gen_route_ctx;
 
-static int route_step(void *p, const int32_t *tokens, uint32_t n, float *logits, char *msg, size_t cap) {
+static int gen_route_step(void *p, const int32_t *tokens, uint32_t n, float *logits, char *msg, size_t cap) {
     gen_route_ctx *c = p;
-    return route_forward(c->r, c->s, tokens, n, logits, msg, cap);
+    c->o.sample = false;
+    return route_step(c->r, c->s, tokens, n, &c->o, logits, NULL, msg, cap);
+}
+
+static int gen_route_sample(void *p, const int32_t *tokens, uint32_t n, const gen_sample_req *rq,
+                            sampler_result *res, char *msg, size_t cap) {
+    gen_route_ctx *c = p;
+    c->o.sample = true;
+    c->o.sp = *rq->sp;
+    c->o.window = rq->window;
+    c->o.n_window = rq->n_window;
+    int err = route_step(c->r, c->s, tokens, n, &c->o, NULL, res, msg, cap);
+    if (err == KVS_OK && route_session_pos(c->s) != rq->pos)
+        return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "the session is at %u, the sample was for %u",
+                        route_session_pos(c->s), rq->pos);
+    return err;
 }
 
 static void describe_session(void *p, FILE *f) {
@@ -68,15 +91,17 @@ static void describe_stats(void *p, FILE *f) {
     uint32_t pos = route_session_pos(c->s);
     fprintf(f,
             ",\"hops\":%u,\"epoch\":%llu,\"reroutes\":%u,\"wire_bytes_sent\":%llu,\"wire_bytes_received\":%llu,"
-            "\"positions\":%u",
+            "\"positions\":%u,\"relay_steps\":%u,\"relay_fallbacks\":%u",
             ri.n_hops, (unsigned long long)route_session_epoch(c->s), ri.reroutes,
-            (unsigned long long)ri.bytes_sent, (unsigned long long)ri.bytes_received, pos);
+            (unsigned long long)ri.bytes_sent, (unsigned long long)ri.bytes_received, pos, ri.relay_steps,
+            ri.relay_fallbacks);
 }
 
 int cmd_generate(int argc, char **argv) {
     const char *route_spec = NULL, *spare_spec = NULL, *path = NULL;
     long threads = 0, timeout_ms = 30000;
-    bool verbose = false, keep = false;
+    bool verbose = false, keep = false, logits_mode = false, no_relay = false;
+    const char *wire_dtype = "f32";
     gen_opts o;
     gen_opts_default(&o);
     for (int i = 1; i < argc; i++) {
@@ -93,12 +118,19 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--timeout")) ok = args_int(argc, argv, &i, 1, 24L * 3600 * 1000, &timeout_ms);
         else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) verbose = true;
         else if (!strcmp(a, "--keep-session")) keep = true;
+        else if (!strcmp(a, "--logits")) logits_mode = true;
+        else if (!strcmp(a, "--no-relay")) no_relay = true;
+        else if (!strcmp(a, "--wire-dtype")) ok = args_str(argc, argv, &i, &wire_dtype);
         else { fprintf(stderr, "kvshard generate: unknown option '%s'\n", a); generate_usage(stderr); return 2; }
         if (!ok) return 2;
     }
     if (!route_spec || !o.prompt) {
         fprintf(stderr, "kvshard generate: --route and -p PROMPT are required\n");
         generate_usage(stderr);
+        return 2;
+    }
+    if (strcmp(wire_dtype, "f32") && strcmp(wire_dtype, "f16")) {
+        fprintf(stderr, "kvshard generate: --wire-dtype wants f32 or f16, got '%s'\n", wire_dtype);
         return 2;
     }
     char msg[KVS_MSG_MAX] = "";
@@ -131,9 +163,11 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "kvshard generate: %s\n", msg[0] ? msg : kvs_strerror(err));
         goto out;
     }
-    gen_route_ctx c = {.r = r, .s = sess};
+    gen_route_ctx c = {.r = r, .s = sess, .o = route_default_step_opts()};
+    c.o.relay = !no_relay;
+    c.o.wire_dtype = strcmp(wire_dtype, "f16") ? WIRE_IN_HIDDEN_F32 : WIRE_IN_HIDDEN_F16;
     gen_target t = {.cmd = "generate", .vocab = vocab, .n_vocab = (int32_t)ri.n_vocab, .max_ctx = ri.max_ctx,
-                    .step = route_step, .describe = describe_stats, .session = describe_session, .ctx = &c};
+                    .step = gen_route_step, .sample = logits_mode ? NULL : gen_route_sample, .describe = describe_stats, .session = describe_session, .ctx = &c};
     rc = gen_run(&o, &t);
     if (verbose && route_session_epoch(sess) > 1)
         fprintf(stderr, "kvshard generate: finished at epoch %llu\n", (unsigned long long)route_session_epoch(sess));
