@@ -11,5 +11,6 @@ int cmd_serve(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_stats(int argc, char **argv);
 int cmd_split(int argc, char **argv);
+int cmd_delay_proxy(int argc, char **argv);
 
 #endif /* KVS_CLI_H */
