@@ -256,7 +256,7 @@ void relay_push(relay *r, const char *addr, uint16_t hop, uint8_t *payload, size
     }
 }
 
-void relay_destroy(relay *r) {
+void relay_stop(relay *r) {
     if (!r) return;
     pthread_mutex_lock(&r->mu);
     for (relay_link *l = r->links; l; l = l->next) l->stop = true;
@@ -270,6 +270,12 @@ void relay_destroy(relay *r) {
         free(l);
         l = next;
     }
+    r->links = NULL;
+}
+
+void relay_destroy(relay *r) {
+    if (!r) return;
+    relay_stop(r);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->listen_mu);

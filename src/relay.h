@@ -52,8 +52,11 @@ relay_params relay_default_params(void);
  * KVS_ERR_NOMEM. */
 int relay_create(const relay_params *p, relay **out);
 
-/* Stops every link (pushes still queued end with done(KVS_ERR_CLOSED)), closes the connections
- * and frees r. NULL is fine. No relay_push may run concurrently or later. */
+/* Stops and joins every link: pushes still queued end with done(KVS_ERR_CLOSED); the listen
+ * table stays usable. Idempotent. No relay_push may run concurrently or later. */
+void relay_stop(relay *r);
+
+/* relay_stop, then frees r (the listen table included). NULL is fine. */
 void relay_destroy(relay *r);
 
 /* Queues payload[0..len) (a FORWARD payload; ownership passes to the relay, freed with free())

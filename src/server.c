@@ -1069,8 +1069,7 @@ int srv_run(srv *s) {
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->sched_thread, NULL);
-    relay_destroy(s->relay); /* fails pushes still queued; their refs go */
-    s->relay = NULL;
+    relay_stop(s->relay); /* fails pushes still queued, so their connection refs go */
     /* Bounded wait for the detached readers to let go of their connections. */
     for (int i = 0; i < 500; i++) {
         pthread_mutex_lock(&s->mu);

@@ -15,8 +15,11 @@
  */
 #include <pthread.h>
 
+#include <math.h>
+
 #include "netio.h"
 #include "proc.h"
+#include "route.h"
 #include "test.h"
 #include "wire.h"
 
@@ -63,11 +66,11 @@ static char *reference(const char *model, const char *prompt, const char *n, con
 }
 
 /* generate --stats; the stats line's log path goes to errlog. */
-static char *generate(const char *route, const char *prompt, const char *n, const char *temp, const char *seed,
+static char *generate(const char *spec, const char *prompt, const char *n, const char *temp, const char *seed,
                       const char *extra, int *st, char *errlog, size_t cap) {
     int k = 0;
     char words[256];
-    const char *args[48] = {"generate", "--route", route, "-p", prompt, "-n", n, "--temp", temp, "--seed", seed,
+    const char *args[48] = {"generate", "--route", spec, "-p", prompt, "-n", n, "--temp", temp, "--seed", seed,
                             "--json", "--stats"};
     while (args[k]) k++;
     add_words(args, &k, words, sizeof words, extra);
@@ -116,15 +119,15 @@ static void check_modes(const char *model, int n_layer, int max_shards) {
             ok = ok && proc_start_server(&s[i], g_dir, model, layers[i], NULL);
         }
         CHECK(ok);
-        char route[256];
-        route_of(route, sizeof route, s, shards);
+        char spec[256];
+        route_of(spec, sizeof spec, s, shards);
         for (int c = 0; c < 3; c++)
             for (int m = 0; m < 4; m++) {
                 if (c == 2 && m >= 2) continue; /* penalties: tail-sampled, both transports */
                 char extra[256], log[256];
                 snprintf(extra, sizeof extra, "%s %s", MODES[m], cases[c].extra ? cases[c].extra : "");
                 int st;
-                char *out = generate(route, prompt, "24", cases[c].temp, "7", extra, &st, log, sizeof log);
+                char *out = generate(spec, prompt, "24", cases[c].temp, "7", extra, &st, log, sizeof log);
                 CHECK_EQ_INT(st, 0);
                 if (!out || strcmp(out, ref[c]))
                     fprintf(stderr, "%d shards, temp %s, '%s':\n  got  %s  want %s", shards, cases[c].temp, extra,
@@ -139,8 +142,8 @@ static void check_modes(const char *model, int n_layer, int max_shards) {
         /* f16 on the wire: the same ids relayed and client-driven (not necessarily run's). */
         int st1, st2;
         char log[256];
-        char *a = generate(route, prompt, "24", "0.8", "7", "--wire-dtype f16", &st1, log, sizeof log);
-        char *b = generate(route, prompt, "24", "0.8", "7", "--wire-dtype f16 --no-relay", &st2, log, sizeof log);
+        char *a = generate(spec, prompt, "24", "0.8", "7", "--wire-dtype f16", &st1, log, sizeof log);
+        char *b = generate(spec, prompt, "24", "0.8", "7", "--wire-dtype f16 --no-relay", &st2, log, sizeof log);
         CHECK_EQ_INT(st1, 0);
         CHECK_EQ_INT(st2, 0);
         CHECK(a && b && strcmp(a, b) == 0);
@@ -161,8 +164,8 @@ static void check_failover(const char *model, int victim, bool relay) {
     CHECK(proc_start_server(&spare, g_dir, model, ranges[victim], NULL));
     const char *prompt = "Once upon a time";
     char *ref = reference(model, prompt, "32", "0.8", "11", NULL);
-    char route[128], spare_s[64], errlog[256];
-    route_of(route, sizeof route, s, 3);
+    char spec[128], spare_s[64], errlog[256];
+    route_of(spec, sizeof spec, s, 3);
     snprintf(spare_s, sizeof spare_s, "127.0.0.1:%d", spare.port);
     snprintf(errlog, sizeof errlog, "%s/failover-%d-%d.err", g_dir, victim, relay);
     int in[2], out[2];
@@ -175,7 +178,7 @@ static void check_failover(const char *model, int victim, bool relay) {
         dup2(fd, 2);
         close(in[1]);
         close(out[0]);
-        char *argv[] = {"kvshard", "generate", "--route", route, "--spare", spare_s, "-p", (char *)prompt, "-n", "32",
+        char *argv[] = {"kvshard", "generate", "--route", spec, "--spare", spare_s, "-p", (char *)prompt, "-n", "32",
                         "--temp", "0.8", "--seed", "11", "--json", "--stats", "-v", "--pause-after", "8",
                         relay ? NULL : "--no-relay", NULL};
         execv(proc_bin(), argv);
@@ -225,7 +228,7 @@ static void check_failover(const char *model, int victim, bool relay) {
 }
 
 typedef struct {
-    const char *route, *prompt, *seed;
+    const char *route_spec, *prompt, *seed;
     char *out;
     int status;
 } client_job;
@@ -233,7 +236,7 @@ typedef struct {
 static void *client_main(void *p) {
     client_job *j = p;
     char log[256];
-    j->out = generate(j->route, j->prompt, "20", "0.8", j->seed, NULL, &j->status, log, sizeof log);
+    j->out = generate(j->route_spec, j->prompt, "20", "0.8", j->seed, NULL, &j->status, log, sizeof log);
     return NULL;
 }
 
@@ -245,14 +248,14 @@ static void check_concurrent(const char *model, int n_layer) {
     proc_server s[2];
     CHECK(proc_start_server(&s[0], g_dir, model, la, NULL));
     CHECK(proc_start_server(&s[1], g_dir, model, lb, NULL));
-    char route[128];
-    route_of(route, sizeof route, s, 2);
+    char spec[128];
+    route_of(spec, sizeof spec, s, 2);
     static const char *prompts[4] = {"Once upon a time", "The little dog", "Lily and Ben", "Tom had a toy car"};
     static const char *seeds[4] = {"1", "2", "3", "4"};
     client_job jobs[4];
     pthread_t th[4];
     for (int i = 0; i < 4; i++) {
-        jobs[i] = (client_job){.route = route, .prompt = prompts[i], .seed = seeds[i]};
+        jobs[i] = (client_job){.route_spec = spec, .prompt = prompts[i], .seed = seeds[i]};
         pthread_create(&th[i], NULL, client_main, &jobs[i]);
     }
     for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
@@ -361,6 +364,67 @@ static void check_protocol(const char *model, int n_layer) {
     CHECK_EQ_INT(proc_stop_server(&s), 0);
 }
 
+/* Teacher-forced logits through a relayed 3-shard route with f16 on the wire against f32:
+ * max |diff| and mean KL(f32 || f16), bounded by the f32 reference bounds of test_reference
+ * (0.1 and 1e-5). */
+static void check_wire_f16(const char *model) {
+    static const int32_t ids[] = {1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317,
+                                  426, 338, 401, 396, 267, 337, 410, 408, 419, 292, 411, 322, 265, 282};
+    const int n_ids = (int)(sizeof ids / sizeof ids[0]);
+    const char *ranges[3] = {"0:2", "2:4", "4:5"};
+    proc_server s[3];
+    for (int i = 0; i < 3; i++) CHECK(proc_start_server(&s[i], g_dir, model, ranges[i], NULL));
+    char spec[128], msg[KVS_MSG_MAX];
+    route_of(spec, sizeof spec, s, 3);
+    route_params rp = route_default_params();
+    route *r = NULL;
+    CHECK_EQ_INT(route_open(spec, NULL, &rp, &r, msg, sizeof msg), KVS_OK);
+    route_info ri;
+    route_get_info(r, &ri);
+    size_t nv = ri.n_vocab;
+    float *lg[2] = {malloc((size_t)n_ids * nv * sizeof(float)), malloc((size_t)n_ids * nv * sizeof(float))};
+    for (int d = 0; d < 2 && r; d++) {
+        route_session *sess = NULL;
+        CHECK_EQ_INT(route_session_open(r, &sess, msg, sizeof msg), KVS_OK);
+        route_step_opts o = route_default_step_opts();
+        o.relay = true;
+        o.wire_dtype = d ? WIRE_IN_HIDDEN_F16 : WIRE_IN_HIDDEN_F32;
+        for (int i = 0; i < n_ids; i++)
+            CHECK_EQ_INT(route_step(r, sess, &ids[i], 1, &o, lg[d] + (size_t)i * nv, NULL, msg, sizeof msg), KVS_OK);
+        route_release(r, sess);
+    }
+    route_get_info(r, &ri);
+    CHECK_EQ_INT(ri.relay_steps, 2 * n_ids);
+    CHECK_EQ_INT(ri.relay_fallbacks, 0);
+    double max_diff = 0, kl_sum = 0;
+    for (int i = 0; i < n_ids; i++) {
+        const float *a = lg[0] + (size_t)i * nv, *b = lg[1] + (size_t)i * nv;
+        double ma = a[0], mb = b[0], za = 0, zb = 0, kl = 0;
+        for (size_t j = 0; j < nv; j++) {
+            if (fabs((double)a[j] - b[j]) > max_diff) max_diff = fabs((double)a[j] - b[j]);
+            if (a[j] > ma) ma = a[j];
+            if (b[j] > mb) mb = b[j];
+        }
+        for (size_t j = 0; j < nv; j++) {
+            za += exp(a[j] - ma);
+            zb += exp(b[j] - mb);
+        }
+        for (size_t j = 0; j < nv; j++) {
+            double la = a[j] - ma - log(za), lb = b[j] - mb - log(zb);
+            kl += exp(la) * (la - lb);
+        }
+        kl_sum += kl;
+    }
+    printf("  f16 wire vs f32 wire (3 shards, relay, %d teacher-forced positions): max |logit diff| %.5f, "
+           "mean KL %.3g (bounds 0.1, 1e-5)\n", n_ids, max_diff, kl_sum / n_ids);
+    CHECK(max_diff < 0.1);
+    CHECK(kl_sum / n_ids < 1e-5);
+    free(lg[0]);
+    free(lg[1]);
+    route_close(r);
+    for (int i = 0; i < 3; i++) CHECK_EQ_INT(proc_stop_server(&s[i]), 0);
+}
+
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/kvs-relay-XXXXXX");
     CHECK(mkdtemp(g_dir) != NULL);
@@ -376,6 +440,7 @@ int main(void) {
         check_failover(stories, 1, false);
         check_failover(stories, 2, false);
         check_concurrent(stories, 5);
+        check_wire_f16(stories);
     } else {
         char synth[256];
         snprintf(synth, sizeof synth, "%s/small-q8_0.gguf", g_dir);
