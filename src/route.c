@@ -18,7 +18,7 @@
  *      connected or with an error (relay_step may leave a lost hop at -1; the client-driven
  *      redo that follows replaces it).
  *  I6. s->hidden_valid <= s->pos: the per-hop memory holds every input of positions
- *      [0, hidden_valid); relayed steps do not extend it (route.h design note 6). A client-driven
+ *      [0, hidden_valid); relayed steps do not extend it (route.h design note 7). A client-driven
  *      step starts at hidden_valid and ends with hidden_valid == pos.
  *  I7. hop->listening: RELAY_LISTEN(r->relay_id) was answered OK on this connection.
  */
@@ -61,7 +61,8 @@ struct route {
     uint32_t n_spares;
     uint8_t digest[WIRE_DIGEST_SIZE];
     uint32_t n_layer, n_embd, n_vocab;
-    uint32_t max_ctx;        /* positions, min over hops */
+    uint32_t max_ctx;        /* positions, min over hops and the replay memory cap */
+    size_t hid_elem;         /* bytes of one hidden element on the wire and in replay memory: 4 (f32) or 2 (f16) */
     uint32_t max_rows;       /* rows per FORWARD, min over hops and payload limit */
     uint8_t *tx;             /* encode buffer */
     size_t tx_cap;           /* bytes */
@@ -86,7 +87,8 @@ struct route_session {
     sampler_result *res;     /* its sample, with opts->sample */
     uint32_t cap;            /* rows allocated in tokens and hidden[k] */
     int32_t *tokens;         /* (cap) hop 0 inputs */
-    float **hidden;          /* [n_hops] (cap, n_embd) inputs of hop k; hidden[0] NULL */
+    uint8_t **hidden;        /* [n_hops] (cap, n_embd) inputs of hop k, hid_elem bytes each (f32 or f16
+                                in host order); hidden[0] NULL */
     uint64_t *hop_epoch;     /* (n_hops) I3 */
     uint32_t *hop_gen;       /* (n_hops) I4 */
 };
@@ -110,7 +112,8 @@ static void route_log(const route *r, const char *fmt, ...) {
 }
 
 route_params route_default_params(void) {
-    return (route_params){.timeout_ms = 30000, .auth = NULL, .log = NULL, .log_user = NULL};
+    return (route_params){.timeout_ms = 30000, .auth = NULL, .log = NULL, .log_user = NULL, .hidden_f16 = false,
+                          .max_replay_bytes = ROUTE_DEFAULT_REPLAY_BYTES};
 }
 
 /* ---- specs -------------------------------------------------------------- */
@@ -314,11 +317,19 @@ static int hop_connect(route *r, route_hop *h, char *why, size_t why_cap) {
     return KVS_OK;
 }
 
+/* Replay memory of one position: its token id plus one hidden row per hop after the head. */
+static uint64_t route_position_bytes(const route *r) {
+    return 4u + (uint64_t)(r->n_hops - 1) * r->n_embd * r->hid_elem;
+}
+
 /* Recomputes max_ctx / max_rows from the hops. */
 static void route_limits(route *r) {
     uint32_t ctx = WIRE_MAX_POS, rows = WIRE_MAX_TOKENS;
-    uint64_t row_bytes = (uint64_t)r->n_embd * 4;
+    uint64_t row_bytes = (uint64_t)r->n_embd * r->hid_elem;
     uint64_t by_payload = (WIRE_MAX_PAYLOAD - FWD_HEAD_BYTES) / row_bytes;
+    /* The replay memory of a session is bounded: positions x (token + (hops - 1) hidden rows). */
+    uint64_t by_replay = r->p.max_replay_bytes / route_position_bytes(r);
+    if (by_replay < ctx) ctx = by_replay ? (uint32_t)by_replay : 1;
     if (by_payload < rows) rows = (uint32_t)by_payload;
     for (uint32_t k = 0; k < r->n_hops; k++) {
         if (r->hops[k].info.max_ctx < ctx) ctx = r->hops[k].info.max_ctx;
@@ -326,6 +337,41 @@ static void route_limits(route *r) {
     }
     r->max_ctx = ctx;
     r->max_rows = rows ? rows : 1;
+}
+
+static int take_spare(route *r, uint32_t k);
+
+/* Errors of a hop that is gone (the connection or the shard), as opposed to a refusal. */
+static bool is_transport_error(int rc) {
+    return rc == KVS_ERR_IO || rc == KVS_ERR_TIMEOUT || rc == KVS_ERR_CLOSED || rc == KVS_ERR_PROTOCOL;
+}
+
+/* route_open found hop k unreachable: puts in its place the first spare that starts at layer
+ * `first` (the route check then validates the whole chain). KVS_OK or KVS_ERR_NOT_FOUND. */
+static int open_spare(route *r, uint32_t k, uint32_t first) {
+    for (uint32_t j = 0; j < r->n_spares; j++) {
+        route_hop *sp = &r->spares[j];
+        if (r->spare_state[j] == SPARE_USED || r->spare_state[j] == SPARE_DEAD) continue;
+        if (r->spare_state[j] == SPARE_KNOWN && sp->info.first != first) continue;
+        char why[KVS_MSG_MAX];
+        int rc = hop_connect(r, sp, why, sizeof why);
+        if (rc != KVS_OK) {
+            route_log(r, "spare %s: %s", sp->addr.text, why);
+            if (!is_transport_error(rc)) r->spare_state[j] = SPARE_DEAD;
+            continue;
+        }
+        r->spare_state[j] = SPARE_KNOWN;
+        if (sp->info.first != first) {
+            hop_disconnect(sp);
+            continue;
+        }
+        r->spare_state[j] = SPARE_USED;
+        r->hops[k] = *sp;
+        sp->fd = -1;
+        r->reroutes++;
+        return KVS_OK;
+    }
+    return KVS_ERR_NOT_FOUND;
 }
 
 /* ---- open / close --------------------------------------------------------- */
@@ -367,6 +413,8 @@ int route_open(const char *route_spec, const char *spares_spec, const route_para
         goto fail;
     }
     r->p = p ? *p : route_default_params();
+    if (r->p.max_replay_bytes == 0) r->p.max_replay_bytes = ROUTE_DEFAULT_REPLAY_BYTES;
+    r->hid_elem = r->p.hidden_f16 ? 2 : 4;
     r->p.auth = NULL;
     const char *auth = p && p->auth ? p->auth : "";
     if (strlen(auth) > WIRE_MAX_AUTH) {
@@ -392,6 +440,14 @@ int route_open(const char *route_spec, const char *spares_spec, const route_para
     for (size_t k = 0; k < n; k++) {
         char why[KVS_MSG_MAX];
         rc = hop_connect(r, &r->hops[k], why, sizeof why);
+        if (rc != KVS_OK && is_transport_error(rc)) {
+            char old[ROUTE_ADDR_MAX];
+            snprintf(old, sizeof old, "%s", r->hops[k].addr.text);
+            if (open_spare(r, (uint32_t)k, k ? infos[k - 1].last : 0) == KVS_OK) {
+                route_log(r, "hop %zu (%s): %s; using spare %s", k, old, why, r->hops[k].addr.text);
+                rc = KVS_OK;
+            }
+        }
         if (rc != KVS_OK) {
             rc = kvs_fail(msg, msg_cap, rc, "hop %zu (%s): %s", k, r->hops[k].addr.text, why);
             goto fail;
@@ -400,6 +456,12 @@ int route_open(const char *route_spec, const char *spares_spec, const route_para
         infos[k] = r->hops[k].info;
     }
     if ((rc = route_check_hops(infos, names, n, msg, msg_cap)) != KVS_OK) goto fail;
+    for (size_t k = 1; k < n && r->p.hidden_f16; k++)
+        if (!(infos[k].hidden_dtypes & WIRE_DTYPE_F16)) {
+            rc = kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "hop %zu (%s) does not take f16 hidden states", k,
+                          names[k]);
+            goto fail;
+        }
     memcpy(r->digest, infos[0].model_digest, WIRE_DIGEST_SIZE);
     r->n_layer = infos[0].n_layer;
     r->n_embd = infos[0].n_embd;
@@ -449,6 +511,78 @@ static int32_t guess_unk(const int32_t *types, int32_t n) {
     return 0;
 }
 
+/* The BPE half of a vocab (VOCAB_META pages): merges rebuilt as "left right" texts. */
+typedef struct {
+    char pre[WIRE_MAX_PRE + 1];
+    int8_t add_bos;
+    char *chat_template;
+    uint32_t n_merges;
+    char **merges;
+    uint32_t *merge_lens;
+} bpe_meta;
+
+static void bpe_meta_free(bpe_meta *m) {
+    for (uint32_t i = 0; m->merges && i < m->n_merges; i++) free(m->merges[i]);
+    free(m->merges);
+    free(m->merge_lens);
+    free(m->chat_template);
+}
+
+static int fetch_bpe_meta(route *r, uint32_t nv, const char *const *texts, const uint32_t *lens, bpe_meta *m,
+                          char *msg, size_t msg_cap) {
+    route_hop *h = &r->hops[0];
+    int rc;
+    for (uint32_t first = 0;;) {
+        char why[KVS_MSG_MAX];
+        struct wire_vocab_meta q = {.first = first, .max_count = WIRE_MAX_MERGES};
+        size_t len = 0;
+        if ((rc = tx_reserve(r, 8)) != KVS_OK || (rc = wire_encode_vocab_meta(&q, r->tx, r->tx_cap, &len)) != KVS_OK)
+            return kvs_fail(msg, msg_cap, rc, "cannot encode VOCAB_META: %s", kvs_strerror(rc));
+        if ((rc = hop_call(r, h, WIRE_OP_VOCAB_META, len, WIRE_OP_VOCAB_META_REPLY, why, sizeof why)) != KVS_OK)
+            return kvs_fail(msg, msg_cap, rc, "hop 0 (%s): %s", h->addr.text, why);
+        struct wire_vocab_meta_reply v;
+        if ((rc = wire_decode_vocab_meta_reply(r->rx.data, r->rx.len, &v, why, sizeof why)) != KVS_OK)
+            return kvs_fail(msg, msg_cap, rc, "hop 0 (%s): bad VOCAB_META_REPLY: %s", h->addr.text, why);
+        if (v.st.status != KVS_OK)
+            return kvs_fail(msg, msg_cap, v.st.status, "hop 0 (%s) refused VOCAB_META: %s", h->addr.text,
+                            kvs_strerror(v.st.status));
+        if (v.n_vocab != nv || v.first != first || (first > 0 && v.n_merges != m->n_merges) ||
+            (v.count == 0 && first < v.n_merges))
+            return kvs_fail(msg, msg_cap, KVS_ERR_PROTOCOL, "hop 0 (%s): VOCAB_META page [%u, +%u) of %u does not "
+                            "continue [%u, ...)", h->addr.text, v.first, v.count, v.n_merges, first);
+        if (first == 0) {
+            memcpy(m->pre, v.pre, sizeof m->pre);
+            m->add_bos = v.add_bos == 1 ? 1 : v.add_bos == 2 ? -1 : 0;
+            m->n_merges = v.n_merges;
+            m->merges = calloc(v.n_merges ? v.n_merges : 1, sizeof *m->merges);
+            m->merge_lens = calloc(v.n_merges ? v.n_merges : 1, sizeof *m->merge_lens);
+            if (v.template_len) {
+                m->chat_template = malloc((size_t)v.template_len + 1);
+                if (m->chat_template) {
+                    memcpy(m->chat_template, v.chat_template, v.template_len);
+                    m->chat_template[v.template_len] = 0;
+                }
+            }
+            if (!m->merges || !m->merge_lens || (v.template_len && !m->chat_template))
+                return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
+        }
+        for (uint32_t i = 0; i < v.count; i++) {
+            int32_t lid, rid;
+            wire_vocab_meta_merge(&v, i, &lid, &rid); /* ids < n_vocab: checked by the decoder */
+            size_t ll = lens[lid], rl = lens[rid];
+            char *s = malloc(ll + rl + 2);
+            if (!s) return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
+            if (ll) memcpy(s, texts[lid], ll);
+            s[ll] = ' ';
+            if (rl) memcpy(s + ll + 1, texts[rid], rl);
+            m->merges[first + i] = s;
+            m->merge_lens[first + i] = (uint32_t)(ll + rl + 1);
+        }
+        first += v.count;
+        if (first >= v.n_merges) return KVS_OK;
+    }
+}
+
 int route_fetch_vocab(route *r, tok_vocab **out, char *msg, size_t msg_cap) {
     if (!out) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "out is NULL");
     *out = NULL;
@@ -463,7 +597,8 @@ int route_fetch_vocab(route *r, tok_vocab **out, char *msg, size_t msg_cap) {
     int32_t *types = malloc((size_t)nv * sizeof *types);
     const char **texts = malloc((size_t)nv * sizeof *texts);
     int32_t bos = -1, eos = -1;
-    bool add_space_prefix = true;
+    bool add_space_prefix = true, is_bpe = false;
+    bpe_meta meta = {0};
     int rc;
     if (!text_off || !lens || !scores || !types || !texts) {
         rc = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
@@ -478,7 +613,17 @@ int route_fetch_vocab(route *r, tok_vocab **out, char *msg, size_t msg_cap) {
             goto done;
         }
         if ((rc = hop_call(r, h, WIRE_OP_VOCAB, len, WIRE_OP_VOCAB_REPLY, why, sizeof why)) != KVS_OK) {
-            rc = kvs_fail(msg, msg_cap, rc, "hop 0 (%s): %s", h->addr.text, why);
+            char old[ROUTE_ADDR_MAX];
+            snprintf(old, sizeof old, "%s", h->addr.text);
+            hop_disconnect(h);
+            if (is_transport_error(rc) && take_spare(r, 0) == KVS_OK) { /* the head died: ask its spare */
+                route_log(r, "hop 0 (%s) failed during VOCAB (%s): now %s", old, why, h->addr.text);
+                r->reroutes++;
+                first = 0;
+                arena_len = 0;
+                continue;
+            }
+            rc = kvs_fail(msg, msg_cap, rc, "hop 0 (%s): %s", old, why);
             goto done;
         }
         struct wire_vocab_reply v;
@@ -491,9 +636,15 @@ int route_fetch_vocab(route *r, tok_vocab **out, char *msg, size_t msg_cap) {
                           kvs_strerror(v.st.status));
             goto done;
         }
-        if (strcmp(v.tok_model, "llama") != 0) {
-            rc = kvs_fail(msg, msg_cap, KVS_ERR_UNSUPPORTED, "hop 0 (%s) has a '%s' tokenizer (only 'llama')",
+        if (strcmp(v.tok_model, "llama") != 0 && strcmp(v.tok_model, "gpt2") != 0) {
+            rc = kvs_fail(msg, msg_cap, KVS_ERR_UNSUPPORTED, "hop 0 (%s) has a '%s' tokenizer (only llama, gpt2)",
                           h->addr.text, v.tok_model);
+            goto done;
+        }
+        if (first == 0) is_bpe = !strcmp(v.tok_model, "gpt2");
+        else if (is_bpe != !strcmp(v.tok_model, "gpt2")) {
+            rc = kvs_fail(msg, msg_cap, KVS_ERR_PROTOCOL, "hop 0 (%s): VOCAB pages disagree on the tokenizer",
+                          h->addr.text);
             goto done;
         }
         if (v.n_vocab != nv || v.first != first || v.count == 0 ||
@@ -539,13 +690,24 @@ int route_fetch_vocab(route *r, tok_vocab **out, char *msg, size_t msg_cap) {
     }
     for (uint32_t i = 0; i < nv; i++) texts[i] = arena ? arena + text_off[i] : NULL;
     tok_arrays a = {.n_vocab = (int32_t)nv, .texts = texts, .text_lens = lens, .scores = scores, .types = types,
-                    .bos = bos, .eos = eos, .unk = guess_unk(types, (int32_t)nv),
+                    .bos = bos, .eos = eos, .unk = is_bpe ? -1 : guess_unk(types, (int32_t)nv),
                     .add_space_prefix = add_space_prefix};
+    if (is_bpe) {
+        if ((rc = fetch_bpe_meta(r, nv, texts, lens, &meta, msg, msg_cap)) != KVS_OK) goto done;
+        a.kind = TOK_KIND_BPE;
+        a.pre = meta.pre;
+        a.add_bos = meta.add_bos;
+        a.chat_template = meta.chat_template;
+        a.n_merges = (int32_t)meta.n_merges;
+        a.merges = (const char *const *)meta.merges;
+        a.merge_lens = meta.merge_lens;
+    }
     char tmsg[KVS_MSG_MAX] = "";
     rc = tok_from_arrays(&a, out, tmsg, sizeof tmsg);
     if (rc != KVS_OK) rc = kvs_fail(msg, msg_cap, rc, "hop 0 (%s): vocab: %s", h->addr.text, tmsg);
 
 done:
+    bpe_meta_free(&meta);
     free(arena);
     free(text_off);
     free(lens);
@@ -592,17 +754,22 @@ void route_session_id(const route_session *s, uint8_t out[WIRE_SID_SIZE]) { memc
 
 uint64_t route_session_epoch(const route_session *s) { return s ? s->epoch : 0; }
 
+uint64_t route_session_replay_bytes(const route_session *s) {
+    return s ? (uint64_t)s->cap * route_position_bytes(s->r) : 0;
+}
+
 /* Grows the per-hop input memory to hold `rows` positions. */
 static int session_reserve(route_session *s, uint32_t rows) {
     if (rows <= s->cap) return KVS_OK;
     const route *r = s->r;
     uint32_t cap = s->cap ? s->cap : 64;
     while (cap < rows) cap = cap > UINT32_MAX / 2 ? rows : cap * 2;
+    if (cap > r->max_ctx) cap = r->max_ctx > rows ? r->max_ctx : rows; /* never past the replay cap */
     int32_t *t = realloc(s->tokens, (size_t)cap * sizeof *t);
     if (!t) return KVS_ERR_NOMEM;
     s->tokens = t;
     for (uint32_t k = 1; k < r->n_hops; k++) {
-        float *h = realloc(s->hidden[k], (size_t)cap * r->n_embd * sizeof *h);
+        uint8_t *h = realloc(s->hidden[k], (size_t)cap * r->n_embd * r->hid_elem);
         if (!h) return KVS_ERR_NOMEM;
         s->hidden[k] = h;
     }
@@ -644,12 +811,11 @@ static void reply_to_sample(const struct wire_forward_reply *rep, sampler_result
  * discarded) and hop_epoch[k] is the session epoch. HOP_FAILED: transport failure, why says what; the hop is
  * disconnected. HOP_FATAL: *rc and why (an encoder failure, or a reply of the wrong shape). */
 static enum hop_result hop_send(route *r, route_session *s, uint32_t k, uint32_t from, uint32_t to,
-                                uint32_t out_from, float *out, struct wire_status *st, int *rc, char *why,
+                                uint32_t out_from, void *out, struct wire_status *st, int *rc, char *why,
                                 size_t why_cap) {
     route_hop *h = &r->hops[k];
     const bool last = k + 1 == r->n_hops;
     const bool sample = last && s->opts->sample;
-    const bool half = s->opts->wire_dtype == WIRE_IN_HIDDEN_F16;
     const uint32_t n = to - from;
     struct wire_forward f = {.epoch = s->epoch, .start_pos = from, .n_tokens = n,
                              .out_mode = !last ? WIRE_OUT_HIDDEN : sample ? WIRE_OUT_SAMPLE : WIRE_OUT_LOGITS_LAST};
@@ -660,37 +826,23 @@ static enum hop_result hop_send(route *r, route_session *s, uint32_t k, uint32_t
         f.inherit_len = from;
     }
     if (sample) route_fill_sample(s->opts, &f.sample);
-    uint16_t *half_rows = NULL;
     size_t bytes;
     if (k == 0) {
         f.in_kind = WIRE_IN_TOKENS;
         f.data = s->tokens + from;
         bytes = FWD_HEAD_BYTES + (size_t)n * 4;
     } else {
-        const float *rows = s->hidden[k] + (size_t)from * r->n_embd;
-        size_t cnt = (size_t)n * r->n_embd;
-        f.in_kind = half ? WIRE_IN_HIDDEN_F16 : WIRE_IN_HIDDEN_F32;
+        f.in_kind = r->hid_elem == 2 ? WIRE_IN_HIDDEN_F16 : WIRE_IN_HIDDEN_F32;
         f.n_embd = r->n_embd;
-        f.data = rows;
-        if (half) {
-            half_rows = malloc(cnt * sizeof *half_rows);
-            if (!half_rows) {
-                *rc = kvs_fail(why, why_cap, KVS_ERR_NOMEM, "out of memory");
-                return HOP_FATAL;
-            }
-            for (size_t i = 0; i < cnt; i++) half_rows[i] = wire_f32_to_f16(rows[i]);
-            f.data = half_rows;
-        }
-        bytes = FWD_HEAD_BYTES + cnt * (half ? 2 : 4);
+        f.data = s->hidden[k] + (size_t)from * r->n_embd * r->hid_elem;
+        bytes = FWD_HEAD_BYTES + (size_t)n * r->n_embd * r->hid_elem;
     }
     size_t len = 0;
     if ((*rc = wire_encode_forward(&f, NULL, 0, &len)) != KVS_OK || (*rc = tx_reserve(r, len > bytes ? len : bytes)) != KVS_OK ||
         (*rc = wire_encode_forward(&f, r->tx, r->tx_cap, &len)) != KVS_OK) {
-        free(half_rows);
         kvs_fail(why, why_cap, *rc, "cannot encode FORWARD [%u, %u): %s", from, to, kvs_strerror(*rc));
         return HOP_FATAL;
     }
-    free(half_rows);
     *rc = hop_call(r, h, WIRE_OP_FORWARD, len, WIRE_OP_FORWARD_REPLY, why, why_cap);
     if (*rc != KVS_OK) return HOP_FAILED;
     struct wire_forward_reply rep;
@@ -702,27 +854,37 @@ static enum hop_result hop_send(route *r, route_session *s, uint32_t k, uint32_t
     }
     *st = rep.st;
     if (rep.st.status != KVS_OK) return HOP_OK;
-    const uint32_t hidden_kind = half && k > 0 ? WIRE_OUTK_HIDDEN_F16 : WIRE_OUTK_HIDDEN_F32;
+    /* f16 mode: the head answers token input in f32 (rounded to f16 here, once); the others in f16. */
+    const bool hid_ok = rep.out_kind == WIRE_OUTK_HIDDEN_F32 || (r->hid_elem == 2 && rep.out_kind == WIRE_OUTK_HIDDEN_F16);
     bool shape_ok = sample ? rep.out_kind == WIRE_OUTK_SAMPLE && rep.n_cols == s->opts->n_top
                     : last ? rep.out_kind == WIRE_OUTK_LOGITS_F32 && rep.n_rows == 1 && rep.n_cols == r->n_vocab
-                           : rep.out_kind == hidden_kind && rep.n_rows == n && rep.n_cols == r->n_embd;
+                           : hid_ok && rep.n_rows == n && rep.n_cols == r->n_embd;
     if (!shape_ok || rep.st.n_past != to) {
         hop_disconnect(h);
         *rc = kvs_fail(why, why_cap, KVS_ERR_PROTOCOL,
                        "FORWARD [%u, %u) answered out_kind %u, %u x %u, n_past %u (expected %s, n_past %u)", from, to,
                        rep.out_kind, rep.n_rows, rep.n_cols, rep.st.n_past,
-                       sample ? "a sample" : last ? "1 row of logits" : "hidden rows", to);
+                       sample ? "a sample" : last ? "1 row of logits" : r->hid_elem == 2 ? "hidden f16 rows" : "hidden f32 rows", to);
         return HOP_FAILED;
     }
-    if (out || sample) {
-        if (sample) {
-            reply_to_sample(&rep, s->res);
-        } else {
-            if (!last && out_from > from) { /* only the rows the caller asked for */
-                size_t esize = rep.out_kind == WIRE_OUTK_HIDDEN_F16 ? 2 : 4;
-                rep.n_rows = to - out_from;
-                rep.data = (const uint8_t *)rep.data + (size_t)(out_from - from) * r->n_embd * esize;
+    if (sample) {
+        reply_to_sample(&rep, s->res);
+    } else if (out) {
+        if (!last && out_from > from) { /* only the rows the caller asked for */
+            rep.n_rows = to - out_from;
+            rep.data = (const uint8_t *)rep.data +
+                       (size_t)(out_from - from) * r->n_embd * (rep.out_kind == WIRE_OUTK_HIDDEN_F16 ? 2 : 4);
+        }
+        if (!last && r->hid_elem == 2) { /* kept as f16: what the next hop is sent, and replayed, exactly */
+            const uint8_t *src = rep.data;
+            uint16_t *dst = out;
+            size_t count = (size_t)rep.n_rows * rep.n_cols;
+            if (rep.out_kind == WIRE_OUTK_HIDDEN_F16) {
+                for (size_t i = 0; i < count; i++) dst[i] = kvs_rd_u16(src + 2 * i);
+            } else {
+                for (size_t i = 0; i < count; i++) dst[i] = wire_f32_to_f16(kvs_rd_f32(src + 4 * i));
             }
+        } else {
             wire_forward_reply_to_f32(&rep, out);
         }
     }
@@ -741,7 +903,7 @@ static void sleep_ms(unsigned ms) {
  * one request, so a shard under memory pressure cannot evict the session between the two.
  * Handles CACHE_MISS (replay) and BUSY (backoff); any other status is HOP_FATAL with *rc = that
  * status. */
-static enum hop_result hop_append(route *r, route_session *s, uint32_t k, uint32_t a, uint32_t b, float *out,
+static enum hop_result hop_append(route *r, route_session *s, uint32_t k, uint32_t a, uint32_t b, void *out,
                                   int *rc, char *why, size_t why_cap) {
     route_hop *h = &r->hops[k];
     uint32_t from = s->hop_epoch[k] == 0 ? 0 : a;
@@ -826,6 +988,12 @@ static int take_spare(route *r, uint32_t k) {
             continue;
         }
         r->spare_state[j] = SPARE_KNOWN;
+        if (r->p.hidden_f16 && k > 0 && !(sp->info.hidden_dtypes & WIRE_DTYPE_F16)) {
+            route_log(r, "spare %s does not take f16 hidden states", sp->addr.text);
+            r->spare_state[j] = SPARE_DEAD;
+            hop_disconnect(sp);
+            continue;
+        }
         if (sp->info.first != want->first || sp->info.last != want->last) {
             route_log(r, "spare %s serves layers [%u, %u), not [%u, %u)", sp->addr.text, sp->info.first,
                       sp->info.last, want->first, want->last);
@@ -864,7 +1032,6 @@ route_step_opts route_default_step_opts(void) {
     route_step_opts o;
     memset(&o, 0, sizeof o);
     o.sp = sampler_default_params();
-    o.wire_dtype = WIRE_IN_HIDDEN_F32;
     return o;
 }
 
@@ -894,7 +1061,7 @@ static int hop_listen(route *r, uint32_t k, char *why, size_t why_cap) {
     return KVS_OK;
 }
 
-/* Can the step [base, end) be relayed (route.h design note 6)? */
+/* Can the step [base, end) be relayed (route.h design note 7)? */
 static bool relay_possible(const route *r, const route_session *s, uint32_t base, uint32_t end) {
     if (!s->opts->relay || r->n_hops < 2 || end - base > r->max_rows || r->n_hops - 1 > WIRE_MAX_RELAY_HOPS)
         return false;
@@ -947,7 +1114,7 @@ static int relay_wait(route *r, uint64_t rid, uint16_t *op, uint32_t *from, char
     }
 }
 
-/* One relayed attempt of the step [base, end) (route.h design note 6). True when it completed:
+/* One relayed attempt of the step [base, end) (route.h design note 7). True when it completed:
  * the result is in logits_last / s->res and every hop holds the step in s->epoch. False: redo it
  * client-driven (why says what happened; a lost hop is left disconnected for that redo). */
 static bool relay_step(route *r, route_session *s, uint32_t base, uint32_t end, float *logits_last, char *why,
@@ -967,7 +1134,7 @@ static bool relay_step(route *r, route_session *s, uint32_t base, uint32_t end, 
     if (s->opts->sample) route_fill_sample(s->opts, &f->sample);
     f->relay.relay_id = r->relay_id;
     f->relay.hop = 0;
-    f->relay.hidden_kind = s->opts->wire_dtype == WIRE_IN_HIDDEN_F16 ? WIRE_IN_HIDDEN_F16 : WIRE_IN_HIDDEN_F32;
+    f->relay.hidden_kind = r->hid_elem == 2 ? WIRE_IN_HIDDEN_F16 : WIRE_IN_HIDDEN_F32;
     f->relay.n_next = (uint16_t)(r->n_hops - 1);
     for (uint32_t k = 0; k < r->n_hops; k++) {
         bool inherit = s->hop_epoch[k] != 0 && s->hop_epoch[k] < s->epoch && base > 0;
@@ -1052,8 +1219,6 @@ int route_step(route *r, route_session *s, const int32_t *tokens, uint32_t n, co
     if (o->sample && (o->n_top > WIRE_MAX_TOP || o->n_window > WIRE_MAX_WINDOW || (o->n_window && !o->window) ||
                       !sampler_params_valid(&o->sp)))
         return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "bad sampler options");
-    if (o->wire_dtype != 0 && o->wire_dtype != WIRE_IN_HIDDEN_F32 && o->wire_dtype != WIRE_IN_HIDDEN_F16)
-        return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "wire dtype %u is not f32 or f16", o->wire_dtype);
     if (o->sample && r->hops[r->n_hops - 1].info.version < 2)
         return kvs_fail(msg, msg_cap, KVS_ERR_UNSUPPORTED, "hop %u (%s) speaks protocol version 1: it cannot sample (use logits)",
                         r->n_hops - 1, r->hops[r->n_hops - 1].addr.text);
@@ -1096,7 +1261,7 @@ int route_step(route *r, route_session *s, const int32_t *tokens, uint32_t n, co
 
     /* Client-driven from hidden_valid (I6): rows [hidden_valid, base) are re-sent from memory. */
     const uint32_t start = s->hidden_valid;
-    float *dummy_out = s->opts->sample ? r->scratch_logits : logits_last;
+    void *dummy_out = s->opts->sample ? r->scratch_logits : logits_last;
     for (;;) { /* one attempt of the step per iteration; each failed attempt uses up a spare */
         enum hop_result res_k = HOP_OK;
         uint32_t k = 0;
@@ -1112,8 +1277,8 @@ int route_step(route *r, route_session *s, const int32_t *tokens, uint32_t n, co
         for (uint32_t a = start; a < end && res_k == HOP_OK;) {
             uint32_t b = end - a > r->max_rows ? a + r->max_rows : end;
             for (k = 0; k < r->n_hops; k++) {
-                float *out = k + 1 < r->n_hops ? s->hidden[k + 1] + (size_t)a * r->n_embd
-                                               : (b == end ? dummy_out : r->scratch_logits);
+                void *out = k + 1 < r->n_hops ? (void *)(s->hidden[k + 1] + (size_t)a * r->n_embd * r->hid_elem)
+                                              : (b == end ? dummy_out : (void *)r->scratch_logits);
                 res_k = hop_append(r, s, k, a, b, out, &rc, why, sizeof why);
                 if (res_k != HOP_OK) break;
             }

@@ -27,10 +27,14 @@ typedef struct srv_job srv_job;
 
 enum job_state { JOB_QUEUED, JOB_RUNNING, JOB_DONE };
 
-/* One FORWARD request. Owned by the scheduler's list while queued/running;
- * holds a reference on its connection. */
+/* One FORWARD request, or a TRUNCATE / RELEASE queued behind a request of the
+ * same connection on the same session (so they take effect in arrival order).
+ * Owned by the scheduler's list while queued/running; holds a reference on its
+ * connection. */
 struct srv_job {
     srv_conn *conn;
+    uint16_t op;            /* WIRE_OP_FORWARD, WIRE_OP_TRUNCATE or WIRE_OP_RELEASE */
+    uint32_t truncate_len;  /* TRUNCATE: positions to keep */
     uint64_t request_id;
     kv_sid sid;
     uint64_t epoch;
@@ -379,10 +383,45 @@ static void finish_jobs(srv_job *done) {
     while (done) {
         srv_job *next = done->next;
         srv_conn *c = done->conn;
-        send_forward_reply(done);
+        if (done->op == WIRE_OP_FORWARD) send_forward_reply(done);
+        else send_status(c, done->request_id, done->status, &done->reply, NULL);
         job_free(done);
         conn_unref(c);
         done = next;
+    }
+}
+
+static bool same_sid(const kv_sid *a, const kv_sid *b) { return memcmp(a->bytes, b->bytes, sizeof(a->bytes)) == 0; }
+
+/* True when an earlier request of j's connection on j's session is still in the list: requests
+ * on one session from one connection take effect in arrival order. */
+static bool job_waits_for_earlier(const srv *s, const srv_job *j) {
+    for (const srv_job *e = s->jobs; e && e != j; e = e->next)
+        if (e->conn == j->conn && same_sid(&e->sid, &j->sid)) return true;
+    return false;
+}
+
+/* Cuts the rows of this step's items (batch[i] is item i's request): a decode step (1 row
+ * left) runs whole; the prefills share `chunk` rows fairly — each gets chunk / n_prefills (at
+ * least one), and what a short one leaves goes to the others in arrival order. So every
+ * admitted request makes progress every step and a long prompt never holds back a short one. */
+static void share_prefill_rows(fwd_item *items, srv_job *const *batch, int n_items, uint32_t chunk) {
+    uint32_t n_prefill = 0, used = 0;
+    for (int i = 0; i < n_items; i++) n_prefill += batch[i]->n - batch[i]->done > 1;
+    if (n_prefill == 0) return;
+    uint32_t share = chunk / n_prefill ? chunk / n_prefill : 1;
+    for (int i = 0; i < n_items; i++) {
+        uint32_t left = batch[i]->n - batch[i]->done;
+        items[i].n = left > 1 && left > share ? share : left;
+        if (left > 1) used += items[i].n;
+    }
+    for (int i = 0; i < n_items && used < chunk; i++) {
+        uint32_t left = batch[i]->n - batch[i]->done;
+        if (left <= 1 || items[i].n >= left) continue;
+        uint32_t extra = left - items[i].n;
+        if (extra > chunk - used) extra = chunk - used;
+        items[i].n += extra;
+        used += extra;
     }
 }
 
@@ -411,12 +450,17 @@ static void *sched_main(void *arg) {
         if (!s->jobs) continue;
         srv_job *done = NULL;
         int n_items = 0;
-        uint32_t prefill_budget = s->p.prefill_chunk ? s->p.prefill_chunk : 64;
+        /* Requests that hold pins now: a request short of blocks or of a session slot waits
+         * for them (BUDGET_EXHAUSTED only when nothing running could free any). */
+        int running = 0;
+        for (srv_job *j = s->jobs; j; j = j->next) running += j->state == JOB_RUNNING;
+        bool admission_waits = false; /* one waits for room: later ones are not admitted before it */
         /* Admit, cancel, and pick work in arrival order. */
         for (srv_job *j = s->jobs, *next; j; j = next) {
             next = j->next;
             if (atomic_load(&j->cancel)) {
                 if (j->state == JOB_RUNNING) kv_abort(e->kv, j->txn, true);
+                j->reply.n_past = 0;
                 kv_lookup(e->kv, &j->sid, &j->reply.live_epoch, &j->reply.n_past);
                 j->status = KVS_ERR_CANCELLED;
                 jobs_remove(s, j);
@@ -424,12 +468,24 @@ static void *sched_main(void *arg) {
                 done = j;
                 continue;
             }
+            if (j->state == JOB_QUEUED && job_waits_for_earlier(s, j)) continue;
+            if (j->op != WIRE_OP_FORWARD) { /* a TRUNCATE / RELEASE whose turn has come */
+                j->status = j->op == WIRE_OP_TRUNCATE ? kv_truncate(e->kv, &j->sid, j->epoch, j->truncate_len, &j->reply)
+                                                      : kv_release(e->kv, &j->sid, j->epoch, &j->reply);
+                jobs_remove(s, j);
+                j->next = done;
+                done = j;
+                continue;
+            }
             if (j->state == JOB_QUEUED) {
+                if (admission_waits) continue;
                 j->status = kv_begin(e->kv, &j->sid, j->epoch, j->start_pos, j->n, j->inherit ? &j->inh : NULL,
                                      &j->txn, &j->reply);
-                /* The pool is full of sessions pinned by this batch: wait for them to finish
-                 * rather than fail, unless nothing is running that could free blocks. */
-                if (j->status == KVS_ERR_BUDGET_EXHAUSTED && n_items > 0) continue;
+                if ((j->status == KVS_ERR_BUDGET_EXHAUSTED || j->status == KVS_ERR_BUSY) && j->reply.pinned_short &&
+                    running > 0) {
+                    admission_waits = true;
+                    continue;
+                }
                 if (j->status) {
                     jobs_remove(s, j);
                     j->next = done;
@@ -437,22 +493,23 @@ static void *sched_main(void *arg) {
                     continue;
                 }
                 j->state = JOB_RUNNING;
+                running++;
             }
             if (n_items >= max_batch) continue;
-            uint32_t left = j->n - j->done, take = left;
-            if (left > 1) { /* prefill: share the chunk budget; at least one row when the budget is gone */
-                if (prefill_budget == 0) continue;
-                if (take > prefill_budget) take = prefill_budget;
-                prefill_budget -= take;
-            }
             fwd_item *it = &items[n_items];
             memset(it, 0, sizeof(*it));
             it->txn = j->txn;
             it->pos0 = j->start_pos + j->done;
-            it->n = take;
+            it->n = j->n - j->done; /* rows: cut to this step's share below */
+            batch[n_items++] = j;
+        }
+        share_prefill_rows(items, batch, n_items, s->p.prefill_chunk ? s->p.prefill_chunk : 64);
+        for (int i = 0; i < n_items; i++) {
+            srv_job *j = batch[i];
+            fwd_item *it = &items[i];
             if (m->has_embd) it->tokens = j->tokens + j->done;
             else it->hidden = j->hidden + (size_t)j->done * d;
-            bool last_chunk = j->done + take == j->n;
+            bool last_chunk = j->done + it->n == j->n;
             if (j->out_mode == FWD_OUT_LOGITS_LAST) {
                 it->out_mode = last_chunk ? FWD_OUT_LOGITS_LAST : FWD_OUT_HIDDEN;
                 it->out = last_chunk ? j->out : j->scratch;
@@ -460,7 +517,6 @@ static void *sched_main(void *arg) {
                 it->out_mode = j->out_mode;
                 it->out = j->out + (size_t)j->done * j->out_cols;
             }
-            batch[n_items++] = j;
         }
         if (n_items) {
             s->c_batches++;
@@ -482,6 +538,7 @@ static void *sched_main(void *arg) {
                     kv_commit(e->kv, j->txn, &j->reply);
                 } else {
                     kv_abort(e->kv, j->txn, st == KVS_ERR_CANCELLED);
+                    j->reply.n_past = 0; /* stays 0 when the abort left no session */
                     kv_lookup(e->kv, &j->sid, NULL, &j->reply.n_past);
                 }
                 j->status = st;
@@ -639,6 +696,7 @@ static int handle_forward(srv_conn *c, uint64_t rid, const uint8_t *payload, siz
         return KVS_OK;
     }
     j->conn = target ? target : c; /* a relayed job holds the ref taken with its target */
+    j->op = WIRE_OP_FORWARD;
     j->sample = f.out_mode == WIRE_OUT_SAMPLE && !pushes;
     j->sq = f.sample;
     j->sq.window = NULL;
@@ -703,6 +761,7 @@ static void handle_stats(srv_conn *c, uint64_t rid) {
         {"kv.rewinds", k.rewinds},             {"kv.cancellations", k.cancellations},
         {"kv.appends", k.appends},             {"kv.truncates", k.truncates},
         {"kv.inherits", k.inherits},           {"kv.busy", k.busy},
+        {"kv.in_place", k.in_place},           {"kv.tombstones", k.tombstones},
         {"srv.connections_total", s->c_conns_total}, {"srv.connections_open", (uint64_t)s->n_conns},
         {"srv.connections_rejected", s->c_rejected_conns}, {"srv.requests", s->c_requests},
         {"srv.forward_rows", s->c_forward_rows}, {"srv.batches", s->c_batches},
@@ -756,8 +815,9 @@ static void handle_vocab(srv_conn *c, uint64_t rid, const struct wire_vocab *q) 
     r.bos = tok_bos(v);
     r.eos = tok_eos(v);
     r.add_space_prefix = tok_add_space_prefix(v);
-    memcpy(r.tok_model, "llama", 5);
-    r.tok_model_len = 5;
+    const char *model_name = tok_vocab_kind(v) == TOK_KIND_BPE ? "gpt2" : "llama";
+    r.tok_model_len = (uint8_t)strlen(model_name);
+    memcpy(r.tok_model, model_name, r.tok_model_len);
     r.tokens = toks;
     size_t len = 0;
     uint8_t *buf = NULL;
@@ -766,6 +826,45 @@ static void handle_vocab(srv_conn *c, uint64_t rid, const struct wire_vocab *q) 
     if (!err && buf) conn_send(c, WIRE_OP_VOCAB_REPLY, rid, buf, len);
     free(buf);
     free(toks);
+}
+
+/* VOCAB_META: the BPE settings, the chat template (first page) and a page of merges. */
+static void handle_vocab_meta(srv_conn *c, uint64_t rid, const struct wire_vocab_meta *q) {
+    const tok_vocab *v = c->s->e->vocab;
+    struct wire_vocab_meta_reply r;
+    memset(&r, 0, sizeof(r));
+    int32_t nm = v ? tok_n_merges(v) : 0;
+    const char *tmpl = v ? tok_chat_template(v) : NULL;
+    size_t tl = tmpl ? strlen(tmpl) : 0;
+    if (!v) r.st.status = KVS_ERR_UNSUPPORTED;
+    else if (q->first > (uint32_t)nm || tl > WIRE_MAX_TEMPLATE || strlen(tok_pre_name(v)) > WIRE_MAX_PRE)
+        r.st.status = KVS_ERR_INVALID_ARG;
+    uint32_t count = r.st.status ? 0 : (uint32_t)nm - q->first;
+    if (count > q->max_count) count = q->max_count;
+    if (count > (1u << 20)) count = 1u << 20; /* 8 MiB of ids per page */
+    int32_t *ids = count ? malloc((size_t)count * 2 * sizeof(*ids)) : NULL;
+    if (count && !ids) r.st.status = KVS_ERR_NOMEM;
+    if (!r.st.status) {
+        for (uint32_t i = 0; i < count; i++) tok_merge(v, (int32_t)(q->first + i), &ids[2 * i], &ids[2 * i + 1]);
+        r.n_vocab = (uint32_t)tok_n_vocab(v);
+        int8_t ab = tok_add_bos_setting(v);
+        r.add_bos = ab > 0 ? 1 : ab < 0 ? 2 : 0;
+        r.pre_len = (uint8_t)strlen(tok_pre_name(v));
+        memcpy(r.pre, tok_pre_name(v), r.pre_len);
+        r.n_merges = (uint32_t)nm;
+        r.first = q->first;
+        r.count = count;
+        r.template_len = q->first == 0 ? (uint32_t)tl : 0;
+        r.chat_template = tmpl;
+        r.merge_ids = ids;
+    }
+    size_t len = 0;
+    uint8_t *buf = NULL;
+    int err = wire_encode_vocab_meta_reply(&r, NULL, 0, &len);
+    if (!err && (buf = malloc(len))) err = wire_encode_vocab_meta_reply(&r, buf, len, &len);
+    if (!err && buf) conn_send(c, WIRE_OP_VOCAB_META_REPLY, rid, buf, len);
+    free(buf);
+    free(ids);
 }
 
 static void send_info(srv_conn *c, uint64_t rid, int status) {
@@ -794,28 +893,60 @@ static void send_info(srv_conn *c, uint64_t rid, int status) {
     if (wire_encode_info(&in, buf, sizeof(buf), &len) == KVS_OK) conn_send(c, WIRE_OP_INFO, rid, buf, len);
 }
 
-/* TRUNCATE and RELEASE: decoded, applied to the hot state, answered with STATUS
- * (PROTOCOL with the decoder's message when the payload does not decode). */
+/* TRUNCATE and RELEASE: decoded, then applied to the hot state at once — or, when a request of
+ * this connection on the same session is still queued or running, queued behind it so that
+ * operations on one session from one connection take effect in arrival order. Answered with
+ * STATUS (PROTOCOL with the decoder's message when the payload does not decode). */
 static void handle_truncate_release(srv_conn *c, const struct wire_header *h, const uint8_t *payload, size_t len) {
     char msg[KVS_MSG_MAX] = "";
-    kv_state *kv = c->s->e->kv;
+    srv *s = c->s;
+    kv_state *kv = s->e->kv;
     kv_sid sid;
+    uint64_t epoch = 0;
+    uint32_t keep = 0;
     kv_reply r = {0};
     int err;
     if (h->op == WIRE_OP_TRUNCATE) {
         struct wire_truncate t;
         if (!(err = wire_decode_truncate(payload, len, &t, msg, sizeof(msg)))) {
             memcpy(sid.bytes, t.session_id, 16);
-            err = kv_truncate(kv, &sid, t.epoch, t.len, &r);
+            epoch = t.epoch;
+            keep = t.len;
         }
     } else {
         struct wire_release t;
         if (!(err = wire_decode_release(payload, len, &t, msg, sizeof(msg)))) {
             memcpy(sid.bytes, t.session_id, 16);
-            err = kv_release(kv, &sid, t.epoch, &r);
+            epoch = t.epoch;
         }
     }
     if (msg[0]) err = KVS_ERR_PROTOCOL; /* only the decoders write msg */
+    if (!err) {
+        srv_job *j = calloc(1, sizeof(*j));
+        pthread_mutex_lock(&s->mu);
+        bool behind = false;
+        for (const srv_job *e = s->jobs; e && !behind; e = e->next) behind = e->conn == c && same_sid(&e->sid, &sid);
+        if (behind && j) {
+            j->conn = c;
+            j->op = h->op;
+            j->request_id = h->request_id;
+            j->sid = sid;
+            j->epoch = epoch;
+            j->truncate_len = keep;
+            j->state = JOB_QUEUED;
+            atomic_init(&j->cancel, false);
+            atomic_fetch_add(&c->refs, 1);
+            if (s->jobs_tail) s->jobs_tail->next = j;
+            else s->jobs = j;
+            s->jobs_tail = j;
+            pthread_cond_signal(&s->cv);
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (behind && j) return; /* the scheduler answers it */
+        free(j);
+        if (behind) err = KVS_ERR_NOMEM;
+        else err = h->op == WIRE_OP_TRUNCATE ? kv_truncate(kv, &sid, epoch, keep, &r) : kv_release(kv, &sid, epoch, &r);
+    }
     send_status(c, h->request_id, err, &r, msg[0] ? msg : NULL);
 }
 
@@ -895,6 +1026,13 @@ static void *conn_main(void *arg) {
             else handle_vocab(c, h.request_id, &q);
             break;
         }
+        case WIRE_OP_VOCAB_META: {
+            struct wire_vocab_meta q;
+            if (wire_decode_vocab_meta(buf.data, buf.len, &q, msg, sizeof(msg)))
+                send_status(c, h.request_id, KVS_ERR_PROTOCOL, NULL, msg);
+            else handle_vocab_meta(c, h.request_id, &q);
+            break;
+        }
         default:
             send_status(c, h.request_id, KVS_ERR_PROTOCOL, NULL, "op not valid from a client after HELLO");
             pthread_mutex_lock(&s->mu);
@@ -951,6 +1089,8 @@ int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
     ep.kv.ttl_ns = p->kv_ttl_ms * 1000000ull;
     ep.kv.max_sessions = p->max_sessions;
     ep.kv.kv_type = (uint32_t)p->kv_type;
+    ep.kv.clock = p->kv_clock;
+    ep.kv.clock_ctx = p->kv_clock_ctx;
     if ((err = engine_open(&ep, &s->e, msg, cap))) goto fail;
     relay_params rp = relay_default_params();
     rp.done = relay_done;

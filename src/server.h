@@ -46,6 +46,9 @@ typedef struct {
      * number of requests in it (tests use it to order events without sleeps). */
     void (*before_batch)(void *ctx, int n_items);
     void *hook_ctx;
+    /* Test hook: the hot state's clock (TTL, tombstone age), ns; NULL: CLOCK_MONOTONIC. */
+    uint64_t (*kv_clock)(void *ctx);
+    void *kv_clock_ctx;
 } srv_params;
 
 srv_params srv_default_params(void);

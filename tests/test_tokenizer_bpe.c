@@ -176,7 +176,7 @@ static int check_model(const char *name, chat_template tmpl, int32_t eos, const 
 /* A tiny hand-made BPE vocab: merges by rank, the pre-tokenizer name check, arrays. */
 static void check_synthetic(void) {
     /* byte-level texts: 'a' 'b' 'c', "Ġ" (space) = U+0120 */
-    const char *texts[] = {"a", "b", "c", "\xC4\xA0", "ab", "bc", "abc", "\xC4\xA0" "a", "<|eot_id|>", "<x>"};
+    const char *texts[] = {"a", "b", "c", "\xC4\xA0", "ab", "bc", "abc", "\xC4\240a", "<|eot_id|>", "<x>"};
     uint32_t lens[10];
     for (int i = 0; i < 10; i++) lens[i] = (uint32_t)strlen(texts[i]);
     int32_t types[10] = {1, 1, 1, 1, 1, 1, 1, 1, 3, 4};

@@ -86,3 +86,25 @@ bool args_size(const char *s, uint64_t *out) {
     *out = (uint64_t)v << shift;
     return true;
 }
+
+int args_ids(const char *s, int32_t **ids, size_t *n) {
+    *ids = NULL;
+    *n = 0;
+    size_t cap = strlen(s) / 2 + 1, k = 0;
+    int32_t *out = malloc(cap * sizeof *out);
+    if (!out) return -1;
+    while (*s) {
+        char *end;
+        errno = 0;
+        long v = strtol(s, &end, 10);
+        if (errno || end == s || v < 0 || v > INT32_MAX || (*end && *end != ',') || k == cap) {
+            free(out);
+            return -1;
+        }
+        out[k++] = (int32_t)v;
+        s = *end ? end + 1 : end;
+    }
+    *ids = out;
+    *n = k;
+    return 0;
+}

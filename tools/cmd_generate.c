@@ -19,16 +19,22 @@ static void generate_usage(FILE *f) {
             "                        [--top-k K] [--top-p P] [--seed S] [--spare HOST:PORT[,...]]\n"
             "                        [-m MODEL] [--json] [--stats] [--timeout MS] [-v] [--keep-session]\n"
             "                        [--logits] [--no-relay] [--wire-dtype f32|f16]\n"
+            "                        [--hidden f32|f16] [--replay-cap SIZE]\n"
             "  --route LIST      the shards in layer order; together they must cover every layer\n"
             "  --spare LIST      replacement shards, used when a hop fails (same model, same layers)\n"
             "  -m MODEL          read the tokenizer from this GGUF (default: from the head shard)\n"
             "  --timeout MS      connect / reply deadline per request (default 30000)\n"
+            "  --hidden f32|f16  dtype of hidden states between shards and in replay memory (default\n"
+            "                    f32: output equal to kvshard run; f16: half the bytes)\n"
+            "  --replay-cap SIZE replay memory per session, bytes with K/M/G (default 256M); the\n"
+            "                    context is limited to what fits\n"
             "  -v                log re-routes and replays to stderr\n"
             "  --logits          the tail shard answers full logits and this client samples (default:\n"
             "                    the tail samples and answers the token; the same ids either way)\n"
             "  --no-relay        drive every hop from this client (2n transfers per step) instead of\n"
             "                    shard-to-shard relay (n+1); the same ids either way\n"
-            "  --wire-dtype T    hidden states on the wire: f32 (default, bit-exact) or f16\n"
+            "  --wire-dtype T    hidden states on the wire, relayed or not: f32 (default, bit-exact) or\n"
+            "                    f16 (the same as --hidden)\n"
             "  --keep-session    testing aid: do not release the session on the shards at the end\n"
             "  -t THREADS        accepted and ignored (the shards compute)\n");
     gen_usage_common(f);
@@ -102,6 +108,8 @@ int cmd_generate(int argc, char **argv) {
     long threads = 0, timeout_ms = 30000;
     bool verbose = false, keep = false, logits_mode = false, no_relay = false;
     const char *wire_dtype = "f32";
+    bool hidden_f16 = false;
+    uint64_t replay_cap = 0;
     gen_opts o;
     gen_opts_default(&o);
     for (int i = 1; i < argc; i++) {
@@ -121,6 +129,12 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--logits")) logits_mode = true;
         else if (!strcmp(a, "--no-relay")) no_relay = true;
         else if (!strcmp(a, "--wire-dtype")) ok = args_str(argc, argv, &i, &wire_dtype);
+        else if (!strcmp(a, "--hidden") && i + 1 < argc && (!strcmp(argv[i + 1], "f16") || !strcmp(argv[i + 1], "f32")))
+            hidden_f16 = !strcmp(argv[++i], "f16");
+        else if (!strcmp(a, "--replay-cap") && i + 1 < argc) {
+            ok = args_size(argv[++i], &replay_cap) && replay_cap > 0;
+            if (!ok) fprintf(stderr, "kvshard generate: --replay-cap '%s' is not a size\n", argv[i]);
+        }
         else { fprintf(stderr, "kvshard generate: unknown option '%s'\n", a); generate_usage(stderr); return 2; }
         if (!ok) return 2;
     }
@@ -133,9 +147,12 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "kvshard generate: --wire-dtype wants f32 or f16, got '%s'\n", wire_dtype);
         return 2;
     }
+    if (!strcmp(wire_dtype, "f16")) hidden_f16 = true; /* the same thing as --hidden f16 */
     char msg[KVS_MSG_MAX] = "";
     route_params rp = route_default_params();
     rp.timeout_ms = timeout_ms;
+    rp.hidden_f16 = hidden_f16;
+    if (replay_cap) rp.max_replay_bytes = replay_cap;
     if (verbose) rp.log = log_stderr;
     route *r = NULL;
     int err = route_open(route_spec, spare_spec, &rp, &r, msg, sizeof msg);
@@ -165,7 +182,6 @@ int cmd_generate(int argc, char **argv) {
     }
     gen_route_ctx c = {.r = r, .s = sess, .o = route_default_step_opts()};
     c.o.relay = !no_relay;
-    c.o.wire_dtype = strcmp(wire_dtype, "f16") ? WIRE_IN_HIDDEN_F32 : WIRE_IN_HIDDEN_F16;
     gen_target t = {.cmd = "generate", .vocab = vocab, .n_vocab = (int32_t)ri.n_vocab, .max_ctx = ri.max_ctx,
                     .step = gen_route_step, .sample = logits_mode ? NULL : gen_route_sample, .describe = describe_stats, .session = describe_session, .ctx = &c};
     rc = gen_run(&o, &t);

@@ -10,6 +10,9 @@ static void usage(FILE *f) {
             "\n"
             "commands:\n"
             "  run      generate text from a GGUF model in one process\n"
+            "  chat     converse with an instruct model (its chat template), locally or over a route\n"
+            "  tokenize   print a file's token ids for a text (JSON)\n"
+            "  detokenize print the text of token ids (JSON)\n"
             "  logits   print the logits of every position of a prompt (JSON)\n"
             "  serve    serve a layer range of a model as a shard over TCP\n"
             "  generate generate text by driving a route of shards (no weights needed)\n"
@@ -33,6 +36,7 @@ int main(int argc, char **argv) {
         {"inspect", cmd_inspect}, {"mkmodel", cmd_mkmodel}, {"serve", cmd_serve},
         {"generate", cmd_generate}, {"stats", cmd_stats},     {"split", cmd_split},
         {"delay-proxy", cmd_delay_proxy},
+        {"tokenize", cmd_tokenize}, {"detokenize", cmd_detokenize}, {"chat", cmd_chat},
     };
     for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
         if (!strcmp(argv[1], cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
