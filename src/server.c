@@ -750,6 +750,8 @@ static void handle_stats(srv_conn *c, uint64_t rid) {
     kv_get_stats(s->e->kv, &k);
     struct wire_stats_reply *m = calloc(1, sizeof(*m));
     if (!m) return;
+    relay_stats rs;
+    relay_get_stats(s->relay, &rs);
     pthread_mutex_lock(&s->mu);
     struct { const char *name; uint64_t v; } list[] = {
         {"kv.sessions", k.sessions},           {"kv.bytes_used", k.bytes_used},
@@ -766,6 +768,8 @@ static void handle_stats(srv_conn *c, uint64_t rid) {
         {"srv.connections_rejected", s->c_rejected_conns}, {"srv.requests", s->c_requests},
         {"srv.forward_rows", s->c_forward_rows}, {"srv.batches", s->c_batches},
         {"srv.batch_items", s->c_batch_items}, {"srv.protocol_errors", s->c_protocol_errors},
+        {"relay.pushed", rs.pushed},           {"relay.failed", rs.failed},
+        {"relay.connects", rs.connects},
     };
     pthread_mutex_unlock(&s->mu);
     size_t n = sizeof(list) / sizeof(list[0]);

@@ -268,7 +268,23 @@ static void check_concurrent(const char *model, int n_layer) {
         free(ref);
         free(jobs[i].out);
     }
-    printf("  4 concurrent sampled sessions through a relayed 2-shard route: each equals its solo run\n");
+    /* The head pushed every step on (relay counters); batches / items show how often steps of
+     * different sessions shared a forward pass (printed, not asserted: that depends on timing). */
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", s[0].port);
+    const char *stats_args[] = {"stats", addr, NULL};
+    int st;
+    char *js = run_cli(stats_args, &st, NULL, 0);
+    CHECK_EQ_INT(st, 0);
+    const char *p = js ? strstr(js, "\"relay.pushed\":") : NULL, *bt = js ? strstr(js, "\"srv.batches\":") : NULL,
+               *it = js ? strstr(js, "\"srv.batch_items\":") : NULL;
+    CHECK(p && bt && it);
+    long pushed = p ? atol(p + strlen("\"relay.pushed\":")) : 0;
+    CHECK(pushed >= 4 * 20); /* prompt + 19 decode steps per session, at least */
+    printf("  4 concurrent sampled sessions through a relayed 2-shard route: each equals its solo run "
+           "(head: %ld pushes, %ld steps in %ld forward passes)\n", pushed,
+           it ? atol(it + strlen("\"srv.batch_items\":")) : 0, bt ? atol(bt + strlen("\"srv.batches\":")) : 0);
+    free(js);
     for (int i = 0; i < 2; i++) CHECK_EQ_INT(proc_stop_server(&s[i]), 0);
 }
 
