@@ -22,6 +22,7 @@
 
 #include "kvshard.h"
 #include "netio.h"
+#include "tls.h"
 #include "util.h"
 #include "wire.h"
 
@@ -98,7 +99,7 @@ int relay_create(const relay_params *p, relay **out) {
 }
 
 static void link_close(relay_link *l) {
-    if (l->fd >= 0) close(l->fd);
+    if (l->fd >= 0) netio_close(l->fd); /* ends a TLS session too */
     l->fd = -1;
 }
 
@@ -111,6 +112,11 @@ static int link_connect(relay_link *l, char *why, size_t cap) {
     if (rc != KVS_OK) {
         l->fd = -1;
         return kvs_fail(why, cap, rc, "cannot connect: %s", nmsg[0] ? nmsg : kvs_strerror(rc));
+    }
+    char peer[TLS_ID_MAX];
+    if (r->p.tls && (rc = tls_handshake(r->p.tls, l->fd, deadline, peer, sizeof peer, nmsg, sizeof nmsg)) != KVS_OK) {
+        link_close(l);
+        return kvs_fail(why, cap, rc, "TLS: %s", nmsg);
     }
     struct wire_hello h = {.min_version = 2, .max_version = WIRE_PROTO_VERSION};
     size_t alen = strlen(r->auth);
@@ -145,17 +151,28 @@ static int link_connect(relay_link *l, char *why, size_t cap) {
 
 /* Reads and drops whatever the next hop sent on the link (design note 3); false on EOF/error. */
 static bool link_drain(relay_link *l) {
-    uint8_t junk[4096];
+    struct netio_buf junk = {0};
+    bool ok = true;
     for (;;) {
+        tls_conn *t = tls_conn_of(l->fd);
         struct pollfd pf = {.fd = l->fd, .events = POLLIN};
-        int n = poll(&pf, 1, 0);
+        int n = t && tls_conn_pending(t) ? 1 : poll(&pf, 1, 0);
         if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return n == 0;
-        if (pf.revents & (POLLERR | POLLNVAL)) return false;
-        ssize_t k = recv(l->fd, junk, sizeof junk, MSG_DONTWAIT);
-        if (k < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return true;
-        if (k <= 0) return false;
+        if (n <= 0) {
+            ok = n == 0;
+            break;
+        }
+        struct wire_header hdr;
+        char msg[KVS_MSG_MAX];
+        if (netio_recv_frame(l->fd, &hdr, &junk, netio_deadline_ms(1000), msg, sizeof msg) != KVS_OK) {
+            ok = false;
+            break;
+        }
+        relay_logf(l->r, "relay: %s answered %s (request %llu) on the link; dropped", l->addr, wire_op_name(hdr.op),
+                   (unsigned long long)hdr.request_id);
     }
+    netio_buf_free(&junk);
+    return ok;
 }
 
 /* Sends one item; KVS_OK or the error with why. One reconnect when the link was broken. */

@@ -16,7 +16,7 @@
  *     written to the next hop's socket, else the error and a message naming the hop ("cannot
  *     connect: ...", "refused HELLO: ..."). The caller answers its client on failure.
  *  3. The downstream sends nothing back on success. Anything it does send on the link (an error
- *     for a relay_id it does not know) is read and dropped before the next push; an EOF there
+ *     for a relay_id it does not know) is read (whole frames) and logged before the next push; an EOF there
  *     marks the link broken, so the next push reconnects. The client, waiting on its own
  *     connections, times out and falls back to driving the step itself (route.c design note 6).
  *  4. The listen table maps a client's relay_id to the connection it registered with
@@ -40,6 +40,7 @@ typedef void (*relay_log_fn)(void *ctx, const char *line);
 typedef struct {
     int64_t timeout_ms;  /* connect, HELLO and send deadline per push; < 0: none */
     const char *auth;    /* HELLO auth token for next hops; NULL = none; copied */
+    struct tls_ctx *tls; /* client-side TLS context for next hops (not owned); NULL: plaintext */
     relay_done_fn done;  /* required */
     relay_log_fn log;    /* link events (connected, failed); NULL: silent */
     void *ctx;           /* passed to done and log */

@@ -34,12 +34,18 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tls.h"
 #include "util.h"
 
 /* Payload bytes of a FORWARD before the data, and of a FORWARD_REPLY before the data. */
 #define FWD_HEAD_BYTES 60u
 #define FWD_REPLY_HEAD_BYTES 32u
 #define ROUTE_MAX_MISSES 32 /* CACHE_MISS answers in a row tolerated for one request */
+/* Bounds on what a (possibly hostile) shard can make the client allocate, checked as each size
+ * arrives, before any allocation for it. */
+#define ROUTE_MAX_TOKEN_BYTES 4096u          /* one vocab token's text (the tokenizer's limit) */
+#define ROUTE_MAX_VOCAB_TEXT (32u << 20)     /* all vocab token texts together, bytes */
+#define ROUTE_MAX_SMALL_REPLY 4096u          /* INFO, STATUS payload bytes */
 
 enum spare_state { SPARE_UNTRIED = 0, SPARE_KNOWN, SPARE_USED, SPARE_DEAD };
 
@@ -53,6 +59,7 @@ typedef struct {
 struct route {
     route_params p;
     char *auth;              /* copy of p.auth, "" when none */
+    tls_ctx *tls;            /* NULL: plaintext */
     route_hop *hops;         /* (n_hops) in layer order */
     uint32_t *hop_gen;       /* (n_hops) bumped each time hop k is replaced */
     uint32_t n_hops;
@@ -219,7 +226,7 @@ int route_check_hops(const struct wire_info *infos, const char *const *addrs, si
 /* ---- one request on one connection --------------------------------------- */
 
 static void hop_disconnect(route_hop *h) {
-    if (h->fd >= 0) close(h->fd);
+    netio_close(h->fd);
     h->fd = -1;
     h->listening = false;
 }
@@ -234,6 +241,19 @@ static int tx_reserve(route *r, size_t need) {
     r->tx = b;
     r->tx_cap = cap;
     return KVS_OK;
+}
+
+/* Largest payload a reply of op reply_op (or a STATUS in its place) may announce. */
+static uint32_t reply_limit(const route *r, uint16_t reply_op) {
+    uint64_t lim = WIRE_MAX_PAYLOAD;
+    if (reply_op == WIRE_OP_INFO) lim = ROUTE_MAX_SMALL_REPLY;
+    if (reply_op == WIRE_OP_FORWARD_REPLY && r->n_embd) {
+        uint64_t cols = r->n_vocab > r->n_embd ? r->n_vocab : r->n_embd;
+        uint64_t rows = r->max_rows ? r->max_rows : WIRE_MAX_TOKENS;
+        lim = FWD_REPLY_HEAD_BYTES + rows * cols * 4u;
+    }
+    if (lim < ROUTE_MAX_SMALL_REPLY) lim = ROUTE_MAX_SMALL_REPLY;
+    return lim > WIRE_MAX_PAYLOAD ? WIRE_MAX_PAYLOAD : (uint32_t)lim;
 }
 
 /* Sends r->tx[0..len) as one `op` frame on h and waits for the reply frame; KVS_OK when a frame
@@ -253,9 +273,11 @@ static int hop_call(route *r, route_hop *h, uint16_t op, size_t len, uint16_t re
         return kvs_fail(why, why_cap, rc, "sending %s: %s", wire_op_name(op), kvs_strerror(rc));
     }
     struct wire_header hdr;
+    netio_recv_opts ro = {.idle_deadline_ns = deadline, .frame_timeout_ms = -1,
+                          .max_payload = reply_limit(r, reply_op)};
     /* Late answers to earlier requests (a relayed attempt that was given up) are dropped. */
     do {
-        rc = netio_recv_frame(h->fd, &hdr, &r->rx, deadline, nmsg, sizeof nmsg);
+        rc = netio_recv_frame_opt(h->fd, &hdr, &r->rx, &ro, nmsg, sizeof nmsg);
         if (rc == KVS_OK) r->bytes_received += WIRE_HEADER_SIZE + r->rx.len;
     } while (rc == KVS_OK && hdr.request_id < rid);
     if (rc != KVS_OK) {
@@ -290,6 +312,15 @@ static int hop_connect(route *r, route_hop *h, char *why, size_t why_cap) {
     if (rc != KVS_OK) {
         h->fd = -1;
         return kvs_fail(why, why_cap, rc, "cannot connect: %s", nmsg[0] ? nmsg : kvs_strerror(rc));
+    }
+    if (r->tls) {
+        char peer_id[TLS_ID_MAX];
+        rc = tls_handshake(r->tls, h->fd, netio_deadline_ms(r->p.timeout_ms), peer_id, sizeof peer_id, nmsg,
+                           sizeof nmsg);
+        if (rc != KVS_OK) {
+            hop_disconnect(h);
+            return kvs_fail(why, why_cap, rc, "%s", nmsg);
+        }
     }
     struct wire_hello hello = {.min_version = 1, .max_version = WIRE_PROTO_VERSION};
     size_t alen = strlen(r->auth);
@@ -385,6 +416,7 @@ void route_close(route *r) {
     free(r->spares);
     free(r->spare_state);
     free(r->auth);
+    tls_ctx_free(r->tls);
     free(r->tx);
     free(r->scratch_logits);
     free(r->fwd);
@@ -422,6 +454,11 @@ int route_open(const char *route_spec, const char *spares_spec, const route_para
         goto fail;
     }
     r->auth = strdup(auth);
+    if (p && (p->tls_cert || p->tls_key || p->tls_ca)) {
+        tls_params tp = {.cert_file = p->tls_cert, .key_file = p->tls_key, .ca_file = p->tls_ca};
+        if ((rc = tls_ctx_create(&tp, false, &r->tls, msg, msg_cap)) != KVS_OK) goto fail;
+    }
+    r->p.tls_cert = r->p.tls_key = r->p.tls_ca = NULL; /* not kept: the context holds what it needs */
     r->n_hops = (uint32_t)n;
     r->n_spares = (uint32_t)n_spares;
     r->hops = calloc(n, sizeof *r->hops);
@@ -662,6 +699,12 @@ int route_fetch_vocab(route *r, tok_vocab **out, char *msg, size_t msg_cap) {
         uint32_t i = first;
         while (wire_vocab_next(&v, &off, &t)) {
             if (i >= first + v.count) break; /* the decoder guarantees count entries */
+            if (t.text_len > ROUTE_MAX_TOKEN_BYTES || arena_len + t.text_len > ROUTE_MAX_VOCAB_TEXT) {
+                rc = kvs_fail(msg, msg_cap, KVS_ERR_PROTOCOL,
+                              "hop 0 (%s): VOCAB token %u is %u bytes (limit %u, %u for the whole vocab)",
+                              h->addr.text, i, t.text_len, ROUTE_MAX_TOKEN_BYTES, ROUTE_MAX_VOCAB_TEXT);
+                goto done;
+            }
             if (arena_len + t.text_len > arena_cap) {
                 size_t cap = arena_cap ? arena_cap * 2 : 65536;
                 while (cap < arena_len + t.text_len) cap *= 2;
@@ -1085,7 +1128,12 @@ static int relay_wait(route *r, uint64_t rid, uint16_t *op, uint32_t *from, char
         uint32_t np = 0;
         for (uint32_t k = 0; k < r->n_hops; k++) pf[np++] = (struct pollfd){.fd = r->hops[k].fd, .events = POLLIN};
         int wait_ms = -1;
-        if (deadline != NETIO_NO_DEADLINE) {
+        bool pending[ROUTE_MAX_HOPS] = {false}; /* bytes already decrypted in a TLS session */
+        for (uint32_t k = 0; k < np; k++) {
+            tls_conn *t = pf[k].fd >= 0 ? tls_conn_of(pf[k].fd) : NULL;
+            if (t && tls_conn_pending(t)) pending[k] = true, wait_ms = 0;
+        }
+        if (wait_ms != 0 && deadline != NETIO_NO_DEADLINE) {
             uint64_t now = kvs_now_ns();
             if (now >= deadline) return kvs_fail(why, why_cap, KVS_ERR_TIMEOUT, "no answer to the relayed step within %lld ms",
                                                  (long long)r->p.timeout_ms);
@@ -1095,10 +1143,12 @@ static int relay_wait(route *r, uint64_t rid, uint16_t *op, uint32_t *from, char
         if (got < 0 && errno == EINTR) continue;
         if (got < 0) return kvs_fail(why, why_cap, KVS_ERR_IO, "poll: %s", strerror(errno));
         for (uint32_t k = 0; k < np; k++) {
-            if (pf[k].fd < 0 || !(pf[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+            if (pf[k].fd < 0 || !(pending[k] || (pf[k].revents & (POLLIN | POLLHUP | POLLERR)))) continue;
             struct wire_header hdr;
             char nmsg[KVS_MSG_MAX] = "";
-            int rc = netio_recv_frame(r->hops[k].fd, &hdr, &r->rx, deadline, nmsg, sizeof nmsg);
+            netio_recv_opts ro = {.idle_deadline_ns = deadline, .frame_timeout_ms = -1,
+                                  .max_payload = reply_limit(r, WIRE_OP_FORWARD_REPLY)};
+            int rc = netio_recv_frame_opt(r->hops[k].fd, &hdr, &r->rx, &ro, nmsg, sizeof nmsg);
             if (rc != KVS_OK) {
                 hop_disconnect(&r->hops[k]);
                 *from = k;

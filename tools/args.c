@@ -108,3 +108,43 @@ int args_ids(const char *s, int32_t **ids, size_t *n) {
     *n = k;
     return 0;
 }
+
+int args_security_opt(int argc, char **argv, int *i, args_security *o) {
+    const char *a = argv[*i];
+    const char **slot = !strcmp(a, "--tls-cert")          ? &o->tls_cert
+                        : !strcmp(a, "--tls-key")         ? &o->tls_key
+                        : !strcmp(a, "--tls-ca")          ? &o->tls_ca
+                        : !strcmp(a, "--auth-token-file") ? &o->auth_token_file
+                                                          : NULL;
+    if (slot) return args_str(argc, argv, i, slot) ? 1 : -1;
+    if (!strcmp(a, "--insecure")) {
+        o->insecure = true;
+        return 1;
+    }
+    return 0;
+}
+
+bool args_security_check(const char *cmd, const args_security *o) {
+    int n = (o->tls_cert != NULL) + (o->tls_key != NULL) + (o->tls_ca != NULL);
+    if (n == 0 || n == 3) return true;
+    fprintf(stderr, "kvshard %s: --tls-cert, --tls-key and --tls-ca go together (all three or none)\n", cmd);
+    return false;
+}
+
+char *args_read_token(const char *cmd, const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "kvshard %s: --auth-token-file %s: %s\n", cmd, path, strerror(errno));
+        return NULL;
+    }
+    char line[300];
+    bool got = fgets(line, sizeof line, f) != NULL;
+    fclose(f);
+    size_t l = got ? strcspn(line, "\r\n") : 0;
+    line[l] = 0;
+    if (l == 0 || l > 256) {
+        fprintf(stderr, "kvshard %s: --auth-token-file %s: the first line must hold a token of 1..256 bytes\n", cmd, path);
+        return NULL;
+    }
+    return strdup(line);
+}

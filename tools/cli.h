@@ -15,5 +15,6 @@ int cmd_delay_proxy(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
+int cmd_cert(int argc, char **argv);
 
 #endif /* KVS_CLI_H */

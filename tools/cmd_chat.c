@@ -330,8 +330,11 @@ int cmd_chat(int argc, char **argv) {
             fprintf(stderr, "kvshard chat: %s: %s\n", path, msg[0] ? msg : kvs_strerror(err));
             goto out;
         }
-        if (!c.e->vocab) {
-            fprintf(stderr, "kvshard chat: %s: no tokenizer this build can read\n", path);
+        if (!c.e->vocab) { /* the engine opens it quietly: ask again for the reason */
+            tok_vocab *v = NULL;
+            tok_from_gguf(c.e->m->gguf, &v, msg, sizeof msg);
+            tok_free(v);
+            fprintf(stderr, "kvshard chat: %s: no usable tokenizer: %s\n", path, msg);
             goto out;
         }
         vocab = c.e->vocab;

@@ -48,6 +48,15 @@ static int open_engine(const char *path, int threads, uint32_t kv_type, uint32_t
     return err;
 }
 
+/* Why the engine has no tokenizer (it opens one quietly): asks the tokenizer again for its message. */
+static void say_no_vocab(const char *cmd, const char *path, const engine *e) {
+    char msg[KVS_MSG_MAX] = "";
+    tok_vocab *v = NULL;
+    tok_from_gguf(e->m->gguf, &v, msg, sizeof msg);
+    tok_free(v);
+    fprintf(stderr, "kvshard %s: %s: no usable tokenizer: %s\n", cmd, path, msg[0] ? msg : "unknown reason");
+}
+
 int cmd_run(int argc, char **argv) {
     const char *path = NULL;
     long threads = 0;
@@ -72,7 +81,7 @@ int cmd_run(int argc, char **argv) {
     if (open_engine(path, (int)threads, kv_type, (uint32_t)(3 * strlen(o.prompt) + 2 + (size_t)o.n_gen), &e)) return 1;
     int rc = 1;
     if (!e->vocab) {
-        fprintf(stderr, "kvshard run: %s has no tokenizer this build can read\n", path);
+        say_no_vocab("run", path, e);
     } else {
         run_ctx c = {.e = e, .req = {.epoch = 1, .out_mode = FWD_OUT_LOGITS_LAST}};
         memcpy(c.req.sid.bytes, "kvshard-run-sess", 16);
@@ -154,7 +163,7 @@ int cmd_logits(int argc, char **argv) {
     int rc = 1;
     float *logits = NULL;
     if (prompt) {
-        if (!e->vocab) { fprintf(stderr, "kvshard logits: %s has no tokenizer this build can read\n", path); goto out; }
+        if (!e->vocab) { say_no_vocab("logits", path, e); goto out; }
         if (gen_tokenize(e->vocab, prompt, tok_add_bos(e->vocab), plain, &ids, &n) != KVS_OK) goto out;
     }
     if (n == 0) { fprintf(stderr, "kvshard logits: no tokens\n"); goto out; }

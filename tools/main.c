@@ -22,6 +22,7 @@ static void usage(FILE *f) {
             "  mkmodel  write a llama GGUF with seeded random weights\n"
             "  split    write a model as NAME-00001-of-0000N.gguf parts, by layers\n"
             "  delay-proxy  benchmark aid: a TCP relay that holds each chunk D ms\n"
+            "  cert     make a cluster CA and node certificates for mutual TLS\n"
             "\n"
             "run 'kvshard COMMAND --help' for a command's options\n");
 }
@@ -37,6 +38,7 @@ int main(int argc, char **argv) {
         {"generate", cmd_generate}, {"stats", cmd_stats},     {"split", cmd_split},
         {"delay-proxy", cmd_delay_proxy},
         {"tokenize", cmd_tokenize}, {"detokenize", cmd_detokenize}, {"chat", cmd_chat},
+        {"cert", cmd_cert},
     };
     for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
         if (!strcmp(argv[1], cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
