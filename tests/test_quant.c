@@ -437,6 +437,10 @@ static void test_kernel_path(void) {
             fprintf(stderr, "q4_0 kernel path under %s: got '%s', want '%s'\n", quant_isa_name(isas[k]), p,
                     want_q4_0[isas[k]]);
         CHECK(p && strcmp(p, want_q4_0[isas[k]]) == 0);
+        /* a tile kernel pays from some batch size; without one there is none */
+        CHECK(quant_has_tile(QUANT_Q4_0) ? quant_tile_min_tokens(QUANT_Q4_0) >= 1
+                                         : quant_tile_min_tokens(QUANT_Q4_0) == 0);
+        CHECK_EQ_INT(quant_tile_min_tokens(QUANT_F32), 0);
         p = quant_kernel_path(QUANT_F32);
         CHECK(p != NULL && strstr(p, "+tile") == NULL);
     }
