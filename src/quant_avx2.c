@@ -746,7 +746,7 @@ QK_INLINE void k4_rows(int64_t n, const void *w, const uint8_t *act, size_t stri
             sumi[r] = _mm256_setzero_si256();
         }
         const __m256i hb = five ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
-        for (int c = 0; c < 4; c++) {
+        QK_UNROLL for (int c = 0; c < 4; c++) { /* unrolled: the shuffle indices fold to constants */
             const __m256i q4 = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
             const __m256i m4 = _mm256_set1_epi8(0x0F);
             __m256i lo = _mm256_and_si256(q4, m4);
@@ -803,11 +803,11 @@ QK_INLINE void avx_q6_k_rows(int64_t n, const void *w, const uint8_t *act, size_
             __m256i bs = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a[r][ib].bsums), sc16);
             sumi[r] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(bs, 5));
         }
-        for (int h = 0; h < 2; h++) {
+        QK_UNROLL for (int h = 0; h < 2; h++) { /* unrolled: shifts, selects and scale indices fold */
             const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h));
             const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32));
             const __m256i hb = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
-            for (int k = 0; k < 4; k++) {
+            QK_UNROLL for (int k = 0; k < 4; k++) {
                 __m256i l = k & 1 ? l1 : l0;
                 __m256i q = k < 2 ? _mm256_and_si256(l, m4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
                 q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * k), m2), 4));
@@ -1018,14 +1018,6 @@ static void avx_dq_f16(const void *w, float *y, int64_t n) { avx_f16_to_f32_row(
 #define QK_Q4_0_ENTRY [QUANT_Q4_0] = {avx_q4_0_multi, NULL, avx_act_q8, avx_q4_0_p8_tile, avx_q4_0_pair_layout, 1}
 #endif
 
-/* AVX2 q4_k: the tile kernel at one token runs 0.39 instructions per weight
- * against the multi kernel's 0.61 (callgrind, n = 2048), so decode takes it too. */
-#ifdef QUANT_AVX2_AS_VNNI
-#define QK_Q4_K_ENTRY [QUANT_Q4_K] = {avx_q4_k_multi, NULL, avx_act_q8k, avx_q4_k_tile, NULL, 0}
-#else
-#define QK_Q4_K_ENTRY [QUANT_Q4_K] = {avx_q4_k_multi, NULL, avx_act_q8k, avx_q4_k_tile, NULL, 1}
-#endif
-
 /* The low-bit types' dots live in quant_lowbit_avx2.c (and, for VNNI, _avx512.c). */
 #ifdef QUANT_AVX2_AS_VNNI
 #define QK_LOWBIT(name) quant_avx512_##name
@@ -1042,7 +1034,7 @@ static void avx_dq_f16(const void *w, float *y, int64_t n) { avx_f16_to_f32_row(
     [QUANT_Q5_0] = {avx_q5_0_multi, NULL, avx_act_q8},                     \
     [QUANT_Q5_1] = {avx_q5_1_multi, NULL, avx_act_q8},                     \
     [QUANT_Q8_0] = {avx_q8_0_multi, NULL, avx_act_q8, avx_q8_0_tile},                     \
-    QK_Q4_K_ENTRY,                                                         \
+    [QUANT_Q4_K] = {avx_q4_k_multi, NULL, avx_act_q8k, avx_q4_k_tile},                    \
     [QUANT_Q5_K] = {avx_q5_k_multi, NULL, avx_act_q8k},                    \
     [QUANT_Q6_K] = {avx_q6_k_multi, NULL, avx_act_q8k},                    \
     [QUANT_Q2_K] = {QK_LOWBIT(dot_q2_k), NULL, avx_act_q8k},               \
