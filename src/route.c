@@ -28,12 +28,18 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tls.h"
 #include "util.h"
 
 /* Payload bytes of a FORWARD before the data, and of a FORWARD_REPLY before the data. */
 #define FWD_HEAD_BYTES 60u
 #define FWD_REPLY_HEAD_BYTES 32u
 #define ROUTE_MAX_MISSES 32 /* CACHE_MISS answers in a row tolerated for one request */
+/* Bounds on what a (possibly hostile) shard can make the client allocate, checked as each size
+ * arrives, before any allocation for it. */
+#define ROUTE_MAX_TOKEN_BYTES 4096u          /* one vocab token's text (the tokenizer's limit) */
+#define ROUTE_MAX_VOCAB_TEXT (32u << 20)     /* all vocab token texts together, bytes */
+#define ROUTE_MAX_SMALL_REPLY 4096u          /* INFO, STATUS payload bytes */
 
 enum spare_state { SPARE_UNTRIED = 0, SPARE_KNOWN, SPARE_USED, SPARE_DEAD };
 
@@ -46,6 +52,7 @@ typedef struct {
 struct route {
     route_params p;
     char *auth;              /* copy of p.auth, "" when none */
+    tls_ctx *tls;            /* NULL: plaintext */
     route_hop *hops;         /* (n_hops) in layer order */
     uint32_t *hop_gen;       /* (n_hops) bumped each time hop k is replaced */
     uint32_t n_hops;
@@ -206,7 +213,7 @@ int route_check_hops(const struct wire_info *infos, const char *const *addrs, si
 /* ---- one request on one connection --------------------------------------- */
 
 static void hop_disconnect(route_hop *h) {
-    if (h->fd >= 0) close(h->fd);
+    netio_close(h->fd);
     h->fd = -1;
 }
 
@@ -220,6 +227,19 @@ static int tx_reserve(route *r, size_t need) {
     r->tx = b;
     r->tx_cap = cap;
     return KVS_OK;
+}
+
+/* Largest payload a reply of op reply_op (or a STATUS in its place) may announce. */
+static uint32_t reply_limit(const route *r, uint16_t reply_op) {
+    uint64_t lim = WIRE_MAX_PAYLOAD;
+    if (reply_op == WIRE_OP_INFO) lim = ROUTE_MAX_SMALL_REPLY;
+    if (reply_op == WIRE_OP_FORWARD_REPLY && r->n_embd) {
+        uint64_t cols = r->n_vocab > r->n_embd ? r->n_vocab : r->n_embd;
+        uint64_t rows = r->max_rows ? r->max_rows : WIRE_MAX_TOKENS;
+        lim = FWD_REPLY_HEAD_BYTES + rows * cols * 4u;
+    }
+    if (lim < ROUTE_MAX_SMALL_REPLY) lim = ROUTE_MAX_SMALL_REPLY;
+    return lim > WIRE_MAX_PAYLOAD ? WIRE_MAX_PAYLOAD : (uint32_t)lim;
 }
 
 /* Sends r->tx[0..len) as one `op` frame on h and waits for the reply frame; KVS_OK when a frame
@@ -239,7 +259,9 @@ static int hop_call(route *r, route_hop *h, uint16_t op, size_t len, uint16_t re
         return kvs_fail(why, why_cap, rc, "sending %s: %s", wire_op_name(op), kvs_strerror(rc));
     }
     struct wire_header hdr;
-    rc = netio_recv_frame(h->fd, &hdr, &r->rx, deadline, nmsg, sizeof nmsg);
+    netio_recv_opts ro = {.idle_deadline_ns = deadline, .frame_timeout_ms = -1,
+                          .max_payload = reply_limit(r, reply_op)};
+    rc = netio_recv_frame_opt(h->fd, &hdr, &r->rx, &ro, nmsg, sizeof nmsg);
     if (rc == KVS_OK) r->bytes_received += WIRE_HEADER_SIZE + r->rx.len;
     if (rc != KVS_OK) {
         hop_disconnect(h);
@@ -273,6 +295,15 @@ static int hop_connect(route *r, route_hop *h, char *why, size_t why_cap) {
     if (rc != KVS_OK) {
         h->fd = -1;
         return kvs_fail(why, why_cap, rc, "cannot connect: %s", nmsg[0] ? nmsg : kvs_strerror(rc));
+    }
+    if (r->tls) {
+        char peer_id[TLS_ID_MAX];
+        rc = tls_handshake(r->tls, h->fd, netio_deadline_ms(r->p.timeout_ms), peer_id, sizeof peer_id, nmsg,
+                           sizeof nmsg);
+        if (rc != KVS_OK) {
+            hop_disconnect(h);
+            return kvs_fail(why, why_cap, rc, "%s", nmsg);
+        }
     }
     struct wire_hello hello = {.min_version = 1, .max_version = WIRE_VERSION};
     size_t alen = strlen(r->auth);
@@ -368,6 +399,7 @@ void route_close(route *r) {
     free(r->spares);
     free(r->spare_state);
     free(r->auth);
+    tls_ctx_free(r->tls);
     free(r->tx);
     free(r->scratch_logits);
     netio_buf_free(&r->rx);
@@ -404,6 +436,11 @@ int route_open(const char *route_spec, const char *spares_spec, const route_para
         goto fail;
     }
     r->auth = strdup(auth);
+    if (p && (p->tls_cert || p->tls_key || p->tls_ca)) {
+        tls_params tp = {.cert_file = p->tls_cert, .key_file = p->tls_key, .ca_file = p->tls_ca};
+        if ((rc = tls_ctx_create(&tp, false, &r->tls, msg, msg_cap)) != KVS_OK) goto fail;
+    }
+    r->p.tls_cert = r->p.tls_key = r->p.tls_ca = NULL; /* not kept: the context holds what it needs */
     r->n_hops = (uint32_t)n;
     r->n_spares = (uint32_t)n_spares;
     r->hops = calloc(n, sizeof *r->hops);
@@ -489,6 +526,78 @@ static int32_t guess_unk(const int32_t *types, int32_t n) {
     return 0;
 }
 
+/* The BPE half of a vocab (VOCAB_META pages): merges rebuilt as "left right" texts. */
+typedef struct {
+    char pre[WIRE_MAX_PRE + 1];
+    int8_t add_bos;
+    char *chat_template;
+    uint32_t n_merges;
+    char **merges;
+    uint32_t *merge_lens;
+} bpe_meta;
+
+static void bpe_meta_free(bpe_meta *m) {
+    for (uint32_t i = 0; m->merges && i < m->n_merges; i++) free(m->merges[i]);
+    free(m->merges);
+    free(m->merge_lens);
+    free(m->chat_template);
+}
+
+static int fetch_bpe_meta(route *r, uint32_t nv, const char *const *texts, const uint32_t *lens, bpe_meta *m,
+                          char *msg, size_t msg_cap) {
+    route_hop *h = &r->hops[0];
+    int rc;
+    for (uint32_t first = 0;;) {
+        char why[KVS_MSG_MAX];
+        struct wire_vocab_meta q = {.first = first, .max_count = WIRE_MAX_MERGES};
+        size_t len = 0;
+        if ((rc = tx_reserve(r, 8)) != KVS_OK || (rc = wire_encode_vocab_meta(&q, r->tx, r->tx_cap, &len)) != KVS_OK)
+            return kvs_fail(msg, msg_cap, rc, "cannot encode VOCAB_META: %s", kvs_strerror(rc));
+        if ((rc = hop_call(r, h, WIRE_OP_VOCAB_META, len, WIRE_OP_VOCAB_META_REPLY, why, sizeof why)) != KVS_OK)
+            return kvs_fail(msg, msg_cap, rc, "hop 0 (%s): %s", h->addr.text, why);
+        struct wire_vocab_meta_reply v;
+        if ((rc = wire_decode_vocab_meta_reply(r->rx.data, r->rx.len, &v, why, sizeof why)) != KVS_OK)
+            return kvs_fail(msg, msg_cap, rc, "hop 0 (%s): bad VOCAB_META_REPLY: %s", h->addr.text, why);
+        if (v.st.status != KVS_OK)
+            return kvs_fail(msg, msg_cap, v.st.status, "hop 0 (%s) refused VOCAB_META: %s", h->addr.text,
+                            kvs_strerror(v.st.status));
+        if (v.n_vocab != nv || v.first != first || (first > 0 && v.n_merges != m->n_merges) ||
+            (v.count == 0 && first < v.n_merges))
+            return kvs_fail(msg, msg_cap, KVS_ERR_PROTOCOL, "hop 0 (%s): VOCAB_META page [%u, +%u) of %u does not "
+                            "continue [%u, ...)", h->addr.text, v.first, v.count, v.n_merges, first);
+        if (first == 0) {
+            memcpy(m->pre, v.pre, sizeof m->pre);
+            m->add_bos = v.add_bos == 1 ? 1 : v.add_bos == 2 ? -1 : 0;
+            m->n_merges = v.n_merges;
+            m->merges = calloc(v.n_merges ? v.n_merges : 1, sizeof *m->merges);
+            m->merge_lens = calloc(v.n_merges ? v.n_merges : 1, sizeof *m->merge_lens);
+            if (v.template_len) {
+                m->chat_template = malloc((size_t)v.template_len + 1);
+                if (m->chat_template) {
+                    memcpy(m->chat_template, v.chat_template, v.template_len);
+                    m->chat_template[v.template_len] = 0;
+                }
+            }
+            if (!m->merges || !m->merge_lens || (v.template_len && !m->chat_template))
+                return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
+        }
+        for (uint32_t i = 0; i < v.count; i++) {
+            int32_t lid, rid;
+            wire_vocab_meta_merge(&v, i, &lid, &rid); /* ids < n_vocab: checked by the decoder */
+            size_t ll = lens[lid], rl = lens[rid];
+            char *s = malloc(ll + rl + 2);
+            if (!s) return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
+            if (ll) memcpy(s, texts[lid], ll);
+            s[ll] = ' ';
+            if (rl) memcpy(s + ll + 1, texts[rid], rl);
+            m->merges[first + i] = s;
+            m->merge_lens[first + i] = (uint32_t)(ll + rl + 1);
+        }
+        first += v.count;
+        if (first >= v.n_merges) return KVS_OK;
+    }
+}
+
 int route_fetch_vocab(route *r, tok_vocab **out, char *msg, size_t msg_cap) {
     if (!out) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "out is NULL");
     *out = NULL;
@@ -503,7 +612,8 @@ int route_fetch_vocab(route *r, tok_vocab **out, char *msg, size_t msg_cap) {
     int32_t *types = malloc((size_t)nv * sizeof *types);
     const char **texts = malloc((size_t)nv * sizeof *texts);
     int32_t bos = -1, eos = -1;
-    bool add_space_prefix = true;
+    bool add_space_prefix = true, is_bpe = false;
+    bpe_meta meta = {0};
     int rc;
     if (!text_off || !lens || !scores || !types || !texts) {
         rc = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
@@ -541,9 +651,15 @@ int route_fetch_vocab(route *r, tok_vocab **out, char *msg, size_t msg_cap) {
                           kvs_strerror(v.st.status));
             goto done;
         }
-        if (strcmp(v.tok_model, "llama") != 0) {
-            rc = kvs_fail(msg, msg_cap, KVS_ERR_UNSUPPORTED, "hop 0 (%s) has a '%s' tokenizer (only 'llama')",
+        if (strcmp(v.tok_model, "llama") != 0 && strcmp(v.tok_model, "gpt2") != 0) {
+            rc = kvs_fail(msg, msg_cap, KVS_ERR_UNSUPPORTED, "hop 0 (%s) has a '%s' tokenizer (only llama, gpt2)",
                           h->addr.text, v.tok_model);
+            goto done;
+        }
+        if (first == 0) is_bpe = !strcmp(v.tok_model, "gpt2");
+        else if (is_bpe != !strcmp(v.tok_model, "gpt2")) {
+            rc = kvs_fail(msg, msg_cap, KVS_ERR_PROTOCOL, "hop 0 (%s): VOCAB pages disagree on the tokenizer",
+                          h->addr.text);
             goto done;
         }
         if (v.n_vocab != nv || v.first != first || v.count == 0 ||
@@ -561,6 +677,12 @@ int route_fetch_vocab(route *r, tok_vocab **out, char *msg, size_t msg_cap) {
         uint32_t i = first;
         while (wire_vocab_next(&v, &off, &t)) {
             if (i >= first + v.count) break; /* the decoder guarantees count entries */
+            if (t.text_len > ROUTE_MAX_TOKEN_BYTES || arena_len + t.text_len > ROUTE_MAX_VOCAB_TEXT) {
+                rc = kvs_fail(msg, msg_cap, KVS_ERR_PROTOCOL,
+                              "hop 0 (%s): VOCAB token %u is %u bytes (limit %u, %u for the whole vocab)",
+                              h->addr.text, i, t.text_len, ROUTE_MAX_TOKEN_BYTES, ROUTE_MAX_VOCAB_TEXT);
+                goto done;
+            }
             if (arena_len + t.text_len > arena_cap) {
                 size_t cap = arena_cap ? arena_cap * 2 : 65536;
                 while (cap < arena_len + t.text_len) cap *= 2;
@@ -589,13 +711,24 @@ int route_fetch_vocab(route *r, tok_vocab **out, char *msg, size_t msg_cap) {
     }
     for (uint32_t i = 0; i < nv; i++) texts[i] = arena ? arena + text_off[i] : NULL;
     tok_arrays a = {.n_vocab = (int32_t)nv, .texts = texts, .text_lens = lens, .scores = scores, .types = types,
-                    .bos = bos, .eos = eos, .unk = guess_unk(types, (int32_t)nv),
+                    .bos = bos, .eos = eos, .unk = is_bpe ? -1 : guess_unk(types, (int32_t)nv),
                     .add_space_prefix = add_space_prefix};
+    if (is_bpe) {
+        if ((rc = fetch_bpe_meta(r, nv, texts, lens, &meta, msg, msg_cap)) != KVS_OK) goto done;
+        a.kind = TOK_KIND_BPE;
+        a.pre = meta.pre;
+        a.add_bos = meta.add_bos;
+        a.chat_template = meta.chat_template;
+        a.n_merges = (int32_t)meta.n_merges;
+        a.merges = (const char *const *)meta.merges;
+        a.merge_lens = meta.merge_lens;
+    }
     char tmsg[KVS_MSG_MAX] = "";
     rc = tok_from_arrays(&a, out, tmsg, sizeof tmsg);
     if (rc != KVS_OK) rc = kvs_fail(msg, msg_cap, rc, "hop 0 (%s): vocab: %s", h->addr.text, tmsg);
 
 done:
+    bpe_meta_free(&meta);
     free(arena);
     free(text_off);
     free(lens);

@@ -61,6 +61,9 @@ typedef void (*route_log_fn)(void *user, const char *line);
 typedef struct {
     int64_t timeout_ms; /* connect deadline and reply deadline of every request; < 0: none */
     const char *auth;   /* HELLO auth token; NULL or "" = none; copied by route_open */
+    /* Mutual TLS 1.3 to every hop and spare when all three are set (tls.h): this client's
+     * certificate and key, and the cluster CA the shards' certificates must chain to. */
+    const char *tls_cert, *tls_key, *tls_ca;
     route_log_fn log;   /* recovery events; NULL: silent */
     void *log_user;     /* passed to log */
     bool hidden_f16;    /* hidden states travel (and are remembered for replay) as f16: half the
@@ -70,7 +73,7 @@ typedef struct {
                                   0: ROUTE_DEFAULT_REPLAY_BYTES */
 } route_params;
 
-/* timeout_ms 30000, no auth, no log, f32 hidden states, 256 MiB replay cap. */
+/* timeout_ms 30000, no auth, no TLS, no log, f32 hidden states, 256 MiB replay cap. */
 route_params route_default_params(void);
 
 /* One "host:port" of a spec. */
@@ -128,7 +131,7 @@ const char *route_hop_addr(const route *r, uint32_t k);
 
 /* Builds the tokenizer from the head shard's VOCAB pages (tok_from_arrays). On success *out is
  * a new vocab owned by the caller (tok_free). KVS_ERR_UNSUPPORTED when the shard's tokenizer is
- * not "llama"; KVS_ERR_PROTOCOL for inconsistent pages; transport errors as route_open; a shard
+ * neither "llama" nor "gpt2"; KVS_ERR_PROTOCOL for inconsistent pages; transport errors as route_open; a shard
  * status as answered. *out NULL on failure; the route stays usable unless hop 0's connection
  * failed. */
 int route_fetch_vocab(route *r, tok_vocab **out, char *msg, size_t msg_cap);

@@ -69,6 +69,7 @@ static int start_server_hello(server_ctx *sc, const char *model_path, uint32_t f
     p.before_batch = hook;
     p.log = test_log;
     p.max_queued_bytes = 1u << 20;
+    p.max_inflight = 4096; /* test_slow_reader pipelines 2000 requests (the cap: test_security_net) */
     p.hook_ctx = sc;
     sem_init(&sc->gate, 0, 0);
     atomic_init(&sc->gated, false);

@@ -28,7 +28,8 @@ static void generate_usage(FILE *f) {
             "                    context is limited to what fits\n"
             "  -v                log re-routes and replays to stderr\n"
             "  --keep-session    testing aid: do not release the session on the shards at the end\n"
-            "  -t THREADS        accepted and ignored (the shards compute)\n");
+            "  -t THREADS        accepted and ignored (the shards compute)\n"
+            ARGS_SECURITY_USAGE);
     gen_usage_common(f);
 }
 
@@ -85,9 +86,13 @@ int cmd_generate(int argc, char **argv) {
     uint64_t replay_cap = 0;
     gen_opts o;
     gen_opts_default(&o);
+    args_security sec = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool ok = true;
+        int so = args_security_opt(argc, argv, &i, &sec);
+        if (so < 0) return 2;
+        if (so > 0) continue;
         int g = gen_parse_opt(&o, argc, argv, &i);
         if (g < 0) return 2;
         if (g > 0) continue;
@@ -113,14 +118,22 @@ int cmd_generate(int argc, char **argv) {
         generate_usage(stderr);
         return 2;
     }
+    if (!args_security_check("generate", &sec)) return 2;
+    char *token = NULL;
+    if (sec.auth_token_file && !(token = args_read_token("generate", sec.auth_token_file))) return 2;
     char msg[KVS_MSG_MAX] = "";
     route_params rp = route_default_params();
     rp.timeout_ms = timeout_ms;
+    rp.auth = token;
+    rp.tls_cert = sec.tls_cert;
+    rp.tls_key = sec.tls_key;
+    rp.tls_ca = sec.tls_ca;
     rp.hidden_f16 = hidden_f16;
     if (replay_cap) rp.max_replay_bytes = replay_cap;
     if (verbose) rp.log = log_stderr;
     route *r = NULL;
     int err = route_open(route_spec, spare_spec, &rp, &r, msg, sizeof msg);
+    free(token); /* route_open keeps its own copy */
     if (err) {
         fprintf(stderr, "kvshard generate: %s\n", msg[0] ? msg : kvs_strerror(err));
         return 1;
