@@ -88,7 +88,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         struct wire_forward_reply m;
         if (wire_decode_forward_reply(pp, n, &m, msg, sizeof msg) == KVS_OK) {
             CANONICAL(wire_encode_forward_reply, &m, p, n);
-            if (m.out_kind != WIRE_OUTK_NONE) {
+            if (m.out_kind != WIRE_OUTK_NONE && m.out_kind != WIRE_OUTK_SAMPLE) { /* SAMPLE is not floats */
                 size_t cnt = (size_t)m.n_rows * m.n_cols;
                 float *f = malloc(cnt * sizeof *f);
                 if (f) {
