@@ -30,6 +30,29 @@
  *  5. Not thread-safe: one thread drives a route and its sessions at a time. Several sessions may
  *     share a route, one step at a time; a hop replaced while driving one session is noticed by
  *     the others at their next step (they bump their epoch and replay into it too).
+ *  6. Replay memory is bounded. Per session and position it costs 4 bytes (the token id) plus one
+ *     hidden row per hop after the head: n_embd x 4 bytes (f32, the default) or x 2 (f16,
+ *     route_params.hidden_f16 — the rows then also travel as f16, so a replay sends exactly the
+ *     bytes first sent). route_params.max_replay_bytes caps it (default 256 MiB): the route's
+ *     max_ctx is lowered to what fits, so a session past it gets CONTEXT_FULL instead of growing.
+ *     E.g. n_embd 4096, 4 hops, 2048 positions: 96 MiB in f32, 48 MiB in f16.
+ *  7. Relay (route_step with opts.relay, every hop speaking protocol v2, two hops or more): the
+ *     step goes to hop 0 only, with the rest of the route in a relay block; each shard pushes its
+ *     hidden rows to the next and the tail answers on the connection the client registered with
+ *     RELAY_LISTEN — n+1 transfers. The client then never sees the hidden rows, so its per-hop
+ *     memory is valid only up to s->hidden_valid. Any relay failure (an error answered by a
+ *     shard, a STATUS "relay: hop k (...)" from the shard that could not push, a connection
+ *     lost, no answer within timeout_ms) makes the client redo the step itself, client-driven,
+ *     from hidden_valid: hop 0 rewinds to it, every hop recomputes the rows since, a failed hop
+ *     is replaced and replayed as in note 2. Results equal an uninterrupted run because a row's
+ *     result does not depend on how rows were split into requests (note 1); the price of a
+ *     failure in relay mode is recomputing the positions since hidden_valid on every hop.
+ *     Steps that cannot be relayed (more rows than one request, a hop that needs a replay, an
+ *     address over WIRE_MAX_ADDR bytes) go client-driven.
+ *  8. Sampling (opts.sample): the tail shard runs sampler_pick with the step's settings for the
+ *     position after the step and answers the token (FORWARD out_mode SAMPLE): a reply of
+ *     8 + 8 x n_top bytes instead of n_vocab floats. The draw depends only on (seed, position)
+ *     (sampler.c note 7), so retries, replays and re-routes give the same token.
  */
 #ifndef KVS_ROUTE_H
 #define KVS_ROUTE_H
@@ -39,11 +62,13 @@
 #include <stdint.h>
 
 #include "netio.h"
+#include "sampler.h"
 #include "tokenizer.h"
 #include "wire.h"
 
 #define ROUTE_MAX_HOPS 256u                       /* hops (or spares) in one spec */
 #define ROUTE_ADDR_MAX (NETIO_HOST_MAX + 8u)      /* "host:port" text, NUL included */
+#define ROUTE_DEFAULT_REPLAY_BYTES (256ull << 20) /* replay memory per session, default cap */
 
 typedef struct route route;
 typedef struct route_session route_session;
@@ -54,11 +79,19 @@ typedef void (*route_log_fn)(void *user, const char *line);
 typedef struct {
     int64_t timeout_ms; /* connect deadline and reply deadline of every request; < 0: none */
     const char *auth;   /* HELLO auth token; NULL or "" = none; copied by route_open */
+    /* Mutual TLS 1.3 to every hop and spare when all three are set (tls.h): this client's
+     * certificate and key, and the cluster CA the shards' certificates must chain to. */
+    const char *tls_cert, *tls_key, *tls_ca;
     route_log_fn log;   /* recovery events; NULL: silent */
     void *log_user;     /* passed to log */
+    bool hidden_f16;    /* hidden states travel (and are remembered for replay) as f16: half the
+                           wire bytes and replay memory; every hop after the head must take f16.
+                           false (f32): outputs equal a one-process run bit for bit */
+    uint64_t max_replay_bytes; /* cap on one session's replay memory, bytes (design note 6);
+                                  0: ROUTE_DEFAULT_REPLAY_BYTES */
 } route_params;
 
-/* timeout_ms 30000, no auth, no log. */
+/* timeout_ms 30000, no auth, no TLS, no log, f32 hidden states, 256 MiB replay cap. */
 route_params route_default_params(void);
 
 /* One "host:port" of a spec. */
@@ -101,11 +134,14 @@ void route_close(route *r);
 typedef struct {
     uint32_t n_hops;
     uint32_t n_layer, n_embd, n_vocab;
-    uint32_t max_ctx;  /* positions per session: the smallest max_ctx of the hops */
+    uint32_t max_ctx;  /* positions per session: the smallest max_ctx of the hops, and no more than
+                          max_replay_bytes / (4 + (n_hops - 1) x n_embd x (2 or 4)) */
     uint32_t max_rows; /* rows per request: smallest max_tokens, within the payload limit */
     uint8_t model_digest[WIRE_DIGEST_SIZE];
     uint64_t bytes_sent, bytes_received; /* frame bytes exchanged with hops so far */
     uint32_t reroutes;                   /* hops replaced by spares so far */
+    uint32_t relay_steps;                /* steps completed by relay */
+    uint32_t relay_fallbacks;            /* relayed steps redone client-driven (design note 7) */
 } route_info;
 void route_get_info(const route *r, route_info *out);
 
@@ -115,7 +151,7 @@ const char *route_hop_addr(const route *r, uint32_t k);
 
 /* Builds the tokenizer from the head shard's VOCAB pages (tok_from_arrays). On success *out is
  * a new vocab owned by the caller (tok_free). KVS_ERR_UNSUPPORTED when the shard's tokenizer is
- * not "llama"; KVS_ERR_PROTOCOL for inconsistent pages; transport errors as route_open; a shard
+ * neither "llama" nor "gpt2"; KVS_ERR_PROTOCOL for inconsistent pages; transport errors as route_open; a shard
  * status as answered. *out NULL on failure; the route stays usable unless hop 0's connection
  * failed. */
 int route_fetch_vocab(route *r, tok_vocab **out, char *msg, size_t msg_cap);
@@ -137,12 +173,35 @@ int route_session_open(route *r, route_session **out, char *msg, size_t msg_cap)
 int route_forward(route *r, route_session *s, const int32_t *tokens, uint32_t n, float *logits_last,
                   char *msg, size_t msg_cap);
 
+/* How route_step drives one step. */
+typedef struct {
+    bool sample;             /* the tail samples (design note 7) into *res; else logits into logits_last */
+    sampler_params sp;       /* with sample */
+    uint32_t n_top;          /* with sample: top log-probs wanted, <= WIRE_MAX_TOP */
+    const int32_t *window;   /* with sample: penalty window; sent only when a penalty is on */
+    uint32_t n_window;       /* <= WIRE_MAX_WINDOW */
+    bool relay;              /* shard-to-shard relay (design note 7); false: client-driven. Hidden rows
+                                are pushed in the route's dtype (route_params.hidden_f16) */
+} route_step_opts;
+
+/* Logits, client-driven, f32. */
+route_step_opts route_default_step_opts(void);
+
+/* route_forward with options: with o->sample the tail's sample goes to *res (logits_last unused,
+ * may be NULL), else the logits to logits_last (res unused). Relay as in design note 7. Same
+ * failure codes as route_forward, plus KVS_ERR_UNSUPPORTED when sampling is asked of a tail that
+ * speaks protocol version 1 only, KVS_ERR_INVALID_ARG for bad options. */
+int route_step(route *r, route_session *s, const int32_t *tokens, uint32_t n, const route_step_opts *o,
+               float *logits_last, sampler_result *res, char *msg, size_t msg_cap);
+
 /* Positions the session has completed along the route. */
 uint32_t route_session_pos(const route_session *s);
 /* The session's route_session_id. */
 void route_session_id(const route_session *s, uint8_t out[WIRE_SID_SIZE]);
 /* Current epoch of the session (1 + the re-routes it went through). */
 uint64_t route_session_epoch(const route_session *s);
+/* Bytes the session's replay memory holds now (allocated): at most max_replay_bytes. */
+uint64_t route_session_replay_bytes(const route_session *s);
 
 /* Sends RELEASE for the session to every hop that holds state for it (errors ignored: a shard
  * that is gone frees it by TTL), then frees the session. NULL s is fine. */

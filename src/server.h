@@ -40,12 +40,23 @@ typedef struct {
     int kv_type;                /* QUANT_F16 or QUANT_F32 */
     size_t max_queued_bytes;    /* replies queued for a connection that is not reading them,
                                    bytes, before it is closed (default 256 MiB) */
+    /* Security (docs/security.md). */
+    const char *tls_cert, *tls_key, *tls_ca; /* all three set: mutual TLS 1.3 on every connection */
+    bool insecure;              /* allow plaintext on an address that is not loopback */
+    const char *auth_token_file; /* HELLO auth tokens accepted, one per line; NULL: tokens ignored */
+    int frame_timeout_ms;       /* a frame must be complete this long after its first byte */
+    int max_conns_per_addr;     /* open connections from one IP address */
+    int max_inflight;           /* FORWARD requests queued or running per connection; more: BUSY */
+    size_t max_buffered_bytes;  /* receive buffers + queued replies over all connections, bytes */
     srv_log_fn log;             /* NULL: silent */
     void *log_ctx;
     /* Test hook: called by the scheduler before each forward pass with the
      * number of requests in it (tests use it to order events without sleeps). */
     void (*before_batch)(void *ctx, int n_items);
     void *hook_ctx;
+    /* Test hook: the hot state's clock (TTL, tombstone age), ns; NULL: CLOCK_MONOTONIC. */
+    uint64_t (*kv_clock)(void *ctx);
+    void *kv_clock_ctx;
 } srv_params;
 
 srv_params srv_default_params(void);

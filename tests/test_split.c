@@ -12,6 +12,8 @@
  *    the gguf layer's mapped-bytes counter is 0 for part 1 and exactly the
  *    data sections of parts 2 and 3 for the others (deterministic); the
  *    process's RssFile growth is printed as a figure;
+ *  - `kvshard split` (when KVS_BIN names the CLI) writes parts that compute
+ *    the same logits;
  *  - refusals: the second part passed as the model, a missing part, a first
  *    part not named -00001-of-00003.gguf, parts that disagree.
  */
@@ -129,6 +131,53 @@ int main(void) {
     }
     CHECK_EQ_INT(sum, n_tensors);
 
+    /* The first part carries the source's metadata entry for entry
+     * (gguf_writer_copy_kv), then the three split keys. */
+    gguf_ctx *p1 = NULL;
+    CHECK_EQ_INT(gguf_open(part[0], &p1, msg, sizeof(msg)), KVS_OK);
+    if (p1) {
+        CHECK_EQ_INT(gguf_n_kv(p1), gguf_n_kv(src) + 3);
+        int same = 1;
+        for (uint64_t i = 0; i < gguf_n_kv(src); i++) {
+            const gguf_kv *a = gguf_kv_at(src, i), *b = gguf_kv_at(p1, i);
+            same &= a->key.len == b->key.len && !memcmp(a->key.ptr, b->key.ptr, a->key.len) && a->type == b->type;
+            if (!same) break;
+            if (a->type == GGUF_VT_STRING) same &= a->str.len == b->str.len && !memcmp(a->str.ptr, b->str.ptr, a->str.len);
+            else if (a->type == GGUF_VT_ARRAY && a->arr_type == GGUF_VT_STRING)
+                for (uint64_t k = 0; k < a->arr_n && same; k++)
+                    same &= a->arr_strs[k].len == b->arr_strs[k].len &&
+                            !memcmp(a->arr_strs[k].ptr, b->arr_strs[k].ptr, a->arr_strs[k].len);
+            else if (a->type == GGUF_VT_ARRAY)
+                same &= a->arr_type == b->arr_type && a->arr_n == b->arr_n &&
+                        !memcmp(a->arr_data, b->arr_data, a->arr_n * gguf_vtype_size(a->arr_type));
+            else same &= a->val.u == b->val.u || (a->type == GGUF_VT_F32 && a->val.f == b->val.f);
+        }
+        CHECK(same);
+        gguf_close(p1);
+    }
+
+    /* Header-only open: same tables, no data until gguf_map_data, then the same bytes. */
+    gguf_ctx *h = NULL;
+    CHECK_EQ_INT(gguf_open_header(whole_path, &h, msg, sizeof(msg)), KVS_OK);
+    if (h) {
+        CHECK_EQ_INT(gguf_n_tensors(h), n_tensors);
+        CHECK_EQ_INT(gguf_mapped_data_bytes(h), 0);
+        CHECK(gguf_tensor_at(h, 0)->data == NULL);
+        gguf_str an;
+        CHECK_EQ_INT(gguf_get_str(h, "general.architecture", &an), KVS_OK);
+        CHECK(gguf_str_eq(an, "llama"));
+        CHECK_EQ_INT(gguf_map_data(h, msg, sizeof(msg)), KVS_OK);
+        CHECK_EQ_INT(gguf_mapped_data_bytes(h), gguf_mapped_data_bytes(src));
+        int same = 1;
+        for (uint64_t i = 0; i < n_tensors; i++) {
+            const gguf_tensor *a = gguf_tensor_at(src, i), *b = gguf_tensor_at(h, i);
+            same &= a->size == b->size && b->data && !memcmp(a->data, b->data, a->size);
+        }
+        CHECK(same);
+        CHECK_EQ_INT(gguf_map_data(h, msg, sizeof(msg)), KVS_OK); /* a second call changes nothing */
+        gguf_close(h);
+    }
+
     /* The split model computes exactly what the whole file computes. */
     engine *w = open_range(whole_path, 0, 0), *s = open_range(part[0], 0, 0);
     CHECK(w && s);
@@ -173,9 +222,29 @@ int main(void) {
     engine_close(head);
     engine_close(tail);
     engine_close(w);
-    free(lw);
     free(ls);
     free(lht);
+
+    /* The CLI writes the same layout: `kvshard split --parts 2`, then the
+     * first part computes the whole file's logits. */
+    const char *bin = getenv("KVS_BIN");
+    if (bin && access(bin, X_OK) == 0) {
+        char cmd[1200], cli_prefix[256], cli_first[300];
+        snprintf(cli_prefix, sizeof(cli_prefix), "%s/cli", dir);
+        snprintf(cmd, sizeof(cmd), "'%s' split -m '%s' --parts 2 -o '%s' > /dev/null", bin, whole_path, cli_prefix);
+        CHECK_EQ_INT(system(cmd), 0);
+        CHECK(gguf_split_path(cli_first, sizeof(cli_first), cli_prefix, 0, 2));
+        engine *c = open_range(cli_first, 0, 0);
+        float *lc = logits_of(c, NULL, 3);
+        CHECK(lw && lc && memcmp(lw, lc, 7 * (size_t)nv * sizeof(float)) == 0);
+        free(lc);
+        engine_close(c);
+        unlink(cli_first);
+        CHECK(gguf_split_path(cli_first, sizeof(cli_first), cli_prefix, 1, 2));
+        unlink(cli_first);
+    } else {
+        printf("note: KVS_BIN is not set; the `kvshard split` check is skipped\n");
+    }
 
     printf("refusals:\n");
     expect_open_fails(part[1], KVS_ERR_FORMAT, "is part 2 of 3 of a split model; pass the first part");
@@ -202,6 +271,7 @@ int main(void) {
     CHECK_EQ_INT(gguf_split_write(src, part_of, 0, prefix2, msg, sizeof(msg)), KVS_ERR_INVALID_ARG);
 
     gguf_close(src);
+    free(lw);
     free(part_of);
     unlink(other);
     for (int i = 0; i < 3; i++) unlink(part[i]);
