@@ -57,6 +57,9 @@ struct srv_job {
     atomic_bool cancel;
     int status;
     kv_reply reply;
+    srv_job *after;         /* an earlier request of this connection on this session still in the
+                               list: this one waits for it (arrival order); NULL: none */
+    int n_after_me;         /* requests whose `after` is this one */
     srv_job *next;          /* scheduler list */
     /* v2 (docs/protocol.md §4.3): tail sampling and relay */
     bool sample;            /* out_mode SAMPLE: out holds the last row's logits, answer a token */
@@ -101,6 +104,7 @@ struct srv_conn {
     atomic_int inflight;         /* FORWARD jobs queued or running */
     size_t rx_held;              /* bytes of s->buffered held by the frame being handled */
     size_t rx_cap;               /* bytes of the receive buffer, as counted in s->rx_capacity */
+    int n_running;               /* admitted (pinned) requests of this connection; guarded by s->mu */
 };
 
 struct srv {
@@ -390,6 +394,20 @@ static void send_forward_reply(srv_job *j) {
 
 /* ---- scheduler -------------------------------------------------------------- */
 
+static bool same_sid(const kv_sid *a, const kv_sid *b) { return memcmp(a->bytes, b->bytes, sizeof(a->bytes)) == 0; }
+
+/* Appends j to the scheduler list (s->mu held), ordered after the latest earlier request of its
+ * connection on its session. */
+static void jobs_append(srv *s, srv_job *j) {
+    j->after = NULL;
+    for (srv_job *e = s->jobs; e; e = e->next)
+        if (e->conn == j->conn && same_sid(&e->sid, &j->sid)) j->after = e;
+    if (j->after) j->after->n_after_me++;
+    if (s->jobs_tail) s->jobs_tail->next = j;
+    else s->jobs = j;
+    s->jobs_tail = j;
+}
+
 static void jobs_remove(srv *s, srv_job *j) {
     srv_job **pp = &s->jobs, *prev = NULL;
     while (*pp && *pp != j) {
@@ -400,6 +418,15 @@ static void jobs_remove(srv *s, srv_job *j) {
     *pp = j->next;
     if (s->jobs_tail == j) s->jobs_tail = prev;
     j->next = NULL;
+    /* Requests ordered after j now wait for what j waited for (j may go early: cancelled). */
+    if (j->after) j->after->n_after_me--;
+    for (srv_job *x = s->jobs; x && j->n_after_me > 0; x = x->next)
+        if (x->after == j) {
+            x->after = j->after;
+            if (x->after) x->after->n_after_me++;
+            j->n_after_me--;
+        }
+    j->after = NULL;
 }
 
 /* Finishes the jobs on `done` (reply, release the connection reference). Called without s->mu. */
@@ -416,15 +443,6 @@ static void finish_jobs(srv_job *done) {
     }
 }
 
-static bool same_sid(const kv_sid *a, const kv_sid *b) { return memcmp(a->bytes, b->bytes, sizeof(a->bytes)) == 0; }
-
-/* True when an earlier request of j's connection on j's session is still in the list: requests
- * on one session from one connection take effect in arrival order. */
-static bool job_waits_for_earlier(const srv *s, const srv_job *j) {
-    for (const srv_job *e = s->jobs; e && e != j; e = e->next)
-        if (e->conn == j->conn && same_sid(&e->sid, &j->sid)) return true;
-    return false;
-}
 
 /* Cuts the rows of this step's items (batch[i] is item i's request): a decode step (1 row
  * left) runs whole; the prefills share `chunk` rows fairly — each gets chunk / n_prefills (at
@@ -456,6 +474,7 @@ static void *sched_main(void *arg) {
     const model *m = e->m;
     size_t d = m->hp.n_embd;
     int max_batch = s->p.max_batch > 0 ? s->p.max_batch : 1;
+    int per_conn = max_batch > 1 ? max_batch / 2 : 1; /* admitted requests per connection */
     fwd_item *items = calloc((size_t)max_batch, sizeof(fwd_item));
     srv_job **batch = calloc((size_t)max_batch, sizeof(srv_job *));
     uint64_t last_sweep = kvs_now_ns();
@@ -484,7 +503,10 @@ static void *sched_main(void *arg) {
         for (srv_job *j = s->jobs, *next; j; j = next) {
             next = j->next;
             if (atomic_load(&j->cancel)) {
-                if (j->state == JOB_RUNNING) kv_abort(e->kv, j->txn, true);
+                if (j->state == JOB_RUNNING) {
+                    kv_abort(e->kv, j->txn, true);
+                    j->conn->n_running--;
+                }
                 j->reply.n_past = 0;
                 kv_lookup(e->kv, &j->sid, &j->reply.live_epoch, &j->reply.n_past);
                 j->status = KVS_ERR_CANCELLED;
@@ -493,7 +515,7 @@ static void *sched_main(void *arg) {
                 done = j;
                 continue;
             }
-            if (j->state == JOB_QUEUED && job_waits_for_earlier(s, j)) continue;
+            if (j->state == JOB_QUEUED && j->after) continue; /* arrival order on a session (jobs_append) */
             if (j->op != WIRE_OP_FORWARD) { /* a TRUNCATE / RELEASE whose turn has come */
                 j->status = j->op == WIRE_OP_TRUNCATE ? kv_truncate(e->kv, &j->sid, j->epoch, j->truncate_len, &j->reply)
                                                       : kv_release(e->kv, &j->sid, j->epoch, &j->reply);
@@ -503,6 +525,10 @@ static void *sched_main(void *arg) {
                 continue;
             }
             if (j->state == JOB_QUEUED) {
+                /* At most max_batch requests are admitted, so every admitted one is in every step;
+                 * one connection holds at most half of them, so a client that floods the queue
+                 * cannot pin the pool and keep the others out (they are admitted in turn). */
+                if (running >= max_batch || j->conn->n_running >= per_conn) continue;
                 if (admission_waits) continue;
                 j->status = kv_begin(e->kv, &j->sid, j->epoch, j->start_pos, j->n, j->inherit ? &j->inh : NULL,
                                      &j->txn, &j->reply);
@@ -518,6 +544,7 @@ static void *sched_main(void *arg) {
                     continue;
                 }
                 j->state = JOB_RUNNING;
+                j->conn->n_running++;
                 running++;
             }
             if (n_items >= max_batch) continue;
@@ -568,6 +595,7 @@ static void *sched_main(void *arg) {
                 }
                 j->status = st;
                 j->state = JOB_DONE;
+                j->conn->n_running--;
                 jobs_remove(s, j);
                 j->next = done;
                 done = j;
@@ -598,6 +626,7 @@ static void *sched_main(void *arg) {
 static void conn_unref(srv_conn *c) {
     if (atomic_fetch_sub(&c->refs, 1) != 1) return;
     srv *s = c->s;
+    atomic_fetch_sub(&s->buffered, c->out_bytes); /* before n_conns drops: srv_free may follow */
     pthread_mutex_lock(&s->mu);
     srv_conn **pp = &s->conns;
     while (*pp && *pp != c) pp = &(*pp)->next;
@@ -605,7 +634,6 @@ static void conn_unref(srv_conn *c) {
     s->n_conns--;
     pthread_mutex_unlock(&s->mu);
     netio_close(c->fd);
-    atomic_fetch_sub(&s->buffered, c->out_bytes);
     out_free_all(c->out_head); /* replies queued after the writer stopped */
     pthread_mutex_destroy(&c->write_lock);
     pthread_cond_destroy(&c->write_cv);
@@ -768,9 +796,7 @@ static int handle_forward(srv_conn *c, uint64_t rid, const uint8_t *payload, siz
     if (!target) atomic_fetch_add(&c->refs, 1);
     atomic_fetch_add(&j->conn->inflight, 1);
     pthread_mutex_lock(&s->mu);
-    if (s->jobs_tail) s->jobs_tail->next = j;
-    else s->jobs = j;
-    s->jobs_tail = j;
+    jobs_append(s, j);
     s->c_requests++;
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
@@ -1001,9 +1027,7 @@ static void handle_truncate_release(srv_conn *c, const struct wire_header *h, co
             atomic_init(&j->cancel, false);
             atomic_fetch_add(&c->refs, 1);
             atomic_fetch_add(&c->inflight, 1);
-            if (s->jobs_tail) s->jobs_tail->next = j;
-            else s->jobs = j;
-            s->jobs_tail = j;
+            jobs_append(s, j);
             pthread_cond_signal(&s->cv);
         }
         pthread_mutex_unlock(&s->mu);
