@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages kvshard needs, only when one is missing.
 set -euo pipefail
-pkgs=(build-essential cmake git libcjson-dev libsodium-dev clang libclang-rt-14-dev)
+pkgs=(build-essential cmake git libcjson-dev libsodium-dev libmicrohttpd-dev clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

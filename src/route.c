@@ -570,6 +570,12 @@ void route_session_id(const route_session *s, uint8_t out[WIRE_SID_SIZE]) { memc
 
 uint64_t route_session_epoch(const route_session *s) { return s ? s->epoch : 0; }
 
+int route_session_rewind(route_session *s, uint32_t pos) {
+    if (!s || pos > s->pos) return KVS_ERR_INVALID_ARG;
+    s->pos = pos; /* I1 still holds: the inputs of [0, pos) stay remembered */
+    return KVS_OK;
+}
+
 /* Grows the per-hop input memory to hold `rows` positions. */
 static int session_reserve(route_session *s, uint32_t rows) {
     if (rows <= s->cap) return KVS_OK;

@@ -14,6 +14,7 @@ static void usage(FILE *f) {
             "  serve    serve a layer range of a model as a shard over TCP\n"
             "  generate generate text by driving a route of shards (no weights needed)\n"
             "  stats    print a running shard's identity and counters (JSON)\n"
+            "  api      an OpenAI-compatible HTTP server over a route or one model\n"
             "  bench    measure prefill/decode speed and memory bandwidth (JSON)\n"
             "  inspect  print a GGUF file's metadata and tensor table\n"
             "  mkmodel  write a llama GGUF with seeded random weights\n"
@@ -29,7 +30,7 @@ int main(int argc, char **argv) {
     static const struct { const char *name; int (*fn)(int, char **); } cmds[] = {
         {"run", cmd_run},         {"logits", cmd_logits},   {"bench", cmd_bench},
         {"inspect", cmd_inspect}, {"mkmodel", cmd_mkmodel}, {"serve", cmd_serve},
-        {"generate", cmd_generate}, {"stats", cmd_stats},
+        {"generate", cmd_generate}, {"stats", cmd_stats},     {"api", cmd_api},
     };
     for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
         if (!strcmp(argv[1], cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
