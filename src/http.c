@@ -39,7 +39,9 @@ typedef struct {
     enum http_endpoint ep;
     char *body;        /* (len) bytes received so far, NUL-terminated */
     size_t len, cap;
-    bool answered;     /* a response was queued early (413) */
+    uint64_t seen;     /* body bytes received, kept or not */
+    bool too_large;    /* the body passed max_body_bytes: discarded, answered 413 at its end */
+    bool answered;     /* a response was queued before the body ended (413) */
 } conn_req;
 
 typedef struct {
@@ -310,7 +312,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         size_t n = *upload_size;
         *upload_size = 0;
         if (cr->answered) return MHD_YES;
-        if (cr->len + n > h->p.max_body_bytes) return too_large(h, c, cr);
+        cr->seen += n;
+        /* Past the limit the rest is read and dropped, so the client reads the 413 instead of a
+         * reset; a body far past it is cut short (the connection closes after the 413). */
+        if (cr->seen > h->p.max_body_bytes) cr->too_large = true;
+        if (cr->seen > (uint64_t)h->p.max_body_bytes * 8) return too_large(h, c, cr);
+        if (cr->too_large) return MHD_YES;
         if (cr->len + n + 1 > cr->cap) {
             size_t nc = cr->cap ? cr->cap * 2 : 4096;
             while (nc < cr->len + n + 1) nc *= 2;
@@ -325,6 +332,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     if (cr->answered) return MHD_YES;
+    if (cr->too_large) return too_large(h, c, cr);
     const bool post = !strcmp(method, "POST"), get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
     http_err e;
     switch (cr->ep) {
