@@ -4,7 +4,7 @@
 # libFuzzer targets for a short bounded run each (clang).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/deps.sh
+bash scripts/deps.sh --test
 jobs="$(nproc)"
 export KVS_SHARED_DIR="${KVS_SHARED_DIR:-$(cd .. && pwd)/shared}"
 
@@ -19,10 +19,10 @@ cmake --build build-asan -j"$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
    ctest --output-on-failure -j"$jobs")
 
-echo "== TSan build: concurrency tests (hot state, in-process server, multi-process routes, API)"
+echo "== TSan build: concurrency tests (hot state, in-process server, multi-process routes, API, HTTP server)"
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DKVS_SANITIZE=thread >/dev/null
 cmake --build build-tsan -j"$jobs"
-(cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j"$jobs" -L 'kvstate|server|route|api')
+(cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j"$jobs" -L 'kvstate|server|route|api|http$')
 
 echo "== fuzz targets (clang libFuzzer), ${FUZZ_SECONDS:-20}s each"
 CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DKVS_FUZZ=ON >/dev/null
