@@ -70,18 +70,29 @@ static void swiglu_task(void *p, int64_t t0, int64_t t1, int slot) {
     for (int64_t t = t0; t < t1; t++) ops_swiglu(c->gate + (size_t)t * f, c->up + (size_t)t * f, f);
 }
 
-/* Rope on q and k, then K/V into the session's blocks at the token's position. */
+static void add_bias(float *x, const float *b, int n) {
+    for (int i = 0; i < n; i++) x[i] += b[i];
+}
+
+/* Biases (where the architecture has them) and rope on q and k, then K/V
+ * into the session's blocks at the token's position. */
 static void rope_store_task(void *p, int64_t t0, int64_t t1, int slot) {
     (void)slot;
     fwd_run_ctx *c = p;
     const model_hparams *hp = &c->m->hp;
+    const model_layer *L = &c->m->layers[c->layer];
+    void (*rope)(float *, int, int, int, int32_t, const float *) =
+        hp->arch->rope_style == ARCH_ROPE_NEOX ? ops_rope_neox : ops_rope;
     int kv_dim = (int)(hp->n_head_kv * hp->head_dim), q_dim = (int)(hp->n_head * hp->head_dim);
     bool f16 = kv_get_params(c->kv)->kv_type == QUANT_F16;
     for (int64_t t = t0; t < t1; t++) {
         float *q = c->q + (size_t)t * (size_t)q_dim, *k = c->k + (size_t)t * (size_t)kv_dim;
-        const float *v = c->v + (size_t)t * (size_t)kv_dim;
-        ops_rope(q, (int)hp->n_head, (int)hp->head_dim, (int)hp->n_rot, c->tok_pos[t], c->m->rope_inv_freq);
-        ops_rope(k, (int)hp->n_head_kv, (int)hp->head_dim, (int)hp->n_rot, c->tok_pos[t], c->m->rope_inv_freq);
+        float *v = c->v + (size_t)t * (size_t)kv_dim;
+        if (L->bq) add_bias(q, L->bq, q_dim);
+        if (L->bk) add_bias(k, L->bk, kv_dim);
+        if (L->bv) add_bias(v, L->bv, kv_dim);
+        rope(q, (int)hp->n_head, (int)hp->head_dim, (int)hp->n_rot, c->tok_pos[t], c->m->rope_inv_freq);
+        rope(k, (int)hp->n_head_kv, (int)hp->head_dim, (int)hp->n_rot, c->tok_pos[t], c->m->rope_inv_freq);
         kv_txn *txn = c->items[c->tok_item[t]].txn;
         void *kd = kv_txn_k(txn, c->layer, (uint32_t)c->tok_pos[t]);
         void *vd = kv_txn_v(txn, c->layer, (uint32_t)c->tok_pos[t]);
@@ -180,6 +191,8 @@ static void layer_forward(fwd_run_ctx *c, int l) {
     run_tokens(c, rope_store_task);
     ops_parallel_for(c->pool, (int64_t)T * hp->n_head_kv, 1, attention_task, c);
     ops_matmul(c->pool, &L->wo, c->att, T, c->xb, d, c->act);
+    if (L->bo)
+        for (int t = 0; t < T; t++) add_bias(c->xb + (size_t)t * (size_t)d, L->bo, (int)d);
     for (size_t i = 0; i < (size_t)T * (size_t)d; i++) c->x[i] += c->xb[i];
     run_tokens(c, ffn_norm_task);
     const ops_weight *gu[2] = {&L->w_gate, &L->w_up};

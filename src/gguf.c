@@ -95,9 +95,13 @@ static gguf_str tensor_name_of(const void *entries, uint32_t i) {
 /* reader                                                                    */
 
 struct gguf_ctx {
-    const uint8_t *base; /* mapping or caller buffer */
-    uint64_t size;       /* bytes */
+    const uint8_t *base; /* mapping or caller buffer; header-only: a malloc'd copy of [0, data_offset) */
+    uint64_t size;       /* bytes of the file (header-only: base holds fewer) */
     bool mapped;         /* base came from mmap (unmap on close) */
+    bool header_only;    /* opened by gguf_open_header: base is owned heap memory */
+    int fd;              /* header-only until gguf_map_data: the open file, else -1 */
+    void *data_map;      /* header-only after gguf_map_data: mapping of the data section */
+    size_t data_map_len; /* bytes of data_map */
     uint32_t version;
     uint64_t alignment;   /* bytes, power of two */
     uint64_t data_offset; /* file offset of the data section */
@@ -462,6 +466,9 @@ static void ctx_free(gguf_ctx *g) {
     free(g->kv_ix.slots);
     free(g->tensor_ix.slots);
     if (g->mapped && g->size > 0) munmap((void *)g->base, (size_t)g->size);
+    if (g->header_only) free((void *)g->base);
+    if (g->data_map) munmap(g->data_map, g->data_map_len);
+    if (g->fd >= 0) close(g->fd);
     free(g);
 }
 
@@ -471,6 +478,7 @@ int gguf_open_buffer(const void *data, size_t size, gguf_ctx **out, char *msg, s
     if (!data && size > 0) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "NULL buffer");
     gguf_ctx *g = calloc(1, sizeof *g);
     if (!g) return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
+    g->fd = -1;
     g->base = data;
     g->size = size;
     int rc = parse(g, msg, msg_cap);
@@ -482,52 +490,143 @@ int gguf_open_buffer(const void *data, size_t size, gguf_ctx **out, char *msg, s
     return KVS_OK;
 }
 
-int gguf_open(const char *path, gguf_ctx **out, char *msg, size_t msg_cap) {
-    if (!out || !path) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "NULL argument");
-    *out = NULL;
+/* Opens path and maps the whole file read-only (the descriptor is closed: the
+ * mapping keeps the file). */
+static int map_file(const char *path, void **map_out, size_t *size_out, char *msg, size_t msg_cap) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return kvs_fail(msg, msg_cap, KVS_ERR_IO, "%s: %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
+    int rc = KVS_OK;
+    if (fstat(fd, &st) != 0) rc = kvs_fail(msg, msg_cap, KVS_ERR_IO, "%s: %s", path, strerror(errno));
+    else if (!S_ISREG(st.st_mode)) rc = kvs_fail(msg, msg_cap, KVS_ERR_IO, "%s: not a regular file", path);
+    else if (st.st_size < 24)
+        rc = kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "%s: too small for a GGUF header (%lld bytes)", path,
+                      (long long)st.st_size);
+    else if ((uint64_t)st.st_size > SIZE_MAX) rc = kvs_fail(msg, msg_cap, KVS_ERR_TOO_LARGE, "%s: too large to map", path);
+    if (rc) {
         close(fd);
-        return kvs_fail(msg, msg_cap, KVS_ERR_IO, "%s: %s", path, strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return kvs_fail(msg, msg_cap, KVS_ERR_IO, "%s: not a regular file", path);
-    }
-    if (st.st_size < 24) {
-        close(fd);
-        return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "%s: too small for a GGUF header (%lld bytes)", path,
-                        (long long)st.st_size);
-    }
-    if ((uint64_t)st.st_size > SIZE_MAX) {
-        close(fd);
-        return kvs_fail(msg, msg_cap, KVS_ERR_TOO_LARGE, "%s: too large to map", path);
+        return rc;
     }
     size_t size = (size_t)st.st_size;
     void *map = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
     int e = errno;
-    close(fd); /* the mapping keeps the file */
-    if (map == MAP_FAILED) return kvs_fail(msg, msg_cap, KVS_ERR_IO, "%s: mmap: %s", path, strerror(e));
+    if (map == MAP_FAILED) {
+        close(fd);
+        return kvs_fail(msg, msg_cap, KVS_ERR_IO, "%s: mmap: %s", path, strerror(e));
+    }
+    close(fd);
+    *map_out = map;
+    *size_out = size;
+    return KVS_OK;
+}
+
+int gguf_open(const char *path, gguf_ctx **out, char *msg, size_t msg_cap) {
+    if (!out || !path) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "NULL argument");
+    *out = NULL;
+    void *map = NULL;
+    size_t size = 0;
+    int rc = map_file(path, &map, &size, msg, msg_cap);
+    if (rc) return rc;
     gguf_ctx *g = calloc(1, sizeof *g);
     if (!g) {
         munmap(map, size);
         return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
     }
+    g->fd = -1;
     g->base = map;
     g->size = size;
     g->mapped = true;
     char inner[KVS_MSG_MAX];
     inner[0] = '\0';
-    int rc = parse(g, inner, sizeof inner);
+    rc = parse(g, inner, sizeof inner);
     if (rc) {
         ctx_free(g);
         return kvs_fail(msg, msg_cap, rc, "%s: %s", path, inner);
     }
     *out = g;
     return KVS_OK;
+}
+
+/* Moves a pointer into [old, old + n) to the same offset in neu. */
+static const void *rebase(const void *p, const uint8_t *old, const uint8_t *neu) {
+    return p ? neu + ((const uint8_t *)p - old) : NULL;
+}
+
+int gguf_open_header(const char *path, gguf_ctx **out, char *msg, size_t msg_cap) {
+    if (!out || !path) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "NULL argument");
+    *out = NULL;
+    gguf_ctx *g = NULL;
+    int fd = -1;
+    int rc = gguf_open(path, &g, msg, msg_cap);
+    if (rc) return rc;
+    /* Reopen for gguf_map_data: the descriptor pins this very file. */
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    uint64_t keep = g->data_offset < g->size ? g->data_offset : g->size;
+    uint8_t *copy = fd >= 0 ? malloc(keep ? (size_t)keep : 1) : NULL;
+    if (!copy) {
+        rc = fd < 0 ? kvs_fail(msg, msg_cap, KVS_ERR_IO, "%s: %s", path, strerror(errno))
+                    : kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
+        if (fd >= 0) close(fd);
+        gguf_close(g);
+        return rc;
+    }
+    /* Everything the context hands out lies in the header: copy it and
+     * point strings and names at the copy, then drop the mapping. */
+    const uint8_t *old = g->base;
+    memcpy(copy, old, (size_t)keep);
+    for (uint64_t i = 0; i < g->n_kv; i++) {
+        gguf_kv *kv = &g->kvs[i];
+        kv->key.ptr = rebase(kv->key.ptr, old, copy);
+        kv->str.ptr = rebase(kv->str.ptr, old, copy);
+        kv->arr_data = rebase(kv->arr_data, old, copy);
+        if (kv->arr_strs)
+            for (uint64_t k = 0; k < kv->arr_n; k++) {
+                gguf_str *sk = (gguf_str *)&kv->arr_strs[k];
+                sk->ptr = rebase(sk->ptr, old, copy);
+            }
+    }
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        g->tensors[i].name.ptr = rebase(g->tensors[i].name.ptr, old, copy);
+        g->tensors[i].data = NULL;
+    }
+    munmap((void *)g->base, (size_t)g->size);
+    g->base = copy;
+    g->mapped = false;
+    g->header_only = true;
+    g->fd = fd;
+    *out = g;
+    return KVS_OK;
+}
+
+int gguf_map_data(gguf_ctx *g, char *msg, size_t msg_cap) {
+    if (!g->header_only || g->data_map || g->fd < 0) return KVS_OK; /* data already reachable */
+    if (g->data_offset >= g->size) { /* no data section: no tensors (the reader checked) */
+        close(g->fd);
+        g->fd = -1;
+        return KVS_OK;
+    }
+    struct stat st;
+    if (fstat(g->fd, &st) != 0 || (uint64_t)st.st_size != g->size)
+        return kvs_fail(msg, msg_cap, KVS_ERR_IO, "the file changed size since its header was read");
+    long page = sysconf(_SC_PAGESIZE);
+    uint64_t pg = page > 0 ? (uint64_t)page : 4096;
+    uint64_t start = g->data_offset / pg * pg;
+    size_t len = (size_t)(g->size - start);
+    void *map = mmap(NULL, len, PROT_READ, MAP_SHARED, g->fd, (off_t)start);
+    if (map == MAP_FAILED) return kvs_fail(msg, msg_cap, KVS_ERR_IO, "mmap of the tensor data: %s", strerror(errno));
+    const uint8_t *data = (const uint8_t *)map + (g->data_offset - start);
+    for (uint64_t i = 0; i < g->n_tensors; i++) g->tensors[i].data = data + g->tensors[i].offset;
+    g->data_map = map;
+    g->data_map_len = len;
+    close(g->fd);
+    g->fd = -1;
+    return KVS_OK;
+}
+
+uint64_t gguf_mapped_data_bytes(const gguf_ctx *g) {
+    if (g->data_offset >= g->size) return 0;
+    if (g->header_only && !g->data_map) return 0;
+    return g->size - g->data_offset;
 }
 
 void gguf_close(gguf_ctx *ctx) { ctx_free(ctx); }
@@ -848,6 +947,39 @@ int gguf_writer_set_arr_f32(gguf_writer *w, const char *key, const float *v, uin
 }
 int gguf_writer_set_arr_i32(gguf_writer *w, const char *key, const int32_t *v, uint64_t n) {
     return gguf_writer_set_arr(w, key, GGUF_VT_I32, v, n);
+}
+
+int gguf_writer_copy_kv(gguf_writer *w, const gguf_kv *kv) {
+    if (!w || !kv || kv->key.len == 0 || kv->key.len > GGUF_MAX_KEY_LEN || memchr(kv->key.ptr, 0, kv->key.len))
+        return KVS_ERR_INVALID_ARG;
+    char *key = malloc(kv->key.len + 1);
+    if (!key) return KVS_ERR_NOMEM;
+    memcpy(key, kv->key.ptr, kv->key.len);
+    key[kv->key.len] = '\0';
+    bytebuf b = {0};
+    if (kv->type == GGUF_VT_STRING) {
+        bb_str(&b, kv->str.ptr, kv->str.len);
+    } else if (kv->type == GGUF_VT_ARRAY) {
+        /* The source bytes are already the little-endian encoding. */
+        bb_u32(&b, (uint32_t)kv->arr_type);
+        bb_u64(&b, kv->arr_n);
+        if (kv->arr_type == GGUF_VT_STRING)
+            for (uint64_t i = 0; i < kv->arr_n && !b.oom; i++) bb_str(&b, kv->arr_strs[i].ptr, kv->arr_strs[i].len);
+        else
+            bb_put(&b, kv->arr_data, (size_t)(gguf_vtype_size(kv->arr_type) * kv->arr_n));
+    } else {
+        uint8_t raw[8];
+        switch (kv->type) {
+        case GGUF_VT_F32: kvs_wr_f32(raw, (float)kv->val.f); break;
+        case GGUF_VT_F64: { uint64_t u; memcpy(&u, &kv->val.f, 8); kvs_wr_u64(raw, u); break; }
+        case GGUF_VT_BOOL: raw[0] = kv->val.b ? 1 : 0; break;
+        default: kvs_wr_u64(raw, kv->val.u); break; /* integers: the low bytes, little-endian */
+        }
+        bb_put(&b, raw, gguf_vtype_size(kv->type));
+    }
+    int rc = key_ok(w, key) ? set_encoded(w, key, kv->type, &b) : (free(b.p), KVS_ERR_INVALID_ARG);
+    free(key);
+    return rc;
 }
 
 /* Validates and appends a tensor entry (data not yet attached). */

@@ -84,6 +84,21 @@ int gguf_open_buffer(const void *data, size_t size, gguf_ctx **out, char *msg, s
 /* Unmaps and frees; NULL is fine. */
 void gguf_close(gguf_ctx *ctx);
 
+/* Like gguf_open (same checks), but keeps only a heap copy of the header
+ * (metadata and tensor table): no byte of the data section stays mapped, and
+ * every tensor's data is NULL until gguf_map_data(). The file stays open. */
+int gguf_open_header(const char *path, gguf_ctx **out, char *msg, size_t msg_cap);
+/* Maps the data section of a context from gguf_open_header and sets every
+ * tensor's data; a no-op (KVS_OK) when the data is already reachable.
+ * KVS_ERR_IO when the file changed size since the header was read or mmap
+ * fails (the context is unchanged). Changes the context: call it before the
+ * context is shared between threads. */
+int gguf_map_data(gguf_ctx *ctx, char *msg, size_t msg_cap);
+/* Bytes of the data section (tensor data) currently mapped: the whole data
+ * section for gguf_open / gguf_open_buffer, 0 for gguf_open_header until
+ * gguf_map_data. */
+uint64_t gguf_mapped_data_bytes(const gguf_ctx *ctx);
+
 uint32_t gguf_version(const gguf_ctx *ctx);
 uint64_t gguf_alignment(const gguf_ctx *ctx);
 uint64_t gguf_file_size(const gguf_ctx *ctx);
@@ -115,6 +130,60 @@ const gguf_tensor *gguf_find_tensor(const gguf_ctx *ctx, const char *name); /* N
 const char *gguf_vtype_name(enum gguf_vtype t);
 /* Bytes of one element of a numeric/bool type; 0 for STRING/ARRAY/unknown. */
 size_t gguf_vtype_size(enum gguf_vtype t);
+
+/* --- split files ---------------------------------------------------------- */
+/*
+ * A model stored in parts NAME-00001-of-0000N.gguf ... NAME-0000N-of-0000N.gguf
+ * (llama.cpp's gguf-split layout): every part is a valid GGUF with the keys
+ * split.no (0-based part index), split.count (N) and split.tensors.count
+ * (tensors over all parts); the first part holds the model's metadata, each
+ * tensor lives in exactly one part.
+ *
+ * gguf_set_open() takes any file. A file without split.count (or with
+ * split.count 1) is one part opened with gguf_open — exactly as before. For a
+ * split model it reads the headers of every part but maps no tensor data:
+ * gguf_set_map_tensor() maps the data section of the part holding a tensor on
+ * first use, so a shard maps only the parts that hold what it owns.
+ */
+#define GGUF_SPLIT_MAX_PARTS 9999u
+
+typedef struct gguf_set gguf_set;
+
+/* Opens path (a single file, or the first part of a split model, whose other
+ * parts are found by name beside it). Refused (KVS_ERR_FORMAT, message says
+ * which part and why): path is not part 1, a part is missing, a part's
+ * split.no / split.count / split.tensors.count disagree, a tensor is in two
+ * parts, the tensor counts do not add up. *out owned by the caller. */
+int gguf_set_open(const char *path, gguf_set **out, char *msg, size_t msg_cap);
+void gguf_set_close(gguf_set *set); /* NULL is fine */
+/* The first part: the model's metadata. Valid until gguf_set_close. */
+const gguf_ctx *gguf_set_meta(const gguf_set *set);
+uint32_t gguf_set_n_parts(const gguf_set *set);
+const gguf_ctx *gguf_set_part(const gguf_set *set, uint32_t i); /* NULL past the end */
+/* The tensor called name in whichever part holds it (its data is NULL while
+ * that part is unmapped), or NULL; *part (may be NULL) gets the part index. */
+const gguf_tensor *gguf_set_find_tensor(const gguf_set *set, const char *name, uint32_t *part);
+/* Like find, then maps the part's data (gguf_map_data) so that (*out)->data
+ * is valid. KVS_ERR_NOT_FOUND (*out NULL) when absent; KVS_ERR_IO from mapping. */
+int gguf_set_map_tensor(gguf_set *set, const char *name, const gguf_tensor **out, char *msg, size_t msg_cap);
+/* Sum of gguf_mapped_data_bytes over the parts. */
+uint64_t gguf_set_mapped_data_bytes(const gguf_set *set);
+
+/* Writes src as n_parts parts PREFIX-00001-of-0000N.gguf ...: tensor i goes
+ * to part part_of[i] (< n_parts; tensors keep their order inside a part),
+ * the first part gets all of src's metadata, every part the split.* keys
+ * (and general.alignment when src sets it). src's tensor data must be
+ * mapped. KVS_ERR_INVALID_ARG for n_parts out of [1, GGUF_SPLIT_MAX_PARTS], a
+ * part index out of range or a part left without tensors; KVS_ERR_IO /
+ * KVS_ERR_NOMEM otherwise, and then no part is left on disk. */
+int gguf_split_write(const gguf_ctx *src, const uint32_t *part_of, uint32_t n_parts, const char *prefix, char *msg,
+                     size_t msg_cap);
+/* "PREFIX-%05u-of-%05u.gguf" for part i (0-based) of n into buf; false when it does not fit. */
+bool gguf_split_path(char *buf, size_t cap, const char *prefix, uint32_t i, uint32_t n);
+
+typedef struct gguf_writer gguf_writer;
+/* Copies one metadata entry (any type) into a writer under its own key. */
+int gguf_writer_copy_kv(gguf_writer *w, const gguf_kv *kv);
 
 /* --- writer -------------------------------------------------------------- */
 /*

@@ -230,7 +230,7 @@ static enum MHD_Result serve_generate(http_server *h, struct MHD_Connection *c, 
     }
     char *prompt = NULL;
     if (chat) {
-        if (http_chat_format(h->L.vocab, st->req.msgs, st->req.n_msgs, &prompt) != KVS_OK) {
+        if (http_chat_format(h->L.chat_tmpl, st->req.msgs, st->req.n_msgs, &prompt) != KVS_OK) {
             http_gen_req_free(&st->req);
             free(st);
             return respond(h, c, cr->ep, 500, "text/plain", "out of memory\n", 14, NULL);
@@ -409,9 +409,9 @@ int http_start(const http_params *p, http_server **out, char *msg, size_t cap) {
     int fd = -1;
     if ((err = netio_listen(host, port, 128, &fd, &h->port, msg, cap)) != KVS_OK) goto fail;
     h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0, NULL,
-                            NULL, on_request, h, MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
+                            NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
                             h, MHD_OPTION_CONNECTION_LIMIT, (unsigned)p->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-                            (unsigned)300, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, MHD_OPTION_END);
+                            (unsigned)300, MHD_OPTION_END);
     if (!h->d) {
         close(fd);
         err = kvs_fail(msg, cap, KVS_ERR_IO, "libmicrohttpd could not start on %.100s", p->listen);

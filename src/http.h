@@ -39,6 +39,9 @@ typedef struct {
     const char *route;           /* route spec "HOST:PORT,..." (route_parse_spec) */
     const char *spares;          /* NULL or "": none */
     const char *model_name;      /* id in /v1/models and replies; NULL: "kvshard" */
+    const char *tokenizer_path;  /* GGUF to read the tokenizer and chat template from; NULL:
+                                    the head shard's VOCAB (SentencePiece models only) */
+    const char *chat_template;   /* chat_template name overriding the model's; NULL: detect */
     int lanes;                   /* concurrent generations, 1..256 (default 4) */
     int queue_max;               /* requests waiting for a lane before 503, 0..4096 (default 64) */
     int64_t queue_timeout_ms;    /* longest wait for a lane before 503 (default 30000) */

@@ -32,7 +32,7 @@ bool http_gen_begin(http_gen *g, http_lanes *L, http_metrics *m, const http_gen_
     int cap = (int)plen + 2, n = 0;
     g->toks = malloc((size_t)cap * sizeof *g->toks);
     if (!g->toks) return nomem(e);
-    if (tok_encode(L->vocab, prompt, plen, true, g->toks, cap, &n) != KVS_OK) {
+    if (tok_encode_ex(L->vocab, prompt, plen, tok_add_bos(L->vocab), req->chat, g->toks, cap, &n) != KVS_OK) {
         free(g->toks);
         return http_fail(e, 400, "invalid_request_error", "invalid_value", req->chat ? "messages" : "prompt",
                          "the prompt cannot be tokenized");
@@ -164,7 +164,7 @@ bool http_gen_step(http_gen *g) {
     }
     g->t_last_ns = now;
     int32_t id = sampler_sample(g->smp, g->logits, g->n_vocab);
-    if (id < 0 || id == tok_eos(g->L->vocab)) {
+    if (id < 0 || tok_is_eog(g->L->vocab, id)) {
         g->finish = FINISH_STOP;
         return true;
     }

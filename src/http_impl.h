@@ -72,9 +72,16 @@ void http_gen_req_free(http_gen_req *r);
 
 /* ---- chat template --------------------------------------------------------------------------- */
 
-/* Formats msgs into the prompt text the model expects, ending with the assistant's turn opened.
- * *out malloc'd, owned by the caller. KVS_OK, KVS_ERR_NOMEM. */
-int http_chat_format(const tok_vocab *v, const http_message *msgs, size_t n, char **out);
+#define HTTP_CHAT_PLAIN (-1) /* no template: the plain "Role: text" layout (http_chat.c) */
+
+/* The template to use: name (a chat_template name) when non-empty, else the one the vocab's
+ * tokenizer.chat_template is recognised as, else HTTP_CHAT_PLAIN when the file has none.
+ * KVS_OK; KVS_ERR_INVALID_ARG (unknown name) / KVS_ERR_UNSUPPORTED (unrecognised template). */
+int http_chat_pick(const tok_vocab *v, const char *name, int *tmpl, char *msg, size_t cap);
+
+/* Formats msgs with tmpl, ending with the assistant's turn opened. *out malloc'd, owned by
+ * the caller. KVS_OK, KVS_ERR_NOMEM, chat_format's errors. */
+int http_chat_format(int tmpl, const http_message *msgs, size_t n, char **out);
 
 /* ---- lanes ----------------------------------------------------------------------------------- */
 
@@ -101,6 +108,7 @@ typedef struct {
     int waiting;             /* requests in the queue */
     uint64_t clock;
     tok_vocab *vocab;
+    int chat_tmpl;           /* http_chat_pick */
     route_info info;         /* of lane 0 at start */
     char hops[ROUTE_MAX_HOPS][ROUTE_ADDR_MAX]; /* current hop addresses (refreshed after each use) */
     uint32_t n_hops;

@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "gguf.h"
 #include "http_impl.h"
 #include "netio.h"
 #include "util.h"
@@ -70,7 +71,19 @@ int http_lanes_open(http_lanes *L, const http_params *p, char *msg, size_t cap) 
     }
     route_get_info(L->lanes[0].r, &L->info);
     note_hops(L, L->lanes[0].r);
-    int err = route_fetch_vocab(L->lanes[0].r, &L->vocab, msg, cap);
+    int err;
+    if (p->tokenizer_path && p->tokenizer_path[0]) {
+        gguf_ctx *g = NULL;
+        err = gguf_open_header(p->tokenizer_path, &g, msg, cap);
+        if (!err) err = tok_from_gguf(g, &L->vocab, msg, cap);
+        gguf_close(g);
+    } else {
+        err = route_fetch_vocab(L->lanes[0].r, &L->vocab, msg, cap);
+    }
+    if (!err && (uint32_t)tok_n_vocab(L->vocab) != L->info.n_vocab)
+        err = kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "the tokenizer has %d tokens but the route's model %u",
+                       (int)tok_n_vocab(L->vocab), L->info.n_vocab);
+    if (!err) err = http_chat_pick(L->vocab, p->chat_template, &L->chat_tmpl, msg, cap);
     if (err) {
         http_lanes_close(L);
         return err;

@@ -54,7 +54,7 @@ bool mkmodel_type_supported(uint32_t type) {
     switch (type) {
     case QUANT_F32: case QUANT_F16: case QUANT_BF16: case QUANT_Q8_0: case QUANT_Q4_0:
     case QUANT_Q4_1: case QUANT_Q5_0: case QUANT_Q5_1: case QUANT_Q4_K: case QUANT_Q5_K:
-    case QUANT_Q6_K:
+    case QUANT_Q6_K: case QUANT_Q2_K: case QUANT_Q3_K: case QUANT_IQ4_NL: case QUANT_IQ4_XS:
         return true;
     default: return false;
     }
@@ -70,9 +70,13 @@ static uint32_t file_type_of(uint32_t t) {
     case QUANT_Q8_0: return 7;
     case QUANT_Q5_0: return 8;
     case QUANT_Q5_1: return 9;
+    case QUANT_Q2_K: return 10;
+    case QUANT_Q3_K: return 11; /* Q3_K_S */
     case QUANT_Q4_K: return 14; /* Q4_K_S */
     case QUANT_Q5_K: return 16; /* Q5_K_S */
     case QUANT_Q6_K: return 18;
+    case QUANT_IQ4_NL: return 25;
+    case QUANT_IQ4_XS: return 30;
     case QUANT_BF16: return 32;
     default: return 0;
     }

@@ -38,7 +38,8 @@ typedef void (*mkmodel_progress_fn)(void *user, const char *line);
 
 typedef struct {
     const char *shape;   /* shape name */
-    uint32_t type;       /* quant type id for matrices: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q4_k q5_k q6_k */
+    uint32_t type;       /* quant type id for matrices: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k
+                          * q4_k q5_k q6_k iq4_nl iq4_xs (quant_quantize_row: round to nearest) */
     uint64_t seed;
     int n_threads;       /* 0: online CPUs, at most 8 */
     mkmodel_progress_fn progress; /* may be NULL */

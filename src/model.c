@@ -13,8 +13,13 @@
 #define MODEL_MAX_FF (1u << 20)
 #define MODEL_MAX_VOCAB (1u << 22)
 
-static int get_u32_opt(const gguf_ctx *g, const char *key, uint32_t def, uint32_t *out, char *msg, size_t cap) {
-    int err = gguf_get_u32(g, key, out);
+#define MODEL_MAX_HEAD_DIM 1024u
+
+/* A u32 under the family's prefix; def when absent. */
+static int get_u32_opt(const gguf_ctx *g, const arch_info *a, const char *suffix, uint32_t def, uint32_t *out, char *msg,
+                       size_t cap) {
+    char key[128];
+    int err = gguf_get_u32(g, arch_key(a, suffix, key, sizeof(key)), out);
     if (err == KVS_ERR_NOT_FOUND) {
         *out = def;
         return KVS_OK;
@@ -23,29 +28,76 @@ static int get_u32_opt(const gguf_ctx *g, const char *key, uint32_t def, uint32_
     return KVS_OK;
 }
 
-int model_read_hparams(const gguf_ctx *g, model_hparams *hp, char *msg, size_t cap) {
-    memset(hp, 0, sizeof(*hp));
-    gguf_str arch;
-    if (gguf_get_str(g, "general.architecture", &arch) != KVS_OK)
-        return kvs_fail(msg, cap, KVS_ERR_FORMAT, "metadata 'general.architecture' is missing");
-    if (!gguf_str_eq(arch, "llama"))
-        return kvs_fail(msg, cap, KVS_ERR_UNSUPPORTED, "architecture '%.*s' is not supported (kvshard runs dense 'llama' models)",
-                        (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
+static int get_f32_opt(const gguf_ctx *g, const arch_info *a, const char *suffix, float def, float *out, char *msg,
+                       size_t cap) {
+    char key[128];
+    int err = gguf_get_f32(g, arch_key(a, suffix, key, sizeof(key)), out);
+    if (err == KVS_ERR_NOT_FOUND) {
+        *out = def;
+        return KVS_OK;
+    }
+    if (err) return kvs_fail(msg, cap, KVS_ERR_FORMAT, "metadata '%s' is not a float", key);
+    return KVS_OK;
+}
+
+/* rope.scaling.type (or the older rope.scale_linear) -> hp->rope_freq_scale. */
+static int read_rope_scaling(const gguf_ctx *g, model_hparams *hp, char *msg, size_t cap) {
+    char key[128];
+    const arch_info *a = hp->arch;
+    gguf_str type;
+    float factor = 0.0f;
     int err;
-    static const struct { const char *key; size_t off; } required[] = {
-        {"llama.embedding_length", offsetof(model_hparams, n_embd)},
-        {"llama.block_count", offsetof(model_hparams, n_layer)},
-        {"llama.attention.head_count", offsetof(model_hparams, n_head)},
-        {"llama.feed_forward_length", offsetof(model_hparams, n_ff)},
+    hp->rope_freq_scale = 1.0f;
+    err = gguf_get_str(g, arch_key(a, "rope.scaling.type", key, sizeof(key)), &type);
+    if (err == KVS_ERR_NOT_FOUND) {
+        if ((err = get_f32_opt(g, a, "rope.scale_linear", 0.0f, &factor, msg, cap))) return err;
+        if (factor == 0.0f) return KVS_OK;
+    } else if (err) {
+        return kvs_fail(msg, cap, KVS_ERR_FORMAT, "metadata '%s' is not a string", key);
+    } else if (gguf_str_eq(type, "none")) {
+        return KVS_OK;
+    } else if (gguf_str_eq(type, "linear")) {
+        if ((err = get_f32_opt(g, a, "rope.scaling.factor", 0.0f, &factor, msg, cap))) return err;
+        if (factor == 0.0f) return KVS_OK; /* llama.cpp reads 0 as no scaling */
+    } else {
+        return kvs_fail(msg, cap, KVS_ERR_UNSUPPORTED,
+                        "rope scaling type '%.*s' (%s) is not supported (kvshard implements none and linear)",
+                        (int)(type.len > 32 ? 32 : type.len), type.ptr, key);
+    }
+    if (!(factor >= 1e-3f && factor <= 1e6f))
+        return kvs_fail(msg, cap, KVS_ERR_FORMAT, "linear rope scaling factor %g out of range", (double)factor);
+    hp->rope_freq_scale = 1.0f / factor;
+    return KVS_OK;
+}
+
+int model_read_hparams(const gguf_set *files, model_hparams *hp, char *msg, size_t cap) {
+    memset(hp, 0, sizeof(*hp));
+    const gguf_ctx *g = gguf_set_meta(files);
+    int err = arch_from_gguf(g, &hp->arch, msg, cap);
+    if (err) return err;
+    const arch_info *a = hp->arch;
+    char key[128];
+    static const struct { const char *suffix; size_t off; } required[] = {
+        {"embedding_length", offsetof(model_hparams, n_embd)},
+        {"block_count", offsetof(model_hparams, n_layer)},
+        {"attention.head_count", offsetof(model_hparams, n_head)},
+        {"feed_forward_length", offsetof(model_hparams, n_ff)},
     };
     for (size_t i = 0; i < sizeof(required) / sizeof(required[0]); i++) {
         uint32_t *dst = (uint32_t *)((char *)hp + required[i].off);
-        err = gguf_get_u32(g, required[i].key, dst);
-        if (err == KVS_ERR_NOT_FOUND) return kvs_fail(msg, cap, KVS_ERR_FORMAT, "metadata '%s' is missing", required[i].key);
-        if (err) return kvs_fail(msg, cap, KVS_ERR_FORMAT, "metadata '%s' is not a 32-bit unsigned integer", required[i].key);
+        err = gguf_get_u32(g, arch_key(a, required[i].suffix, key, sizeof(key)), dst);
+        if (err == KVS_ERR_NOT_FOUND) return kvs_fail(msg, cap, KVS_ERR_FORMAT, "metadata '%s' is missing", key);
+        if (err) return kvs_fail(msg, cap, KVS_ERR_FORMAT, "metadata '%s' is not a 32-bit unsigned integer", key);
     }
-    if ((err = get_u32_opt(g, "llama.attention.head_count_kv", hp->n_head, &hp->n_head_kv, msg, cap))) return err;
-    if ((err = get_u32_opt(g, "llama.context_length", 2048, &hp->n_ctx, msg, cap))) return err;
+    uint32_t n_expert = 0;
+    if ((err = get_u32_opt(g, a, "expert_count", 0, &n_expert, msg, cap))) return err;
+    if (n_expert > 0)
+        return kvs_fail(msg, cap, KVS_ERR_UNSUPPORTED,
+                        "'%s.expert_count' is %u: mixture-of-experts models (e.g. Mixtral) are not supported "
+                        "(kvshard runs dense models)",
+                        a->name, n_expert);
+    if ((err = get_u32_opt(g, a, "attention.head_count_kv", hp->n_head, &hp->n_head_kv, msg, cap))) return err;
+    if ((err = get_u32_opt(g, a, "context_length", 2048, &hp->n_ctx, msg, cap))) return err;
     if (hp->n_embd == 0 || hp->n_embd > MODEL_MAX_EMBD)
         return kvs_fail(msg, cap, KVS_ERR_FORMAT, "embedding_length %u out of range [1, %u]", hp->n_embd, MODEL_MAX_EMBD);
     if (hp->n_layer == 0 || hp->n_layer > MODEL_MAX_LAYERS)
@@ -55,29 +107,39 @@ int model_read_hparams(const gguf_ctx *g, model_hparams *hp, char *msg, size_t c
     if (hp->n_head_kv == 0 || hp->n_head_kv > hp->n_head || hp->n_head % hp->n_head_kv != 0)
         return kvs_fail(msg, cap, KVS_ERR_FORMAT, "head_count_kv %u must be >= 1 and divide head_count %u", hp->n_head_kv,
                         hp->n_head);
-    if (hp->n_embd % hp->n_head != 0)
-        return kvs_fail(msg, cap, KVS_ERR_FORMAT, "embedding_length %u is not a multiple of head_count %u", hp->n_embd,
-                        hp->n_head);
     if (hp->n_ff == 0 || hp->n_ff > MODEL_MAX_FF)
         return kvs_fail(msg, cap, KVS_ERR_FORMAT, "feed_forward_length %u out of range [1, %u]", hp->n_ff, MODEL_MAX_FF);
     if (hp->n_ctx == 0) return kvs_fail(msg, cap, KVS_ERR_FORMAT, "context_length is 0");
-    hp->head_dim = hp->n_embd / hp->n_head;
-    if ((err = get_u32_opt(g, "llama.rope.dimension_count", hp->head_dim, &hp->n_rot, msg, cap))) return err;
+    /* Head size: key_length / value_length where the file says so, else n_embd / n_head. */
+    uint32_t k_len = 0, v_len = 0;
+    if ((err = get_u32_opt(g, a, "attention.key_length", 0, &k_len, msg, cap)) ||
+        (err = get_u32_opt(g, a, "attention.value_length", 0, &v_len, msg, cap)))
+        return err;
+    if ((k_len == 0 || v_len == 0) && hp->n_embd % hp->n_head != 0)
+        return kvs_fail(msg, cap, KVS_ERR_FORMAT, "embedding_length %u is not a multiple of head_count %u", hp->n_embd,
+                        hp->n_head);
+    if (k_len == 0) k_len = hp->n_embd / hp->n_head;
+    if (v_len == 0) v_len = hp->n_embd / hp->n_head;
+    if (k_len != v_len)
+        return kvs_fail(msg, cap, KVS_ERR_UNSUPPORTED,
+                        "attention.key_length %u differs from attention.value_length %u (kvshard needs one head size)",
+                        k_len, v_len);
+    if (k_len > MODEL_MAX_HEAD_DIM)
+        return kvs_fail(msg, cap, KVS_ERR_FORMAT, "attention.key_length %u out of range [1, %u]", k_len, MODEL_MAX_HEAD_DIM);
+    hp->head_dim = k_len;
+    if ((err = get_u32_opt(g, a, "rope.dimension_count", hp->head_dim, &hp->n_rot, msg, cap))) return err;
     if (hp->n_rot == 0 || hp->n_rot > hp->head_dim || hp->n_rot % 2)
         return kvs_fail(msg, cap, KVS_ERR_FORMAT, "rope.dimension_count %u must be even and in [2, head_dim %u]", hp->n_rot,
                         hp->head_dim);
-    hp->rope_base = 10000.0f;
-    err = gguf_get_f32(g, "llama.rope.freq_base", &hp->rope_base);
-    if (err && err != KVS_ERR_NOT_FOUND) return kvs_fail(msg, cap, KVS_ERR_FORMAT, "metadata 'llama.rope.freq_base' is not a float");
+    if ((err = get_f32_opt(g, a, "rope.freq_base", a->default_rope_base, &hp->rope_base, msg, cap))) return err;
     if (!(hp->rope_base > 1.0f && hp->rope_base < 1e12f))
         return kvs_fail(msg, cap, KVS_ERR_FORMAT, "rope.freq_base %g out of range", (double)hp->rope_base);
-    hp->rms_eps = 1e-5f;
-    err = gguf_get_f32(g, "llama.attention.layer_norm_rms_epsilon", &hp->rms_eps);
-    if (err && err != KVS_ERR_NOT_FOUND)
-        return kvs_fail(msg, cap, KVS_ERR_FORMAT, "metadata 'llama.attention.layer_norm_rms_epsilon' is not a float");
+    if ((err = read_rope_scaling(g, hp, msg, cap))) return err;
+    if ((err = get_f32_opt(g, a, "attention.layer_norm_rms_epsilon", a->default_rms_eps, &hp->rms_eps, msg, cap)))
+        return err;
     if (!(hp->rms_eps > 0.0f && hp->rms_eps < 1.0f))
         return kvs_fail(msg, cap, KVS_ERR_FORMAT, "layer_norm_rms_epsilon %g out of range (0, 1)", (double)hp->rms_eps);
-    const gguf_tensor *te = gguf_find_tensor(g, "token_embd.weight");
+    const gguf_tensor *te = gguf_set_find_tensor(files, "token_embd.weight", NULL);
     if (!te) return kvs_fail(msg, cap, KVS_ERR_FORMAT, "tensor 'token_embd.weight' is missing");
     if (te->n_dims != 2 || te->ne[0] != hp->n_embd || te->ne[1] == 0 || te->ne[1] > MODEL_MAX_VOCAB)
         return kvs_fail(msg, cap, KVS_ERR_FORMAT, "tensor 'token_embd.weight' has shape [%llu, %llu], expected [%u, n_vocab]",
@@ -86,11 +148,47 @@ int model_read_hparams(const gguf_ctx *g, model_hparams *hp, char *msg, size_t c
     return KVS_OK;
 }
 
+/* Every tensor of the file must be one the forward pass uses: a file with
+ * others (experts, extra norms) would silently compute something else. */
+static int check_tensor_names(const gguf_set *files, const model_hparams *hp, char *msg, size_t cap) {
+    static const char *const global[] = {"token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight"};
+    static const char *const layer[] = {"attn_norm.weight", "attn_q.weight",  "attn_k.weight",   "attn_v.weight",
+                                        "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
+                                        "ffn_down.weight"};
+    static const char *const qkv_bias[] = {"attn_q.bias", "attn_k.bias", "attn_v.bias"};
+    for (uint32_t p = 0; p < gguf_set_n_parts(files); p++) {
+        const gguf_ctx *g = gguf_set_part(files, p);
+        for (uint64_t i = 0; i < gguf_n_tensors(g); i++) {
+            const gguf_tensor *t = gguf_tensor_at(g, i);
+            char name[GGUF_MAX_NAME_LEN + 1];
+            snprintf(name, sizeof(name), "%.*s", (int)t->name.len, t->name.ptr);
+            bool known = false;
+            for (size_t k = 0; k < sizeof(global) / sizeof(global[0]) && !known; k++) known = !strcmp(name, global[k]);
+            unsigned blk;
+            int used = 0;
+            if (!known && sscanf(name, "blk.%u.%n", &blk, &used) == 1 && used > 0 && blk < hp->n_layer) {
+                const char *suffix = name + used;
+                for (size_t k = 0; k < sizeof(layer) / sizeof(layer[0]) && !known; k++) known = !strcmp(suffix, layer[k]);
+                for (size_t k = 0; k < 3 && !known && hp->arch->qkv_bias != ARCH_TENSOR_ABSENT; k++)
+                    known = !strcmp(suffix, qkv_bias[k]);
+                if (!known && hp->arch->out_bias != ARCH_TENSOR_ABSENT) known = !strcmp(suffix, "attn_output.bias");
+            }
+            if (!known)
+                return kvs_fail(msg, cap, KVS_ERR_UNSUPPORTED,
+                                "tensor '%s' is not used by a dense '%s' model; kvshard cannot run this file correctly",
+                                name, hp->arch->name);
+        }
+    }
+    return KVS_OK;
+}
+
 /* Finds a 2-D weight [n_in, n_out] and checks its shape and type. */
-static int bind_weight(const gguf_ctx *g, const char *name, uint64_t n_in, uint64_t n_out, ops_weight *w,
+static int bind_weight(gguf_set *files, const char *name, uint64_t n_in, uint64_t n_out, ops_weight *w,
                        uint64_t *bytes, char *msg, size_t cap) {
-    const gguf_tensor *t = gguf_find_tensor(g, name);
-    if (!t) return kvs_fail(msg, cap, KVS_ERR_FORMAT, "tensor '%s' is missing", name);
+    const gguf_tensor *t = NULL;
+    int err = gguf_set_map_tensor(files, name, &t, msg, cap);
+    if (err == KVS_ERR_NOT_FOUND) return kvs_fail(msg, cap, KVS_ERR_FORMAT, "tensor '%s' is missing", name);
+    if (err) return err;
     if (t->n_dims != 2 || t->ne[0] != n_in || t->ne[1] != n_out)
         return kvs_fail(msg, cap, KVS_ERR_FORMAT, "tensor '%s' has shape [%llu, %llu] (%u dims), expected [%llu, %llu]", name,
                         (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], t->n_dims,
@@ -114,8 +212,10 @@ static int bind_weight(const gguf_ctx *g, const char *name, uint64_t n_in, uint6
 
 /* Finds a 1-D f32-able vector of n elements; converts non-f32 types into owned memory. */
 static int bind_vector(model *m, const char *name, uint64_t n, const float **out, char *msg, size_t cap) {
-    const gguf_tensor *t = gguf_find_tensor(m->gguf, name);
-    if (!t) return kvs_fail(msg, cap, KVS_ERR_FORMAT, "tensor '%s' is missing", name);
+    const gguf_tensor *t = NULL;
+    int err = gguf_set_map_tensor(m->files, name, &t, msg, cap);
+    if (err == KVS_ERR_NOT_FOUND) return kvs_fail(msg, cap, KVS_ERR_FORMAT, "tensor '%s' is missing", name);
+    if (err) return err;
     if (t->n_dims != 1 || t->ne[0] != n)
         return kvs_fail(msg, cap, KVS_ERR_FORMAT, "tensor '%s' has %llu elements (%u dims), expected a vector of %llu", name,
                         (unsigned long long)t->ne[0], t->n_dims, (unsigned long long)n);
@@ -141,14 +241,37 @@ static int bind_vector(model *m, const char *name, uint64_t n, const float **out
     return KVS_OK;
 }
 
+/* Optional bias vector: NULL when absent and allowed, an error when required. */
+static int bind_bias(model *m, const char *name, arch_tensor_rule rule, uint64_t n, const float **out, char *msg,
+                     size_t cap) {
+    *out = NULL;
+    if (rule == ARCH_TENSOR_OPTIONAL && !gguf_set_find_tensor(m->files, name, NULL)) return KVS_OK;
+    return bind_vector(m, name, n, out, msg, cap);
+}
+
+/* rope_freqs.weight: n_rot / 2 positive divisors of the inverse frequencies. */
+static int read_rope_factors(model *m, const float **factors, char *msg, size_t cap) {
+    *factors = NULL;
+    if (!gguf_set_find_tensor(m->files, "rope_freqs.weight", NULL)) return KVS_OK;
+    uint32_t n = m->hp.n_rot / 2;
+    int err = bind_vector(m, "rope_freqs.weight", n, factors, msg, cap);
+    if (err) return err;
+    for (uint32_t i = 0; i < n; i++)
+        if (!((*factors)[i] > 0.0f && (*factors)[i] < 1e30f))
+            return kvs_fail(msg, cap, KVS_ERR_FORMAT, "rope_freqs.weight[%u] = %g is not a positive factor", i,
+                            (double)(*factors)[i]);
+    return KVS_OK;
+}
+
 int model_load(const char *path, uint32_t first, uint32_t last, model **out, char *msg, size_t cap) {
     *out = NULL;
     model *m = calloc(1, sizeof(*m));
     if (!m) return kvs_fail(msg, cap, KVS_ERR_NOMEM, "out of memory");
-    int err = gguf_open(path, &m->gguf, msg, cap);
+    int err = gguf_set_open(path, &m->files, msg, cap);
     if (err) goto fail;
+    m->gguf = gguf_set_meta(m->files);
     model_hparams *hp = &m->hp;
-    if ((err = model_read_hparams(m->gguf, hp, msg, cap))) goto fail;
+    if ((err = model_read_hparams(m->files, hp, msg, cap))) goto fail;
     if (last == 0) last = hp->n_layer;
     if (first >= last || last > hp->n_layer) {
         err = kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "layer range [%u, %u) is not inside [0, %u)", first, last, hp->n_layer);
@@ -158,16 +281,17 @@ int model_load(const char *path, uint32_t first, uint32_t last, model **out, cha
     char name[96];
     for (uint32_t i = 0; i < hp->n_layer; i++) {
         snprintf(name, sizeof(name), "blk.%u.attn_q.weight", i);
-        if (!gguf_find_tensor(m->gguf, name)) {
+        if (!gguf_set_find_tensor(m->files, name, NULL)) {
             err = kvs_fail(msg, cap, KVS_ERR_FORMAT, "block_count is %u but tensor '%s' is missing", hp->n_layer, name);
             goto fail;
         }
     }
     snprintf(name, sizeof(name), "blk.%u.attn_q.weight", hp->n_layer);
-    if (gguf_find_tensor(m->gguf, name)) {
+    if (gguf_set_find_tensor(m->files, name, NULL)) {
         err = kvs_fail(msg, cap, KVS_ERR_FORMAT, "block_count is %u but the file has tensor '%s'", hp->n_layer, name);
         goto fail;
     }
+    if ((err = check_tensor_names(m->files, hp, msg, cap))) goto fail;
     m->first = first;
     m->last = last;
     m->has_embd = first == 0;
@@ -177,6 +301,7 @@ int model_load(const char *path, uint32_t first, uint32_t last, model **out, cha
         err = kvs_fail(msg, cap, KVS_ERR_NOMEM, "out of memory");
         goto fail;
     }
+    const arch_info *a = hp->arch;
     uint64_t q_dim = (uint64_t)hp->n_head * hp->head_dim, kv_dim = (uint64_t)hp->n_head_kv * hp->head_dim;
     for (uint32_t i = first; i < last; i++) {
         model_layer *L = &m->layers[i - first];
@@ -188,24 +313,33 @@ int model_load(const char *path, uint32_t first, uint32_t last, model **out, cha
         };
         for (size_t k = 0; k < sizeof(ws) / sizeof(ws[0]); k++) {
             snprintf(name, sizeof(name), "blk.%u.%s.weight", i, ws[k].suffix);
-            if ((err = bind_weight(m->gguf, name, ws[k].n_in, ws[k].n_out, ws[k].w, &m->weight_bytes, msg, cap))) goto fail;
+            if ((err = bind_weight(m->files, name, ws[k].n_in, ws[k].n_out, ws[k].w, &m->weight_bytes, msg, cap))) goto fail;
         }
         snprintf(name, sizeof(name), "blk.%u.attn_norm.weight", i);
         if ((err = bind_vector(m, name, hp->n_embd, &L->attn_norm, msg, cap))) goto fail;
         snprintf(name, sizeof(name), "blk.%u.ffn_norm.weight", i);
         if ((err = bind_vector(m, name, hp->n_embd, &L->ffn_norm, msg, cap))) goto fail;
+        struct { const char *suffix; arch_tensor_rule rule; uint64_t n; const float **b; } bs[] = {
+            {"attn_q", a->qkv_bias, q_dim, &L->bq}, {"attn_k", a->qkv_bias, kv_dim, &L->bk},
+            {"attn_v", a->qkv_bias, kv_dim, &L->bv}, {"attn_output", a->out_bias, hp->n_embd, &L->bo},
+        };
+        for (size_t k = 0; k < sizeof(bs) / sizeof(bs[0]); k++) {
+            if (bs[k].rule == ARCH_TENSOR_ABSENT) continue; /* check_tensor_names refused any present */
+            snprintf(name, sizeof(name), "blk.%u.%s.bias", i, bs[k].suffix);
+            if ((err = bind_bias(m, name, bs[k].rule, bs[k].n, bs[k].b, msg, cap))) goto fail;
+        }
     }
-    bool tied = !gguf_find_tensor(m->gguf, "output.weight");
+    bool tied = !gguf_set_find_tensor(m->files, "output.weight", NULL);
     if (m->has_embd || (m->has_head && tied)) {
         uint64_t b = 0;
-        if ((err = bind_weight(m->gguf, "token_embd.weight", hp->n_embd, hp->n_vocab, &m->tok_embd, &b, msg, cap))) goto fail;
+        if ((err = bind_weight(m->files, "token_embd.weight", hp->n_embd, hp->n_vocab, &m->tok_embd, &b, msg, cap))) goto fail;
         m->weight_bytes += b;
     }
     if (m->has_head) {
         if ((err = bind_vector(m, "output_norm.weight", hp->n_embd, &m->out_norm, msg, cap))) goto fail;
         if (tied) {
             m->output = m->tok_embd; /* its bytes are counted once, with token_embd */
-        } else if ((err = bind_weight(m->gguf, "output.weight", hp->n_embd, hp->n_vocab, &m->output, &m->weight_bytes, msg,
+        } else if ((err = bind_weight(m->files, "output.weight", hp->n_embd, hp->n_vocab, &m->output, &m->weight_bytes, msg,
                                       cap))) {
             goto fail;
         }
@@ -221,12 +355,14 @@ int model_load(const char *path, uint32_t first, uint32_t last, model **out, cha
     }
     if (m->has_head && ops_matmul_scratch_bytes(&m->output, 1) > m->act_row_bytes)
         m->act_row_bytes = ops_matmul_scratch_bytes(&m->output, 1);
+    const float *factors = NULL;
+    if ((err = read_rope_factors(m, &factors, msg, cap))) goto fail;
     m->rope_inv_freq = malloc((hp->n_rot / 2 + 1) * sizeof(float));
     if (!m->rope_inv_freq) {
         err = kvs_fail(msg, cap, KVS_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    ops_rope_freqs(m->rope_inv_freq, (int)hp->n_rot, hp->rope_base);
+    ops_rope_freqs(m->rope_inv_freq, (int)hp->n_rot, hp->rope_base, hp->rope_freq_scale, factors);
     *out = m;
     return KVS_OK;
 fail:
@@ -240,8 +376,37 @@ void model_free(model *m) {
     free(m->owned_floats);
     free(m->rope_inv_freq);
     free(m->layers);
-    gguf_close(m->gguf);
+    gguf_set_close(m->files);
     free(m);
+}
+
+uint64_t model_mapped_data_bytes(const model *m) { return gguf_set_mapped_data_bytes(m->files); }
+
+int model_split_plan(const gguf_ctx *g, uint32_t n_parts, uint32_t *part_of, char *msg, size_t cap) {
+    uint32_t n_layer = 0;
+    gguf_str arch;
+    char key[128];
+    if (gguf_get_str(g, "general.architecture", &arch) != KVS_OK || arch.len > 64)
+        return kvs_fail(msg, cap, KVS_ERR_FORMAT, "metadata 'general.architecture' is missing");
+    snprintf(key, sizeof(key), "%.*s.block_count", (int)arch.len, arch.ptr);
+    if (gguf_get_u32(g, key, &n_layer) != KVS_OK || n_layer == 0)
+        return kvs_fail(msg, cap, KVS_ERR_FORMAT, "metadata '%s' is missing or 0", key);
+    if (n_parts == 0 || n_parts > n_layer + 1 || n_parts > GGUF_SPLIT_MAX_PARTS)
+        return kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "%u parts for %u layers: each part must hold a layer or the head",
+                        n_parts, n_layer);
+    for (uint64_t i = 0; i < gguf_n_tensors(g); i++) {
+        const gguf_tensor *t = gguf_tensor_at(g, i);
+        char name[GGUF_MAX_NAME_LEN + 1];
+        snprintf(name, sizeof(name), "%.*s", (int)t->name.len, t->name.ptr);
+        unsigned blk;
+        if (sscanf(name, "blk.%u.", &blk) == 1 && blk < n_layer)
+            part_of[i] = (uint32_t)((uint64_t)blk * n_parts / n_layer);
+        else if (!strcmp(name, "output.weight") || !strcmp(name, "output_norm.weight"))
+            part_of[i] = n_parts - 1;
+        else
+            part_of[i] = 0;
+    }
+    return KVS_OK;
 }
 
 void model_embed(const model *m, int32_t id, float *out) {

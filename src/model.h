@@ -1,9 +1,12 @@
 /*
  * model — hyper-parameters and tensor views of one layer range [first, last)
- * of a dense Llama GGUF, plus token_embd when first == 0 and output_norm /
- * output when last == n_layer. Weight data stays in the read-only mapping:
- * only the owned tensors are ever touched, so resident weight memory follows
- * the range. Knows nothing about sessions or the network.
+ * of a dense GGUF model of a family in the arch table (llama, qwen2), plus
+ * token_embd when first == 0 and output_norm / output when last == n_layer.
+ * Weight data stays in the read-only mapping: only the owned tensors are ever
+ * touched, so resident weight memory follows the range. A split model
+ * (NAME-00001-of-0000N.gguf) is read through a gguf_set: the metadata of the
+ * first part, and the tensor data of only the parts that hold owned tensors.
+ * Knows nothing about sessions or the network.
  */
 #ifndef KVS_MODEL_H
 #define KVS_MODEL_H
@@ -12,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "arch.h"
 #include "gguf.h"
 #include "ops.h"
 
@@ -21,12 +25,15 @@ typedef struct {
     uint32_t n_layer;    /* layers of the whole model */
     uint32_t n_head;     /* query heads */
     uint32_t n_head_kv;  /* key/value heads (GQA: divides n_head) */
-    uint32_t head_dim;   /* n_embd / n_head */
+    uint32_t head_dim;   /* per head, of keys and values: attention.key_length (= value_length),
+                            default n_embd / n_head */
     uint32_t n_ff;       /* feed-forward hidden size */
     uint32_t n_rot;      /* rope dimensions per head (<= head_dim, even) */
     uint32_t n_ctx;      /* training context length */
     float rope_base;     /* rope frequency base */
+    float rope_freq_scale; /* linear rope scaling: positions x this (1 / rope.scaling.factor); 1: none */
     float rms_eps;       /* rmsnorm epsilon */
+    const arch_info *arch; /* the family's row (static storage) */
 } model_hparams;
 
 typedef struct {
@@ -39,12 +46,17 @@ typedef struct {
     ops_weight w_gate;      /* n_embd -> n_ff */
     ops_weight w_up;        /* n_embd -> n_ff */
     ops_weight w_down;      /* n_ff -> n_embd */
+    const float *bq;        /* [n_head * head_dim] q bias, or NULL */
+    const float *bk;        /* [n_head_kv * head_dim] k bias, or NULL */
+    const float *bv;        /* [n_head_kv * head_dim] v bias, or NULL */
+    const float *bo;        /* [n_embd] attention output bias, or NULL */
 } model_layer;
 
 typedef struct model model;
 
 struct model {
-    gguf_ctx *gguf;          /* owns the mapping */
+    gguf_set *files;         /* owns the mappings (one part, or every part of a split model) */
+    const gguf_ctx *gguf;    /* the metadata: the first part of files */
     model_hparams hp;
     uint32_t first, last;    /* owned layers [first, last) */
     model_layer *layers;     /* last - first entries */
@@ -54,20 +66,39 @@ struct model {
     ops_weight output;       /* n_embd -> n_vocab (has_head; token_embd when tied) */
     uint64_t weight_bytes;   /* bytes of the owned tensors */
     size_t act_row_bytes;    /* largest quantized activation row any owned matrix needs, bytes */
-    float *rope_inv_freq;    /* [n_rot / 2] rope frequencies, base^(-2i/n_rot) */
+    float *rope_inv_freq;    /* [n_rot / 2] rope frequencies per position: base^(-2i/n_rot) x
+                              * rope_freq_scale / rope_freqs[i] (rope_freqs.weight, when present) */
     float **owned_floats;    /* norm vectors converted to f32, freed with the model */
     int n_owned_floats;
 };
 
-/* Reads the hyper-parameters only (no tensor checks). */
-int model_read_hparams(const gguf_ctx *g, model_hparams *hp, char *msg, size_t msg_cap);
+/* Reads the hyper-parameters (keys under `{general.architecture}.`) and
+ * n_vocab from token_embd's shape; no other tensor checks. KVS_ERR_UNSUPPORTED
+ * (message says why) for an architecture without an arch row, a mixture of
+ * experts (expert_count > 0), rope scaling other than none / linear, key and
+ * value head sizes that differ; KVS_ERR_FORMAT for missing or nonsensical
+ * values. */
+int model_read_hparams(const gguf_set *files, model_hparams *hp, char *msg, size_t msg_cap);
 
-/* Opens path and maps layers [first, last) (last == 0 means n_layer). Refuses
- * (KVS_ERR_UNSUPPORTED / KVS_ERR_FORMAT, message says what) other
- * architectures, nonsensical hyper-parameters, missing tensors, tensors whose
- * shapes do not match, and unsupported compute types. *out owned by caller. */
+/* Opens path (a single file or the first part of a split model) and maps
+ * layers [first, last) (last == 0 means n_layer). Refuses (KVS_ERR_UNSUPPORTED
+ * / KVS_ERR_FORMAT, message says what) what model_read_hparams refuses,
+ * missing tensors, tensors the architecture does not use (the result would be
+ * wrong without them), tensors whose shapes do not match, and unsupported
+ * compute types. *out owned by caller. */
 int model_load(const char *path, uint32_t first, uint32_t last, model **out, char *msg, size_t msg_cap);
 void model_free(model *m);
+
+/* Bytes of tensor data mapped for this model (gguf_set_mapped_data_bytes):
+ * a split model's shard maps only the parts holding its tensors. */
+uint64_t model_mapped_data_bytes(const model *m);
+
+/* For gguf_split_write: part_of[i] for every tensor i of the single-file
+ * model g, splitting it into n_parts parts by layers — blk.N goes to part
+ * N * n_parts / n_layer, output_norm / output to the last part, every other
+ * tensor (token_embd, rope_freqs) to the first. KVS_ERR_INVALID_ARG when a
+ * part would be empty (n_parts > n_layer + 1) or n_parts is 0. */
+int model_split_plan(const gguf_ctx *g, uint32_t n_parts, uint32_t *part_of, char *msg, size_t msg_cap);
 
 /* Row `id` of token_embd as f32 (n_embd values). */
 void model_embed(const model *m, int32_t id, float *out);

@@ -301,8 +301,13 @@ void ops_rmsnorm(const float *x, const float *weight, float *out, int64_t n, flo
     for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * weight[i];
 }
 
-void ops_rope_freqs(float *inv_freq, int n_rot, float base) {
-    for (int i = 0; i < n_rot / 2; i++) inv_freq[i] = (float)pow((double)base, -2.0 * i / (double)n_rot);
+void ops_rope_freqs(float *inv_freq, int n_rot, float base, float freq_scale, const float *factors) {
+    for (int i = 0; i < n_rot / 2; i++) {
+        double f = pow((double)base, -2.0 * i / (double)n_rot);
+        if (freq_scale != 1.0f) f *= (double)freq_scale;
+        if (factors) f /= (double)factors[i];
+        inv_freq[i] = (float)f;
+    }
 }
 
 void ops_rope(float *x, int n_heads, int head_dim, int n_rot, int32_t pos, const float *inv_freq) {
@@ -314,6 +319,20 @@ void ops_rope(float *x, int n_heads, int head_dim, int n_rot, int32_t pos, const
             float x0 = v[0], x1 = v[1];
             v[0] = x0 * c - x1 * s;
             v[1] = x0 * s + x1 * c;
+        }
+    }
+}
+
+void ops_rope_neox(float *x, int n_heads, int head_dim, int n_rot, int32_t pos, const float *inv_freq) {
+    int half = n_rot / 2;
+    for (int i = 0; i < half; i++) {
+        double theta = (double)pos * (double)inv_freq[i];
+        float c = (float)cos(theta), s = (float)sin(theta);
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + (size_t)h * (size_t)head_dim + (size_t)i;
+            float x0 = v[0], x1 = v[half];
+            v[0] = x0 * c - x1 * s;
+            v[half] = x0 * s + x1 * c;
         }
     }
 }

@@ -59,8 +59,13 @@ void ops_rmsnorm(const float *x, const float *weight, float *out, int64_t n, flo
 /* Rotates adjacent pairs (x[2i], x[2i+1]) of each of n_heads heads (head_dim
  * each) by pos * inv_freq[i], for i < n_rot/2 (GGUF "llama" / ggml normal rope). */
 void ops_rope(float *x, int n_heads, int head_dim, int n_rot, int32_t pos, const float *inv_freq);
-/* inv_freq[i] = base^(-2i/n_rot), i < n_rot/2. */
-void ops_rope_freqs(float *inv_freq, int n_rot, float base);
+/* Same rotation for the two halves of the rotated dimensions: pairs
+ * (x[i], x[i + n_rot/2]) (GGUF "qwen2" / ggml neox rope). */
+void ops_rope_neox(float *x, int n_heads, int head_dim, int n_rot, int32_t pos, const float *inv_freq);
+/* inv_freq[i] = base^(-2i/n_rot) x freq_scale / factors[i], i < n_rot/2, in
+ * double before the one rounding to float. freq_scale: linear rope scaling (1:
+ * none); factors: rope_freqs.weight divisors (Llama 3.1+), or NULL for none. */
+void ops_rope_freqs(float *inv_freq, int n_rot, float base, float freq_scale, const float *factors);
 /* In-place softmax of x[0..n). */
 void ops_softmax(float *x, int64_t n);
 /* gate[i] = silu(gate[i]) * up[i]. */

@@ -1,6 +1,8 @@
 /*
  * quant — type traits and run-time dispatch. The kernels live in quant_ref.c
- * (scalar), quant_avx2.c and quant_avx512.c; see quant_impl.h for the design.
+ * (scalar), quant_avx2.c and quant_avx512.c, and for the low-bit types (q2_k,
+ * q3_k, iq4_nl, iq4_xs) in quant_lowbit_{ref,avx2,avx512}.c; see quant_impl.h
+ * for the design.
  */
 #include <stdatomic.h>
 #include <string.h>
@@ -19,12 +21,14 @@ static const quant_traits traits[QUANT_TYPE_LIMIT] = {
     [QUANT_Q5_1] = {"q5_1", 32, sizeof(block_q5_1), true},
     [QUANT_Q8_0] = {"q8_0", 32, sizeof(block_q8_0), true},
     [QUANT_Q8_1] = {"q8_1", 32, sizeof(block_q8_1), false},
-    [QUANT_Q2_K] = {"q2_k", 256, sizeof(block_q2_k), false},
-    [QUANT_Q3_K] = {"q3_k", 256, sizeof(block_q3_k), false},
+    [QUANT_Q2_K] = {"q2_k", 256, sizeof(block_q2_k), true},
+    [QUANT_Q3_K] = {"q3_k", 256, sizeof(block_q3_k), true},
     [QUANT_Q4_K] = {"q4_k", 256, sizeof(block_q4_k), true},
     [QUANT_Q5_K] = {"q5_k", 256, sizeof(block_q5_k), true},
     [QUANT_Q6_K] = {"q6_k", 256, sizeof(block_q6_k), true},
     [QUANT_Q8_K] = {"q8_k", 256, sizeof(block_q8_k), false},
+    [QUANT_IQ4_NL] = {"iq4_nl", 32, sizeof(block_iq4_nl), true},
+    [QUANT_IQ4_XS] = {"iq4_xs", 256, sizeof(block_iq4_xs), true},
 };
 
 const quant_traits *quant_get_traits(uint32_t type) {
@@ -127,7 +131,8 @@ size_t quant_act_row_bytes(uint32_t wtype, int64_t n) {
     if (wtype >= QUANT_TYPE_LIMIT || !quant_table_ref.k[wtype].dot || n < 0) return 0;
     switch (wtype) {
     case QUANT_F32: case QUANT_F16: case QUANT_BF16: return (size_t)n * sizeof(float);
-    case QUANT_Q4_K: case QUANT_Q5_K: case QUANT_Q6_K: return (size_t)(n / QKK) * sizeof(block_q8_k);
+    case QUANT_Q2_K: case QUANT_Q3_K: case QUANT_Q4_K: case QUANT_Q5_K: case QUANT_Q6_K: case QUANT_IQ4_XS:
+        return (size_t)(n / QKK) * sizeof(block_q8_k);
     default: return (size_t)(n / QK32) * sizeof(act_q8);
     }
 }

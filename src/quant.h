@@ -36,6 +36,8 @@ enum quant_type {
     QUANT_Q5_K = 13,
     QUANT_Q6_K = 14,
     QUANT_Q8_K = 15,
+    QUANT_IQ4_NL = 20,
+    QUANT_IQ4_XS = 23,
     QUANT_BF16 = 30,
     QUANT_TYPE_LIMIT = 64 /* ids at or above this are unknown */
 };
@@ -48,7 +50,7 @@ typedef struct {
 } quant_traits;
 
 /* Traits of a GGUF type id, or NULL when the id is unknown to kvshard (a file
- * with such a tensor is refused). Types known only by size (e.g. q2_k) have
+ * with such a tensor is refused). Types known only by size (q8_1, q8_k) have
  * compute == false. */
 const quant_traits *quant_get_traits(uint32_t type);
 
@@ -97,7 +99,8 @@ void quant_dot_tile(uint32_t wtype, int64_t n, const void *w, size_t w_stride, i
 /* Dequantizes n elements of wtype into y. */
 void quant_dequant_row(uint32_t wtype, const void *w, float *y, int64_t n);
 /* Reference quantizer (weights), for mkmodel and tests: f32, f16, bf16, q4_0,
- * q4_1, q5_0, q8_0, q4_k, q5_k, q6_k. Returns false for other types. */
+ * q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs (round to
+ * nearest, not llama.cpp's search). Returns false for other types. */
 bool quant_quantize_row(uint32_t type, const float *x, void *w, int64_t n);
 
 /* --- scalar references (always available, used by tests) --------------- */

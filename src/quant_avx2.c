@@ -905,6 +905,13 @@ static void avx_f32_to_f16_row(const float *src, uint16_t *dst, int64_t n) {
 
 static void avx_dq_f16(const void *w, float *y, int64_t n) { avx_f16_to_f32_row((const uint16_t *)w, y, n); }
 
+/* The low-bit types' dots live in quant_lowbit_avx2.c (and, for VNNI, _avx512.c). */
+#ifdef QUANT_AVX2_AS_VNNI
+#define QK_LOWBIT(name) quant_avx512_##name
+#else
+#define QK_LOWBIT(name) quant_avx2_##name
+#endif
+
 #define QK_AVX2_KERNELS                                                    \
     [QUANT_F32] = {avx_f32_multi, NULL, avx_act_f32},                      \
     [QUANT_F16] = {avx_f16_multi, avx_dq_f16, avx_act_f32},                \
@@ -916,7 +923,11 @@ static void avx_dq_f16(const void *w, float *y, int64_t n) { avx_f16_to_f32_row(
     [QUANT_Q8_0] = {avx_q8_0_multi, NULL, avx_act_q8, avx_q8_0_tile},                     \
     [QUANT_Q4_K] = {avx_q4_k_multi, NULL, avx_act_q8k, avx_q4_k_tile},                    \
     [QUANT_Q5_K] = {avx_q5_k_multi, NULL, avx_act_q8k},                    \
-    [QUANT_Q6_K] = {avx_q6_k_multi, NULL, avx_act_q8k}
+    [QUANT_Q6_K] = {avx_q6_k_multi, NULL, avx_act_q8k},                    \
+    [QUANT_Q2_K] = {QK_LOWBIT(dot_q2_k), NULL, avx_act_q8k},               \
+    [QUANT_Q3_K] = {QK_LOWBIT(dot_q3_k), NULL, avx_act_q8k},               \
+    [QUANT_IQ4_NL] = {QK_LOWBIT(dot_iq4_nl), NULL, avx_act_q8},            \
+    [QUANT_IQ4_XS] = {QK_LOWBIT(dot_iq4_xs), NULL, avx_act_q8k}
 
 #ifndef QUANT_AVX2_AS_VNNI
 const quant_isa_table quant_table_avx2 = {

@@ -85,19 +85,24 @@ typedef struct {
 } block_q8_1;
 static_assert(sizeof(block_q8_1) == 36, "q8_1 block size");
 
+/* q2_k: elem e = 128h + 32j + l (h 0..1, j 0..3, l 0..31) is bits 2j..2j+1 of
+ * qs[32h + l]; its 16-elem group is e / 16. y = d * sc * q - dmin * m. */
 typedef struct {
-    uint8_t scales[16]; /* 4-bit scale | 4-bit min per 16 elems */
-    uint8_t qs[64];     /* 2-bit quants */
-    uint16_t d;
-    uint16_t dmin;
+    uint8_t scales[16]; /* group g: low nibble scale sc, high nibble min m */
+    uint8_t qs[64];     /* 2-bit quants, four per byte */
+    uint16_t d;         /* f16 scale of the scales */
+    uint16_t dmin;      /* f16 scale of the mins */
 } block_q2_k;
 static_assert(sizeof(block_q2_k) == 84, "q2_k block size");
 
+/* q3_k: elem e = 128h + 32j + l has low bits 2j..2j+1 of qs[32h + l] and high
+ * bit (4h + j) of hmask[l]; q = low + 4 * high - 4 (-4..3). Group e / 16 has a
+ * 6-bit scale s (stored + 32; see quant_q3_k_scales). y = d * s * q. */
 typedef struct {
-    uint8_t hmask[32];
-    uint8_t qs[64];
-    uint8_t scales[12];
-    uint16_t d;
+    uint8_t hmask[32];  /* third bits */
+    uint8_t qs[64];     /* low 2 bits */
+    uint8_t scales[12]; /* 16 x 6-bit scales, packed */
+    uint16_t d;         /* f16 scale of the scales */
 } block_q3_k;
 static_assert(sizeof(block_q3_k) == 110, "q3_k block size");
 
@@ -125,6 +130,29 @@ typedef struct {
     uint16_t d;
 } block_q6_k;
 static_assert(sizeof(block_q6_k) == 210, "q6_k block size");
+
+/* iq4_nl: 32 elems; each nibble indexes the non-linear table quant_iq4_values.
+ * y[i] = d * v[qs[i] & 15], y[i + 16] = d * v[qs[i] >> 4] (i < 16). */
+typedef struct {
+    uint16_t d;      /* f16 scale */
+    uint8_t qs[16];
+} block_iq4_nl;
+static_assert(sizeof(block_iq4_nl) == 18, "iq4_nl block size");
+
+/* iq4_xs: 256 elems as eight iq4_nl-like sub-blocks of 32 (sub-block k: nibbles
+ * qs[16k..16k+15]) with 6-bit scales: low 4 bits in nibble k % 2 of scales_l[k / 2],
+ * high 2 bits at bits 2k..2k+1 of scales_h; y = d * (scale - 32) * v[nibble]. */
+typedef struct {
+    uint16_t d;          /* f16 scale of the scales */
+    uint16_t scales_h;   /* high 2 bits of the 8 scales */
+    uint8_t scales_l[4]; /* low 4 bits of the 8 scales */
+    uint8_t qs[128];
+} block_iq4_xs;
+static_assert(sizeof(block_iq4_xs) == 136, "iq4_xs block size");
+
+/* The 16 values of the iq4_nl / iq4_xs table (ggml's kvalues_iq4nl), ascending. */
+static const int8_t quant_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                            1,    13,   25,  38,  53,  69,  89,  113};
 
 /* Q8_K: the K-quant activation format, also ggml's layout. */
 typedef struct {
@@ -189,5 +217,47 @@ static inline void quant_scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint
         *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
     }
 }
+
+/* The 16 signed scales (-32..31) of a q3_k block: scale j has its low 4 bits in
+ * nibble j / 8 of byte j % 8 and its high 2 bits at bits 2 (j / 4).. of byte 8 + j % 4. */
+static inline void quant_q3_k_scales(const uint8_t packed[12], int8_t sc[16]) {
+    for (int j = 0; j < 16; j++) {
+        int lo = j < 8 ? packed[j] & 0xF : packed[j - 8] >> 4;
+        int hi = (packed[8 + j % 4] >> (2 * (j / 4))) & 3;
+        sc[j] = (int8_t)((lo | hi << 4) - 32);
+    }
+}
+
+/* 6-bit scale k (0..7) of an iq4_xs block, unsigned (subtract 32 to use). */
+static inline int quant_iq4_xs_scale(const block_iq4_xs *b, int k) {
+    return ((b->scales_l[k / 2] >> (4 * (k % 2))) & 0xF) | (((b->scales_h >> (2 * k)) & 3) << 4);
+}
+
+/* --- low-bit types: q2_k, q3_k (K-quant activations), iq4_nl (act_q8), iq4_xs
+ * (K-quant activations). Kernels in quant_lowbit_ref.c / _avx2.c / _avx512.c,
+ * registered in the tables of quant_ref.c / quant_avx2.c / quant_avx512.c. */
+#define QUANT_LOWBIT_DOTS(isa)                                                                        \
+    void quant_##isa##_dot_q2_k(int64_t n, const void *w, const void *act, size_t stride, int n_act,   \
+                                float *out);                                                           \
+    void quant_##isa##_dot_q3_k(int64_t n, const void *w, const void *act, size_t stride, int n_act,   \
+                                float *out);                                                           \
+    void quant_##isa##_dot_iq4_nl(int64_t n, const void *w, const void *act, size_t stride, int n_act, \
+                                  float *out);                                                         \
+    void quant_##isa##_dot_iq4_xs(int64_t n, const void *w, const void *act, size_t stride, int n_act, \
+                                  float *out);
+QUANT_LOWBIT_DOTS(ref)
+QUANT_LOWBIT_DOTS(avx2)
+QUANT_LOWBIT_DOTS(avx512)
+
+void quant_ref_dequant_q2_k(const void *w, float *y, int64_t n);
+void quant_ref_dequant_q3_k(const void *w, float *y, int64_t n);
+void quant_ref_dequant_iq4_nl(const void *w, float *y, int64_t n);
+void quant_ref_dequant_iq4_xs(const void *w, float *y, int64_t n);
+
+/* Reference weight quantizers (round to nearest; see quant_lowbit_ref.c). */
+void quant_ref_quantize_q2_k(const float *x, void *w, int64_t n);
+void quant_ref_quantize_q3_k(const float *x, void *w, int64_t n);
+void quant_ref_quantize_iq4_nl(const float *x, void *w, int64_t n);
+void quant_ref_quantize_iq4_xs(const float *x, void *w, int64_t n);
 
 #endif /* KVS_QUANT_IMPL_H */

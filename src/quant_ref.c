@@ -423,6 +423,10 @@ const quant_isa_table quant_table_ref = {
         [QUANT_Q4_K] = {dot_q4_k_multi, dq_q4_k, act_q8k_ref},
         [QUANT_Q5_K] = {dot_q5_k_multi, dq_q5_k, act_q8k_ref},
         [QUANT_Q6_K] = {dot_q6_k_multi, dq_q6_k, act_q8k_ref},
+        [QUANT_Q2_K] = {quant_ref_dot_q2_k, quant_ref_dequant_q2_k, act_q8k_ref},
+        [QUANT_Q3_K] = {quant_ref_dot_q3_k, quant_ref_dequant_q3_k, act_q8k_ref},
+        [QUANT_IQ4_NL] = {quant_ref_dot_iq4_nl, quant_ref_dequant_iq4_nl, act_q8_ref},
+        [QUANT_IQ4_XS] = {quant_ref_dot_iq4_xs, quant_ref_dequant_iq4_xs, act_q8k_ref},
     },
     .f16_to_f32 = quant_ref_f16_to_f32_row,
     .f32_to_f16 = quant_ref_f32_to_f16_row,
@@ -625,6 +629,10 @@ bool quant_quantize_row(uint32_t type, const float *x, void *w, int64_t n) {
     case QUANT_Q4_K: qz_q4_k(x, w, n); return true;
     case QUANT_Q5_K: qz_q5_k(x, w, n); return true;
     case QUANT_Q6_K: qz_q6_k(x, w, n); return true;
+    case QUANT_Q2_K: quant_ref_quantize_q2_k(x, w, n); return true;
+    case QUANT_Q3_K: quant_ref_quantize_q3_k(x, w, n); return true;
+    case QUANT_IQ4_NL: quant_ref_quantize_iq4_nl(x, w, n); return true;
+    case QUANT_IQ4_XS: quant_ref_quantize_iq4_xs(x, w, n); return true;
     default: return false;
     }
 }

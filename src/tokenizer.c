@@ -1,36 +1,29 @@
 /*
- * tokenizer — SentencePiece-style "llama" (SPM) tokenizer, matching llama.cpp's
- * llm_tokenizer_spm for tokenizer.ggml.model == "llama".
+ * tokenizer — the interface over the tokenizer families (tok_spm, tok_bpe): loading a
+ * vocab from GGUF metadata or plain arrays, special tokens, BOS and end-of-generation,
+ * encode dispatch and decoding.
  *
  * Design notes
- *  1. The vocab owns copies of every token text in one arena (text_arena); the
- *     GGUF context (or the caller's arrays) may be freed once tok_from_gguf() /
- *     tok_from_arrays() returns. tok_from_gguf only reads the metadata into a
- *     tok_arrays; tok_from_arrays is the single builder.
+ *  1. The vocab owns copies of every token text in one arena (text_arena); the GGUF
+ *     context (or the caller's arrays) may be freed once tok_from_gguf() /
+ *     tok_from_arrays() returns. tok_from_gguf only reads the metadata into a tok_arrays;
+ *     tok_from_arrays is the single builder, so a vocab that travelled over the wire is
+ *     the same as one read from the file.
  *  2. Token text -> id is an open-addressing hash table (power-of-two slots, load
  *     <= 1/2, linear probing). A text that occurs twice maps to its last id, as in
  *     llama.cpp, whose map assignment overwrites.
- *  3. Encoding (tok_encode):
- *       a. the text is split into fragments at user-defined tokens (type 4), which
- *          llama.cpp matches verbatim even without special-token parsing; longer
- *          user tokens are matched first;
- *       b. each raw fragment gets a leading ' ' when add_space_prefix is set and the
- *          previous fragment was a token (or it is the first), then ' ' -> U+2581;
- *       c. the fragment is split into UTF-8 characters by lead byte alone
- *          (0x00-0xBF: 1 byte, 0xC0-0xDF: 2, 0xE0-0xEF: 3, 0xF0-0xFF: 4, clipped at
- *          the end), so invalid UTF-8 never fails, it only makes odd characters;
- *       d. every adjacent pair whose concatenation is a token enters a max-heap keyed
- *          by (score desc, left index asc); popping a pair whose sides changed since
- *          it was pushed (size mismatch or a side already merged away) is skipped,
- *          otherwise the right symbol merges into the left and the two new pairs
- *          around it are pushed. Each merge pushes at most 2 pairs, so the heap
- *          holds < 3n entries and the loop is O(n log n);
- *       e. a final symbol is its token if the text is in the vocab, else one
- *          <0xNN> token per byte (the unknown id when the vocab lacks that byte).
- *     A merged symbol is always a vocab token, so llama.cpp's rev_merge
- *     re-segmentation never applies and is not needed here.
- *  4. Nothing here allocates global state; a vocab is read-only after creation and
- *     may be shared between threads.
+ *  3. Special tokens, as llama.cpp (llama_vocab::load): a token whose text is one of the
+ *     end-of-generation texts (EOG_TEXTS) is forced to CONTROL type and joins the EOG
+ *     set, with EOS and the fill-in-the-middle pad/repo/separator tokens. Control,
+ *     unknown and user-defined tokens are "special": sorted longest text first (then
+ *     lowest id), they split the text before the family encoder sees it.
+ *  4. Encoding (tok_encode_ex): the text is split into fragments by each special token
+ *     in turn (longest first), every raw fragment left so far, left to right — the order
+ *     of llama.cpp's tokenizer_st_partition; control and unknown tokens take part only
+ *     with parse_special. Raw fragments go to tok_spm_encode (which adds the leading
+ *     space after a token or at the start) or tok_bpe_encode.
+ *  5. Nothing here allocates global state; a vocab is read-only after creation and may
+ *     be shared between threads.
  */
 #include "tokenizer.h"
 
@@ -38,38 +31,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tok_bpe.h"
+#include "tok_impl.h"
 #include "util.h"
 
-enum {
-    TOK_TYPE_NORMAL = 1,
-    TOK_TYPE_UNKNOWN = 2,
-    TOK_TYPE_CONTROL = 3,
-    TOK_TYPE_USER_DEFINED = 4,
-    TOK_TYPE_UNUSED = 5,
-    TOK_TYPE_BYTE = 6,
-};
-
-/* Hard limits on metadata from the file. */
-#define TOK_MAX_VOCAB (1 << 24)
-#define TOK_MAX_TOKEN_BYTES 4096
-
-struct tok_vocab {
-    int32_t n_vocab;
-    char *text_arena;      /* all token texts back to back, not NUL-terminated */
-    uint32_t *text_off;    /* (n_vocab + 1) offsets into text_arena; token i is [off[i], off[i+1]) */
-    float *scores;         /* (n_vocab) merge priority, higher merges first */
-    uint8_t *types;        /* (n_vocab) TOK_TYPE_* */
-    int32_t *hash_slots;   /* (hash_cap) token id or -1 */
-    uint32_t hash_cap;     /* power of two, >= 2 * n_vocab */
-    int32_t byte_tok[256]; /* id of <0xNN> (or of the 1-byte token "\xNN"), -1 if none */
-    int32_t *user_ids;     /* (n_user) user-defined tokens, longest text first */
-    int32_t n_user;
-    uint32_t max_token_len; /* bytes of the longest token text */
-    int32_t bos, eos, unk;  /* -1 when absent */
-    bool add_space_prefix;
-};
-
-/* ---- hash map ------------------------------------------------------------- */
+/* ---- hash map (design note 2) --------------------------------------------- */
 
 static uint32_t hash_bytes(const char *s, size_t n) {
     uint32_t h = 2166136261u; /* FNV-1a */
@@ -80,13 +46,7 @@ static uint32_t hash_bytes(const char *s, size_t n) {
     return h ^ (h >> 15);
 }
 
-static const char *tok_text(const tok_vocab *v, int32_t id, size_t *len) {
-    *len = v->text_off[id + 1] - v->text_off[id];
-    return v->text_arena + v->text_off[id];
-}
-
-/* Id of the token whose text is s[0..n), or -1. */
-static int32_t vocab_find(const tok_vocab *v, const char *s, size_t n) {
+int32_t tok_vocab_find(const tok_vocab *v, const char *s, size_t n) {
     if (n > v->max_token_len) return -1;
     uint32_t mask = v->hash_cap - 1;
     for (uint32_t i = hash_bytes(s, n) & mask;; i = (i + 1) & mask) {
@@ -164,26 +124,108 @@ static int read_special_id(const gguf_ctx *g, const char *key, int32_t n_vocab, 
     return KVS_OK;
 }
 
+/* Texts that end a generation (llama.cpp's EOT/EOM/EOG and FIM pad/repo/separator lists);
+ * design note 3. */
+static const char *const EOG_TEXTS[] = {
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>",
+    "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>", /* DeepSeek */
+    "<|fim_pad|>", "<fim-pad>", "<PAD>", "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<|file_sep|>",
+};
+
+static void eog_add(tok_vocab *v, int32_t id) {
+    if (id < 0 || v->n_eog == TOK_MAX_EOG) return;
+    int i = 0;
+    while (i < v->n_eog && v->eog[i] < id) i++;
+    if (i < v->n_eog && v->eog[i] == id) return;
+    memmove(&v->eog[i + 1], &v->eog[i], (size_t)(v->n_eog - i) * sizeof v->eog[0]);
+    v->eog[i] = id;
+    v->n_eog++;
+}
+
+static void find_eog(tok_vocab *v) {
+    for (size_t k = 0; k < sizeof EOG_TEXTS / sizeof EOG_TEXTS[0]; k++) {
+        int32_t id = tok_vocab_find(v, EOG_TEXTS[k], strlen(EOG_TEXTS[k]));
+        if (id < 0) continue;
+        v->types[id] = TOK_TYPE_CONTROL;
+        eog_add(v, id);
+    }
+    eog_add(v, v->eos);
+}
+
 typedef struct {
     uint32_t len; /* bytes of the token text */
     int32_t id;
-} tok_user_key;
+} tok_special_key;
 
 /* Longest text first, then lowest id (llama.cpp sorts by length only). */
-static int cmp_user_key(const void *pa, const void *pb) {
-    const tok_user_key *a = pa, *b = pb;
+static int cmp_special_key(const void *pa, const void *pb) {
+    const tok_special_key *a = pa, *b = pb;
     if (a->len != b->len) return a->len > b->len ? -1 : 1;
     return a->id < b->id ? -1 : (a->id > b->id);
 }
 
-/* The one builder behind tok_from_arrays and tok_from_gguf: validates a (design note 1: copies
- * everything) and builds the lookup structures. */
+static bool is_special_type(uint8_t t) {
+    return t == TOK_TYPE_CONTROL || t == TOK_TYPE_UNKNOWN || t == TOK_TYPE_USER_DEFINED;
+}
+
+static int sort_specials(tok_vocab *v) {
+    int32_t n = 0;
+    for (int32_t i = 0; i < v->n_vocab; i++)
+        if (is_special_type(v->types[i]) && v->text_off[i + 1] > v->text_off[i]) n++;
+    if (n == 0) return KVS_OK;
+    tok_special_key *keys = malloc((size_t)n * sizeof *keys);
+    v->special_ids = malloc((size_t)n * sizeof *v->special_ids);
+    if (!keys || !v->special_ids) {
+        free(keys);
+        return KVS_ERR_NOMEM;
+    }
+    int32_t k = 0;
+    for (int32_t i = 0; i < v->n_vocab; i++) {
+        uint32_t l = v->text_off[i + 1] - v->text_off[i];
+        if (is_special_type(v->types[i]) && l > 0) keys[k++] = (tok_special_key){l, i};
+    }
+    qsort(keys, (size_t)k, sizeof *keys, cmp_special_key);
+    for (int32_t i = 0; i < k; i++) v->special_ids[i] = keys[i].id;
+    v->n_special = k;
+    free(keys);
+    return KVS_OK;
+}
+
+/* SPM byte tokens: every BYTE-type token must read <0xNN>; byte_tok[b] is the id that
+ * the text "<0xNN>" (else the 1-byte text) looks up to, as llama.cpp's fallback does. */
+static int spm_byte_tokens(tok_vocab *v, char *msg, size_t msg_cap) {
+    for (int32_t i = 0; i < v->n_vocab; i++) {
+        if (v->types[i] != TOK_TYPE_BYTE) continue;
+        size_t l;
+        const char *s = tok_text(v, i, &l);
+        if (parse_byte_token(s, l) < 0)
+            return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "byte token %d has text '%.*s', not <0xNN>", (int)i,
+                            (int)(l > 32 ? 32 : l), s);
+    }
+    for (int b = 0; b < 256; b++) {
+        static const char hex[] = "0123456789ABCDEF";
+        char buf[6] = {'<', '0', 'x', hex[b >> 4], hex[b & 15], '>'};
+        int32_t id = tok_vocab_find(v, buf, 6);
+        if (id < 0) {
+            char c = (char)b;
+            id = tok_vocab_find(v, &c, 1);
+        }
+        v->byte_tok[b] = id;
+    }
+    return KVS_OK;
+}
+
+/* The one builder behind tok_from_arrays and tok_from_gguf (design note 1). */
 int tok_from_arrays(const tok_arrays *a, tok_vocab **out, char *msg, size_t msg_cap) {
     if (!out) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "out is NULL");
     *out = NULL;
     if (!a || !a->texts || !a->text_lens) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "token arrays are NULL");
+    if (a->kind != TOK_KIND_SPM && a->kind != TOK_KIND_BPE)
+        return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "unknown tokenizer kind %d", (int)a->kind);
     if (a->n_vocab <= 0 || a->n_vocab > TOK_MAX_VOCAB)
         return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "bad vocab size %d", (int)a->n_vocab);
+    if (a->add_bos < -1 || a->add_bos > 1)
+        return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "bad add_bos %d", (int)a->add_bos);
     const int32_t n = a->n_vocab;
     const int32_t *special[3] = {&a->bos, &a->eos, &a->unk};
     static const char *const special_name[3] = {"bos", "eos", "unknown"};
@@ -191,6 +233,20 @@ int tok_from_arrays(const tok_arrays *a, tok_vocab **out, char *msg, size_t msg_
         if (*special[i] < -1 || *special[i] >= n)
             return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "%s token id %d out of range (vocab %d)", special_name[i],
                             (int)*special[i], (int)n);
+    size_t tmpl_len = 0;
+    if (a->chat_template) {
+        tmpl_len = strnlen(a->chat_template, (size_t)TOK_MAX_TEMPLATE + 1);
+        if (tmpl_len > TOK_MAX_TEMPLATE)
+            return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "chat template over %u bytes", (unsigned)TOK_MAX_TEMPLATE);
+    }
+    if (a->kind == TOK_KIND_BPE) {
+        if (a->n_merges < 0 || a->n_merges > TOK_MAX_MERGES)
+            return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "bad merge count %d", (int)a->n_merges);
+        if (a->n_merges > 0 && (!a->merges || !a->merge_lens))
+            return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "merge arrays are NULL");
+        if (a->pre && strnlen(a->pre, TOK_MAX_PRE + 1) > TOK_MAX_PRE)
+            return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "pre-tokenizer name over %u bytes", (unsigned)TOK_MAX_PRE);
+    }
 
     uint64_t text_bytes = 0;
     uint32_t max_len = 0;
@@ -207,6 +263,7 @@ int tok_from_arrays(const tok_arrays *a, tok_vocab **out, char *msg, size_t msg_
     int rc;
     tok_vocab *v = calloc(1, sizeof *v);
     if (!v) return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
+    v->kind = a->kind;
     v->n_vocab = n;
     v->max_token_len = max_len;
     v->hash_cap = 1;
@@ -216,10 +273,18 @@ int tok_from_arrays(const tok_arrays *a, tok_vocab **out, char *msg, size_t msg_
     v->scores = malloc((size_t)n * sizeof *v->scores);
     v->types = malloc((size_t)n);
     v->hash_slots = malloc((size_t)v->hash_cap * sizeof *v->hash_slots);
-    v->user_ids = malloc((size_t)n * sizeof *v->user_ids);
-    if (!v->text_arena || !v->text_off || !v->scores || !v->types || !v->hash_slots || !v->user_ids) {
+    if (!v->text_arena || !v->text_off || !v->scores || !v->types || !v->hash_slots) {
         rc = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
         goto fail;
+    }
+    if (a->chat_template) {
+        v->chat_template = malloc(tmpl_len + 1);
+        if (!v->chat_template) {
+            rc = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+        memcpy(v->chat_template, a->chat_template, tmpl_len);
+        v->chat_template[tmpl_len] = 0;
     }
 
     uint32_t off = 0;
@@ -230,7 +295,7 @@ int tok_from_arrays(const tok_arrays *a, tok_vocab **out, char *msg, size_t msg_
         off += l;
         v->scores[i] = a->scores ? a->scores[i] : 0.0f;
         int32_t t = a->types ? a->types[i] : TOK_TYPE_NORMAL;
-        if (t < TOK_TYPE_NORMAL || t > TOK_TYPE_BYTE) t = TOK_TYPE_NORMAL - 1; /* "undefined" (0) */
+        if (t < TOK_TYPE_NORMAL || t > TOK_TYPE_BYTE) t = TOK_TYPE_UNDEFINED;
         v->types[i] = (uint8_t)t;
     }
     v->text_off[n] = off;
@@ -239,60 +304,47 @@ int tok_from_arrays(const tok_arrays *a, tok_vocab **out, char *msg, size_t msg_
     for (int32_t i = 0; i < n; i++) vocab_insert(v, i);
 
     for (int i = 0; i < 256; i++) v->byte_tok[i] = -1;
-    for (int32_t i = 0; i < n; i++) {
-        if (v->types[i] != TOK_TYPE_BYTE) continue;
-        size_t l;
-        const char *s = tok_text(v, i, &l);
-        int b = parse_byte_token(s, l);
-        if (b < 0) {
-            rc = kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "byte token %d has text '%.*s', not <0xNN>", (int)i,
-                          (int)(l > 32 ? 32 : l), s);
-            goto fail;
-        }
-    }
-    /* Byte fallback looks the text up (as llama.cpp does), so a duplicate resolves
-     * the same way as any other lookup; a vocab without "<0xNN>" may still hold
-     * the raw byte as a one-byte token. */
-    for (int b = 0; b < 256; b++) {
-        static const char hex[] = "0123456789ABCDEF";
-        char buf[6] = {'<', '0', 'x', hex[b >> 4], hex[b & 15], '>'};
-        int32_t id = vocab_find(v, buf, 6);
-        if (id < 0) {
-            char c = (char)b;
-            id = vocab_find(v, &c, 1);
-        }
-        v->byte_tok[b] = id;
-    }
-
-    v->n_user = 0;
-    for (int32_t i = 0; i < n; i++)
-        if (v->types[i] == TOK_TYPE_USER_DEFINED && v->text_off[i + 1] > v->text_off[i]) v->n_user++;
-    if (v->n_user > 0) {
-        tok_user_key *keys = malloc((size_t)v->n_user * sizeof *keys);
-        if (!keys) {
-            rc = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
-            goto fail;
-        }
-        int32_t k = 0;
-        for (int32_t i = 0; i < n; i++) {
-            uint32_t l = v->text_off[i + 1] - v->text_off[i];
-            if (v->types[i] == TOK_TYPE_USER_DEFINED && l > 0) keys[k++] = (tok_user_key){l, i};
-        }
-        qsort(keys, (size_t)k, sizeof *keys, cmp_user_key);
-        for (int32_t i = 0; i < k; i++) v->user_ids[i] = keys[i].id;
-        free(keys);
-    }
+    if (v->kind == TOK_KIND_SPM && (rc = spm_byte_tokens(v, msg, msg_cap)) != KVS_OK) goto fail;
 
     v->bos = a->bos;
     v->eos = a->eos;
     v->unk = a->unk;
     v->add_space_prefix = a->add_space_prefix;
+    find_eog(v);
+    if (sort_specials(v) != KVS_OK) {
+        rc = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    if (v->kind == TOK_KIND_BPE &&
+        (rc = tok_bpe_create(v, a->pre, a->merges, a->merge_lens, a->n_merges, &v->bpe, msg, msg_cap)) != KVS_OK)
+        goto fail;
+    v->add_bos_setting = a->add_bos;
+    if (a->add_bos != 0) v->add_bos = a->add_bos > 0;
+    else v->add_bos = v->kind == TOK_KIND_SPM || tok_bpe_default_add_bos(v->bpe);
     *out = v;
     return KVS_OK;
 
 fail:
     tok_free(v);
     return rc;
+}
+
+/* Copies a GGUF string into a new NUL-terminated buffer (*out; NULL when kv is absent). */
+static int dup_gguf_str(const gguf_kv *kv, const char *key, size_t max, char **out, char *msg, size_t msg_cap) {
+    *out = NULL;
+    if (!kv) return KVS_OK;
+    if (kv->type != GGUF_VT_STRING) return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "%s: not a string", key);
+    if (kv->str.len > max)
+        return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "%s: %llu bytes, over the limit of %zu", key,
+                        (unsigned long long)kv->str.len, max);
+    if (memchr(kv->str.ptr, 0, (size_t)kv->str.len))
+        return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "%s: NUL byte in the string", key);
+    char *s = malloc((size_t)kv->str.len + 1);
+    if (!s) return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
+    if (kv->str.len) memcpy(s, kv->str.ptr, (size_t)kv->str.len);
+    s[kv->str.len] = 0;
+    *out = s;
+    return KVS_OK;
 }
 
 int tok_from_gguf(const gguf_ctx *g, tok_vocab **out, char *msg, size_t msg_cap) {
@@ -305,14 +357,16 @@ int tok_from_gguf(const gguf_ctx *g, tok_vocab **out, char *msg, size_t msg_cap)
     if (rc == KVS_ERR_NOT_FOUND)
         return kvs_fail(msg, msg_cap, KVS_ERR_UNSUPPORTED, "no tokenizer.ggml.model in the file");
     if (rc != KVS_OK) return kvs_fail(msg, msg_cap, rc, "tokenizer.ggml.model: not a string");
-    if (!gguf_str_eq(model, "llama"))
-        return kvs_fail(msg, msg_cap, KVS_ERR_UNSUPPORTED, "tokenizer model '%.*s' is not supported (only 'llama')",
+    tok_kind kind;
+    if (gguf_str_eq(model, "llama")) kind = TOK_KIND_SPM;
+    else if (gguf_str_eq(model, "gpt2")) kind = TOK_KIND_BPE;
+    else
+        return kvs_fail(msg, msg_cap, KVS_ERR_UNSUPPORTED, "tokenizer.ggml.model '%.*s' is not supported (llama, gpt2)",
                         (int)(model.len > 64 ? 64 : model.len), model.ptr);
 
     const gguf_kv *ktok = gguf_find_kv(g, "tokenizer.ggml.tokens");
-    if (!ktok) return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "tokenizer.ggml.tokens missing");
-    if (ktok->type != GGUF_VT_ARRAY || ktok->arr_type != GGUF_VT_STRING || !ktok->arr_strs)
-        return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "tokenizer.ggml.tokens: not a string array");
+    if (!ktok || ktok->type != GGUF_VT_ARRAY || ktok->arr_type != GGUF_VT_STRING)
+        return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "tokenizer.ggml.tokens: missing or not a string array");
     if (ktok->arr_n == 0 || ktok->arr_n > TOK_MAX_VOCAB)
         return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "tokenizer.ggml.tokens: bad count %llu",
                         (unsigned long long)ktok->arr_n);
@@ -325,8 +379,25 @@ int tok_from_gguf(const gguf_ctx *g, tok_vocab **out, char *msg, size_t msg_cap)
     const gguf_kv *ktype = gguf_find_kv(g, "tokenizer.ggml.token_type");
     if (ktype && (ktype->type != GGUF_VT_ARRAY || ktype->arr_n != ktok->arr_n || !is_int_type(ktype->arr_type)))
         return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "tokenizer.ggml.token_type: not an int array of %d", (int)n);
+    const gguf_kv *kmerges = NULL;
+    if (kind == TOK_KIND_BPE) {
+        kmerges = gguf_find_kv(g, "tokenizer.ggml.merges");
+        if (!kmerges || kmerges->type != GGUF_VT_ARRAY || kmerges->arr_type != GGUF_VT_STRING)
+            return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "tokenizer.ggml.merges: missing or not a string array");
+        if (kmerges->arr_n > TOK_MAX_MERGES)
+            return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "tokenizer.ggml.merges: %llu merges, over the limit",
+                            (unsigned long long)kmerges->arr_n);
+    }
 
-    tok_arrays a = {.n_vocab = n, .bos = n > 1 ? 1 : -1, .eos = n > 2 ? 2 : -1, .unk = 0, .add_space_prefix = true};
+    tok_arrays a = {.n_vocab = n, .kind = kind};
+    if (kind == TOK_KIND_SPM) {
+        a.bos = n > 1 ? 1 : -1;
+        a.eos = n > 2 ? 2 : -1;
+        a.unk = 0;
+        a.add_space_prefix = true;
+    } else {
+        a.bos = a.eos = a.unk = -1;
+    }
     if ((rc = read_special_id(g, "tokenizer.ggml.bos_token_id", n, &a.bos, msg, msg_cap)) != KVS_OK) return rc;
     if ((rc = read_special_id(g, "tokenizer.ggml.eos_token_id", n, &a.eos, msg, msg_cap)) != KVS_OK) return rc;
     if ((rc = read_special_id(g, "tokenizer.ggml.unknown_token_id", n, &a.unk, msg, msg_cap)) != KVS_OK) return rc;
@@ -336,17 +407,34 @@ int tok_from_gguf(const gguf_ctx *g, tok_vocab **out, char *msg, size_t msg_cap)
             return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "tokenizer.ggml.add_space_prefix: not a bool");
         a.add_space_prefix = ksp->val.b;
     }
+    const gguf_kv *kbos = gguf_find_kv(g, "tokenizer.ggml.add_bos_token");
+    if (kbos) {
+        if (kbos->type != GGUF_VT_BOOL)
+            return kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "tokenizer.ggml.add_bos_token: not a bool");
+        a.add_bos = kbos->val.b ? 1 : -1;
+    }
 
     /* Texts are borrowed from the mapping; scores and types are converted from whatever
      * element type the file uses. tok_from_arrays copies all of it. */
+    char *pre = NULL, *tmpl = NULL;
     const char **texts = malloc((size_t)n * sizeof *texts);
     uint32_t *lens = malloc((size_t)n * sizeof *lens);
     float *scores = kscore ? malloc((size_t)n * sizeof *scores) : NULL;
     int32_t *types = ktype ? malloc((size_t)n * sizeof *types) : NULL;
-    if (!texts || !lens || (kscore && !scores) || (ktype && !types)) {
+    size_t n_merges = kmerges ? (size_t)kmerges->arr_n : 0;
+    const char **merges = n_merges ? malloc(n_merges * sizeof *merges) : NULL;
+    uint32_t *merge_lens = n_merges ? malloc(n_merges * sizeof *merge_lens) : NULL;
+    if (!texts || !lens || (kscore && !scores) || (ktype && !types) || (n_merges && (!merges || !merge_lens))) {
         rc = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
         goto done;
     }
+    if (kind == TOK_KIND_BPE &&
+        (rc = dup_gguf_str(gguf_find_kv(g, "tokenizer.ggml.pre"), "tokenizer.ggml.pre", TOK_MAX_PRE, &pre, msg,
+                           msg_cap)) != KVS_OK)
+        goto done;
+    if ((rc = dup_gguf_str(gguf_find_kv(g, "tokenizer.chat_template"), "tokenizer.chat_template", TOK_MAX_TEMPLATE,
+                           &tmpl, msg, msg_cap)) != KVS_OK)
+        goto done;
     for (int32_t i = 0; i < n; i++) {
         gguf_str s = ktok->arr_strs[i];
         if (s.len > TOK_MAX_TOKEN_BYTES) {
@@ -362,10 +450,24 @@ int tok_from_gguf(const gguf_ctx *g, tok_vocab **out, char *msg, size_t msg_cap)
             types[i] = t < TOK_TYPE_NORMAL || t > TOK_TYPE_BYTE ? 0 : (int32_t)t;
         }
     }
+    for (size_t i = 0; i < n_merges; i++) {
+        gguf_str s = kmerges->arr_strs[i];
+        if (s.len > 2 * TOK_MAX_TOKEN_BYTES + 1) {
+            rc = kvs_fail(msg, msg_cap, KVS_ERR_FORMAT, "merge %zu: %llu bytes", i, (unsigned long long)s.len);
+            goto done;
+        }
+        merges[i] = s.ptr;
+        merge_lens[i] = (uint32_t)s.len;
+    }
     a.texts = texts;
     a.text_lens = lens;
     a.scores = scores;
     a.types = types;
+    a.pre = pre;
+    a.merges = merges;
+    a.merge_lens = merge_lens;
+    a.n_merges = (int32_t)n_merges;
+    a.chat_template = tmpl;
     rc = tok_from_arrays(&a, out, msg, msg_cap);
 
 done:
@@ -373,185 +475,48 @@ done:
     free(lens);
     free(scores);
     free(types);
+    free(merges);
+    free(merge_lens);
+    free(pre);
+    free(tmpl);
     return rc;
 }
 
 void tok_free(tok_vocab *v) {
     if (!v) return;
+    tok_bpe_free(v->bpe);
     free(v->text_arena);
     free(v->text_off);
     free(v->scores);
     free(v->types);
     free(v->hash_slots);
-    free(v->user_ids);
+    free(v->special_ids);
+    free(v->chat_template);
     free(v);
 }
 
 int32_t tok_n_vocab(const tok_vocab *v) { return v ? v->n_vocab : 0; }
 int32_t tok_bos(const tok_vocab *v) { return v ? v->bos : -1; }
 int32_t tok_eos(const tok_vocab *v) { return v ? v->eos : -1; }
+bool tok_add_bos(const tok_vocab *v) { return v && v->add_bos && v->bos >= 0; }
+int8_t tok_add_bos_setting(const tok_vocab *v) { return v ? v->add_bos_setting : 0; }
+const char *tok_chat_template(const tok_vocab *v) { return v ? v->chat_template : NULL; }
+tok_kind tok_vocab_kind(const tok_vocab *v) { return v ? v->kind : TOK_KIND_SPM; }
+const char *tok_pre_name(const tok_vocab *v) { return v && v->bpe ? tok_bpe_pre(v->bpe) : ""; }
+int32_t tok_n_merges(const tok_vocab *v) { return v && v->bpe ? tok_bpe_n_merges(v->bpe) : 0; }
 
-/* ---- encoding ------------------------------------------------------------- */
-
-typedef struct {
-    int32_t start; /* byte offset into the escaped fragment */
-    int32_t n;     /* bytes; 0 once merged into its left neighbour */
-    int32_t prev;  /* index of the previous live symbol, -1 at the start */
-    int32_t next;  /* index of the next live symbol, -1 at the end */
-} tok_symbol;
-
-typedef struct {
-    float score;  /* score of the merged token */
-    int32_t left; /* symbol indices */
-    int32_t right;
-    int32_t size; /* bytes of left + right when pushed; a mismatch at pop means stale */
-} tok_bigram;
-
-/* Scratch for one tok_encode call. */
-typedef struct {
-    char *text;           /* escaped fragment */
-    tok_symbol *sym;      /* sym_cap entries */
-    size_t sym_cap;
-    tok_bigram *heap;
-    size_t heap_n, heap_cap;
-    int32_t *ids;         /* caller's output */
-    int max_ids;
-    size_t n_out;         /* ids produced so far (may exceed max_ids) */
-} tok_work;
-
-static void emit(tok_work *w, int32_t id) {
-    if (w->n_out < (size_t)w->max_ids) w->ids[w->n_out] = id;
-    w->n_out++;
+bool tok_merge(const tok_vocab *v, int32_t rank, int32_t *left, int32_t *right) {
+    return v && v->bpe && tok_bpe_merge(v->bpe, rank, left, right);
 }
 
-/* a pops before b: higher score, then leftmost. */
-static bool bigram_above(const tok_bigram *a, const tok_bigram *b) {
-    return a->score > b->score || (a->score == b->score && a->left < b->left);
+bool tok_is_eog(const tok_vocab *v, int32_t id) {
+    if (!v || id < 0) return false;
+    for (int i = 0; i < v->n_eog; i++)
+        if (v->eog[i] == id) return true;
+    return false;
 }
 
-static int heap_push(tok_work *w, tok_bigram b) {
-    if (w->heap_n == w->heap_cap) {
-        size_t cap = w->heap_cap ? w->heap_cap * 2 : 64;
-        tok_bigram *h = realloc(w->heap, cap * sizeof *h);
-        if (!h) return KVS_ERR_NOMEM;
-        w->heap = h;
-        w->heap_cap = cap;
-    }
-    size_t i = w->heap_n++;
-    while (i > 0) {
-        size_t parent = (i - 1) / 2;
-        if (!bigram_above(&b, &w->heap[parent])) break;
-        w->heap[i] = w->heap[parent];
-        i = parent;
-    }
-    w->heap[i] = b;
-    return KVS_OK;
-}
-
-static tok_bigram heap_pop(tok_work *w) {
-    tok_bigram top = w->heap[0];
-    tok_bigram last = w->heap[--w->heap_n];
-    size_t n = w->heap_n, i = 0;
-    for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, m = l;
-        if (l >= n) break;
-        if (r < n && bigram_above(&w->heap[r], &w->heap[l])) m = r;
-        if (!bigram_above(&w->heap[m], &last)) break;
-        w->heap[i] = w->heap[m];
-        i = m;
-    }
-    if (n > 0) w->heap[i] = last;
-    return top;
-}
-
-static int try_add_bigram(const tok_vocab *v, tok_work *w, int32_t left, int32_t right) {
-    if (left < 0 || right < 0) return KVS_OK;
-    const tok_symbol *l = &w->sym[left], *r = &w->sym[right];
-    int32_t size = l->n + r->n; /* adjacent: r starts where l ends */
-    int32_t id = vocab_find(v, w->text + l->start, (size_t)size);
-    if (id < 0) return KVS_OK;
-    return heap_push(w, (tok_bigram){v->scores[id], left, right, size});
-}
-
-/* UTF-8 sequence length from the lead byte alone, like llama.cpp's unicode_len_utf8. */
-static int utf8_len(uint8_t lead) {
-    static const uint8_t lookup[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
-    return lookup[lead >> 4];
-}
-
-/* SPM-encodes one raw fragment (design note 3b-3e). */
-static int encode_fragment(const tok_vocab *v, tok_work *w, const char *src, size_t len, bool add_prefix) {
-    static const char spc[3] = {'\xE2', '\x96', '\x81'}; /* U+2581 */
-    size_t tl = 0;
-    if (add_prefix) {
-        memcpy(w->text, spc, 3);
-        tl = 3;
-    }
-    for (size_t i = 0; i < len; i++) {
-        if (src[i] == ' ') {
-            memcpy(w->text + tl, spc, 3);
-            tl += 3;
-        } else {
-            w->text[tl++] = src[i];
-        }
-    }
-    if (tl == 0) return KVS_OK;
-
-    /* Count first: a lead byte may swallow part of a following U+2581, so the
-     * number of characters is not bounded by the input length. */
-    size_t need = 0;
-    for (size_t off = 0; off < tl; need++) off += (size_t)utf8_len((uint8_t)w->text[off]);
-    if (need > w->sym_cap) {
-        tok_symbol *ns = realloc(w->sym, need * sizeof *ns);
-        if (!ns) return KVS_ERR_NOMEM;
-        w->sym = ns;
-        w->sym_cap = need;
-    }
-
-    int32_t n_sym = 0;
-    for (size_t off = 0; off < tl;) {
-        size_t cl = (size_t)utf8_len((uint8_t)w->text[off]);
-        if (cl > tl - off) cl = tl - off;
-        tok_symbol *s = &w->sym[n_sym];
-        s->start = (int32_t)off;
-        s->n = (int32_t)cl;
-        s->prev = n_sym - 1;
-        off += cl;
-        s->next = off == tl ? -1 : n_sym + 1;
-        n_sym++;
-    }
-
-    int rc;
-    w->heap_n = 0;
-    for (int32_t i = 1; i < n_sym; i++)
-        if ((rc = try_add_bigram(v, w, i - 1, i)) != KVS_OK) return rc;
-
-    while (w->heap_n > 0) {
-        tok_bigram b = heap_pop(w);
-        tok_symbol *l = &w->sym[b.left], *r = &w->sym[b.right];
-        if (l->n == 0 || r->n == 0 || l->n + r->n != b.size) continue;
-        l->n += r->n;
-        r->n = 0;
-        l->next = r->next;
-        if (r->next >= 0) w->sym[r->next].prev = b.left;
-        if ((rc = try_add_bigram(v, w, l->prev, b.left)) != KVS_OK) return rc;
-        if ((rc = try_add_bigram(v, w, b.left, l->next)) != KVS_OK) return rc;
-    }
-
-    for (int32_t i = 0; i != -1; i = w->sym[i].next) {
-        const tok_symbol *s = &w->sym[i];
-        int32_t id = vocab_find(v, w->text + s->start, (size_t)s->n);
-        if (id >= 0) {
-            emit(w, id);
-            continue;
-        }
-        for (int32_t j = 0; j < s->n; j++) {
-            int32_t bt = v->byte_tok[(uint8_t)w->text[s->start + j]];
-            emit(w, bt >= 0 ? bt : v->unk);
-        }
-    }
-    return KVS_OK;
-}
+/* ---- encoding (design note 4) --------------------------------------------- */
 
 /* Position of the first occurrence of needle in hay[0..hn), or hn. */
 static size_t find_bytes(const char *hay, size_t hn, const char *needle, size_t nn) {
@@ -566,24 +531,23 @@ static size_t find_bytes(const char *hay, size_t hn, const char *needle, size_t 
     return hn;
 }
 
-/* Splits text[0..len) at user-defined tokens (design note 3a), in the order
- * llama.cpp's tokenizer_st_partition would: each user token in turn (longest
- * first) splits every raw fragment left so far, left to right. Fragments are
- * (start, len, id) with id -1 for raw text. */
+/* Fragments are (start, len, id) with id -1 for raw text. */
 typedef struct {
     size_t start, len;
     int32_t id;
 } tok_fragment;
 
-static int partition_user_tokens(const tok_vocab *v, const char *text, size_t len, tok_fragment **out,
-                                 size_t *n_out) {
+static int partition_special(const tok_vocab *v, const char *text, size_t len, bool parse_special,
+                             tok_fragment **out, size_t *n_out) {
     size_t cap = 16, n = 1;
     tok_fragment *f = malloc(cap * sizeof *f);
     if (!f) return KVS_ERR_NOMEM;
     f[0] = (tok_fragment){0, len, -1};
-    for (int32_t u = 0; u < v->n_user; u++) {
+    for (int32_t u = 0; u < v->n_special; u++) {
+        int32_t sid = v->special_ids[u];
+        if (!parse_special && v->types[sid] != TOK_TYPE_USER_DEFINED) continue;
         size_t tl;
-        const char *tt = tok_text(v, v->user_ids[u], &tl);
+        const char *tt = tok_text(v, sid, &tl);
         for (size_t i = 0; i < n; i++) {
             if (f[i].id >= 0) continue;
             size_t pos = find_bytes(text + f[i].start, f[i].len, tt, tl);
@@ -602,7 +566,7 @@ static int partition_user_tokens(const tok_vocab *v, const char *text, size_t le
             tok_fragment cur = f[i], rep[3];
             size_t r = 0, rest = cur.len - pos - tl;
             if (pos > 0) rep[r++] = (tok_fragment){cur.start, pos, -1};
-            rep[r++] = (tok_fragment){cur.start + pos, tl, v->user_ids[u]};
+            rep[r++] = (tok_fragment){cur.start + pos, tl, sid};
             if (rest > 0) rep[r++] = (tok_fragment){cur.start + pos + tl, rest, -1};
             memmove(&f[i + r], &f[i + 1], (n - i - 1) * sizeof *f);
             memcpy(&f[i], rep, r * sizeof *f);
@@ -617,55 +581,51 @@ static int partition_user_tokens(const tok_vocab *v, const char *text, size_t le
     return KVS_OK;
 }
 
-int tok_encode(const tok_vocab *v, const char *text, size_t len, bool add_bos, int32_t *ids, int max_ids,
-               int *n_ids) {
+int tok_encode_ex(const tok_vocab *v, const char *text, size_t len, bool add_bos, bool parse_special, int32_t *ids,
+                  int max_ids, int *n_ids) {
     if (n_ids) *n_ids = 0;
     if (!v || !n_ids || (!text && len > 0) || max_ids < 0 || (!ids && max_ids > 0)) return KVS_ERR_INVALID_ARG;
     /* Escaped offsets are int32: each byte may become 3, plus the prefix. */
     if (len > (size_t)(INT32_MAX - 3) / 3) return KVS_ERR_INVALID_ARG;
     if (add_bos && v->bos < 0) return KVS_ERR_UNSUPPORTED;
 
-    tok_work w = {0};
-    w.ids = ids;
-    w.max_ids = max_ids;
+    tok_out o = {ids, max_ids, 0};
     tok_fragment *frags = NULL;
     size_t n_frags = 0;
     int rc = KVS_OK;
 
-    if (add_bos) emit(&w, v->bos);
+    if (add_bos) tok_emit(&o, v->bos);
     if (len > 0) {
-        w.text = malloc(3 * len + 3);
-        if (!w.text) {
-            rc = KVS_ERR_NOMEM;
-            goto done;
-        }
-        if ((rc = partition_user_tokens(v, text, len, &frags, &n_frags)) != KVS_OK) goto done;
+        if ((rc = partition_special(v, text, len, parse_special, &frags, &n_frags)) != KVS_OK) goto done;
         bool prev_special = true;
         for (size_t i = 0; i < n_frags; i++) {
             if (frags[i].id >= 0) {
-                emit(&w, frags[i].id);
+                tok_emit(&o, frags[i].id);
                 prev_special = true;
                 continue;
             }
-            rc = encode_fragment(v, &w, text + frags[i].start, frags[i].len, v->add_space_prefix && prev_special);
+            if (v->kind == TOK_KIND_BPE) rc = tok_bpe_encode(v, text + frags[i].start, frags[i].len, &o);
+            else rc = tok_spm_encode(v, text + frags[i].start, frags[i].len, v->add_space_prefix && prev_special, &o);
             if (rc != KVS_OK) goto done;
             prev_special = false;
         }
     }
-    if (w.n_out > (size_t)INT_MAX) {
+    if (o.n_out > (size_t)INT_MAX) {
         rc = KVS_ERR_TOO_LARGE;
         *n_ids = INT_MAX;
         goto done;
     }
-    *n_ids = (int)w.n_out;
-    if (w.n_out > (size_t)max_ids) rc = KVS_ERR_TOO_LARGE;
+    *n_ids = (int)o.n_out;
+    if (o.n_out > (size_t)max_ids) rc = KVS_ERR_TOO_LARGE;
 
 done:
     free(frags);
-    free(w.text);
-    free(w.sym);
-    free(w.heap);
     return rc;
+}
+
+int tok_encode(const tok_vocab *v, const char *text, size_t len, bool add_bos, int32_t *ids, int max_ids,
+               int *n_ids) {
+    return tok_encode_ex(v, text, len, add_bos, false, ids, max_ids, n_ids);
 }
 
 /* ---- decoding ------------------------------------------------------------- */
@@ -678,7 +638,7 @@ static void put_bytes(char *buf, size_t cap, size_t *len, const char *s, size_t 
     *len += n;
 }
 
-int tok_piece(const tok_vocab *v, int32_t id, char *buf, size_t cap, size_t *len) {
+int tok_piece_ex(const tok_vocab *v, int32_t id, bool special, char *buf, size_t cap, size_t *len) {
     if (len) *len = 0;
     if (!v || !len || (!buf && cap > 0)) return KVS_ERR_INVALID_ARG;
     if (id < 0 || id >= v->n_vocab) return KVS_ERR_INVALID_ARG;
@@ -686,6 +646,10 @@ int tok_piece(const tok_vocab *v, int32_t id, char *buf, size_t cap, size_t *len
     const char *t = tok_text(v, id, &tl);
     switch (v->types[id]) {
     case TOK_TYPE_NORMAL:
+        if (v->kind == TOK_KIND_BPE) {
+            tok_bpe_decode_text(t, tl, buf, cap, len);
+            return KVS_OK;
+        }
         for (size_t i = 0; i < tl;) {
             if (tl - i >= 3 && memcmp(t + i, "\xE2\x96\x81", 3) == 0) {
                 put_bytes(buf, cap, len, " ", 1);
@@ -699,14 +663,89 @@ int tok_piece(const tok_vocab *v, int32_t id, char *buf, size_t cap, size_t *len
     case TOK_TYPE_USER_DEFINED:
         put_bytes(buf, cap, len, t, tl); /* verbatim, as llama.cpp does */
         return KVS_OK;
-    case TOK_TYPE_BYTE: {
-        char b = (char)parse_byte_token(t, tl); /* validated at load */
-        put_bytes(buf, cap, len, &b, 1);
+    case TOK_TYPE_CONTROL:
+    case TOK_TYPE_UNKNOWN:
+        if (special) put_bytes(buf, cap, len, t, tl);
+        return KVS_OK;
+    case TOK_TYPE_BYTE:
+        if (v->kind == TOK_KIND_SPM) {
+            char b = (char)parse_byte_token(t, tl); /* validated at load */
+            put_bytes(buf, cap, len, &b, 1);
+        }
+        return KVS_OK;
+    default: /* unused, undefined: no text */
         return KVS_OK;
     }
-    default: /* control, unknown, unused, undefined: no text */
-        return KVS_OK;
+}
+
+int tok_piece(const tok_vocab *v, int32_t id, char *buf, size_t cap, size_t *len) {
+    return tok_piece_ex(v, id, false, buf, cap, len);
+}
+
+/* llama.cpp's clean_up_tokenization_spaces, three passes over s[0..n) in place; returns
+ * the new length. 1: " ?", " !", " .", " ," lose the space; 2: a lone "'" between two
+ * spaces loses both; 3: " 's", " 'm", " 're", " 've" lose the space (" 't", " 'd", " 'll"
+ * keep it). Each pass reads the text as the previous pass left it. */
+static size_t clean_spaces(char *s, size_t n) {
+    if (n == 0) return 0;
+    size_t w = 1;
+    for (size_t i = 1; i < n; i++) {
+        char x = s[i];
+        if (s[i - 1] == ' ' && (x == '?' || x == '!' || x == '.' || x == ',')) w--;
+        s[w++] = x;
     }
+    n = w;
+    w = 1;
+    for (size_t i = 1; i < n; i++) {
+        char x = s[i];
+        if (x == '\'' && i + 1 < n && s[i - 1] == ' ' && s[i + 1] == ' ') {
+            w--;          /* the space before */
+            s[++i] = '\0'; /* the space after is skipped, and no longer reads as a space */
+        }
+        s[w++] = x;
+    }
+    n = w;
+    w = 1;
+    for (size_t i = 1; i < n; i++) {
+        char x = s[i];
+        if (s[i - 1] == ' ' && x == '\'' && i + 1 < n) {
+            char x1 = s[i + 1], x2 = i + 2 < n ? s[i + 2] : 0;
+            if (x1 == 's' || x1 == 'm') w--;
+            else if (x1 != 't' && x1 != 'd' && i + 2 < n && ((x1 == 'r' && x2 == 'e') || (x1 == 'v' && x2 == 'e'))) w--;
+        }
+        s[w++] = x;
+    }
+    return w;
+}
+
+int tok_detokenize(const tok_vocab *v, const int32_t *ids, size_t n, bool special, char **out, size_t *len) {
+    if (out) *out = NULL;
+    if (len) *len = 0;
+    if (!v || !out || !len || (!ids && n > 0)) return KVS_ERR_INVALID_ARG;
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t pl;
+        if (tok_piece_ex(v, ids[i], special, NULL, 0, &pl) != KVS_OK) return KVS_ERR_INVALID_ARG;
+        total += pl;
+    }
+    char *s = malloc(total + 1);
+    if (!s) return KVS_ERR_NOMEM;
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t pl = 0;
+        tok_piece_ex(v, ids[i], special, s + at, total - at, &pl);
+        /* SPM: the space the encoder prefixed goes away (llama.cpp's lstrip of the first piece). */
+        if (i == 0 && v->kind == TOK_KIND_SPM && v->add_space_prefix && pl > 0 && s[at] == ' ') {
+            memmove(s + at, s + at + 1, pl - 1);
+            pl--;
+        }
+        at += pl;
+    }
+    if (v->kind == TOK_KIND_BPE && tok_bpe_clean_spaces(v->bpe)) at = clean_spaces(s, at);
+    s[at] = 0;
+    *out = s;
+    *len = at;
+    return KVS_OK;
 }
 
 /* ---- raw entries (serving the vocab over the wire) ----------------------- */

@@ -179,7 +179,8 @@ static bool same_file(const char *a, const char *b) {
 }
 
 static void test_all_types(void) {
-    static const char *types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"};
+    static const char *types[] = {"f32",  "f16",  "bf16", "q8_0", "q4_0", "q4_1",   "q5_0",  "q5_1",
+                                  "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs"};
     const mkmodel_shape *tiny = mkmodel_find_shape("tiny");
     CHECK(tiny != NULL);
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
@@ -200,10 +201,13 @@ static void test_all_types(void) {
     const mkmodel_shape *small = mkmodel_find_shape("small");
     CHECK(small != NULL);
     char path[512];
-    snprintf(path, sizeof path, "%s/small-q4_k.gguf", tmp_dir);
-    CHECK_EQ_INT(write_model(path, "small", QUANT_Q4_K, 7, 2), KVS_OK);
-    check_model(path, small, QUANT_Q4_K);
-    unlink(path);
+    static const uint32_t k_types[] = {QUANT_Q4_K, QUANT_Q2_K, QUANT_Q3_K, QUANT_IQ4_XS};
+    for (size_t i = 0; i < sizeof k_types / sizeof k_types[0]; i++) {
+        snprintf(path, sizeof path, "%s/small-%s.gguf", tmp_dir, quant_get_traits(k_types[i])->name);
+        CHECK_EQ_INT(write_model(path, "small", k_types[i], 7, 2), KVS_OK);
+        check_model(path, small, k_types[i]);
+        unlink(path);
+    }
     n_run++;
 }
 
@@ -231,7 +235,7 @@ static void test_determinism(void) {
     CHECK_EQ_INT(mkmodel_write(a, p, msg, sizeof msg), KVS_ERR_INVALID_ARG);
     CHECK(msg[0] != '\0');
     p = mkmodel_default_params();
-    p.type = QUANT_Q2_K;
+    p.type = QUANT_Q8_K; /* known by size only */
     msg[0] = '\0';
     CHECK_EQ_INT(mkmodel_write(a, p, msg, sizeof msg), KVS_ERR_INVALID_ARG);
     CHECK(msg[0] != '\0');

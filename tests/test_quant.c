@@ -34,14 +34,18 @@ static void test_traits(void) {
     CHECK(quant_get_traits(4) == NULL);
     CHECK(quant_get_traits(5) == NULL);
     CHECK(quant_get_traits(63) == NULL);
+    CHECK(quant_get_traits(21) == NULL); /* iq3_s: not known */
+    CHECK_EQ_INT(QUANT_IQ4_NL, 20);      /* GGUF's ids */
+    CHECK_EQ_INT(QUANT_IQ4_XS, 23);
     CHECK(quant_get_traits(64) == NULL);
     CHECK(quant_get_traits(0xFFFFFFFFu) == NULL);
     static const struct { uint32_t type; uint32_t elems, bytes; bool compute; } want[] = {
         {QUANT_F32, 1, 4, true},     {QUANT_F16, 1, 2, true},      {QUANT_BF16, 1, 2, true},
         {QUANT_Q4_0, 32, 18, true},  {QUANT_Q4_1, 32, 20, true},   {QUANT_Q5_0, 32, 22, true},
         {QUANT_Q5_1, 32, 24, true},  {QUANT_Q8_0, 32, 34, true},   {QUANT_Q8_1, 32, 36, false},
-        {QUANT_Q2_K, 256, 84, false}, {QUANT_Q3_K, 256, 110, false}, {QUANT_Q4_K, 256, 144, true},
+        {QUANT_Q2_K, 256, 84, true}, {QUANT_Q3_K, 256, 110, true}, {QUANT_Q4_K, 256, 144, true},
         {QUANT_Q5_K, 256, 176, true}, {QUANT_Q6_K, 256, 210, true}, {QUANT_Q8_K, 256, 292, false},
+        {QUANT_IQ4_NL, 32, 18, true}, {QUANT_IQ4_XS, 256, 136, true},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         const quant_traits *t = quant_get_traits(want[i].type);
@@ -53,6 +57,7 @@ static void test_traits(void) {
         CHECK_EQ_INT(quant_type_from_name(t->name), want[i].type);
     }
     CHECK_EQ_INT(quant_type_from_name("Q4_K"), QUANT_Q4_K);
+    CHECK_EQ_INT(quant_type_from_name("IQ4_XS"), QUANT_IQ4_XS);
     CHECK_EQ_INT(quant_type_from_name("q4_2"), -1);
     CHECK_EQ_INT(quant_type_from_name(""), -1);
 
@@ -171,6 +176,46 @@ static void test_layouts(void) {
     q6k[128] = 0xE4; /* elem0 hi 0, elem32 hi 1, elem64 hi 2, elem96 hi 3 */
     quant_dequant_row_ref(QUANT_Q6_K, q6k, y, 256);
     CHECK(y[0] == -31.0f && y[32] == -16.0f && y[64] == 2.0f && y[96] == 16.0f && y[128] == -32.0f);
+
+    uint8_t q2k[84] = {0};
+    q2k[81] = 0x3C; q2k[83] = 0x3C; /* d = dmin = 1 */
+    q2k[0] = 0x12;                  /* group 0: scale 2, min 1 */
+    q2k[2] = 0x03;                  /* group 2 (elems 32..47): scale 3, min 0 */
+    q2k[15] = 0x51;                 /* group 15 (elems 240..255): scale 1, min 5 */
+    q2k[16 + 0] = 0x07;             /* elem 0: q 3; elem 32: q 1 */
+    q2k[16 + 63] = 0xC0;            /* elem 255 (h 1, j 3, l 31): q 3 */
+    quant_dequant_row_ref(QUANT_Q2_K, q2k, y, 256);
+    CHECK(y[0] == 5.0f && y[1] == -1.0f && y[32] == 3.0f && y[33] == 0.0f && y[255] == -2.0f && y[254] == -5.0f);
+
+    uint8_t q3k[110] = {0};
+    q3k[109] = 0x3C;                /* d = 1 */
+    q3k[96 + 0] = 0x21;             /* scale 0 low 1, scale 8 low 2 */
+    q3k[96 + 8] = 0x02 | 0x80;      /* scale 0 high 2 (-> 33 - 32 = 1), scale 12 high 2 (-> 32 - 32 = 0) */
+    q3k[96 + 5] = 0xF0;             /* scale 13 low 15; high 0 -> 15 - 32 = -17 */
+    q3k[0] = 0x01;                  /* elem 0: high bit set */
+    q3k[32 + 0] = 0x03;             /* elem 0: low 3 -> q = 3 + 4 - 4 = 3 */
+    q3k[32 + 32 + 16] = 0x01 << 2;  /* elem 128 + 32 + 16 = 176 (h 1, j 1, group 11): low 1, no high bit */
+    q3k[16] = 0x20;                 /* elem 176: high bit (4h + j = 5) set */
+    quant_dequant_row_ref(QUANT_Q3_K, q3k, y, 256);
+    /* elem 1: q = 0 + 0 - 4 = -4 with scale 1; group 8 scale 2 + 16*0 - 32 = -30; elem 208 in group 13 */
+    CHECK(y[0] == 3.0f && y[1] == -4.0f && y[128] == 120.0f && y[208] == 68.0f);
+    CHECK(y[176] == -32.0f); /* q = 1 + 4 - 4, group 11 scale 0 - 32 */
+
+    uint8_t iq4[18] = {0x00, 0x3C, 0xF0, 0x78}; /* d = 1; elem 0 idx 0, elem 16 idx 15; elem 1 idx 8, elem 17 idx 7 */
+    quant_dequant_row_ref(QUANT_IQ4_NL, iq4, y, 32);
+    CHECK(y[0] == -127.0f && y[16] == 113.0f && y[1] == 1.0f && y[17] == -10.0f);
+
+    uint8_t iq4x[136] = {0};
+    iq4x[1] = 0x3C;                     /* d = 1 */
+    iq4x[2] = 0x02 | 0x80;              /* scales_h: scale 0 high 2, scale 3 high 2 */
+    iq4x[4] = 0x21;                     /* scale 0 low 1 (-> 33), scale 1 low 2 (-> 2) */
+    iq4x[5] = 0xF0;                     /* scale 3 low 15 (-> 47) */
+    iq4x[8] = 0xF0;                     /* elem 0 idx 0, elem 16 idx 15 */
+    iq4x[8 + 16] = 0x08;                /* elem 32 idx 8 */
+    iq4x[8 + 48 + 15] = 0xE0;           /* elem 96 + 31 (sub-block 3): idx 14 */
+    quant_dequant_row_ref(QUANT_IQ4_XS, iq4x, y, 256);
+    CHECK(y[0] == -127.0f && y[16] == 113.0f && y[32] == -30.0f && y[127] == 15.0f * 89.0f);
+    CHECK(y[64] == -32.0f * -127.0f);   /* sub-block 2: scale 0 - 32 */
 }
 
 static double dotd(const float *a, const float *b, int64_t n, double *abs_sum) {
@@ -222,7 +267,7 @@ static void test_type(uint32_t type, int64_t n, double rt_bound) {
         double bound = 1e-5 * abs_sum + 1e-6;
         if (t->block_elems > 1) {
             /* int8 activations: each element off by at most amax(block)/254 */
-            int64_t be = type == QUANT_Q4_K || type == QUANT_Q5_K || type == QUANT_Q6_K ? 256 : 32;
+            int64_t be = t->block_elems; /* the activation blocks are as long as the weight blocks */
             for (int64_t b0 = 0; b0 < n; b0 += be) {
                 float amax = 0, wsum = 0;
                 for (int64_t i = b0; i < b0 + be; i++) {
@@ -319,6 +364,55 @@ static void test_tile(uint32_t type, int64_t n) {
            (long long)n, tested);
 }
 
+/* Blocks of random bytes (only the f16 scales kept finite and small) reach every
+ * bit pattern of the packed scales and quants, which a quantizer's output may
+ * not: every ISA's dot, dot_multi and dequant against the scalar reference. */
+static void test_random_blocks(uint32_t type, int64_t n) {
+    const quant_traits *t = quant_get_traits(type);
+    static uint8_t w[MAX_N * 4], act[N_ACT][MAX_N * 4], acts[N_ACT * MAX_N * 4];
+    static float a[MAX_N], y_ref[MAX_N], y[MAX_N];
+    size_t f16_at[2] = {0, 0};
+    int n_f16 = 1;
+    switch (type) { /* byte offsets of the f16 fields in a block */
+    case QUANT_Q2_K: f16_at[0] = 80; f16_at[1] = 82; n_f16 = 2; break;
+    case QUANT_Q3_K: f16_at[0] = 108; break;
+    default: break; /* iq4_nl, iq4_xs: d first */
+    }
+    const int64_t nb = n / t->block_elems;
+    for (int64_t i = 0; i < nb * (int64_t)t->block_bytes; i++) w[i] = (uint8_t)rng_u32();
+    for (int64_t b = 0; b < nb; b++)
+        for (int k = 0; k < n_f16; k++) {
+            uint16_t h = quant_f32_to_f16((rng_unit() + 0.01f) * 0.02f);
+            memcpy(w + (size_t)b * t->block_bytes + f16_at[k], &h, 2);
+        }
+    quant_dequant_row_ref(type, w, y_ref, n);
+    size_t abytes = quant_act_row_bytes(type, n);
+    float ref[N_ACT];
+    double tol[N_ACT];
+    for (int j = 0; j < N_ACT; j++) {
+        fill_random(a, n, 1.0f + (float)j);
+        quant_act_quantize_ref(type, a, act[j], n);
+        memcpy(acts + (size_t)j * abytes, act[j], abytes);
+        ref[j] = quant_dot_ref(type, n, w, act[j]);
+        double abs_sum;
+        dotd(y_ref, a, n, &abs_sum);
+        tol[j] = 2e-5 * abs_sum + 1e-6;
+    }
+    for (int k = 0; k < n_isas; k++) {
+        CHECK(quant_isa_force(isas[k]));
+        quant_dequant_row(type, w, y, n);
+        CHECK(memcmp(y, y_ref, sizeof(float) * (size_t)n) == 0);
+        float single[N_ACT], multi[N_ACT];
+        for (int j = 0; j < N_ACT; j++) {
+            single[j] = quant_dot(type, n, w, act[j]);
+            CHECK_NEAR(single[j], ref[j], tol[j]);
+        }
+        quant_dot_multi(type, n, w, acts, abytes, N_ACT, multi);
+        CHECK(memcmp(multi, single, sizeof single) == 0);
+    }
+    printf("  %-6s n=%-5lld random blocks: every ISA matches the reference\n", t->name, (long long)n);
+}
+
 static void test_zero(uint32_t type, int64_t n) {
     static float z[MAX_N];
     static uint8_t w[MAX_N * 4], act[MAX_N * 4];
@@ -346,7 +440,8 @@ int main(void) {
     static const struct { uint32_t type; double rt; } types[] = {
         {QUANT_F32, 0.0},    {QUANT_F16, 1e-3},   {QUANT_BF16, 5e-3},  {QUANT_Q4_0, 0.15},
         {QUANT_Q4_1, 0.12},  {QUANT_Q5_0, 0.08},  {QUANT_Q5_1, 0.06},  {QUANT_Q8_0, 0.01},
-        {QUANT_Q4_K, 0.15},  {QUANT_Q5_K, 0.08},  {QUANT_Q6_K, 0.04},
+        {QUANT_Q4_K, 0.15},  {QUANT_Q5_K, 0.08},  {QUANT_Q6_K, 0.04},  {QUANT_Q2_K, 0.40},
+        {QUANT_Q3_K, 0.20},  {QUANT_IQ4_NL, 0.12}, {QUANT_IQ4_XS, 0.12},
     };
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         uint32_t be = quant_get_traits(types[i].type)->block_elems;
@@ -357,6 +452,11 @@ int main(void) {
         ns = be == 1 ? n_float : be == 32 ? n_32 : n_256;
         for (; *ns; ns++) test_type(types[i].type, *ns, types[i].rt);
         test_zero(types[i].type, be == 1 ? 64 : 512);
+    }
+    static const uint32_t lowbit[] = {QUANT_Q2_K, QUANT_Q3_K, QUANT_IQ4_NL, QUANT_IQ4_XS};
+    for (size_t i = 0; i < sizeof lowbit / sizeof lowbit[0]; i++) {
+        test_random_blocks(lowbit[i], 256);
+        test_random_blocks(lowbit[i], 1024);
     }
     static const int64_t n_tile[] = {32, 224, 256, 288, 1024};
     for (size_t i = 0; i < sizeof n_tile / sizeof n_tile[0]; i++) {

@@ -16,16 +16,22 @@
 typedef struct {
     const char *name;
     double max_diff, max_kl, top1_margin, greedy_margin;
+    const char *dir; /* folder under ../shared holding models/ and reference/ ("" = top level) */
 } ref_case;
 
+/* The downloads/ files (quant types of large-model downloads) use the same
+ * full-logit format and the quantized-type bounds (downloads/README.md). */
 static const ref_case CASES[] = {
-    {"stories260K", 0.1, 1e-5, 0.1, 0.1},       {"stories260K-F16", 0.1, 1e-5, 0.1, 0.1},
-    {"stories260K-Q8_0", 1.0, 3e-3, 0.25, 0.5}, {"stories260K-Q4_0", 1.0, 3e-3, 0.25, 0.5},
-    {"synth-F32", 0.1, 1e-5, 0.1, 0.1},         {"synth-F16", 0.1, 1e-5, 0.1, 0.1},
-    {"synth-BF16", 0.2, 2e-4, 0.25, 0.5},       {"synth-Q8_0", 1.0, 3e-3, 0.25, 0.5},
-    {"synth-Q4_0", 1.0, 3e-3, 0.25, 0.5},       {"synth-Q4_1", 1.0, 3e-3, 0.25, 0.5},
-    {"synth-Q5_0", 1.0, 3e-3, 0.25, 0.5},       {"synth-Q4_K_M", 1.0, 3e-3, 0.25, 0.5},
-    {"synth-Q5_K_M", 1.0, 3e-3, 0.25, 0.5},     {"synth-Q6_K", 1.0, 3e-3, 0.25, 0.5},
+    {"stories260K", 0.1, 1e-5, 0.1, 0.1, ""},       {"stories260K-F16", 0.1, 1e-5, 0.1, 0.1, ""},
+    {"stories260K-Q8_0", 1.0, 3e-3, 0.25, 0.5, ""}, {"stories260K-Q4_0", 1.0, 3e-3, 0.25, 0.5, ""},
+    {"synth-F32", 0.1, 1e-5, 0.1, 0.1, ""},         {"synth-F16", 0.1, 1e-5, 0.1, 0.1, ""},
+    {"synth-BF16", 0.2, 2e-4, 0.25, 0.5, ""},       {"synth-Q8_0", 1.0, 3e-3, 0.25, 0.5, ""},
+    {"synth-Q4_0", 1.0, 3e-3, 0.25, 0.5, ""},       {"synth-Q4_1", 1.0, 3e-3, 0.25, 0.5, ""},
+    {"synth-Q5_0", 1.0, 3e-3, 0.25, 0.5, ""},       {"synth-Q4_K_M", 1.0, 3e-3, 0.25, 0.5, ""},
+    {"synth-Q5_K_M", 1.0, 3e-3, 0.25, 0.5, ""},     {"synth-Q6_K", 1.0, 3e-3, 0.25, 0.5, ""},
+    {"synth-Q5_1", 1.0, 3e-3, 0.25, 0.5, "downloads/"},   {"synth-Q2_K", 1.0, 3e-3, 0.25, 0.5, "downloads/"},
+    {"synth-Q3_K_M", 1.0, 3e-3, 0.25, 0.5, "downloads/"}, {"synth-IQ4_NL", 1.0, 3e-3, 0.25, 0.5, "downloads/"},
+    {"synth-IQ4_XS", 1.0, 3e-3, 0.25, 0.5, "downloads/"},
 };
 
 static engine *open_range(const char *path, uint32_t first, uint32_t last) {
@@ -192,9 +198,9 @@ int main(void) {
     for (size_t c = 0; c < sizeof(CASES) / sizeof(CASES[0]); c++) {
         const ref_case *rc = &CASES[c];
         char rel[128], mpath[1024], rpath[1024];
-        snprintf(rel, sizeof(rel), "models/%s.gguf", rc->name);
+        snprintf(rel, sizeof(rel), "%smodels/%s.gguf", rc->dir, rc->name);
         const char *mp = test_shared_path(rel, mpath, sizeof(mpath));
-        snprintf(rel, sizeof(rel), "reference/%s.jsonl", strcmp(rc->name, "stories260K") ? rc->name : "stories260K-F32");
+        snprintf(rel, sizeof(rel), "%sreference/%s.jsonl", rc->dir, strcmp(rc->name, "stories260K") ? rc->name : "stories260K-F32");
         const char *rp = test_shared_path(rel, rpath, sizeof(rpath));
         if (!mp || !rp) { n_skipped++; continue; }
         engine *whole = open_range(mp, 0, 0);

@@ -10,6 +10,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_stats(int argc, char **argv);
+int cmd_split(int argc, char **argv);
 int cmd_api(int argc, char **argv);
 
 #endif /* KVS_CLI_H */

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "args.h"
+#include "chat.h"
 #include "cli.h"
 #include "http.h"
 #include "quant.h"
@@ -34,7 +35,8 @@ static void api_usage(FILE *f) {
     fprintf(f,
             "usage: kvshard api (-m MODEL | --route HOST:PORT,... [--spare HOST:PORT,...]) [--listen HOST:PORT]\n"
             "                   [--lanes N] [--queue N] [--queue-timeout SECONDS] [--max-body SIZE]\n"
-            "                   [--prefix-slots N] [--model-name NAME] [-t THREADS] [--kv-budget SIZE]\n"
+            "                   [--prefix-slots N] [--model-name NAME] [--tokenizer MODEL] [--chat-template NAME]\n"
+            "                   [-t THREADS] [--kv-budget SIZE]\n"
             "  -m MODEL             run the whole model in this process (a shard on a loopback port)\n"
             "  --route SPEC         drive a route of running shards instead (as kvshard generate)\n"
             "  --spare SPEC         replacement shards for failed hops\n"
@@ -45,9 +47,13 @@ static void api_usage(FILE *f) {
             "  --max-body SIZE      request body limit, 413 past it (default 1M)\n"
             "  --prefix-slots N     finished sessions kept per lane for prefix reuse (default 4; 0 = off)\n"
             "  --model-name NAME    model id in /v1/models (default: the file name, or 'kvshard')\n"
+            "  --tokenizer MODEL    with --route: read the tokenizer and chat template from this GGUF (needed\n"
+            "                       for BPE models; default: the head shard's SentencePiece vocab)\n"
+            "  --chat-template NAME override the model's chat template (%s)\n"
             "  -t THREADS, --kv-budget SIZE   with -m: compute threads, hot KV pool (default 512M)\n"
             "endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,\n"
-            "GET /metrics, GET / (chat page). Stops cleanly on SIGINT/SIGTERM.\n");
+            "GET /metrics, GET / (chat page). Stops cleanly on SIGINT/SIGTERM.\n",
+            chat_template_names());
 }
 
 static void *serve_thread(void *p) {
@@ -83,6 +89,8 @@ int cmd_api(int argc, char **argv) {
         else if (!strcmp(a, "--max-body")) ok = args_str(argc, argv, &i, &body);
         else if (!strcmp(a, "--prefix-slots")) ok = args_int(argc, argv, &i, 0, 1024, &slots);
         else if (!strcmp(a, "--model-name")) ok = args_str(argc, argv, &i, &p.model_name);
+        else if (!strcmp(a, "--tokenizer")) ok = args_str(argc, argv, &i, &p.tokenizer_path);
+        else if (!strcmp(a, "--chat-template")) ok = args_str(argc, argv, &i, &p.chat_template);
         else if (!strcmp(a, "-t")) ok = args_int(argc, argv, &i, 1, 1024, &threads);
         else if (!strcmp(a, "--kv-budget")) ok = args_str(argc, argv, &i, &budget);
         else { fprintf(stderr, "kvshard api: unknown option '%s'\n", a); api_usage(stderr); return 2; }
@@ -132,6 +140,7 @@ int cmd_api(int argc, char **argv) {
         }
         snprintf(spec, sizeof spec, "127.0.0.1:%u", srv_port(shard));
         p.route = spec;
+        p.tokenizer_path = model;
         if (!p.model_name) {
             model_id(model, name, sizeof name);
             p.model_name = name;

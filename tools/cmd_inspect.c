@@ -91,6 +91,12 @@ int cmd_inspect(int argc, char **argv) {
     }
     printf("%s: GGUF v%u, %" PRIu64 " bytes, alignment %" PRIu64 ", data at offset %" PRIu64 "\n", path,
            gguf_version(g), gguf_file_size(g), gguf_alignment(g), gguf_data_offset(g));
+    uint32_t split_no = 0, split_count = 0;
+    if (gguf_get_u32(g, "split.count", &split_count) == KVS_OK && split_count > 1) {
+        (void)gguf_get_u32(g, "split.no", &split_no);
+        printf("part %u of %u of a split model (this table lists this part's tensors; -m takes the first part)\n",
+               split_no + 1, split_count);
+    }
     printf("\nmetadata (%" PRIu64 " keys):\n", gguf_n_kv(g));
     for (uint64_t i = 0; i < gguf_n_kv(g); i++) {
         const gguf_kv *kv = gguf_kv_at(g, i);

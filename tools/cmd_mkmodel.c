@@ -21,8 +21,9 @@ static void mkmodel_usage(FILE *f) {
         fprintf(f, "\n    %-15s n_embd %u, %u layers, %u heads, %u kv heads, n_ff %u, vocab %u, ctx %u", s->name,
                 s->n_embd, s->n_layer, s->n_head, s->n_head_kv, s->n_ff, s->n_vocab, s->n_ctx);
     }
-    fprintf(f, "\n  types: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k\n"
-               "    (a matrix whose rows don't fit the type's block size falls back to q8_0/f16)\n"
+    fprintf(f, "\n  types: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs\n"
+               "    (a matrix whose rows don't fit the type's block size falls back to q8_0/f16;\n"
+               "    quantization is plain round-to-nearest, not llama.cpp's search)\n"
                "  --seed S      default 1\n"
                "  -t THREADS    default: all CPUs (at most 8)\n"
                "  -q            no progress output\n");

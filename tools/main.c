@@ -18,6 +18,7 @@ static void usage(FILE *f) {
             "  bench    measure prefill/decode speed and memory bandwidth (JSON)\n"
             "  inspect  print a GGUF file's metadata and tensor table\n"
             "  mkmodel  write a llama GGUF with seeded random weights\n"
+            "  split    write a model as NAME-00001-of-0000N.gguf parts, by layers\n"
             "\n"
             "run 'kvshard COMMAND --help' for a command's options\n");
 }
@@ -30,7 +31,8 @@ int main(int argc, char **argv) {
     static const struct { const char *name; int (*fn)(int, char **); } cmds[] = {
         {"run", cmd_run},         {"logits", cmd_logits},   {"bench", cmd_bench},
         {"inspect", cmd_inspect}, {"mkmodel", cmd_mkmodel}, {"serve", cmd_serve},
-        {"generate", cmd_generate}, {"stats", cmd_stats},     {"api", cmd_api},
+        {"generate", cmd_generate}, {"stats", cmd_stats},     {"split", cmd_split},
+        {"api", cmd_api},
     };
     for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
         if (!strcmp(argv[1], cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);

@@ -1,0 +1,213 @@
+/*
+ * gguf split files (NAME-00001-of-0000N.gguf). A mkmodel "small" model is
+ * split by layers with our own writer (model_split_plan + gguf_split_write)
+ * into 3 parts — part 1: token_embd + blk.0, part 2: blk.1, part 3: output
+ * norm + output — and:
+ *  - every part is a valid GGUF with split.no / split.count /
+ *    split.tensors.count, the first holds the model's metadata;
+ *  - the split model, opened by its first part, computes exactly the whole
+ *    file's logits (memcmp), as a whole and as two ranges passing hidden
+ *    states;
+ *  - a shard of the second half maps the tensor data of parts 2 and 3 only:
+ *    the gguf layer's mapped-bytes counter is 0 for part 1 and exactly the
+ *    data sections of parts 2 and 3 for the others (deterministic); the
+ *    process's RssFile growth is printed as a figure;
+ *  - refusals: the second part passed as the model, a missing part, a first
+ *    part not named -00001-of-00003.gguf, parts that disagree.
+ */
+#include <stdlib.h>
+
+#include "engine.h"
+#include "gguf.h"
+#include "mkmodel.h"
+#include "model.h"
+#include "quant.h"
+#include "test.h"
+
+/* RssFile of this process in kB (file-backed resident pages), -1 if unknown. */
+static long rss_file_kb(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    long kb = -1;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "RssFile: %ld kB", &kb) == 1) break;
+    fclose(f);
+    return kb;
+}
+
+static engine *open_range(const char *path, uint32_t first, uint32_t last) {
+    engine_params ep = engine_default_params();
+    ep.model_path = path;
+    ep.first = first;
+    ep.last = last;
+    ep.n_threads = 2;
+    ep.kv.budget_bytes = 4ull << 20;
+    engine *e = NULL;
+    char msg[KVS_MSG_MAX] = "";
+    int err = engine_open(&ep, &e, msg, sizeof(msg));
+    if (err) fprintf(stderr, "engine_open(%s, %u, %u): %s\n", path, first, last, msg);
+    return e;
+}
+
+static const int32_t PROMPT[7] = {1, 300, 44, 7, 123, 500, 2};
+
+/* Logits of PROMPT through head (and tail, when given, via hidden states). */
+static float *logits_of(engine *head, engine *tail, int sid) {
+    if (!head) return NULL;
+    uint32_t nv = (tail ? tail : head)->m->hp.n_vocab, d = head->m->hp.n_embd;
+    float *out = malloc(7 * (size_t)nv * sizeof(float)), *hid = malloc(7 * (size_t)d * sizeof(float));
+    engine_req r = {.epoch = 1, .n = 7, .tokens = PROMPT, .out_mode = tail ? FWD_OUT_HIDDEN : FWD_OUT_LOGITS_ALL,
+                    .out = tail ? hid : out};
+    r.sid.bytes[0] = (uint8_t)sid;
+    CHECK_EQ_INT(engine_step(head, &r, 1), KVS_OK);
+    if (tail) {
+        engine_req t = {.epoch = 1, .n = 7, .hidden = hid, .out_mode = FWD_OUT_LOGITS_ALL, .out = out};
+        t.sid.bytes[0] = (uint8_t)sid;
+        CHECK_EQ_INT(engine_step(tail, &t, 1), KVS_OK);
+    }
+    free(hid);
+    return out;
+}
+
+static void expect_open_fails(const char *path, int want_err, const char *want_text) {
+    char msg[KVS_MSG_MAX] = "";
+    model *m = NULL;
+    int err = model_load(path, 0, 0, &m, msg, sizeof(msg));
+    printf("  refused: %s: %s\n", kvs_strerror(err), msg);
+    CHECK_EQ_INT(err, want_err);
+    CHECK(m == NULL);
+    if (!strstr(msg, want_text)) {
+        fprintf(stderr, "message '%s' does not contain '%s'\n", msg, want_text);
+        test_failures_++;
+    }
+    model_free(m);
+}
+
+int main(void) {
+    char dir[] = "/tmp/kvs-split-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char whole_path[256], prefix[256], part[3][300], msg[KVS_MSG_MAX];
+    snprintf(whole_path, sizeof(whole_path), "%s/small.gguf", dir);
+    snprintf(prefix, sizeof(prefix), "%s/small", dir);
+    mkmodel_params mp = mkmodel_default_params();
+    mp.shape = "small";
+    mp.type = QUANT_Q8_0;
+    mp.n_threads = 1;
+    CHECK_EQ_INT(mkmodel_write(whole_path, mp, msg, sizeof(msg)), KVS_OK);
+
+    /* Split by layers into 3 parts. */
+    gguf_ctx *src = NULL;
+    CHECK_EQ_INT(gguf_open(whole_path, &src, msg, sizeof(msg)), KVS_OK);
+    if (!src) return test_finish("test_split", 1, 0);
+    uint64_t n_tensors = gguf_n_tensors(src);
+    uint32_t *part_of = calloc(n_tensors, sizeof(uint32_t));
+    CHECK_EQ_INT(model_split_plan(src, 4, part_of, msg, sizeof(msg)), KVS_ERR_INVALID_ARG); /* 2 layers: at most 3 */
+    CHECK_EQ_INT(model_split_plan(src, 3, part_of, msg, sizeof(msg)), KVS_OK);
+    CHECK_EQ_INT(gguf_split_write(src, part_of, 3, prefix, msg, sizeof(msg)), KVS_OK);
+    for (int i = 0; i < 3; i++) CHECK(gguf_split_path(part[i], sizeof(part[i]), prefix, (uint32_t)i, 3));
+    CHECK(strstr(part[0], "small-00001-of-00003.gguf") != NULL);
+
+    /* Every part a valid GGUF with the split keys; the tensors add up. */
+    uint64_t data_bytes[3] = {0}, sum = 0;
+    for (int i = 0; i < 3; i++) {
+        gguf_ctx *g = NULL;
+        CHECK_EQ_INT(gguf_open(part[i], &g, msg, sizeof(msg)), KVS_OK);
+        if (!g) continue;
+        uint32_t no = 99, count = 0, tc = 0;
+        CHECK_EQ_INT(gguf_get_u32(g, "split.no", &no), KVS_OK);
+        CHECK_EQ_INT(gguf_get_u32(g, "split.count", &count), KVS_OK);
+        CHECK_EQ_INT(gguf_get_u32(g, "split.tensors.count", &tc), KVS_OK);
+        CHECK_EQ_INT(no, i);
+        CHECK_EQ_INT(count, 3);
+        CHECK_EQ_INT(tc, n_tensors);
+        CHECK_EQ_INT(gguf_find_kv(g, "llama.block_count") != NULL, i == 0);
+        data_bytes[i] = gguf_mapped_data_bytes(g);
+        sum += gguf_n_tensors(g);
+        printf("  part %d: %" PRIu64 " tensors, %" PRIu64 " data bytes\n", i + 1, gguf_n_tensors(g), data_bytes[i]);
+        gguf_close(g);
+    }
+    CHECK_EQ_INT(sum, n_tensors);
+
+    /* The split model computes exactly what the whole file computes. */
+    engine *w = open_range(whole_path, 0, 0), *s = open_range(part[0], 0, 0);
+    CHECK(w && s);
+    float *lw = logits_of(w, NULL, 1), *ls = logits_of(s, NULL, 1);
+    uint32_t nv = w ? w->m->hp.n_vocab : 0;
+    CHECK(lw && ls && memcmp(lw, ls, 7 * (size_t)nv * sizeof(float)) == 0);
+    if (s) CHECK_EQ_INT(model_mapped_data_bytes(s->m), data_bytes[0] + data_bytes[1] + data_bytes[2]);
+    engine_close(s);
+
+    /* A shard of the second half maps parts 2 and 3 only. The head runs
+     * first, so the RssFile growth measured around the tail is the tail's. */
+    engine *head = open_range(part[0], 0, 1);
+    uint32_t d = head ? head->m->hp.n_embd : 0;
+    float *hid = malloc(7 * (size_t)(d ? d : 1) * sizeof(float)), *lht = malloc(7 * (size_t)(nv ? nv : 1) * sizeof(float));
+    engine_req hr = {.epoch = 1, .n = 7, .tokens = PROMPT, .out_mode = FWD_OUT_HIDDEN, .out = hid};
+    hr.sid.bytes[0] = 2;
+    CHECK(head != NULL);
+    if (head) {
+        CHECK_EQ_INT(engine_step(head, &hr, 1), KVS_OK);
+        CHECK_EQ_INT(model_mapped_data_bytes(head->m), data_bytes[0]); /* token_embd + blk.0: part 1 only */
+    }
+    long rss0 = rss_file_kb();
+    engine *tail = open_range(part[0], 1, 2);
+    CHECK(tail != NULL);
+    if (tail) {
+        const gguf_set *files = tail->m->files;
+        CHECK_EQ_INT(gguf_set_n_parts(files), 3);
+        CHECK_EQ_INT(gguf_mapped_data_bytes(gguf_set_part(files, 0)), 0);
+        CHECK_EQ_INT(gguf_mapped_data_bytes(gguf_set_part(files, 1)), data_bytes[1]);
+        CHECK_EQ_INT(gguf_mapped_data_bytes(gguf_set_part(files, 2)), data_bytes[2]);
+        CHECK_EQ_INT(model_mapped_data_bytes(tail->m), data_bytes[1] + data_bytes[2]);
+        engine_req tr = {.epoch = 1, .n = 7, .hidden = hid, .out_mode = FWD_OUT_LOGITS_ALL, .out = lht};
+        tr.sid.bytes[0] = 2;
+        CHECK_EQ_INT(engine_step(tail, &tr, 1), KVS_OK);
+        CHECK(lw && memcmp(lw, lht, 7 * (size_t)nv * sizeof(float)) == 0);
+    }
+    long rss1 = rss_file_kb();
+    printf("shard [1, 2) of the split model: mapped tensor data %" PRIu64 " bytes (parts 2+3: %" PRIu64
+           "; part 1, %" PRIu64 " bytes with token_embd, unmapped); RssFile growth opening and running it: %ld kB\n",
+           tail ? model_mapped_data_bytes(tail->m) : 0, data_bytes[1] + data_bytes[2], data_bytes[0], rss1 - rss0);
+    free(hid);
+    engine_close(head);
+    engine_close(tail);
+    engine_close(w);
+    free(lw);
+    free(ls);
+    free(lht);
+
+    printf("refusals:\n");
+    expect_open_fails(part[1], KVS_ERR_FORMAT, "is part 2 of 3 of a split model; pass the first part");
+    char other[320];
+    snprintf(other, sizeof(other), "%s/renamed.gguf", dir);
+    CHECK_EQ_INT(link(part[0], other), 0);
+    expect_open_fails(other, KVS_ERR_FORMAT, "does not end in -00001-of-00003.gguf");
+    unlink(other);
+    snprintf(other, sizeof(other), "%s.moved", part[2]);
+    CHECK_EQ_INT(rename(part[2], other), 0);
+    expect_open_fails(part[0], KVS_ERR_IO, "small-00003-of-00003.gguf");
+    /* A part of another split (2 parts) in the third slot. */
+    char prefix2[256], p2[300];
+    snprintf(prefix2, sizeof(prefix2), "%s/two", dir);
+    CHECK_EQ_INT(model_split_plan(src, 2, part_of, msg, sizeof(msg)), KVS_OK);
+    CHECK_EQ_INT(gguf_split_write(src, part_of, 2, prefix2, msg, sizeof(msg)), KVS_OK);
+    CHECK(gguf_split_path(p2, sizeof(p2), prefix2, 1, 2));
+    CHECK_EQ_INT(rename(p2, part[2]), 0);
+    expect_open_fails(part[0], KVS_ERR_FORMAT, "split.no 1 / split.count 2, expected 2 / 3");
+    /* Writer refusals. */
+    for (uint64_t i = 0; i < n_tensors; i++) part_of[i] = 0;
+    CHECK_EQ_INT(gguf_split_write(src, part_of, 2, prefix2, msg, sizeof(msg)), KVS_ERR_INVALID_ARG); /* part 2 empty */
+    CHECK(strstr(msg, "part 2 would hold no tensor") != NULL);
+    CHECK_EQ_INT(gguf_split_write(src, part_of, 0, prefix2, msg, sizeof(msg)), KVS_ERR_INVALID_ARG);
+
+    gguf_close(src);
+    free(part_of);
+    unlink(other);
+    for (int i = 0; i < 3; i++) unlink(part[i]);
+    CHECK(gguf_split_path(p2, sizeof(p2), prefix2, 0, 2));
+    unlink(p2);
+    unlink(whole_path);
+    CHECK_EQ_INT(rmdir(dir), 0);
+    return test_finish("test_split", 1, 0);
+}
