@@ -72,10 +72,8 @@ void http_gen_req_free(http_gen_req *r);
 
 /* ---- chat template --------------------------------------------------------------------------- */
 
-#define HTTP_CHAT_PLAIN (-1) /* no template: the plain "Role: text" layout (http_chat.c) */
-
-/* The template to use: name (a chat_template name) when non-empty, else the one the vocab's
- * tokenizer.chat_template is recognised as, else HTTP_CHAT_PLAIN when the file has none.
+/* The template (a chat_template value) to use: name when non-empty, else the one the vocab's
+ * tokenizer.chat_template is recognised as, else ChatML when the file has none.
  * KVS_OK; KVS_ERR_INVALID_ARG (unknown name) / KVS_ERR_UNSUPPORTED (unrecognised template). */
 int http_chat_pick(const tok_vocab *v, const char *name, int *tmpl, char *msg, size_t cap);
 

@@ -18,6 +18,7 @@
 #include <stdatomic.h>
 #include <sys/socket.h>
 
+#include "chat.h"
 #include "http.h"
 #include "http_impl.h"
 #include "netio.h"
@@ -574,7 +575,7 @@ static void check_chat(uint16_t port, const char *model) {
                        "\"seed\":3,\"logprobs\":true,\"top_logprobs\":3}";
     http_message msgs[] = {{"system", "You tell stories."}, {"user", "Tell me about a cat"}};
     char *prompt = NULL;
-    CHECK_EQ_INT(http_chat_format(HTTP_CHAT_PLAIN, msgs, 2, &prompt), KVS_OK);
+    CHECK_EQ_INT(http_chat_format(CHAT_TEMPLATE_CHATML, msgs, 2, &prompt), KVS_OK); /* the file has none */
     char *want = run_text(model, prompt, 20, "0.7", "3");
     resp r;
     char fin[32];

@@ -4,6 +4,9 @@
 // Env: KVS_BIN (kvshard), KVS_MODEL (the GGUF the servers run), KVS_API_URLS (JSON [{name,url}]).
 import OpenAI from 'openai';
 import { execFileSync } from 'node:child_process';
+import { mkdtempSync, writeFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 
 const bin = process.env.KVS_BIN, model = process.env.KVS_MODEL;
 const targets = JSON.parse(process.env.KVS_API_URLS);
@@ -18,18 +21,30 @@ function runText(prompt, n, temp, seed) {
   return JSON.parse(out.toString()).text;
 }
 
-// The server's temporary chat layout (src/http_chat.c) until the chat-template module lands;
-// then this becomes `kvshard chat` with the same messages.
+// ChatML, the template a file without one gets (src/http_chat.c, as `kvshard chat` does).
 function formatChat(messages) {
-  const title = { system: 'System', assistant: 'Assistant' };
-  return messages.map(m => `${title[m.role] || 'User'}: ${m.content}\n\n`).join('') + 'Assistant:';
+  return messages.map(m => `<|im_start|>${m.role}\n${m.content}<|im_end|>\n`).join('') + '<|im_start|>assistant\n';
 }
 
 const messages = [
   { role: 'system', content: 'You tell short stories.' },
   { role: 'user', content: 'Tell me about a brave little cat' },
 ];
-const wantChat = runText(formatChat(messages), 24, 0.8, 11);
+// `kvshard chat --messages` when this build has it; else `kvshard run` on the ChatML text.
+function chatText(msgs, n, temp, seed) {
+  let haveChat = true;
+  try { execFileSync(bin, ['chat', '--help'], { stdio: 'ignore' }); } catch { haveChat = false; }
+  if (!haveChat) return { via: 'kvshard run (ChatML text)', text: runText(formatChat(msgs), n, temp, seed) };
+  const dir = mkdtempSync(join(tmpdir(), 'kvs-chat-'));
+  try {
+    writeFileSync(join(dir, 'm.json'), JSON.stringify(msgs));
+    const out = execFileSync(bin, ['chat', '-m', model, '--messages', join(dir, 'm.json'), '-n', String(n), '--temp',
+      String(temp), '--seed', String(seed), '--top-k', '0', '--top-p', '1', '-t', '1']).toString();
+    return { via: 'kvshard chat', text: out.endsWith('\n') ? out.slice(0, -1) : out };
+  } finally { rmSync(dir, { recursive: true, force: true }); }
+}
+const chatRef = chatText(messages, 24, 0.8, 11), wantChat = chatRef.text;
+console.log(`chat reference from ${chatRef.via}`);
 const wantCompletion = runText('Once upon a time', 16, 0, 1);
 
 for (const { name, url } of targets) {
@@ -40,7 +55,7 @@ for (const { name, url } of targets) {
   const r = await client.chat.completions.create({ model: models.data[0].id, messages, max_tokens: 24, temperature: 0.8,
     top_p: 1, seed: 11 });
   check(r.object === 'chat.completion', `${name}: object`, r.object);
-  check(r.choices[0].message.content === wantChat, `${name}: chat text equals kvshard run`,
+  check(r.choices[0].message.content === wantChat, `${name}: chat text equals ${chatRef.via}`,
     { api: r.choices[0].message.content, run: wantChat });
   check(['stop', 'length'].includes(r.choices[0].finish_reason), `${name}: finish_reason`, r.choices[0].finish_reason);
   check(r.usage.completion_tokens > 0 && r.usage.total_tokens === r.usage.prompt_tokens + r.usage.completion_tokens,
@@ -57,7 +72,7 @@ for (const { name, url } of targets) {
     text += ch.delta?.content ?? '';
     if (ch.finish_reason) finish = ch.finish_reason;
   }
-  check(text === wantChat, `${name}: streamed chat text equals kvshard run`, { api: text, run: wantChat });
+  check(text === wantChat, `${name}: streamed chat text equals ${chatRef.via}`, { api: text, run: wantChat });
   check(chunks > 2 && finish !== null && usage && usage.completion_tokens === r.usage.completion_tokens,
     `${name}: stream shape`, { chunks, finish, usage });
 
