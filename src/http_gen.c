@@ -195,14 +195,7 @@ size_t http_gen_ready(const http_gen *g) {
         if (sl - 1 > hold) hold = sl - 1;
     }
     end = end > hold ? end - hold : 0;
-    /* Not inside a UTF-8 sequence: back off to the lead byte of an incomplete one. */
-    for (size_t back = 1; back <= 4 && back <= end; back++) {
-        unsigned char c = (unsigned char)g->text[end - back];
-        if ((c & 0xC0) == 0x80) continue; /* continuation byte */
-        size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-        if (need > back) end -= back;
-        break;
-    }
+    end = tok_utf8_complete_len(g->text, end); /* not inside a UTF-8 character */
     return end < g->emitted ? g->emitted : end;
 }
 

@@ -2,7 +2,7 @@
  * http_openai — the OpenAI reply shapes: chat.completion, text_completion, their streamed
  * chunks (server-sent events "data: {...}\n\n", ending with "data: [DONE]\n\n") and errors.
  * Text that is not valid UTF-8 (a token may be part of a character) goes out with U+FFFD in
- * place of the bad bytes; logprob token strings use OpenAI's "bytes:\xNN" form then.
+ * place of each maximal bad subsequence (tok_utf8_repair); logprob token strings use OpenAI's "bytes:\xNN" form then.
  */
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -11,38 +11,13 @@
 
 #include "http_impl.h"
 
-/* Length of the valid UTF-8 sequence at s[0..n), 0 if invalid or cut short. */
-static size_t utf8_seq(const unsigned char *s, size_t n) {
-    unsigned char c = s[0];
-    size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
-    if (!len || len > n || (len == 2 && c < 0xC2) || (len == 4 && c > 0xF4)) return 0;
-    for (size_t i = 1; i < len; i++)
-        if ((s[i] & 0xC0) != 0x80) return 0;
-    if (len == 3 && ((c == 0xE0 && s[1] < 0xA0) || (c == 0xED && s[1] >= 0xA0))) return 0;
-    if (len == 4 && ((c == 0xF0 && s[1] < 0x90) || (c == 0xF4 && s[1] >= 0x90))) return 0;
-    return len;
-}
-
-/* s[0..n) as a NUL-terminated string with invalid bytes replaced by U+FFFD; malloc'd. */
+/* s[0..n) as valid UTF-8 (each maximal invalid subsequence becomes U+FFFD, tok_utf8_repair, the
+ * same repair the CLI applies); *was_valid says whether it already was. malloc'd, NULL on NOMEM. */
 static char *utf8_clean(const char *s, size_t n, bool *was_valid) {
-    char *out = malloc(n * 3 + 1), *o = out;
-    if (!out) return NULL;
-    bool valid = true;
-    for (size_t i = 0; i < n;) {
-        size_t k = utf8_seq((const unsigned char *)s + i, n - i);
-        if (k && !(k == 1 && s[i] == 0)) {
-            memcpy(o, s + i, k);
-            o += k;
-            i += k;
-        } else {
-            memcpy(o, "\xEF\xBF\xBD", 3);
-            o += 3;
-            i++;
-            valid = false;
-        }
-    }
-    *o = 0;
-    if (was_valid) *was_valid = valid;
+    char *out = NULL;
+    size_t len = 0;
+    if (tok_utf8_repair(s, n, &out, &len) != KVS_OK) return NULL;
+    if (was_valid) *was_valid = len == n && !memcmp(out, s, n);
     return out;
 }
 

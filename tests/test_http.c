@@ -19,6 +19,7 @@
 #include <sys/socket.h>
 
 #include "chat.h"
+#include "gguf.h"
 #include "http.h"
 #include "http_impl.h"
 #include "netio.h"
@@ -238,7 +239,10 @@ static char *run_text(const char *model, const char *prompt, int n, const char *
     int rc = proc_run(argv, &out, NULL, 60000);
     cJSON *o = rc == 0 ? cJSON_Parse(out) : NULL;
     cJSON *t = o ? cJSON_GetObjectItem(o, "text") : NULL;
-    char *s = strdup(cJSON_IsString(t) ? t->valuestring : "(run failed)");
+    const char *txt = cJSON_IsString(t) ? t->valuestring : "(run failed)";
+    char *s = NULL;
+    size_t slen = 0;
+    if (tok_utf8_repair(txt, strlen(txt), &s, &slen) != KVS_OK) s = strdup(txt); /* as the API sends it */
     cJSON_Delete(o);
     free(out);
     return s;
@@ -416,8 +420,9 @@ static void hook_release(void) {
     pthread_mutex_unlock(&g_hook.mu);
 }
 
-static http_server *api_start(const char *spec, int lanes, int queue, int slots) {
+static http_server *api_start_tok(const char *spec, int lanes, int queue, int slots, const char *tokenizer) {
     http_params p = http_default_params();
+    p.tokenizer_path = tokenizer;
     p.listen = "127.0.0.1:0";
     p.route = spec;
     p.model_name = "stories260K";
@@ -432,6 +437,10 @@ static http_server *api_start(const char *spec, int lanes, int queue, int slots)
     char msg[KVS_MSG_MAX] = "";
     if (http_start(&p, &h, msg, sizeof msg) != KVS_OK) fprintf(stderr, "http_start: %s\n", msg);
     return h;
+}
+
+static http_server *api_start(const char *spec, int lanes, int queue, int slots) {
+    return api_start_tok(spec, lanes, queue, slots, NULL);
 }
 
 /* ---- parts ------------------------------------------------------------------------------------ */
@@ -832,6 +841,80 @@ static void check_metrics(uint16_t port) {
     resp_free(&r);
 }
 
+/* The Llama 3 real-format file (byte-level BPE, special tokens, llama3 chat template): completions
+ * equal `kvshard run` on one shard and on a 2-shard route; a chat reply is the same streamed or
+ * not, and its prompt is the llama3-formatted conversation with the special tokens parsed. */
+static bool check_llama3(void) {
+    char path[512];
+    const char *model = test_shared_path("downloads/models/llama3-synth-Q4_K_M.gguf", path, sizeof path);
+    if (!model) return false;
+    shard one, a, b;
+    CHECK(shard_start(&one, model, 0, 0));
+    CHECK(shard_start(&a, model, 0, 1));
+    CHECK(shard_start(&b, model, 1, 0));
+    char spec1[64], spec2[128];
+    snprintf(spec1, sizeof spec1, "127.0.0.1:%u", srv_port(one.s));
+    snprintf(spec2, sizeof spec2, "127.0.0.1:%u,127.0.0.1:%u", srv_port(a.s), srv_port(b.s));
+    http_server *h1 = api_start_tok(spec1, 2, 8, 2, model), *h2 = api_start_tok(spec2, 2, 8, 0, model);
+    CHECK(h1 && h2);
+    if (h1 && h2) {
+        static const struct { const char *prompt, *temp; int seed; } cases[] = {{"Hello world", "0", 1}, {"The sky is", "0.8", 3}};
+        for (size_t i = 0; i < 2; i++) {
+            char *want = run_text(model, cases[i].prompt, 12, cases[i].temp, cases[i].seed == 1 ? "1" : "3");
+            char fin[32];
+            for (int k = 0; k < 2; k++) {
+                char *got = completion(http_port(k ? h2 : h1), cases[i].prompt, 12, atof(cases[i].temp), cases[i].seed, k,
+                                       NULL, fin, sizeof fin, NULL);
+                if (strcmp(want, got)) fprintf(stderr, "  llama3 %s case %zu: run '%s' api '%s'\n", k ? "route" : "one", i, want, got);
+                CHECK(!strcmp(want, got));
+                free(got);
+            }
+            free(want);
+        }
+        const char *body = "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"Hi there\"}],"
+                           "\"max_tokens\":10,\"temperature\":0.6,\"seed\":9%s}";
+        char b1[512], b2[512];
+        snprintf(b1, sizeof b1, body, "");
+        snprintf(b2, sizeof b2, body, ",\"stream\":true");
+        resp r1, r2;
+        if (request(http_port(h1), "POST", "/v1/chat/completions", b1, &r1)) {
+            if (request(http_port(h2), "POST", "/v1/chat/completions", b2, &r2)) {
+                char f1[32], f2[32];
+                bool done = false;
+                char *t1 = full_text(r1.body, true, f1, sizeof f1), *t2 = sse_text(r2.body, true, f2, sizeof f2, &done, NULL);
+                if (strcmp(t1, t2)) fprintf(stderr, "  llama3 chat: '%s' vs streamed via route '%s'\n", t1, t2);
+                CHECK(!strcmp(t1, t2) && done && !strcmp(f1, f2));
+                free(t1);
+                free(t2);
+                resp_free(&r2);
+            }
+            /* <|begin_of_text|> + two headed turns + the opened assistant header, special tokens as one id each */
+            http_message msgs[] = {{"system", "Be brief."}, {"user", "Hi there"}};
+            char *prompt = NULL;
+            CHECK_EQ_INT(http_chat_format(CHAT_TEMPLATE_LLAMA3, msgs, 2, &prompt), KVS_OK);
+            CHECK(prompt && strstr(prompt, "<|start_header_id|>assistant<|end_header_id|>"));
+            gguf_ctx *g = NULL;
+            tok_vocab *v = NULL;
+            char msg[KVS_MSG_MAX];
+            int n = 0;
+            if (gguf_open_header(model, &g, msg, sizeof msg) == KVS_OK && tok_from_gguf(g, &v, msg, sizeof msg) == KVS_OK)
+                tok_encode_ex(v, prompt, strlen(prompt), tok_add_bos(v), true, NULL, 0, &n);
+            CHECK(n > 10 && n < 30);
+            CHECK_EQ_INT(usage_field(r1.body, "prompt_tokens"), n);
+            tok_free(v);
+            gguf_close(g);
+            free(prompt);
+            resp_free(&r1);
+        }
+    }
+    http_stop(h1);
+    http_stop(h2);
+    shard_stop(&one);
+    shard_stop(&a);
+    shard_stop(&b);
+    return true;
+}
+
 int main(void) {
     char path[512];
     int run = 0, skipped = 0;
@@ -875,6 +958,8 @@ int main(void) {
     http_stop(h2);
     check_busy_and_disconnect(model);
     run++;
+    if (check_llama3()) run++;
+    else skipped++;
     shard_stop(&one);
     shard_stop(&a);
     shard_stop(&b);
