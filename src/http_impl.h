@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "http.h"
+#include "prom.h"
 #include "route.h"
 #include "sampler.h"
 #include "tokenizer.h"
@@ -137,19 +138,12 @@ bool http_lanes_health(http_lanes *L, int64_t timeout_ms, char *report, size_t c
 
 enum http_endpoint { EP_CHAT = 0, EP_COMPLETIONS, EP_MODELS, EP_HEALTH, EP_METRICS, EP_PAGE, EP_OTHER, EP_COUNT_ };
 
-#define HTTP_HIST_BUCKETS 14
 #define HTTP_N_STATUS 10
-
-typedef struct {
-    uint64_t bucket[HTTP_HIST_BUCKETS]; /* counts per le bound (not cumulative) */
-    uint64_t count;
-    double sum;                         /* seconds */
-} http_hist;
 
 typedef struct {
     uint64_t requests[EP_COUNT_][HTTP_N_STATUS]; /* by status_codes index (http_metrics.c); the last: other */
     uint64_t tokens_in, tokens_out, cancelled, prefix_reused_tokens;
-    http_hist ttft, token_latency;
+    prom_hist ttft, token_latency; /* seconds */
 } http_counters;
 
 typedef struct {

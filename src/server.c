@@ -390,7 +390,13 @@ static void *sched_main(void *arg) {
             /* Requests cancelled while the lock was down: flag their transactions. */
             for (int i = 0; i < n_items; i++)
                 if (atomic_load(&batch[i]->cancel)) kv_cancel(e->kv, &batch[i]->sid);
+            uint64_t t_batch = kvs_now_ns();
             int err = fwd_run(m, e->pool, e->kv, items, n_items);
+            if (s->p.batch_done) {
+                uint32_t rows = 0;
+                for (int i = 0; i < n_items; i++) rows += items[i].n;
+                s->p.batch_done(s->p.batch_ctx, n_items, rows, kvs_now_ns() - t_batch);
+            }
             pthread_mutex_lock(&s->mu);
             for (int i = 0; i < n_items; i++) {
                 srv_job *j = batch[i];

@@ -46,6 +46,10 @@ typedef struct {
      * number of requests in it (tests use it to order events without sleeps). */
     void (*before_batch)(void *ctx, int n_items);
     void *hook_ctx;
+    /* Metrics hook: called by the scheduler after each forward pass with its requests, rows
+     * and duration (ns); must be quick and thread-safe (src/shard_metrics.c). */
+    void (*batch_done)(void *ctx, int n_items, uint32_t n_rows, uint64_t elapsed_ns);
+    void *batch_ctx;
 } srv_params;
 
 srv_params srv_default_params(void);

@@ -25,6 +25,7 @@
 #include "netio.h"
 #include "proc.h"
 #include "server.h"
+#include "shard_metrics.h"
 #include "test.h"
 #include "wire.h"
 
@@ -841,6 +842,61 @@ static void check_metrics(uint16_t port) {
     resp_free(&r);
 }
 
+/* kvshard serve --metrics-listen: the shard's counters (through STATS) and batch histograms. */
+static void check_shard_metrics(const char *model) {
+    shard_metrics *sm = NULL;
+    CHECK_EQ_INT(shard_metrics_create(&sm), KVS_OK);
+    srv_params p = srv_default_params();
+    p.model_path = model;
+    p.listen = "127.0.0.1:0";
+    p.n_threads = 1;
+    p.kv_budget_bytes = 16u << 20;
+    p.batch_done = shard_metrics_on_batch;
+    p.batch_ctx = sm;
+    shard sh;
+    char msg[KVS_MSG_MAX] = "";
+    if (!sm || srv_create(&p, &sh.s, msg, sizeof msg) != KVS_OK) {
+        fprintf(stderr, "shard with metrics: %s\n", msg);
+        test_failures_++;
+        shard_metrics_free(sm);
+        return;
+    }
+    pthread_create(&sh.th, NULL, shard_main, &sh);
+    CHECK_EQ_INT(shard_metrics_listen(sm, "127.0.0.1:0", srv_port(sh.s), msg, sizeof msg), KVS_OK);
+    char spec[64];
+    snprintf(spec, sizeof spec, "127.0.0.1:%u", srv_port(sh.s));
+    http_server *h = api_start(spec, 2, 8, 1);
+    char fin[32];
+    char *t = completion(http_port(h), "Once upon a time", 8, 0, 1, false, NULL, fin, sizeof fin, NULL);
+    free(t);
+    resp r;
+    if (request(shard_metrics_port(sm), "GET", "/metrics", NULL, &r)) {
+        CHECK_EQ_INT(r.status, 200);
+        double used = NAN, budget = NAN, batches = NAN, sessions = NAN, rows = NAN;
+        prom_result pr = prom_parse(r.body, "kvshard_shard_kv_bytes_used", &used);
+        if (!pr.ok) fprintf(stderr, "  shard metrics: %s\n", pr.why);
+        CHECK(pr.ok && pr.families >= 20);
+        prom_parse(r.body, "kvshard_shard_kv_budget_bytes", &budget);
+        prom_parse(r.body, "kvshard_shard_batch_requests_count", &batches);
+        prom_parse(r.body, "kvshard_shard_sessions", &sessions);
+        prom_parse(r.body, "kvshard_shard_batch_rows_sum", &rows);
+        CHECK(used > 0 && used <= budget && budget == (double)(16u << 20));
+        CHECK_EQ_INT(sessions, 1);           /* the finished request's session is kept for reuse */
+        CHECK_EQ_INT(batches, 8);            /* one prefill pass + 7 decode steps */
+        CHECK_EQ_INT(rows, 5 + 7);           /* BOS + 4 prompt tokens, then one row per step */
+        CHECK(strstr(r.body, "kvshard_shard_forward_seconds_bucket{le=\"+Inf\"} 8") != NULL);
+        CHECK(strstr(r.body, "kvshard_shard_kv_evictions_total{cause=\"lru\"} 0") != NULL);
+        resp_free(&r);
+    }
+    if (request(shard_metrics_port(sm), "GET", "/other", NULL, &r)) {
+        CHECK_EQ_INT(r.status, 404);
+        resp_free(&r);
+    }
+    http_stop(h);
+    shard_stop(&sh);
+    shard_metrics_free(sm);
+}
+
 /* The Llama 3 real-format file (byte-level BPE, special tokens, llama3 chat template): completions
  * equal `kvshard run` on one shard and on a 2-shard route; a chat reply is the same streamed or
  * not, and its prompt is the llama3-formatted conversation with the special tokens parsed. */
@@ -957,6 +1013,8 @@ int main(void) {
     http_stop(h1);
     http_stop(h2);
     check_busy_and_disconnect(model);
+    run++;
+    check_shard_metrics(model);
     run++;
     if (check_llama3()) run++;
     else skipped++;
