@@ -708,8 +708,57 @@ static void check_busy_and_disconnect(const char *model) {
     CHECK(strlen(t) > 0 && strcmp(t, "(request failed)"));
     free(t);
     CHECK_EQ_INT(metric(port, "kvshard_api_requests_total{endpoint=\"/v1/completions\",status=\"503\"}"), 1);
-    http_stop(h);
+    /* a hop that no longer answers: /health is 503 */
     shard_stop(&sh);
+    if (request(port, "GET", "/health", NULL, &r)) {
+        CHECK_EQ_INT(r.status, 503);
+        CHECK(strstr(r.body, "\"status\":\"unavailable\"") != NULL);
+        resp_free(&r);
+    }
+    http_stop(h);
+}
+
+/* A hop that dies between requests is replaced by a spare: same text, failovers_total 1. */
+static void check_failover(const char *model) {
+    shard a, b, c;
+    CHECK(shard_start(&a, model, 0, 2));
+    CHECK(shard_start(&b, model, 2, 0));
+    CHECK(shard_start(&c, model, 2, 0));
+    char spec[128], spare[64];
+    snprintf(spec, sizeof spec, "127.0.0.1:%u,127.0.0.1:%u", srv_port(a.s), srv_port(b.s));
+    snprintf(spare, sizeof spare, "127.0.0.1:%u", srv_port(c.s));
+    http_params p = http_default_params();
+    p.listen = "127.0.0.1:0";
+    p.route = spec;
+    p.spares = spare;
+    p.lanes = 1;
+    p.prefix_slots = 0;
+    http_server *h = NULL;
+    char msg[KVS_MSG_MAX] = "";
+    CHECK_EQ_INT(http_start(&p, &h, msg, sizeof msg), KVS_OK);
+    if (h) {
+        char fin[32];
+        char *before = completion(http_port(h), "The little dog", 16, 0.9, 4, false, NULL, fin, sizeof fin, NULL);
+        CHECK_EQ_INT(metric(http_port(h), "kvshard_api_failovers_total"), 0);
+        shard_stop(&b);
+        char *after = completion(http_port(h), "The little dog", 16, 0.9, 4, true, NULL, fin, sizeof fin, NULL);
+        if (strcmp(before, after)) fprintf(stderr, "  failover: '%s' vs '%s'\n", before, after);
+        CHECK(!strcmp(before, after) && strlen(before) > 0);
+        CHECK_EQ_INT(metric(http_port(h), "kvshard_api_failovers_total"), 1);
+        resp r;
+        if (request(http_port(h), "GET", "/health", NULL, &r)) { /* the spare now serves the hop */
+            CHECK_EQ_INT(r.status, 200);
+            resp_free(&r);
+        }
+        free(before);
+        free(after);
+    } else {
+        shard_stop(&b);
+        fprintf(stderr, "http_start: %s\n", msg);
+    }
+    http_stop(h);
+    shard_stop(&a);
+    shard_stop(&c);
 }
 
 typedef struct {
@@ -1015,6 +1064,8 @@ int main(void) {
     check_busy_and_disconnect(model);
     run++;
     check_shard_metrics(model);
+    run++;
+    check_failover(model);
     run++;
     if (check_llama3()) run++;
     else skipped++;
