@@ -4,14 +4,21 @@
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "kvshard.h"
 
 int digest_file_sha256(const char *path, uint8_t out[32]) {
     if (sodium_init() < 0) return KVS_ERR_INTERNAL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK so a FIFO cannot block the open; only regular files are hashed. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return KVS_ERR_IO;
+    struct stat fs;
+    if (fstat(fd, &fs) != 0 || !S_ISREG(fs.st_mode)) {
+        close(fd);
+        return KVS_ERR_IO;
+    }
     crypto_hash_sha256_state st;
     crypto_hash_sha256_init(&st);
     unsigned char *buf = malloc(1 << 20);

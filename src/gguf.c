@@ -493,7 +493,8 @@ int gguf_open_buffer(const void *data, size_t size, gguf_ctx **out, char *msg, s
 /* Opens path and maps the whole file read-only (the descriptor is closed: the
  * mapping keeps the file). */
 static int map_file(const char *path, void **map_out, size_t *size_out, char *msg, size_t msg_cap) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO (or a device) must not wait for a writer; it is refused below. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return kvs_fail(msg, msg_cap, KVS_ERR_IO, "%s: %s", path, strerror(errno));
     struct stat st;
     int rc = KVS_OK;
@@ -560,7 +561,7 @@ int gguf_open_header(const char *path, gguf_ctx **out, char *msg, size_t msg_cap
     int rc = gguf_open(path, &g, msg, msg_cap);
     if (rc) return rc;
     /* Reopen for gguf_map_data: the descriptor pins this very file. */
-    fd = open(path, O_RDONLY | O_CLOEXEC);
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     uint64_t keep = g->data_offset < g->size ? g->data_offset : g->size;
     uint8_t *copy = fd >= 0 ? malloc(keep ? (size_t)keep : 1) : NULL;
     if (!copy) {

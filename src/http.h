@@ -48,6 +48,8 @@ typedef struct {
     size_t max_body_bytes;       /* request bodies past this get 413 (default 1 MiB) */
     int prefix_slots;            /* kept sessions per lane for prefix reuse; 0: off (default 4) */
     int64_t route_timeout_ms;    /* route_params.timeout_ms (default 30000) */
+    const char *auth;            /* route_params.auth: HELLO token for the shards; NULL: none */
+    const char *tls_cert, *tls_key, *tls_ca; /* route_params: mutual TLS to the shards, all or none */
     int max_connections;         /* open HTTP connections (default 256) */
     http_log_fn log;             /* NULL: silent */
     void *log_ctx;

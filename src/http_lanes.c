@@ -18,7 +18,6 @@
 
 #include "gguf.h"
 #include "http_impl.h"
-#include "netio.h"
 #include "util.h"
 
 static void lanes_route_log(void *user, const char *line) {
@@ -26,11 +25,20 @@ static void lanes_route_log(void *user, const char *line) {
     if (L->p.log) L->p.log(L->p.log_ctx, line);
 }
 
-static int open_route(http_lanes *L, route **r, char *msg, size_t cap) {
+static route_params lane_params(http_lanes *L, int64_t timeout_ms) {
     route_params rp = route_default_params();
-    rp.timeout_ms = L->p.route_timeout_ms;
+    rp.timeout_ms = timeout_ms;
+    rp.auth = L->p.auth;
+    rp.tls_cert = L->p.tls_cert;
+    rp.tls_key = L->p.tls_key;
+    rp.tls_ca = L->p.tls_ca;
     rp.log = lanes_route_log;
     rp.log_user = L;
+    return rp;
+}
+
+static int open_route(http_lanes *L, route **r, char *msg, size_t cap) {
+    route_params rp = lane_params(L, L->p.route_timeout_ms);
     return route_open(L->route_spec, L->spares_spec, &rp, r, msg, cap);
 }
 
@@ -266,52 +274,24 @@ void http_lanes_finish(http_lanes *L, int lane, route_session *s, const int32_t 
     pthread_mutex_unlock(&L->mu);
 }
 
-/* connect, HELLO, INFO: one hop answers. */
-static bool probe(const char *addr, int64_t timeout_ms, char *why, size_t cap) {
-    char host[NETIO_HOST_MAX];
-    uint16_t port;
-    if (netio_parse_hostport(addr, host, sizeof host, &port) != KVS_OK) {
-        snprintf(why, cap, "bad address");
-        return false;
-    }
-    int fd = -1;
-    struct netio_buf b = {0};
-    uint8_t hb[64];
-    size_t len = 0;
-    struct wire_hello h = {.min_version = WIRE_VERSION, .max_version = WIRE_VERSION};
-    struct wire_header hd;
-    struct wire_info info;
-    uint64_t until = netio_deadline_ms(timeout_ms);
-    int err = netio_connect(host, port, until, &fd, why, cap);
-    if (!err) err = wire_encode_hello(&h, hb, sizeof hb, &len);
-    if (!err) err = netio_send_frame(fd, WIRE_OP_HELLO, 1, hb, len, until);
-    if (!err) err = netio_recv_frame(fd, &hd, &b, until, why, cap);
-    if (!err && hd.op != WIRE_OP_INFO) err = kvs_fail(why, cap, KVS_ERR_PROTOCOL, "unexpected reply");
-    if (!err) err = wire_decode_info(b.data, b.len, &info, why, cap);
-    if (!err && info.st.status) err = kvs_fail(why, cap, info.st.status, "%s", kvs_strerror(info.st.status));
-    if (err && !why[0]) snprintf(why, cap, "%s", kvs_strerror(err));
-    if (fd >= 0) close(fd);
-    netio_buf_free(&b);
-    return err == KVS_OK;
-}
-
 bool http_lanes_health(http_lanes *L, int64_t timeout_ms, char *report, size_t cap) {
-    char hops[ROUTE_MAX_HOPS][ROUTE_ADDR_MAX];
-    pthread_mutex_lock(&L->mu);
-    uint32_t n = L->n_hops;
-    memcpy(hops, L->hops, sizeof hops);
-    pthread_mutex_unlock(&L->mu);
-    bool all = n > 0;
+    /* A fresh route over the current hops: every hop connects (TLS when configured), answers
+     * HELLO with INFO, and the hops still fit together (route_open). */
+    char spec[ROUTE_MAX_HOPS * ROUTE_ADDR_MAX];
     size_t used = 0;
-    report[0] = 0;
-    for (uint32_t k = 0; k < n; k++) {
-        char why[KVS_MSG_MAX] = "";
-        bool ok = probe(hops[k], timeout_ms, why, sizeof why);
-        all = all && ok;
-        if (used < cap) {
-            int w = snprintf(report + used, cap - used, "hop %u %s: %s\n", k, hops[k], ok ? "ok" : why);
-            if (w > 0) used += (size_t)w;
-        }
+    pthread_mutex_lock(&L->mu);
+    for (uint32_t k = 0; k < L->n_hops && used < sizeof spec; k++) {
+        int w = snprintf(spec + used, sizeof spec - used, "%s%s", k ? "," : "", L->hops[k]);
+        if (w > 0) used += (size_t)w;
     }
-    return all;
+    pthread_mutex_unlock(&L->mu);
+    route_params rp = lane_params(L, timeout_ms);
+    rp.log = NULL;
+    route *r = NULL;
+    char msg[KVS_MSG_MAX] = "";
+    int err = used ? route_open(spec, NULL, &rp, &r, msg, sizeof msg) : KVS_ERR_NOT_FOUND;
+    route_close(r);
+    if (err) snprintf(report, cap, "%s: %s", spec, msg[0] ? msg : kvs_strerror(err));
+    else snprintf(report, cap, "%s: every hop answered", spec);
+    return err == KVS_OK;
 }

@@ -37,6 +37,36 @@
  * shorter than n_past) it is copied into a fresh block. Every position the
  * request writes lands in a fresh or dead slot, so kv_abort only has to free
  * the fresh blocks, and kv_commit frees the old blocks the new table dropped.
+ *
+ * In-place rewrite (I7). The old blocks past the kept length are superseded:
+ * they die with the commit. When the free blocks do not cover a copy-on-write
+ * plan, kv_begin reuses the session's own old blocks in place instead (and
+ * takes from the pool, evicting LRU neighbours if it must, only the blocks of
+ * the positions the request adds). So a retry, a rewind, an inherit or an
+ * epoch bump never needs more free blocks than the positions it adds and
+ * never evicts a neighbour for what its own blocks can do. The price: such a
+ * transaction overwrites the session's positions [start, ...) as it runs, so
+ * kv_abort leaves the session holding [0, start) in its old epoch (a
+ * session left with 0 positions is dropped) instead of exactly as before.
+ *
+ *  I7. A transaction is in place only when copy-on-write would need more free
+ *      blocks than there are; then txn->table[0..n_reuse) are the session's
+ *      old blocks, in order, and kv_abort truncates the session to start.
+ *
+ * Tombstones (I8). When a session goes (release, TTL, LRU, truncate to 0, a
+ * newer epoch that drops it) its id and epoch are remembered in a ring of
+ * max_tombstones entries, each forgotten after tombstone_ttl_ns: a request at
+ * an older epoch is STALE_EPOCH, so a stale driver cannot re-create it.
+ *
+ *  I8. A tombstone is consulted only for an id with no live session; its
+ *      epoch is the highest epoch of any dropped session of that id still
+ *      remembered. Memory: max_tombstones x sizeof(kv_tomb), fixed.
+ *
+ * Limits. max_sessions counts live sessions (a session truncated to 0 is
+ * dropped, so it does not count). A new session past the limit with every
+ * session pinned is KVS_ERR_BUSY (retry later: pins are transient); blocks
+ * short with every idle session evicted is KVS_ERR_BUDGET_EXHAUSTED. The
+ * per-session cap is clamped at creation to what the pool can hold.
  */
 #include "kvstate.h"
 
@@ -51,6 +81,8 @@
 
 #define KV_HASH_BUCKETS 4096
 #define KV_SWEEP_PER_BEGIN 4
+#define KV_TOMB_DEFAULT 4096u
+#define KV_TOMB_TTL_DEFAULT_NS (600ull * 1000000000ull)
 
 typedef struct kv_session kv_session;
 
@@ -73,11 +105,21 @@ struct kv_txn {
     uint32_t start, end;    /* positions written: [start, end) */
     uint32_t *table;        /* working table, n_table entries */
     uint32_t n_table;
-    uint32_t n_shared;      /* table[0..n_shared) are blocks of the old table */
+    uint32_t n_shared;      /* table[0..n_shared) are blocks of the old table (shared or, in place, reused) */
+    bool in_place;          /* I7: the old blocks past start are being overwritten */
     bool rewind, inherit;
     atomic_bool cancel;
     const kv_state *kv;
 };
+
+/* A gone session's id and epoch (I8); slot of a ring, chained per hash bucket. */
+typedef struct {
+    kv_sid sid;
+    uint64_t epoch;
+    uint64_t when;  /* clock ns when recorded */
+    int32_t next;   /* next index in the bucket chain, -1: end */
+    bool used;
+} kv_tomb;
 
 struct kv_state {
     kv_params p;
@@ -91,6 +133,10 @@ struct kv_state {
     kv_session lru;     /* sentinel: lru.lru_next is most recent */
     uint32_t n_sessions;
     int fail_countdown; /* counted allocations until an injected failure */
+    kv_tomb *tombs;     /* ring of p.max_tombstones entries */
+    uint32_t tomb_head; /* next slot to write (the oldest entry) */
+    uint32_t n_tombs;   /* used entries */
+    int32_t tomb_buckets[KV_HASH_BUCKETS]; /* -1: empty */
     kv_stats st;
     pthread_mutex_t lock;
 };
@@ -118,6 +164,8 @@ kv_params kv_default_params(void) {
     p.block_tokens = 16;
     p.kv_type = QUANT_F16;
     p.max_positions = 2048;
+    p.max_tombstones = KV_TOMB_DEFAULT;
+    p.tombstone_ttl_ns = KV_TOMB_TTL_DEFAULT_NS;
     return p;
 }
 
@@ -158,9 +206,57 @@ static void kv_free_blocks(kv_state *kv, const uint32_t *ids, uint32_t n) {
     }
 }
 
-/* Removes an idle session entirely, returning its blocks. */
+/* ---- tombstones (I8) -------------------------------------------------------- */
+
+static bool tomb_alive(const kv_state *kv, const kv_tomb *t, uint64_t now) {
+    return t->used && (now < t->when || now - t->when <= kv->p.tombstone_ttl_ns);
+}
+
+static void tomb_unlink(kv_state *kv, int32_t idx) {
+    kv_tomb *t = &kv->tombs[idx];
+    int32_t *pp = &kv->tomb_buckets[kv_hash(&t->sid)];
+    while (*pp != idx) pp = &kv->tombs[*pp].next;
+    *pp = t->next;
+    t->used = false;
+    kv->n_tombs--;
+}
+
+/* Index of sid's remembered epoch, -1 when none (or aged out). */
+static int32_t tomb_find(kv_state *kv, const kv_sid *sid) {
+    uint64_t now = kv->p.clock(kv->p.clock_ctx);
+    for (int32_t i = kv->tomb_buckets[kv_hash(sid)]; i >= 0; i = kv->tombs[i].next)
+        if (memcmp(kv->tombs[i].sid.bytes, sid->bytes, 16) == 0) return tomb_alive(kv, &kv->tombs[i], now) ? i : -1;
+    return -1;
+}
+
+/* Remembers epoch for sid (keeping the higher of it and one already remembered) in the ring's
+ * next slot, forgetting the oldest entry when the ring is full. */
+static void tomb_put(kv_state *kv, const kv_sid *sid, uint64_t epoch) {
+    for (int32_t i = kv->tomb_buckets[kv_hash(sid)]; i >= 0; i = kv->tombs[i].next)
+        if (memcmp(kv->tombs[i].sid.bytes, sid->bytes, 16) == 0) {
+            if (tomb_alive(kv, &kv->tombs[i], kv->p.clock(kv->p.clock_ctx)) && kv->tombs[i].epoch > epoch)
+                epoch = kv->tombs[i].epoch;
+            tomb_unlink(kv, i);
+            break;
+        }
+    int32_t idx = (int32_t)kv->tomb_head;
+    kv->tomb_head = (kv->tomb_head + 1) % kv->p.max_tombstones;
+    if (kv->tombs[idx].used) tomb_unlink(kv, idx);
+    kv_tomb *t = &kv->tombs[idx];
+    t->sid = *sid;
+    t->epoch = epoch;
+    t->when = kv->p.clock(kv->p.clock_ctx);
+    t->used = true;
+    uint32_t h = kv_hash(sid);
+    t->next = kv->tomb_buckets[h];
+    kv->tomb_buckets[h] = idx;
+    kv->n_tombs++;
+}
+
+/* Removes an idle session entirely, returning its blocks; its epoch becomes a tombstone. */
 static void kv_drop(kv_state *kv, kv_session *s) {
     KVS_ASSERT(!s->inflight);
+    tomb_put(kv, &s->sid, s->epoch);
     kv_session **pp = &kv->buckets[kv_hash(&s->sid)];
     while (*pp != s) pp = &(*pp)->hash_next;
     *pp = s->hash_next;
@@ -208,6 +304,8 @@ int kv_create(const kv_params *p, kv_state **out, char *msg, size_t msg_cap) {
     kv->p = *p;
     if (!kv->p.clock) kv->p.clock = kv_default_clock;
     if (kv->p.max_positions == 0) kv->p.max_positions = UINT32_MAX;
+    if (kv->p.max_tombstones == 0) kv->p.max_tombstones = KV_TOMB_DEFAULT;
+    if (kv->p.tombstone_ttl_ns == 0) kv->p.tombstone_ttl_ns = KV_TOMB_TTL_DEFAULT_NS;
     kv->elem_bytes = p->kv_type == QUANT_F16 ? 2 : 4;
     kv->kv_dim = (size_t)p->n_kv_heads * (size_t)p->head_dim;
     kv->slot_bytes = kv->kv_dim * kv->elem_bytes;
@@ -224,9 +322,11 @@ int kv_create(const kv_params *p, kv_state **out, char *msg, size_t msg_cap) {
     kv->arena_bytes = (size_t)nb * kv->block_bytes;
     kv->arena = mmap(NULL, kv->arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     kv->free_ids = malloc((size_t)nb * sizeof(uint32_t));
-    if (kv->arena == MAP_FAILED || !kv->free_ids) {
+    kv->tombs = calloc(kv->p.max_tombstones, sizeof(kv_tomb));
+    if (kv->arena == MAP_FAILED || !kv->free_ids || !kv->tombs) {
         if (kv->arena != MAP_FAILED) munmap(kv->arena, kv->arena_bytes);
         free(kv->free_ids);
+        free(kv->tombs);
         size_t bb = kv->block_bytes;
         free(kv);
         return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "kv: cannot reserve %llu B for the block pool",
@@ -235,6 +335,10 @@ int kv_create(const kv_params *p, kv_state **out, char *msg, size_t msg_cap) {
     /* Lowest ids on top so that a fresh pool hands out blocks in order. */
     for (uint32_t i = 0; i < kv->blocks_total; i++) kv->free_ids[i] = kv->blocks_total - 1 - i;
     kv->n_free = kv->blocks_total;
+    /* One session can hold at most the whole pool: that is its cap (INFO max_ctx). */
+    uint64_t pool_positions = (uint64_t)kv->blocks_total * (uint64_t)p->block_tokens;
+    if (kv->p.max_positions > pool_positions) kv->p.max_positions = (uint32_t)pool_positions;
+    for (int b = 0; b < KV_HASH_BUCKETS; b++) kv->tomb_buckets[b] = -1;
     kv->lru.lru_next = kv->lru.lru_prev = &kv->lru;
     pthread_mutex_init(&kv->lock, NULL);
     kv->st.budget_bytes = p->budget_bytes;
@@ -257,6 +361,7 @@ void kv_free(kv_state *kv) {
     }
     munmap(kv->arena, kv->arena_bytes);
     free(kv->free_ids);
+    free(kv->tombs);
     pthread_mutex_destroy(&kv->lock);
     free(kv);
 }
@@ -278,11 +383,12 @@ static uint32_t blocks_for(const kv_state *kv, uint32_t positions) {
 
 /* Evicts idle sessions LRU-first (never `keep`) until `need` blocks are free
  * and, when need_slot, the table has room for one more session (max_sessions).
- * Evicts nothing and returns false when even evicting every idle session would
- * not be enough. */
-static bool kv_make_room(kv_state *kv, uint32_t need, bool need_slot, const kv_session *keep) {
+ * Evicts nothing when even evicting every idle session would not be enough:
+ * KVS_ERR_BUDGET_EXHAUSTED (blocks) or KVS_ERR_BUSY (every session is pinned
+ * and the session limit is reached). KVS_OK when done. */
+static int kv_make_room(kv_state *kv, uint32_t need, bool need_slot, const kv_session *keep) {
     need_slot = need_slot && kv->p.max_sessions && kv->n_sessions >= kv->p.max_sessions;
-    if (kv->n_free >= need && !need_slot) return true;
+    if (kv->n_free >= need && !need_slot) return KVS_OK;
     uint64_t avail = kv->n_free;
     uint32_t idle = 0;
     for (kv_session *s = kv->lru.lru_prev; s != &kv->lru; s = s->lru_prev)
@@ -290,7 +396,8 @@ static bool kv_make_room(kv_state *kv, uint32_t need, bool need_slot, const kv_s
             avail += s->n_blocks;
             idle++;
         }
-    if (avail < need || (need_slot && idle == 0)) return false;
+    if (avail < need) return KVS_ERR_BUDGET_EXHAUSTED;
+    if (need_slot && idle == 0) return KVS_ERR_BUSY;
     kv_session *s = kv->lru.lru_prev;
     while (kv->n_free < need || (need_slot && kv->n_sessions >= kv->p.max_sessions)) {
         kv_session *prev = s->lru_prev;
@@ -300,7 +407,7 @@ static bool kv_make_room(kv_state *kv, uint32_t need, bool need_slot, const kv_s
         }
         s = prev;
     }
-    return true;
+    return KVS_OK;
 }
 
 static void *block_slot(const kv_state *kv, uint32_t block, int layer, int kind, uint32_t slot) {
@@ -333,6 +440,14 @@ int kv_begin(kv_state *kv, const kv_sid *sid, uint64_t epoch, uint32_t start_pos
             inherit_ok = true;
             if (start_pos < keep) { keep = start_pos; }
         }
+    } else {
+        int32_t ti = tomb_find(kv, sid);
+        if (ti >= 0 && epoch < kv->tombs[ti].epoch) {
+            r.live_epoch = kv->tombs[ti].epoch;
+            kv->st.stale++;
+            err = KVS_ERR_STALE_EPOCH;
+            goto done;
+        }
     }
     /* Past the cap no replay could help: say so before any CACHE_MISS. */
     if ((uint64_t)start_pos + n > kv->p.max_positions) { err = KVS_ERR_CONTEXT_FULL; goto done; }
@@ -340,18 +455,28 @@ int kv_begin(kv_state *kv, const kv_sid *sid, uint64_t epoch, uint32_t start_pos
         r.have = keep;
         kv->st.misses++;
         err = KVS_ERR_CACHE_MISS;
+        /* A newer epoch that inherits nothing supersedes the old state now (DESIGN §2). */
+        if (s && epoch > s->epoch && !inherit_ok) {
+            kv_drop(kv, s);
+            tomb_put(kv, sid, epoch);
+            r.n_past = 0;
+            r.live_epoch = epoch;
+        }
         goto done;
     }
 
-    /* Plan the working table. */
+    /* Plan the working table: copy-on-write when the free blocks cover it, else in place (I7). */
     uint32_t bt = (uint32_t)kv->p.block_tokens;
     uint32_t n_full = keep / bt;          /* wholly kept blocks, shared */
     uint32_t partial = keep % bt;         /* kept slots of the next block */
     bool live_past_keep = s && keep < s->n_past; /* slots past keep hold live data */
     bool share_partial = partial && !live_past_keep;
-    bool copy_partial = partial && live_past_keep;
     uint32_t n_table = blocks_for(kv, start_pos + n);
     uint32_t n_shared = n_full + (share_partial ? 1 : 0);
+    uint32_t n_old = s ? s->n_blocks : 0;
+    bool in_place = n_old > n_shared && kv->n_free < n_table - n_shared;
+    if (in_place) n_shared = n_old < n_table ? n_old : n_table;
+    bool copy_partial = partial && live_past_keep && !in_place;
     uint32_t n_fresh = n_table - n_shared;
 
     kv_txn *txn = kv_alloc(kv, sizeof(*txn));
@@ -362,9 +487,10 @@ int kv_begin(kv_state *kv, const kv_sid *sid, uint64_t epoch, uint32_t start_pos
         err = KVS_ERR_NOMEM;
         goto done;
     }
-    if (!kv_make_room(kv, n_fresh, !s, s)) {
+    if ((err = kv_make_room(kv, n_fresh, !s, s)) != KVS_OK) {
         free(txn); free(table); free(fresh_s);
-        err = KVS_ERR_BUDGET_EXHAUSTED;
+        if (err == KVS_ERR_BUSY) kv->st.busy++;
+        r.pinned_short = err == KVS_ERR_BUSY || (uint64_t)kv->blocks_total - n_old >= n_fresh;
         goto done;
     }
     for (uint32_t i = 0; i < n_shared; i++) table[i] = s->blocks[i];
@@ -396,6 +522,8 @@ int kv_begin(kv_state *kv, const kv_sid *sid, uint64_t epoch, uint32_t start_pos
     txn->table = table;
     txn->n_table = n_table;
     txn->n_shared = n_shared;
+    txn->in_place = in_place;
+    if (in_place) kv->st.in_place++;
     txn->rewind = rewind;
     txn->inherit = inherit_ok;
     txn->kv = kv;
@@ -444,7 +572,14 @@ void kv_abort(kv_state *kv, kv_txn *txn, bool cancelled) {
     free(txn->table);
     s->inflight = NULL;
     if (cancelled) kv->st.cancellations++;
-    if (txn->created) {
+    if (txn->in_place && s->n_past > txn->start) {
+        /* I7: positions from start on were being overwritten; the session keeps [0, start). */
+        uint32_t nb = blocks_for(kv, txn->start);
+        kv_free_blocks(kv, s->blocks + nb, s->n_blocks - nb);
+        s->n_blocks = nb;
+        s->n_past = txn->start;
+    }
+    if (txn->created || s->n_past == 0) {
         kv_drop(kv, s);
     } else {
         s->last_used = kv->p.clock(kv->p.clock_ctx);
@@ -484,10 +619,19 @@ int kv_cancel(kv_state *kv, const kv_sid *sid) {
 /* ---- truncate / release / queries --------------------------------------- */
 
 /* Finds (sid, epoch) for a non-append op; fills rep and returns an error when
- * it is absent, stale, newer than what is held, or busy. */
-static int kv_resolve(kv_state *kv, const kv_sid *sid, uint64_t epoch, kv_session **out, kv_reply *r) {
+ * it is absent (CACHE_MISS, or STALE_EPOCH below a tombstone), stale, or busy.
+ * A newer epoch than the live one drops the live state first (DESIGN §2) and
+ * returns CACHE_MISS with *dropped set. */
+static int kv_resolve(kv_state *kv, const kv_sid *sid, uint64_t epoch, kv_session **out, kv_reply *r, bool *dropped) {
     kv_session *s = kv_find(kv, sid);
-    if (!s || epoch > s->epoch) {
+    *dropped = false;
+    if (!s) {
+        int32_t ti = tomb_find(kv, sid);
+        if (ti >= 0 && epoch < kv->tombs[ti].epoch) {
+            r->live_epoch = kv->tombs[ti].epoch;
+            kv->st.stale++;
+            return KVS_ERR_STALE_EPOCH;
+        }
         r->have = 0;
         kv->st.misses++;
         return KVS_ERR_CACHE_MISS;
@@ -497,6 +641,14 @@ static int kv_resolve(kv_state *kv, const kv_sid *sid, uint64_t epoch, kv_sessio
     r->have = s->n_past;
     if (epoch < s->epoch) { kv->st.stale++; return KVS_ERR_STALE_EPOCH; }
     if (s->inflight) { kv->st.busy++; return KVS_ERR_BUSY; }
+    if (epoch > s->epoch) {
+        kv_drop(kv, s);
+        tomb_put(kv, sid, epoch);
+        r->have = r->n_past = 0;
+        r->live_epoch = epoch;
+        *dropped = true;
+        return KVS_ERR_CACHE_MISS;
+    }
     *out = s;
     return KVS_OK;
 }
@@ -504,10 +656,16 @@ static int kv_resolve(kv_state *kv, const kv_sid *sid, uint64_t epoch, kv_sessio
 int kv_truncate(kv_state *kv, const kv_sid *sid, uint64_t epoch, uint32_t len, kv_reply *rep) {
     kv_reply r = {0};
     kv_session *s = NULL;
+    bool dropped;
     pthread_mutex_lock(&kv->lock);
-    int err = kv_resolve(kv, sid, epoch, &s, &r);
-    if (err == KVS_OK && len > s->n_past) err = KVS_ERR_INVALID_ARG;
-    if (err == KVS_OK) {
+    int err = kv_resolve(kv, sid, epoch, &s, &r, &dropped);
+    if (dropped && len == 0) err = KVS_OK; /* the newer epoch holds nothing: truncated to 0 */
+    if (err == KVS_OK && s && len > s->n_past) err = KVS_ERR_INVALID_ARG;
+    if (err == KVS_OK && s && len == 0) {
+        kv_drop(kv, s); /* no positions, no slot (max_sessions); the epoch stays as a tombstone */
+        kv->st.truncates++;
+        r.n_past = r.have = 0;
+    } else if (err == KVS_OK && s) {
         uint32_t nb = blocks_for(kv, len);
         kv_free_blocks(kv, s->blocks + nb, s->n_blocks - nb);
         s->n_blocks = nb;
@@ -526,12 +684,14 @@ int kv_truncate(kv_state *kv, const kv_sid *sid, uint64_t epoch, uint32_t len, k
 int kv_release(kv_state *kv, const kv_sid *sid, uint64_t epoch, kv_reply *rep) {
     kv_reply r = {0};
     kv_session *s = NULL;
+    bool dropped;
     pthread_mutex_lock(&kv->lock);
-    int err = kv_resolve(kv, sid, epoch, &s, &r);
-    if (err == KVS_OK) {
-        kv_drop(kv, s);
+    int err = kv_resolve(kv, sid, epoch, &s, &r, &dropped);
+    if (err == KVS_OK || dropped) {
+        if (s) kv_drop(kv, s);
         kv->st.releases++;
         r.n_past = r.have = 0;
+        err = KVS_OK;
     }
     if (rep) *rep = r;
     pthread_mutex_unlock(&kv->lock);
@@ -563,6 +723,7 @@ void kv_get_stats(kv_state *kv, kv_stats *st) {
     *st = kv->st;
     st->sessions = kv->n_sessions;
     st->blocks_free = kv->n_free;
+    st->tombstones = kv->n_tombs;
     st->bytes_used = (uint64_t)(kv->blocks_total - kv->n_free) * kv->block_bytes;
     pthread_mutex_unlock(&kv->lock);
 }

@@ -31,11 +31,15 @@ typedef struct {
     int block_tokens;       /* positions per block (default 16) */
     uint32_t kv_type;       /* QUANT_F16 (default) or QUANT_F32 */
     uint64_t budget_bytes;  /* block pool size; floor(budget / block_bytes) blocks */
-    uint32_t max_positions; /* per-session cap (CONTEXT_FULL past it) */
+    uint32_t max_positions; /* per-session cap (CONTEXT_FULL past it); clamped by kv_create to
+                               what the pool holds (blocks x block_tokens) */
     uint32_t max_sessions;  /* 0: no limit besides the budget */
     uint64_t ttl_ns;        /* idle time before eviction; 0: never */
     kv_clock_fn clock;      /* NULL: CLOCK_MONOTONIC */
     void *clock_ctx;
+    uint32_t max_tombstones;   /* session ids whose highest epoch is remembered after the session
+                                  is gone (release, eviction); 0: 4096 */
+    uint64_t tombstone_ttl_ns; /* how long such an epoch is remembered; 0: 600 s */
 } kv_params;
 
 kv_params kv_default_params(void);
@@ -45,6 +49,8 @@ typedef struct {
     uint32_t have;       /* CACHE_MISS: positions the shard holds; resend from here */
     uint64_t live_epoch; /* STALE_EPOCH: the epoch the shard holds */
     uint32_t n_past;     /* positions held after the call */
+    bool pinned_short;   /* BUDGET_EXHAUSTED / BUSY only because other sessions are pinned (in
+                            flight): the same request can succeed once they finish */
 } kv_reply;
 
 /* Epoch advance that keeps the old epoch's first len positions (no copy). */
@@ -57,6 +63,8 @@ typedef struct {
     uint64_t sessions, bytes_used, budget_bytes, block_bytes, blocks_total, blocks_free;
     uint64_t hits, misses, stale, evict_ttl, evict_lru, releases, rewinds, cancellations;
     uint64_t appends, truncates, inherits, busy;
+    uint64_t in_place; /* rewrites that reused the session's own superseded blocks */
+    uint64_t tombstones; /* remembered epochs of gone sessions, now */
 } kv_stats;
 
 typedef struct kv_state kv_state;
@@ -76,15 +84,24 @@ const kv_params *kv_get_params(const kv_state *kv);
 /* Starts an append of n positions at start_pos for (sid, epoch); inherit may
  * be NULL. On success *out is an open transaction (the session is pinned:
  * never evicted, other requests on it get KVS_ERR_BUSY) that must be closed
- * with kv_commit or kv_abort. Errors (nothing changed): KVS_ERR_STALE_EPOCH
- * (rep->live_epoch), KVS_ERR_CACHE_MISS (rep->have), KVS_ERR_CONTEXT_FULL,
- * KVS_ERR_BUDGET_EXHAUSTED, KVS_ERR_BUSY, KVS_ERR_NOMEM, KVS_ERR_INVALID_ARG. */
+ * with kv_commit or kv_abort. It takes from the pool only the blocks of the
+ * positions it adds (a rewind, retry, inherit or epoch bump that finds no
+ * free blocks for a copy rewrites the session's own blocks in place).
+ * Errors (nothing changed): KVS_ERR_STALE_EPOCH (rep->live_epoch; also below
+ * the remembered epoch of a released / evicted session), KVS_ERR_CACHE_MISS
+ * (rep->have; a newer epoch that inherits nothing drops the old state even
+ * then), KVS_ERR_CONTEXT_FULL, KVS_ERR_BUDGET_EXHAUSTED (blocks short after
+ * evicting every idle session), KVS_ERR_BUSY (session pinned, or a new session
+ * past max_sessions with every session pinned), KVS_ERR_NOMEM,
+ * KVS_ERR_INVALID_ARG. */
 int kv_begin(kv_state *kv, const kv_sid *sid, uint64_t epoch, uint32_t start_pos, uint32_t n,
              const kv_inherit *inherit, kv_txn **out, kv_reply *rep);
 /* Makes positions [0, start_pos + n) the session's state; frees replaced blocks. */
 void kv_commit(kv_state *kv, kv_txn *txn, kv_reply *rep);
 /* Rolls back: the session is exactly as before kv_begin (or absent if it was
- * new). cancelled only selects which counter is bumped. */
+ * new) — except after an in-place rewrite, which leaves it holding
+ * [0, start) in its old epoch (dropped when that is empty). cancelled only
+ * selects which counter is bumped. */
 void kv_abort(kv_state *kv, kv_txn *txn, bool cancelled);
 
 /* Transaction view, valid until commit/abort. K/V rows of kv_dim elements of kv_type. */
@@ -97,9 +114,14 @@ bool kv_txn_cancelled(const kv_txn *txn);
  * KVS_OK when one was flagged, KVS_ERR_NOT_FOUND otherwise. */
 int kv_cancel(kv_state *kv, const kv_sid *sid);
 
-/* Keeps positions [0, len) (len <= n_past); whole blocks past len return to the pool. */
+/* Keeps positions [0, len) (len <= n_past); whole blocks past len return to the pool. len 0
+ * drops the session (it no longer counts against max_sessions; its epoch is remembered as for
+ * a release). An epoch older than the live one (or than a remembered one): STALE_EPOCH; a newer
+ * one drops the live state and answers CACHE_MISS(0) (KVS_OK for len 0). */
 int kv_truncate(kv_state *kv, const kv_sid *sid, uint64_t epoch, uint32_t len, kv_reply *rep);
-/* Drops the session; later requests see CACHE_MISS(0). */
+/* Drops the session; later requests see CACHE_MISS(0), and requests at an older epoch
+ * STALE_EPOCH for as long as the epoch is remembered (tombstone). A newer epoch than the live
+ * one also drops it (KVS_OK). An unknown id: CACHE_MISS(0). */
 int kv_release(kv_state *kv, const kv_sid *sid, uint64_t epoch, kv_reply *rep);
 /* Current epoch/n_past of a session: KVS_ERR_NOT_FOUND when absent. */
 int kv_lookup(kv_state *kv, const kv_sid *sid, uint64_t *epoch, uint32_t *n_past);

@@ -15,6 +15,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "tls.h"
 #include "util.h"
 
 /* The buffer grows in steps of at least this much, and never beyond what has arrived plus this. */
@@ -237,10 +238,29 @@ static int sock_errno_code(int e) {
     return (e == EPIPE || e == ECONNRESET || e == ENOTCONN) ? KVS_ERR_CLOSED : KVS_ERR_IO;
 }
 
+/* netio_read_full over the TLS session t of fd. */
+static int tls_read_full(tls_conn *t, int fd, uint8_t *p, size_t len, uint64_t deadline_ns) {
+    size_t got = 0;
+    while (got < len) {
+        short want = POLLIN;
+        long n = tls_conn_read(t, p + got, len - got, &want);
+        if (n > 0) {
+            got += (size_t)n;
+            continue;
+        }
+        if (n < 0) return (int)n;
+        int rc = wait_fd(fd, want, deadline_ns);
+        if (rc != KVS_OK) return rc;
+    }
+    return KVS_OK;
+}
+
 int netio_read_full(int fd, void *buf, size_t len, uint64_t deadline_ns) {
     uint8_t *p = buf;
     size_t got = 0;
     if (len && !buf) return KVS_ERR_INVALID_ARG;
+    tls_conn *t = tls_conn_of(fd);
+    if (t) return tls_read_full(t, fd, p, len, deadline_ns);
     while (got < len) {
         ssize_t n = recv(fd, p + got, len - got, MSG_DONTWAIT);
         if (n > 0) {
@@ -256,8 +276,50 @@ int netio_read_full(int fd, void *buf, size_t len, uint64_t deadline_ns) {
     return KVS_OK;
 }
 
+/* Writes len bytes through the TLS session t of fd. */
+static int tls_write_full(tls_conn *t, int fd, const uint8_t *p, size_t len, uint64_t deadline_ns) {
+    size_t put = 0;
+    while (put < len) {
+        short want = POLLOUT;
+        long n = tls_conn_write(t, p + put, len - put, &want);
+        if (n > 0) {
+            put += (size_t)n;
+            continue;
+        }
+        if (n < 0) return (int)n;
+        int rc = wait_fd(fd, want, deadline_ns);
+        if (rc != KVS_OK) return rc;
+    }
+    return KVS_OK;
+}
+
+/* Small frames go out as one TLS record (header and payload copied together). */
+#define NETIO_TLS_COALESCE 16384u
+
+/* Writes the iovecs through TLS; small gathers are coalesced into one record. */
+static int tls_writev_full(tls_conn *t, int fd, const struct iovec *iov, int iovcnt, uint64_t deadline_ns) {
+    size_t total = 0;
+    for (int i = 0; i < iovcnt; i++) total += iov[i].iov_len;
+    if (iovcnt > 1 && total <= NETIO_TLS_COALESCE) {
+        uint8_t one[NETIO_TLS_COALESCE];
+        size_t off = 0;
+        for (int i = 0; i < iovcnt; i++) {
+            if (iov[i].iov_len) memcpy(one + off, iov[i].iov_base, iov[i].iov_len);
+            off += iov[i].iov_len;
+        }
+        return tls_write_full(t, fd, one, total, deadline_ns);
+    }
+    for (int i = 0; i < iovcnt; i++) {
+        int rc = tls_write_full(t, fd, iov[i].iov_base, iov[i].iov_len, deadline_ns);
+        if (rc != KVS_OK) return rc;
+    }
+    return KVS_OK;
+}
+
 /* Writes the iovecs completely (the array is modified). */
 static int writev_full(int fd, struct iovec *iov, int iovcnt, uint64_t deadline_ns) {
+    tls_conn *t = tls_conn_of(fd);
+    if (t) return tls_writev_full(t, fd, iov, iovcnt, deadline_ns);
     while (iovcnt > 0) {
         if (iov->iov_len == 0) {
             iov++;
@@ -316,6 +378,10 @@ void netio_buf_free(struct netio_buf *b) {
     memset(b, 0, sizeof *b);
 }
 
+void netio_buf_trim(struct netio_buf *b) {
+    if (b && b->cap > NETIO_BUF_KEEP) netio_buf_free(b);
+}
+
 /* Makes b hold at least need bytes (keeping contents). */
 static int buf_reserve(struct netio_buf *b, size_t need) {
     if (need <= b->cap) return KVS_OK;
@@ -328,15 +394,44 @@ static int buf_reserve(struct netio_buf *b, size_t need) {
     return KVS_OK;
 }
 
+/* Waits for the first byte of a frame (decrypted data already held by a TLS session counts). */
+static int wait_first_byte(int fd, uint64_t deadline_ns) {
+    tls_conn *t = tls_conn_of(fd);
+    if (t && tls_conn_pending(t)) return KVS_OK;
+    return wait_fd(fd, POLLIN, deadline_ns);
+}
+
 int netio_recv_frame(int fd, struct wire_header *hdr, struct netio_buf *b, uint64_t deadline_ns,
                      char *msg, size_t msg_cap) {
+    netio_recv_opts o = {.idle_deadline_ns = deadline_ns, .frame_timeout_ms = -1};
+    return netio_recv_frame_opt(fd, hdr, b, &o, msg, msg_cap);
+}
+
+int netio_recv_frame_opt(int fd, struct wire_header *hdr, struct netio_buf *b, netio_recv_opts *o,
+                         char *msg, size_t msg_cap) {
     uint8_t hb[WIRE_HEADER_SIZE];
-    if (!hdr || !b) return KVS_ERR_INVALID_ARG;
+    if (!hdr || !b || !o) return KVS_ERR_INVALID_ARG;
+    netio_buf_trim(b);
     b->len = 0;
-    int rc = netio_read_full(fd, hb, sizeof hb, deadline_ns);
+    uint64_t deadline_ns = o->idle_deadline_ns;
+    int rc;
+    o->started = false;
+    if (o->frame_timeout_ms >= 0) {
+        rc = wait_first_byte(fd, o->idle_deadline_ns);
+        if (rc != KVS_OK) return kvs_fail(msg, msg_cap, rc, "waiting for a frame: %s", kvs_strerror(rc));
+        o->started = true;
+        deadline_ns = netio_deadline_ms(o->frame_timeout_ms);
+    }
+    rc = netio_read_full(fd, hb, sizeof hb, deadline_ns);
     if (rc != KVS_OK) return kvs_fail(msg, msg_cap, rc, "frame header: %s", kvs_strerror(rc));
     rc = wire_decode_header(hb, hdr, msg, msg_cap);
     if (rc != KVS_OK) return rc;
+    if (o->max_payload && hdr->payload_len > o->max_payload)
+        return kvs_fail(msg, msg_cap, KVS_ERR_TOO_LARGE, "%s of %u bytes is over the %u bytes expected here",
+                        wire_op_name(hdr->op), (unsigned)hdr->payload_len, (unsigned)o->max_payload);
+    if (o->admit && (rc = o->admit(o->admit_ctx, hdr)) != KVS_OK)
+        return kvs_fail(msg, msg_cap, rc, "%s of %u bytes refused: %s", wire_op_name(hdr->op),
+                        (unsigned)hdr->payload_len, kvs_strerror(rc));
     /* Limit checked by wire_decode_header; grow only as data arrives. */
     size_t total = hdr->payload_len, got = 0;
     while (got < total) {
@@ -356,4 +451,10 @@ int netio_recv_frame(int fd, struct wire_header *hdr, struct netio_buf *b, uint6
     }
     b->len = total;
     return KVS_OK;
+}
+
+void netio_close(int fd) {
+    if (fd < 0) return;
+    tls_detach(fd);
+    close(fd);
 }

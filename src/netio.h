@@ -12,10 +12,16 @@
  * header, see wire_decode_header), KVS_ERR_IO (any other socket error; msg has strerror),
  * KVS_ERR_NOMEM, KVS_ERR_INVALID_ARG, KVS_ERR_NOT_FOUND (name resolution failed).
  * After a TIMEOUT or CLOSED in the middle of a frame the stream position is unknown: close the fd.
+ *
+ * TLS: an fd that tls_server_handshake / tls_client_handshake (tls.h) attached a session to is
+ * read and written through that session by every function here — callers keep passing the fd.
+ * Such an fd is O_NONBLOCK and must be closed with netio_close(). One reader thread and one
+ * writer thread may use the same fd at once (the session has its own lock).
  */
 #ifndef KVS_NETIO_H
 #define KVS_NETIO_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -68,14 +74,44 @@ struct netio_buf {
     size_t cap;    /* bytes allocated */
 };
 void netio_buf_free(struct netio_buf *b); /* frees data, leaves b zeroed; NULL is fine */
+/* Frees b's data when it holds more than NETIO_BUF_KEEP bytes (what a large frame left). */
+void netio_buf_trim(struct netio_buf *b);
 
 /* Receives one frame: reads and validates the header, then the payload into b (b->len =
  * payload_len). The payload limit is checked before any allocation, and the buffer grows only
  * as bytes actually arrive (a peer that announces 64 MiB and sends nothing costs at most 64 KiB).
+ * A buffer left larger than NETIO_BUF_KEEP by an earlier frame is freed first, so one large
+ * frame does not pin its memory for the life of the connection.
  * Header errors (PROTOCOL / UNSUPPORTED / TOO_LARGE) leave the raw header fields in *hdr so a
  * server can answer before closing; the payload has not been read then. Pointers decoded from
  * b->data stay valid until the next call with the same buffer or netio_buf_free(). */
 int netio_recv_frame(int fd, struct wire_header *hdr, struct netio_buf *b, uint64_t deadline_ns,
                      char *msg, size_t msg_cap);
+
+#define NETIO_BUF_KEEP (1u << 20) /* receive buffer bytes kept between frames */
+
+/* Limits of one netio_recv_frame_opt call. */
+typedef struct {
+    uint64_t idle_deadline_ns; /* the frame's first byte must arrive by then (NETIO_NO_DEADLINE: any time) */
+    int64_t frame_timeout_ms;  /* once the first byte is in, the whole frame must follow within this
+                                  (a slow-loris sender is cut off); < 0: idle_deadline_ns only */
+    uint32_t max_payload;      /* 0 = WIRE_MAX_PAYLOAD; a larger announced payload is TOO_LARGE
+                                  before anything is allocated */
+    /* Called after a valid header, before any payload byte is read or allocated; a non-OK return
+     * refuses the frame (returned as is, payload unread). NULL: always admitted. */
+    int (*admit)(void *ctx, const struct wire_header *h);
+    void *admit_ctx;
+    bool started;              /* out: the frame's first byte arrived (a TIMEOUT with this set is
+                                  a frame that did not complete in time, not an idle peer) */
+} netio_recv_opts;
+
+/* netio_recv_frame under the limits in *o. A frame over max_payload gives KVS_ERR_TOO_LARGE with
+ * *hdr filled; a frame that does not complete in time gives KVS_ERR_TIMEOUT. */
+int netio_recv_frame_opt(int fd, struct wire_header *hdr, struct netio_buf *b, netio_recv_opts *o,
+                         char *msg, size_t msg_cap);
+
+/* Closes fd, first ending and freeing the TLS session attached to it (tls.h), if any. -1 is fine.
+ * Every fd that may carry TLS must be closed through here. */
+void netio_close(int fd);
 
 #endif /* KVS_NETIO_H */

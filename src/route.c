@@ -28,12 +28,18 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tls.h"
 #include "util.h"
 
 /* Payload bytes of a FORWARD before the data, and of a FORWARD_REPLY before the data. */
 #define FWD_HEAD_BYTES 60u
 #define FWD_REPLY_HEAD_BYTES 32u
 #define ROUTE_MAX_MISSES 32 /* CACHE_MISS answers in a row tolerated for one request */
+/* Bounds on what a (possibly hostile) shard can make the client allocate, checked as each size
+ * arrives, before any allocation for it. */
+#define ROUTE_MAX_TOKEN_BYTES 4096u          /* one vocab token's text (the tokenizer's limit) */
+#define ROUTE_MAX_VOCAB_TEXT (32u << 20)     /* all vocab token texts together, bytes */
+#define ROUTE_MAX_SMALL_REPLY 4096u          /* INFO, STATUS payload bytes */
 
 enum spare_state { SPARE_UNTRIED = 0, SPARE_KNOWN, SPARE_USED, SPARE_DEAD };
 
@@ -46,6 +52,7 @@ typedef struct {
 struct route {
     route_params p;
     char *auth;              /* copy of p.auth, "" when none */
+    tls_ctx *tls;            /* NULL: plaintext */
     route_hop *hops;         /* (n_hops) in layer order */
     uint32_t *hop_gen;       /* (n_hops) bumped each time hop k is replaced */
     uint32_t n_hops;
@@ -54,7 +61,8 @@ struct route {
     uint32_t n_spares;
     uint8_t digest[WIRE_DIGEST_SIZE];
     uint32_t n_layer, n_embd, n_vocab;
-    uint32_t max_ctx;        /* positions, min over hops */
+    uint32_t max_ctx;        /* positions, min over hops and the replay memory cap */
+    size_t hid_elem;         /* bytes of one hidden element on the wire and in replay memory: 4 (f32) or 2 (f16) */
     uint32_t max_rows;       /* rows per FORWARD, min over hops and payload limit */
     uint8_t *tx;             /* encode buffer */
     size_t tx_cap;           /* bytes */
@@ -73,7 +81,8 @@ struct route_session {
     uint32_t pos;            /* positions completed along the whole route */
     uint32_t cap;            /* rows allocated in tokens and hidden[k] */
     int32_t *tokens;         /* (cap) hop 0 inputs */
-    float **hidden;          /* [n_hops] (cap, n_embd) inputs of hop k; hidden[0] NULL */
+    uint8_t **hidden;        /* [n_hops] (cap, n_embd) inputs of hop k, hid_elem bytes each (f32 or f16
+                                in host order); hidden[0] NULL */
     uint64_t *hop_epoch;     /* (n_hops) I3 */
     uint32_t *hop_gen;       /* (n_hops) I4 */
 };
@@ -97,7 +106,8 @@ static void route_log(const route *r, const char *fmt, ...) {
 }
 
 route_params route_default_params(void) {
-    return (route_params){.timeout_ms = 30000, .auth = NULL, .log = NULL, .log_user = NULL};
+    return (route_params){.timeout_ms = 30000, .auth = NULL, .log = NULL, .log_user = NULL, .hidden_f16 = false,
+                          .max_replay_bytes = ROUTE_DEFAULT_REPLAY_BYTES};
 }
 
 /* ---- specs -------------------------------------------------------------- */
@@ -203,7 +213,7 @@ int route_check_hops(const struct wire_info *infos, const char *const *addrs, si
 /* ---- one request on one connection --------------------------------------- */
 
 static void hop_disconnect(route_hop *h) {
-    if (h->fd >= 0) close(h->fd);
+    netio_close(h->fd);
     h->fd = -1;
 }
 
@@ -217,6 +227,19 @@ static int tx_reserve(route *r, size_t need) {
     r->tx = b;
     r->tx_cap = cap;
     return KVS_OK;
+}
+
+/* Largest payload a reply of op reply_op (or a STATUS in its place) may announce. */
+static uint32_t reply_limit(const route *r, uint16_t reply_op) {
+    uint64_t lim = WIRE_MAX_PAYLOAD;
+    if (reply_op == WIRE_OP_INFO) lim = ROUTE_MAX_SMALL_REPLY;
+    if (reply_op == WIRE_OP_FORWARD_REPLY && r->n_embd) {
+        uint64_t cols = r->n_vocab > r->n_embd ? r->n_vocab : r->n_embd;
+        uint64_t rows = r->max_rows ? r->max_rows : WIRE_MAX_TOKENS;
+        lim = FWD_REPLY_HEAD_BYTES + rows * cols * 4u;
+    }
+    if (lim < ROUTE_MAX_SMALL_REPLY) lim = ROUTE_MAX_SMALL_REPLY;
+    return lim > WIRE_MAX_PAYLOAD ? WIRE_MAX_PAYLOAD : (uint32_t)lim;
 }
 
 /* Sends r->tx[0..len) as one `op` frame on h and waits for the reply frame; KVS_OK when a frame
@@ -236,7 +259,9 @@ static int hop_call(route *r, route_hop *h, uint16_t op, size_t len, uint16_t re
         return kvs_fail(why, why_cap, rc, "sending %s: %s", wire_op_name(op), kvs_strerror(rc));
     }
     struct wire_header hdr;
-    rc = netio_recv_frame(h->fd, &hdr, &r->rx, deadline, nmsg, sizeof nmsg);
+    netio_recv_opts ro = {.idle_deadline_ns = deadline, .frame_timeout_ms = -1,
+                          .max_payload = reply_limit(r, reply_op)};
+    rc = netio_recv_frame_opt(h->fd, &hdr, &r->rx, &ro, nmsg, sizeof nmsg);
     if (rc == KVS_OK) r->bytes_received += WIRE_HEADER_SIZE + r->rx.len;
     if (rc != KVS_OK) {
         hop_disconnect(h);
@@ -271,6 +296,15 @@ static int hop_connect(route *r, route_hop *h, char *why, size_t why_cap) {
         h->fd = -1;
         return kvs_fail(why, why_cap, rc, "cannot connect: %s", nmsg[0] ? nmsg : kvs_strerror(rc));
     }
+    if (r->tls) {
+        char peer_id[TLS_ID_MAX];
+        rc = tls_handshake(r->tls, h->fd, netio_deadline_ms(r->p.timeout_ms), peer_id, sizeof peer_id, nmsg,
+                           sizeof nmsg);
+        if (rc != KVS_OK) {
+            hop_disconnect(h);
+            return kvs_fail(why, why_cap, rc, "%s", nmsg);
+        }
+    }
     struct wire_hello hello = {.min_version = 1, .max_version = WIRE_VERSION};
     size_t alen = strlen(r->auth);
     hello.auth_len = (uint16_t)alen;
@@ -297,11 +331,19 @@ static int hop_connect(route *r, route_hop *h, char *why, size_t why_cap) {
     return KVS_OK;
 }
 
+/* Replay memory of one position: its token id plus one hidden row per hop after the head. */
+static uint64_t route_position_bytes(const route *r) {
+    return 4u + (uint64_t)(r->n_hops - 1) * r->n_embd * r->hid_elem;
+}
+
 /* Recomputes max_ctx / max_rows from the hops. */
 static void route_limits(route *r) {
     uint32_t ctx = WIRE_MAX_POS, rows = WIRE_MAX_TOKENS;
-    uint64_t row_bytes = (uint64_t)r->n_embd * 4;
+    uint64_t row_bytes = (uint64_t)r->n_embd * r->hid_elem;
     uint64_t by_payload = (WIRE_MAX_PAYLOAD - FWD_HEAD_BYTES) / row_bytes;
+    /* The replay memory of a session is bounded: positions x (token + (hops - 1) hidden rows). */
+    uint64_t by_replay = r->p.max_replay_bytes / route_position_bytes(r);
+    if (by_replay < ctx) ctx = by_replay ? (uint32_t)by_replay : 1;
     if (by_payload < rows) rows = (uint32_t)by_payload;
     for (uint32_t k = 0; k < r->n_hops; k++) {
         if (r->hops[k].info.max_ctx < ctx) ctx = r->hops[k].info.max_ctx;
@@ -309,6 +351,41 @@ static void route_limits(route *r) {
     }
     r->max_ctx = ctx;
     r->max_rows = rows ? rows : 1;
+}
+
+static int take_spare(route *r, uint32_t k);
+
+/* Errors of a hop that is gone (the connection or the shard), as opposed to a refusal. */
+static bool is_transport_error(int rc) {
+    return rc == KVS_ERR_IO || rc == KVS_ERR_TIMEOUT || rc == KVS_ERR_CLOSED || rc == KVS_ERR_PROTOCOL;
+}
+
+/* route_open found hop k unreachable: puts in its place the first spare that starts at layer
+ * `first` (the route check then validates the whole chain). KVS_OK or KVS_ERR_NOT_FOUND. */
+static int open_spare(route *r, uint32_t k, uint32_t first) {
+    for (uint32_t j = 0; j < r->n_spares; j++) {
+        route_hop *sp = &r->spares[j];
+        if (r->spare_state[j] == SPARE_USED || r->spare_state[j] == SPARE_DEAD) continue;
+        if (r->spare_state[j] == SPARE_KNOWN && sp->info.first != first) continue;
+        char why[KVS_MSG_MAX];
+        int rc = hop_connect(r, sp, why, sizeof why);
+        if (rc != KVS_OK) {
+            route_log(r, "spare %s: %s", sp->addr.text, why);
+            if (!is_transport_error(rc)) r->spare_state[j] = SPARE_DEAD;
+            continue;
+        }
+        r->spare_state[j] = SPARE_KNOWN;
+        if (sp->info.first != first) {
+            hop_disconnect(sp);
+            continue;
+        }
+        r->spare_state[j] = SPARE_USED;
+        r->hops[k] = *sp;
+        sp->fd = -1;
+        r->reroutes++;
+        return KVS_OK;
+    }
+    return KVS_ERR_NOT_FOUND;
 }
 
 /* ---- open / close --------------------------------------------------------- */
@@ -322,6 +399,7 @@ void route_close(route *r) {
     free(r->spares);
     free(r->spare_state);
     free(r->auth);
+    tls_ctx_free(r->tls);
     free(r->tx);
     free(r->scratch_logits);
     netio_buf_free(&r->rx);
@@ -349,6 +427,8 @@ int route_open(const char *route_spec, const char *spares_spec, const route_para
         goto fail;
     }
     r->p = p ? *p : route_default_params();
+    if (r->p.max_replay_bytes == 0) r->p.max_replay_bytes = ROUTE_DEFAULT_REPLAY_BYTES;
+    r->hid_elem = r->p.hidden_f16 ? 2 : 4;
     r->p.auth = NULL;
     const char *auth = p && p->auth ? p->auth : "";
     if (strlen(auth) > WIRE_MAX_AUTH) {
@@ -356,6 +436,11 @@ int route_open(const char *route_spec, const char *spares_spec, const route_para
         goto fail;
     }
     r->auth = strdup(auth);
+    if (p && (p->tls_cert || p->tls_key || p->tls_ca)) {
+        tls_params tp = {.cert_file = p->tls_cert, .key_file = p->tls_key, .ca_file = p->tls_ca};
+        if ((rc = tls_ctx_create(&tp, false, &r->tls, msg, msg_cap)) != KVS_OK) goto fail;
+    }
+    r->p.tls_cert = r->p.tls_key = r->p.tls_ca = NULL; /* not kept: the context holds what it needs */
     r->n_hops = (uint32_t)n;
     r->n_spares = (uint32_t)n_spares;
     r->hops = calloc(n, sizeof *r->hops);
@@ -374,6 +459,14 @@ int route_open(const char *route_spec, const char *spares_spec, const route_para
     for (size_t k = 0; k < n; k++) {
         char why[KVS_MSG_MAX];
         rc = hop_connect(r, &r->hops[k], why, sizeof why);
+        if (rc != KVS_OK && is_transport_error(rc)) {
+            char old[ROUTE_ADDR_MAX];
+            snprintf(old, sizeof old, "%s", r->hops[k].addr.text);
+            if (open_spare(r, (uint32_t)k, k ? infos[k - 1].last : 0) == KVS_OK) {
+                route_log(r, "hop %zu (%s): %s; using spare %s", k, old, why, r->hops[k].addr.text);
+                rc = KVS_OK;
+            }
+        }
         if (rc != KVS_OK) {
             rc = kvs_fail(msg, msg_cap, rc, "hop %zu (%s): %s", k, r->hops[k].addr.text, why);
             goto fail;
@@ -382,6 +475,12 @@ int route_open(const char *route_spec, const char *spares_spec, const route_para
         infos[k] = r->hops[k].info;
     }
     if ((rc = route_check_hops(infos, names, n, msg, msg_cap)) != KVS_OK) goto fail;
+    for (size_t k = 1; k < n && r->p.hidden_f16; k++)
+        if (!(infos[k].hidden_dtypes & WIRE_DTYPE_F16)) {
+            rc = kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "hop %zu (%s) does not take f16 hidden states", k,
+                          names[k]);
+            goto fail;
+        }
     memcpy(r->digest, infos[0].model_digest, WIRE_DIGEST_SIZE);
     r->n_layer = infos[0].n_layer;
     r->n_embd = infos[0].n_embd;
@@ -427,6 +526,78 @@ static int32_t guess_unk(const int32_t *types, int32_t n) {
     return 0;
 }
 
+/* The BPE half of a vocab (VOCAB_META pages): merges rebuilt as "left right" texts. */
+typedef struct {
+    char pre[WIRE_MAX_PRE + 1];
+    int8_t add_bos;
+    char *chat_template;
+    uint32_t n_merges;
+    char **merges;
+    uint32_t *merge_lens;
+} bpe_meta;
+
+static void bpe_meta_free(bpe_meta *m) {
+    for (uint32_t i = 0; m->merges && i < m->n_merges; i++) free(m->merges[i]);
+    free(m->merges);
+    free(m->merge_lens);
+    free(m->chat_template);
+}
+
+static int fetch_bpe_meta(route *r, uint32_t nv, const char *const *texts, const uint32_t *lens, bpe_meta *m,
+                          char *msg, size_t msg_cap) {
+    route_hop *h = &r->hops[0];
+    int rc;
+    for (uint32_t first = 0;;) {
+        char why[KVS_MSG_MAX];
+        struct wire_vocab_meta q = {.first = first, .max_count = WIRE_MAX_MERGES};
+        size_t len = 0;
+        if ((rc = tx_reserve(r, 8)) != KVS_OK || (rc = wire_encode_vocab_meta(&q, r->tx, r->tx_cap, &len)) != KVS_OK)
+            return kvs_fail(msg, msg_cap, rc, "cannot encode VOCAB_META: %s", kvs_strerror(rc));
+        if ((rc = hop_call(r, h, WIRE_OP_VOCAB_META, len, WIRE_OP_VOCAB_META_REPLY, why, sizeof why)) != KVS_OK)
+            return kvs_fail(msg, msg_cap, rc, "hop 0 (%s): %s", h->addr.text, why);
+        struct wire_vocab_meta_reply v;
+        if ((rc = wire_decode_vocab_meta_reply(r->rx.data, r->rx.len, &v, why, sizeof why)) != KVS_OK)
+            return kvs_fail(msg, msg_cap, rc, "hop 0 (%s): bad VOCAB_META_REPLY: %s", h->addr.text, why);
+        if (v.st.status != KVS_OK)
+            return kvs_fail(msg, msg_cap, v.st.status, "hop 0 (%s) refused VOCAB_META: %s", h->addr.text,
+                            kvs_strerror(v.st.status));
+        if (v.n_vocab != nv || v.first != first || (first > 0 && v.n_merges != m->n_merges) ||
+            (v.count == 0 && first < v.n_merges))
+            return kvs_fail(msg, msg_cap, KVS_ERR_PROTOCOL, "hop 0 (%s): VOCAB_META page [%u, +%u) of %u does not "
+                            "continue [%u, ...)", h->addr.text, v.first, v.count, v.n_merges, first);
+        if (first == 0) {
+            memcpy(m->pre, v.pre, sizeof m->pre);
+            m->add_bos = v.add_bos == 1 ? 1 : v.add_bos == 2 ? -1 : 0;
+            m->n_merges = v.n_merges;
+            m->merges = calloc(v.n_merges ? v.n_merges : 1, sizeof *m->merges);
+            m->merge_lens = calloc(v.n_merges ? v.n_merges : 1, sizeof *m->merge_lens);
+            if (v.template_len) {
+                m->chat_template = malloc((size_t)v.template_len + 1);
+                if (m->chat_template) {
+                    memcpy(m->chat_template, v.chat_template, v.template_len);
+                    m->chat_template[v.template_len] = 0;
+                }
+            }
+            if (!m->merges || !m->merge_lens || (v.template_len && !m->chat_template))
+                return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
+        }
+        for (uint32_t i = 0; i < v.count; i++) {
+            int32_t lid, rid;
+            wire_vocab_meta_merge(&v, i, &lid, &rid); /* ids < n_vocab: checked by the decoder */
+            size_t ll = lens[lid], rl = lens[rid];
+            char *s = malloc(ll + rl + 2);
+            if (!s) return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
+            if (ll) memcpy(s, texts[lid], ll);
+            s[ll] = ' ';
+            if (rl) memcpy(s + ll + 1, texts[rid], rl);
+            m->merges[first + i] = s;
+            m->merge_lens[first + i] = (uint32_t)(ll + rl + 1);
+        }
+        first += v.count;
+        if (first >= v.n_merges) return KVS_OK;
+    }
+}
+
 int route_fetch_vocab(route *r, tok_vocab **out, char *msg, size_t msg_cap) {
     if (!out) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "out is NULL");
     *out = NULL;
@@ -441,7 +612,8 @@ int route_fetch_vocab(route *r, tok_vocab **out, char *msg, size_t msg_cap) {
     int32_t *types = malloc((size_t)nv * sizeof *types);
     const char **texts = malloc((size_t)nv * sizeof *texts);
     int32_t bos = -1, eos = -1;
-    bool add_space_prefix = true;
+    bool add_space_prefix = true, is_bpe = false;
+    bpe_meta meta = {0};
     int rc;
     if (!text_off || !lens || !scores || !types || !texts) {
         rc = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
@@ -456,7 +628,17 @@ int route_fetch_vocab(route *r, tok_vocab **out, char *msg, size_t msg_cap) {
             goto done;
         }
         if ((rc = hop_call(r, h, WIRE_OP_VOCAB, len, WIRE_OP_VOCAB_REPLY, why, sizeof why)) != KVS_OK) {
-            rc = kvs_fail(msg, msg_cap, rc, "hop 0 (%s): %s", h->addr.text, why);
+            char old[ROUTE_ADDR_MAX];
+            snprintf(old, sizeof old, "%s", h->addr.text);
+            hop_disconnect(h);
+            if (is_transport_error(rc) && take_spare(r, 0) == KVS_OK) { /* the head died: ask its spare */
+                route_log(r, "hop 0 (%s) failed during VOCAB (%s): now %s", old, why, h->addr.text);
+                r->reroutes++;
+                first = 0;
+                arena_len = 0;
+                continue;
+            }
+            rc = kvs_fail(msg, msg_cap, rc, "hop 0 (%s): %s", old, why);
             goto done;
         }
         struct wire_vocab_reply v;
@@ -469,9 +651,15 @@ int route_fetch_vocab(route *r, tok_vocab **out, char *msg, size_t msg_cap) {
                           kvs_strerror(v.st.status));
             goto done;
         }
-        if (strcmp(v.tok_model, "llama") != 0) {
-            rc = kvs_fail(msg, msg_cap, KVS_ERR_UNSUPPORTED, "hop 0 (%s) has a '%s' tokenizer (only 'llama')",
+        if (strcmp(v.tok_model, "llama") != 0 && strcmp(v.tok_model, "gpt2") != 0) {
+            rc = kvs_fail(msg, msg_cap, KVS_ERR_UNSUPPORTED, "hop 0 (%s) has a '%s' tokenizer (only llama, gpt2)",
                           h->addr.text, v.tok_model);
+            goto done;
+        }
+        if (first == 0) is_bpe = !strcmp(v.tok_model, "gpt2");
+        else if (is_bpe != !strcmp(v.tok_model, "gpt2")) {
+            rc = kvs_fail(msg, msg_cap, KVS_ERR_PROTOCOL, "hop 0 (%s): VOCAB pages disagree on the tokenizer",
+                          h->addr.text);
             goto done;
         }
         if (v.n_vocab != nv || v.first != first || v.count == 0 ||
@@ -489,6 +677,12 @@ int route_fetch_vocab(route *r, tok_vocab **out, char *msg, size_t msg_cap) {
         uint32_t i = first;
         while (wire_vocab_next(&v, &off, &t)) {
             if (i >= first + v.count) break; /* the decoder guarantees count entries */
+            if (t.text_len > ROUTE_MAX_TOKEN_BYTES || arena_len + t.text_len > ROUTE_MAX_VOCAB_TEXT) {
+                rc = kvs_fail(msg, msg_cap, KVS_ERR_PROTOCOL,
+                              "hop 0 (%s): VOCAB token %u is %u bytes (limit %u, %u for the whole vocab)",
+                              h->addr.text, i, t.text_len, ROUTE_MAX_TOKEN_BYTES, ROUTE_MAX_VOCAB_TEXT);
+                goto done;
+            }
             if (arena_len + t.text_len > arena_cap) {
                 size_t cap = arena_cap ? arena_cap * 2 : 65536;
                 while (cap < arena_len + t.text_len) cap *= 2;
@@ -517,13 +711,24 @@ int route_fetch_vocab(route *r, tok_vocab **out, char *msg, size_t msg_cap) {
     }
     for (uint32_t i = 0; i < nv; i++) texts[i] = arena ? arena + text_off[i] : NULL;
     tok_arrays a = {.n_vocab = (int32_t)nv, .texts = texts, .text_lens = lens, .scores = scores, .types = types,
-                    .bos = bos, .eos = eos, .unk = guess_unk(types, (int32_t)nv),
+                    .bos = bos, .eos = eos, .unk = is_bpe ? -1 : guess_unk(types, (int32_t)nv),
                     .add_space_prefix = add_space_prefix};
+    if (is_bpe) {
+        if ((rc = fetch_bpe_meta(r, nv, texts, lens, &meta, msg, msg_cap)) != KVS_OK) goto done;
+        a.kind = TOK_KIND_BPE;
+        a.pre = meta.pre;
+        a.add_bos = meta.add_bos;
+        a.chat_template = meta.chat_template;
+        a.n_merges = (int32_t)meta.n_merges;
+        a.merges = (const char *const *)meta.merges;
+        a.merge_lens = meta.merge_lens;
+    }
     char tmsg[KVS_MSG_MAX] = "";
     rc = tok_from_arrays(&a, out, tmsg, sizeof tmsg);
     if (rc != KVS_OK) rc = kvs_fail(msg, msg_cap, rc, "hop 0 (%s): vocab: %s", h->addr.text, tmsg);
 
 done:
+    bpe_meta_free(&meta);
     free(arena);
     free(text_off);
     free(lens);
@@ -576,17 +781,22 @@ int route_session_rewind(route_session *s, uint32_t pos) {
     return KVS_OK;
 }
 
+uint64_t route_session_replay_bytes(const route_session *s) {
+    return s ? (uint64_t)s->cap * route_position_bytes(s->r) : 0;
+}
+
 /* Grows the per-hop input memory to hold `rows` positions. */
 static int session_reserve(route_session *s, uint32_t rows) {
     if (rows <= s->cap) return KVS_OK;
     const route *r = s->r;
     uint32_t cap = s->cap ? s->cap : 64;
     while (cap < rows) cap = cap > UINT32_MAX / 2 ? rows : cap * 2;
+    if (cap > r->max_ctx) cap = r->max_ctx > rows ? r->max_ctx : rows; /* never past the replay cap */
     int32_t *t = realloc(s->tokens, (size_t)cap * sizeof *t);
     if (!t) return KVS_ERR_NOMEM;
     s->tokens = t;
     for (uint32_t k = 1; k < r->n_hops; k++) {
-        float *h = realloc(s->hidden[k], (size_t)cap * r->n_embd * sizeof *h);
+        uint8_t *h = realloc(s->hidden[k], (size_t)cap * r->n_embd * r->hid_elem);
         if (!h) return KVS_ERR_NOMEM;
         s->hidden[k] = h;
     }
@@ -601,7 +811,7 @@ static int session_reserve(route_session *s, uint32_t rows) {
  * discarded) and hop_epoch[k] is the session epoch. HOP_FAILED: transport failure, why says what; the hop is
  * disconnected. HOP_FATAL: *rc and why (an encoder failure, or a reply of the wrong shape). */
 static enum hop_result hop_send(route *r, route_session *s, uint32_t k, uint32_t from, uint32_t to,
-                                uint32_t out_from, float *out, struct wire_status *st, int *rc, char *why,
+                                uint32_t out_from, void *out, struct wire_status *st, int *rc, char *why,
                                 size_t why_cap) {
     route_hop *h = &r->hops[k];
     const bool last = k + 1 == r->n_hops;
@@ -620,10 +830,10 @@ static enum hop_result hop_send(route *r, route_session *s, uint32_t k, uint32_t
         f.data = s->tokens + from;
         bytes = FWD_HEAD_BYTES + (size_t)n * 4;
     } else {
-        f.in_kind = WIRE_IN_HIDDEN_F32;
+        f.in_kind = r->hid_elem == 2 ? WIRE_IN_HIDDEN_F16 : WIRE_IN_HIDDEN_F32;
         f.n_embd = r->n_embd;
-        f.data = s->hidden[k] + (size_t)from * r->n_embd;
-        bytes = FWD_HEAD_BYTES + (size_t)n * r->n_embd * 4;
+        f.data = s->hidden[k] + (size_t)from * r->n_embd * r->hid_elem;
+        bytes = FWD_HEAD_BYTES + (size_t)n * r->n_embd * r->hid_elem;
     }
     size_t len = 0;
     if ((*rc = tx_reserve(r, bytes)) != KVS_OK ||
@@ -642,22 +852,36 @@ static enum hop_result hop_send(route *r, route_session *s, uint32_t k, uint32_t
     }
     *st = rep.st;
     if (rep.st.status != KVS_OK) return HOP_OK;
+    /* f16 mode: the head answers token input in f32 (rounded to f16 here, once); the others in f16. */
+    const bool hid_ok = rep.out_kind == WIRE_OUTK_HIDDEN_F32 || (r->hid_elem == 2 && rep.out_kind == WIRE_OUTK_HIDDEN_F16);
     bool shape_ok = last ? rep.out_kind == WIRE_OUTK_LOGITS_F32 && rep.n_rows == 1 && rep.n_cols == r->n_vocab
-                         : rep.out_kind == WIRE_OUTK_HIDDEN_F32 && rep.n_rows == n && rep.n_cols == r->n_embd;
+                         : hid_ok && rep.n_rows == n && rep.n_cols == r->n_embd;
     if (!shape_ok || rep.st.n_past != to) {
         hop_disconnect(h);
         *rc = kvs_fail(why, why_cap, KVS_ERR_PROTOCOL,
                        "FORWARD [%u, %u) answered out_kind %u, %u x %u, n_past %u (expected %s, n_past %u)", from, to,
                        rep.out_kind, rep.n_rows, rep.n_cols, rep.st.n_past,
-                       last ? "1 row of logits" : "hidden f32 rows", to);
+                       last ? "1 row of logits" : r->hid_elem == 2 ? "hidden f16 rows" : "hidden f32 rows", to);
         return HOP_FAILED;
     }
     if (out) {
         if (!last && out_from > from) { /* only the rows the caller asked for */
             rep.n_rows = to - out_from;
-            rep.data = (const uint8_t *)rep.data + (size_t)(out_from - from) * r->n_embd * 4;
+            rep.data = (const uint8_t *)rep.data +
+                       (size_t)(out_from - from) * r->n_embd * (rep.out_kind == WIRE_OUTK_HIDDEN_F16 ? 2 : 4);
         }
-        wire_forward_reply_to_f32(&rep, out);
+        if (!last && r->hid_elem == 2) { /* kept as f16: what the next hop is sent, and replayed, exactly */
+            const uint8_t *src = rep.data;
+            uint16_t *dst = out;
+            size_t count = (size_t)rep.n_rows * rep.n_cols;
+            if (rep.out_kind == WIRE_OUTK_HIDDEN_F16) {
+                for (size_t i = 0; i < count; i++) dst[i] = kvs_rd_u16(src + 2 * i);
+            } else {
+                for (size_t i = 0; i < count; i++) dst[i] = wire_f32_to_f16(kvs_rd_f32(src + 4 * i));
+            }
+        } else {
+            wire_forward_reply_to_f32(&rep, out);
+        }
     }
     s->hop_epoch[k] = s->epoch;
     return HOP_OK;
@@ -674,7 +898,7 @@ static void sleep_ms(unsigned ms) {
  * one request, so a shard under memory pressure cannot evict the session between the two.
  * Handles CACHE_MISS (replay) and BUSY (backoff); any other status is HOP_FATAL with *rc = that
  * status. */
-static enum hop_result hop_append(route *r, route_session *s, uint32_t k, uint32_t a, uint32_t b, float *out,
+static enum hop_result hop_append(route *r, route_session *s, uint32_t k, uint32_t a, uint32_t b, void *out,
                                   int *rc, char *why, size_t why_cap) {
     route_hop *h = &r->hops[k];
     uint32_t from = s->hop_epoch[k] == 0 ? 0 : a;
@@ -759,6 +983,12 @@ static int take_spare(route *r, uint32_t k) {
             continue;
         }
         r->spare_state[j] = SPARE_KNOWN;
+        if (r->p.hidden_f16 && k > 0 && !(sp->info.hidden_dtypes & WIRE_DTYPE_F16)) {
+            route_log(r, "spare %s does not take f16 hidden states", sp->addr.text);
+            r->spare_state[j] = SPARE_DEAD;
+            hop_disconnect(sp);
+            continue;
+        }
         if (sp->info.first != want->first || sp->info.last != want->last) {
             route_log(r, "spare %s serves layers [%u, %u), not [%u, %u)", sp->addr.text, sp->info.first,
                       sp->info.last, want->first, want->last);
@@ -829,8 +1059,8 @@ int route_forward(route *r, route_session *s, const int32_t *tokens, uint32_t n,
         for (uint32_t a = base; a < end && res == HOP_OK;) {
             uint32_t b = end - a > r->max_rows ? a + r->max_rows : end;
             for (k = 0; k < r->n_hops; k++) {
-                float *out = k + 1 < r->n_hops ? s->hidden[k + 1] + (size_t)a * r->n_embd
-                                               : (b == end ? logits_last : r->scratch_logits);
+                void *out = k + 1 < r->n_hops ? (void *)(s->hidden[k + 1] + (size_t)a * r->n_embd * r->hid_elem)
+                                              : (void *)(b == end ? logits_last : r->scratch_logits);
                 res = hop_append(r, s, k, a, b, out, &rc, why, sizeof why);
                 if (res != HOP_OK) break;
             }

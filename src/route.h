@@ -30,6 +30,12 @@
  *  5. Not thread-safe: one thread drives a route and its sessions at a time. Several sessions may
  *     share a route, one step at a time; a hop replaced while driving one session is noticed by
  *     the others at their next step (they bump their epoch and replay into it too).
+ *  6. Replay memory is bounded. Per session and position it costs 4 bytes (the token id) plus one
+ *     hidden row per hop after the head: n_embd x 4 bytes (f32, the default) or x 2 (f16,
+ *     route_params.hidden_f16 — the rows then also travel as f16, so a replay sends exactly the
+ *     bytes first sent). route_params.max_replay_bytes caps it (default 256 MiB): the route's
+ *     max_ctx is lowered to what fits, so a session past it gets CONTEXT_FULL instead of growing.
+ *     E.g. n_embd 4096, 4 hops, 2048 positions: 96 MiB in f32, 48 MiB in f16.
  */
 #ifndef KVS_ROUTE_H
 #define KVS_ROUTE_H
@@ -44,6 +50,7 @@
 
 #define ROUTE_MAX_HOPS 256u                       /* hops (or spares) in one spec */
 #define ROUTE_ADDR_MAX (NETIO_HOST_MAX + 8u)      /* "host:port" text, NUL included */
+#define ROUTE_DEFAULT_REPLAY_BYTES (256ull << 20) /* replay memory per session, default cap */
 
 typedef struct route route;
 typedef struct route_session route_session;
@@ -54,11 +61,19 @@ typedef void (*route_log_fn)(void *user, const char *line);
 typedef struct {
     int64_t timeout_ms; /* connect deadline and reply deadline of every request; < 0: none */
     const char *auth;   /* HELLO auth token; NULL or "" = none; copied by route_open */
+    /* Mutual TLS 1.3 to every hop and spare when all three are set (tls.h): this client's
+     * certificate and key, and the cluster CA the shards' certificates must chain to. */
+    const char *tls_cert, *tls_key, *tls_ca;
     route_log_fn log;   /* recovery events; NULL: silent */
     void *log_user;     /* passed to log */
+    bool hidden_f16;    /* hidden states travel (and are remembered for replay) as f16: half the
+                           wire bytes and replay memory; every hop after the head must take f16.
+                           false (f32): outputs equal a one-process run bit for bit */
+    uint64_t max_replay_bytes; /* cap on one session's replay memory, bytes (design note 6);
+                                  0: ROUTE_DEFAULT_REPLAY_BYTES */
 } route_params;
 
-/* timeout_ms 30000, no auth, no log. */
+/* timeout_ms 30000, no auth, no TLS, no log, f32 hidden states, 256 MiB replay cap. */
 route_params route_default_params(void);
 
 /* One "host:port" of a spec. */
@@ -101,7 +116,8 @@ void route_close(route *r);
 typedef struct {
     uint32_t n_hops;
     uint32_t n_layer, n_embd, n_vocab;
-    uint32_t max_ctx;  /* positions per session: the smallest max_ctx of the hops */
+    uint32_t max_ctx;  /* positions per session: the smallest max_ctx of the hops, and no more than
+                          max_replay_bytes / (4 + (n_hops - 1) x n_embd x (2 or 4)) */
     uint32_t max_rows; /* rows per request: smallest max_tokens, within the payload limit */
     uint8_t model_digest[WIRE_DIGEST_SIZE];
     uint64_t bytes_sent, bytes_received; /* frame bytes exchanged with hops so far */
@@ -115,7 +131,7 @@ const char *route_hop_addr(const route *r, uint32_t k);
 
 /* Builds the tokenizer from the head shard's VOCAB pages (tok_from_arrays). On success *out is
  * a new vocab owned by the caller (tok_free). KVS_ERR_UNSUPPORTED when the shard's tokenizer is
- * not "llama"; KVS_ERR_PROTOCOL for inconsistent pages; transport errors as route_open; a shard
+ * neither "llama" nor "gpt2"; KVS_ERR_PROTOCOL for inconsistent pages; transport errors as route_open; a shard
  * status as answered. *out NULL on failure; the route stays usable unless hop 0's connection
  * failed. */
 int route_fetch_vocab(route *r, tok_vocab **out, char *msg, size_t msg_cap);
@@ -143,6 +159,8 @@ uint32_t route_session_pos(const route_session *s);
 void route_session_id(const route_session *s, uint8_t out[WIRE_SID_SIZE]);
 /* Current epoch of the session (1 + the re-routes it went through). */
 uint64_t route_session_epoch(const route_session *s);
+/* Bytes the session's replay memory holds now (allocated): at most max_replay_bytes. */
+uint64_t route_session_replay_bytes(const route_session *s);
 
 /* Moves the session back to position pos (<= route_session_pos(s)): the next route_forward
  * appends at pos, and each hop drops its positions past pos when that request reaches it (a

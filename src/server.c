@@ -9,7 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sodium.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -17,6 +19,7 @@
 #include "engine.h"
 #include "netio.h"
 #include "quant.h"
+#include "tls.h"
 #include "util.h"
 #include "wire.h"
 
@@ -25,10 +28,14 @@ typedef struct srv_job srv_job;
 
 enum job_state { JOB_QUEUED, JOB_RUNNING, JOB_DONE };
 
-/* One FORWARD request. Owned by the scheduler's list while queued/running;
- * holds a reference on its connection. */
+/* One FORWARD request, or a TRUNCATE / RELEASE queued behind a request of the
+ * same connection on the same session (so they take effect in arrival order).
+ * Owned by the scheduler's list while queued/running; holds a reference on its
+ * connection. */
 struct srv_job {
     srv_conn *conn;
+    uint16_t op;            /* WIRE_OP_FORWARD, WIRE_OP_TRUNCATE or WIRE_OP_RELEASE */
+    uint32_t truncate_len;  /* TRUNCATE: positions to keep */
     uint64_t request_id;
     kv_sid sid;
     uint64_t epoch;
@@ -79,6 +86,11 @@ struct srv_conn {
     atomic_bool closed;
     srv_conn *next;         /* server's list */
     unsigned long requests;
+    char addr[INET6_ADDRSTRLEN]; /* peer IP address (per-address limit) */
+    char identity[TLS_ID_MAX];   /* authenticated peer identity; sessions are keyed by it */
+    atomic_int inflight;         /* FORWARD jobs queued or running */
+    size_t rx_held;              /* bytes of s->buffered held by the frame being handled */
+    size_t rx_cap;               /* bytes of the receive buffer, as counted in s->rx_capacity */
 };
 
 struct srv {
@@ -98,7 +110,14 @@ struct srv {
     srv_conn *conns;
     int n_conns;
     unsigned next_conn_id;
+    tls_ctx *tls;           /* NULL: plaintext */
+    uint8_t sid_key[crypto_generichash_KEYBYTES]; /* random per process: session key derivation */
+    uint8_t (*tokens)[crypto_generichash_BYTES];  /* (n_tokens) hashes of the accepted auth tokens */
+    int n_tokens;
+    atomic_ullong buffered; /* receive-buffer and reply-queue bytes over all connections */
+    atomic_ullong rx_capacity; /* bytes allocated for receive buffers over all connections */
     /* counters */
+    uint64_t c_auth_failures, c_busy_inflight, c_refused_addr, c_frame_timeouts, c_refused_buffers;
     uint64_t c_conns_total, c_requests, c_forward_rows, c_batches, c_batch_items, c_protocol_errors,
         c_rejected_conns;
 };
@@ -126,6 +145,10 @@ srv_params srv_default_params(void) {
     p.idle_timeout_ms = 600000;
     p.kv_type = QUANT_F16;
     p.max_queued_bytes = 256ull << 20;
+    p.frame_timeout_ms = 10000;
+    p.max_conns_per_addr = 16;
+    p.max_inflight = 32;
+    p.max_buffered_bytes = 512ull << 20;
     return p;
 }
 
@@ -154,9 +177,11 @@ static void conn_send(srv_conn *c, uint16_t op, uint64_t rid, const uint8_t *pay
     o->len = len;
     if (len) memcpy(o->data, payload, len);
     pthread_mutex_lock(&c->write_lock);
-    bool over = c->out_bytes + len > c->s->p.max_queued_bytes;
+    bool over = c->out_bytes + len > c->s->p.max_queued_bytes ||
+                atomic_load(&c->s->buffered) + len > c->s->p.max_buffered_bytes;
     size_t queued = c->out_bytes;
     if (!over) {
+        atomic_fetch_add(&c->s->buffered, len);
         if (c->out_tail) c->out_tail->next = o;
         else c->out_head = o;
         c->out_tail = o;
@@ -185,6 +210,7 @@ static void *conn_writer(void *arg) {
         c->out_head = o->next;
         if (!c->out_head) c->out_tail = NULL;
         c->out_bytes -= o->len;
+        atomic_fetch_sub(&c->s->buffered, o->len);
         pthread_mutex_unlock(&c->write_lock);
         if (!failed &&
             netio_send_frame(c->fd, o->op, o->request_id, o->data, o->len, netio_deadline_ms(c->s->p.idle_timeout_ms))) {
@@ -299,10 +325,46 @@ static void finish_jobs(srv_job *done) {
     while (done) {
         srv_job *next = done->next;
         srv_conn *c = done->conn;
-        send_forward_reply(done);
+        if (done->op == WIRE_OP_FORWARD) send_forward_reply(done);
+        else send_status(c, done->request_id, done->status, &done->reply, NULL);
+        atomic_fetch_sub(&c->inflight, 1);
         job_free(done);
         conn_unref(c);
         done = next;
+    }
+}
+
+static bool same_sid(const kv_sid *a, const kv_sid *b) { return memcmp(a->bytes, b->bytes, sizeof(a->bytes)) == 0; }
+
+/* True when an earlier request of j's connection on j's session is still in the list: requests
+ * on one session from one connection take effect in arrival order. */
+static bool job_waits_for_earlier(const srv *s, const srv_job *j) {
+    for (const srv_job *e = s->jobs; e && e != j; e = e->next)
+        if (e->conn == j->conn && same_sid(&e->sid, &j->sid)) return true;
+    return false;
+}
+
+/* Cuts the rows of this step's items (batch[i] is item i's request): a decode step (1 row
+ * left) runs whole; the prefills share `chunk` rows fairly — each gets chunk / n_prefills (at
+ * least one), and what a short one leaves goes to the others in arrival order. So every
+ * admitted request makes progress every step and a long prompt never holds back a short one. */
+static void share_prefill_rows(fwd_item *items, srv_job *const *batch, int n_items, uint32_t chunk) {
+    uint32_t n_prefill = 0, used = 0;
+    for (int i = 0; i < n_items; i++) n_prefill += batch[i]->n - batch[i]->done > 1;
+    if (n_prefill == 0) return;
+    uint32_t share = chunk / n_prefill ? chunk / n_prefill : 1;
+    for (int i = 0; i < n_items; i++) {
+        uint32_t left = batch[i]->n - batch[i]->done;
+        items[i].n = left > 1 && left > share ? share : left;
+        if (left > 1) used += items[i].n;
+    }
+    for (int i = 0; i < n_items && used < chunk; i++) {
+        uint32_t left = batch[i]->n - batch[i]->done;
+        if (left <= 1 || items[i].n >= left) continue;
+        uint32_t extra = left - items[i].n;
+        if (extra > chunk - used) extra = chunk - used;
+        items[i].n += extra;
+        used += extra;
     }
 }
 
@@ -331,12 +393,17 @@ static void *sched_main(void *arg) {
         if (!s->jobs) continue;
         srv_job *done = NULL;
         int n_items = 0;
-        uint32_t prefill_budget = s->p.prefill_chunk ? s->p.prefill_chunk : 64;
+        /* Requests that hold pins now: a request short of blocks or of a session slot waits
+         * for them (BUDGET_EXHAUSTED only when nothing running could free any). */
+        int running = 0;
+        for (srv_job *j = s->jobs; j; j = j->next) running += j->state == JOB_RUNNING;
+        bool admission_waits = false; /* one waits for room: later ones are not admitted before it */
         /* Admit, cancel, and pick work in arrival order. */
         for (srv_job *j = s->jobs, *next; j; j = next) {
             next = j->next;
             if (atomic_load(&j->cancel)) {
                 if (j->state == JOB_RUNNING) kv_abort(e->kv, j->txn, true);
+                j->reply.n_past = 0;
                 kv_lookup(e->kv, &j->sid, &j->reply.live_epoch, &j->reply.n_past);
                 j->status = KVS_ERR_CANCELLED;
                 jobs_remove(s, j);
@@ -344,12 +411,24 @@ static void *sched_main(void *arg) {
                 done = j;
                 continue;
             }
+            if (j->state == JOB_QUEUED && job_waits_for_earlier(s, j)) continue;
+            if (j->op != WIRE_OP_FORWARD) { /* a TRUNCATE / RELEASE whose turn has come */
+                j->status = j->op == WIRE_OP_TRUNCATE ? kv_truncate(e->kv, &j->sid, j->epoch, j->truncate_len, &j->reply)
+                                                      : kv_release(e->kv, &j->sid, j->epoch, &j->reply);
+                jobs_remove(s, j);
+                j->next = done;
+                done = j;
+                continue;
+            }
             if (j->state == JOB_QUEUED) {
+                if (admission_waits) continue;
                 j->status = kv_begin(e->kv, &j->sid, j->epoch, j->start_pos, j->n, j->inherit ? &j->inh : NULL,
                                      &j->txn, &j->reply);
-                /* The pool is full of sessions pinned by this batch: wait for them to finish
-                 * rather than fail, unless nothing is running that could free blocks. */
-                if (j->status == KVS_ERR_BUDGET_EXHAUSTED && n_items > 0) continue;
+                if ((j->status == KVS_ERR_BUDGET_EXHAUSTED || j->status == KVS_ERR_BUSY) && j->reply.pinned_short &&
+                    running > 0) {
+                    admission_waits = true;
+                    continue;
+                }
                 if (j->status) {
                     jobs_remove(s, j);
                     j->next = done;
@@ -357,22 +436,23 @@ static void *sched_main(void *arg) {
                     continue;
                 }
                 j->state = JOB_RUNNING;
+                running++;
             }
             if (n_items >= max_batch) continue;
-            uint32_t left = j->n - j->done, take = left;
-            if (left > 1) { /* prefill: share the chunk budget; at least one row when the budget is gone */
-                if (prefill_budget == 0) continue;
-                if (take > prefill_budget) take = prefill_budget;
-                prefill_budget -= take;
-            }
             fwd_item *it = &items[n_items];
             memset(it, 0, sizeof(*it));
             it->txn = j->txn;
             it->pos0 = j->start_pos + j->done;
-            it->n = take;
+            it->n = j->n - j->done; /* rows: cut to this step's share below */
+            batch[n_items++] = j;
+        }
+        share_prefill_rows(items, batch, n_items, s->p.prefill_chunk ? s->p.prefill_chunk : 64);
+        for (int i = 0; i < n_items; i++) {
+            srv_job *j = batch[i];
+            fwd_item *it = &items[i];
             if (m->has_embd) it->tokens = j->tokens + j->done;
             else it->hidden = j->hidden + (size_t)j->done * d;
-            bool last_chunk = j->done + take == j->n;
+            bool last_chunk = j->done + it->n == j->n;
             if (j->out_mode == FWD_OUT_LOGITS_LAST) {
                 it->out_mode = last_chunk ? FWD_OUT_LOGITS_LAST : FWD_OUT_HIDDEN;
                 it->out = last_chunk ? j->out : j->scratch;
@@ -380,7 +460,6 @@ static void *sched_main(void *arg) {
                 it->out_mode = j->out_mode;
                 it->out = j->out + (size_t)j->done * j->out_cols;
             }
-            batch[n_items++] = j;
         }
         if (n_items) {
             s->c_batches++;
@@ -408,6 +487,7 @@ static void *sched_main(void *arg) {
                     kv_commit(e->kv, j->txn, &j->reply);
                 } else {
                     kv_abort(e->kv, j->txn, st == KVS_ERR_CANCELLED);
+                    j->reply.n_past = 0; /* stays 0 when the abort left no session */
                     kv_lookup(e->kv, &j->sid, NULL, &j->reply.n_past);
                 }
                 j->status = st;
@@ -448,11 +528,23 @@ static void conn_unref(srv_conn *c) {
     if (*pp) *pp = c->next;
     s->n_conns--;
     pthread_mutex_unlock(&s->mu);
-    close(c->fd);
+    netio_close(c->fd);
+    atomic_fetch_sub(&s->buffered, c->out_bytes);
     out_free_all(c->out_head); /* replies queued after the writer stopped */
     pthread_mutex_destroy(&c->write_lock);
     pthread_cond_destroy(&c->write_cv);
     free(c);
+}
+
+/* The hot-state key of the client's session id: a keyed hash of (peer identity, sid) under a
+ * per-process random key. Another identity naming the same sid reaches another key, so it sees
+ * nothing of the session (as if absent) and cannot change it (docs/security.md). */
+static void conn_sid(const srv_conn *c, const uint8_t raw[WIRE_SID_SIZE], kv_sid *out) {
+    uint8_t in[TLS_ID_MAX + WIRE_SID_SIZE];
+    size_t il = strlen(c->identity) + 1; /* the NUL separates identity and sid */
+    memcpy(in, c->identity, il);
+    memcpy(in + il, raw, WIRE_SID_SIZE);
+    crypto_generichash(out->bytes, sizeof out->bytes, in, il + WIRE_SID_SIZE, c->s->sid_key, sizeof c->s->sid_key);
 }
 
 static int handle_forward(srv_conn *c, uint64_t rid, const uint8_t *payload, size_t len) {
@@ -462,7 +554,9 @@ static int handle_forward(srv_conn *c, uint64_t rid, const uint8_t *payload, siz
     char msg[KVS_MSG_MAX] = "";
     int err = wire_decode_forward(payload, len, &f, msg, sizeof(msg));
     if (err) {
+        pthread_mutex_lock(&s->mu);
         s->c_protocol_errors++;
+        pthread_mutex_unlock(&s->mu);
         send_status(c, rid, KVS_ERR_PROTOCOL, NULL, msg);
         return KVS_OK;
     }
@@ -499,6 +593,13 @@ static int handle_forward(srv_conn *c, uint64_t rid, const uint8_t *payload, siz
                 break;
             }
         }
+    if (!why && atomic_load(&c->inflight) >= s->p.max_inflight) {
+        bad.st.status = KVS_ERR_BUSY;
+        why = "too many requests in flight on this connection";
+        pthread_mutex_lock(&s->mu);
+        s->c_busy_inflight++;
+        pthread_mutex_unlock(&s->mu);
+    }
     srv_job *j = NULL;
     if (!why) {
         j = calloc(1, sizeof(*j));
@@ -534,8 +635,9 @@ static int handle_forward(srv_conn *c, uint64_t rid, const uint8_t *payload, siz
         return KVS_OK;
     }
     j->conn = c;
+    j->op = WIRE_OP_FORWARD;
     j->request_id = rid;
-    memcpy(j->sid.bytes, f.session_id, 16);
+    conn_sid(c, f.session_id, &j->sid);
     j->epoch = f.epoch;
     j->start_pos = f.start_pos;
     j->n = f.n_tokens;
@@ -550,6 +652,7 @@ static int handle_forward(srv_conn *c, uint64_t rid, const uint8_t *payload, siz
     j->state = JOB_QUEUED;
     atomic_init(&j->cancel, false);
     atomic_fetch_add(&c->refs, 1);
+    atomic_fetch_add(&c->inflight, 1);
     pthread_mutex_lock(&s->mu);
     if (s->jobs_tail) s->jobs_tail->next = j;
     else s->jobs = j;
@@ -577,12 +680,9 @@ static int cancel_jobs(srv_conn *c, bool all, uint64_t rid) {
     return n;
 }
 
-static void handle_stats(srv_conn *c, uint64_t rid) {
-    srv *s = c->s;
+void srv_stats(srv *s, struct wire_stats_reply *m) {
     kv_stats k;
     kv_get_stats(s->e->kv, &k);
-    struct wire_stats_reply *m = calloc(1, sizeof(*m));
-    if (!m) return;
     pthread_mutex_lock(&s->mu);
     struct { const char *name; uint64_t v; } list[] = {
         {"kv.sessions", k.sessions},           {"kv.bytes_used", k.bytes_used},
@@ -594,10 +694,16 @@ static void handle_stats(srv_conn *c, uint64_t rid) {
         {"kv.rewinds", k.rewinds},             {"kv.cancellations", k.cancellations},
         {"kv.appends", k.appends},             {"kv.truncates", k.truncates},
         {"kv.inherits", k.inherits},           {"kv.busy", k.busy},
+        {"kv.in_place", k.in_place},           {"kv.tombstones", k.tombstones},
         {"srv.connections_total", s->c_conns_total}, {"srv.connections_open", (uint64_t)s->n_conns},
         {"srv.connections_rejected", s->c_rejected_conns}, {"srv.requests", s->c_requests},
         {"srv.forward_rows", s->c_forward_rows}, {"srv.batches", s->c_batches},
         {"srv.batch_items", s->c_batch_items}, {"srv.protocol_errors", s->c_protocol_errors},
+        {"srv.auth_failures", s->c_auth_failures}, {"srv.busy_inflight", s->c_busy_inflight},
+        {"srv.refused_per_addr", s->c_refused_addr}, {"srv.frame_timeouts", s->c_frame_timeouts},
+        {"srv.refused_buffers", s->c_refused_buffers},
+        {"srv.buffered_bytes", (uint64_t)atomic_load(&s->buffered)},
+        {"srv.rx_buffer_bytes", (uint64_t)atomic_load(&s->rx_capacity)},
     };
     pthread_mutex_unlock(&s->mu);
     size_t n = sizeof(list) / sizeof(list[0]);
@@ -606,6 +712,12 @@ static void handle_stats(srv_conn *c, uint64_t rid) {
         m->stats[i].value = list[i].v;
     }
     m->n_stats = (uint32_t)n;
+}
+
+static void handle_stats(srv_conn *c, uint64_t rid) {
+    struct wire_stats_reply *m = calloc(1, sizeof(*m));
+    if (!m) return;
+    srv_stats(c->s, m);
     uint8_t *buf = malloc(8192);
     size_t len = 0;
     if (buf && wire_encode_stats_reply(m, buf, 8192, &len) == KVS_OK) conn_send(c, WIRE_OP_STATS_REPLY, rid, buf, len);
@@ -618,7 +730,7 @@ static void handle_vocab(srv_conn *c, uint64_t rid, const struct wire_vocab *q) 
     const tok_vocab *v = s->e->vocab;
     struct wire_vocab_reply r;
     memset(&r, 0, sizeof(r));
-    if (!v) {
+    if (!v || s->e->m->first != 0) { /* only the head shard (layer 0, token ids in) answers */
         r.st.status = KVS_ERR_UNSUPPORTED;
     } else if (q->first >= (uint32_t)tok_n_vocab(v)) {
         r.st.status = KVS_ERR_INVALID_ARG;
@@ -647,8 +759,9 @@ static void handle_vocab(srv_conn *c, uint64_t rid, const struct wire_vocab *q) 
     r.bos = tok_bos(v);
     r.eos = tok_eos(v);
     r.add_space_prefix = tok_add_space_prefix(v);
-    memcpy(r.tok_model, "llama", 5);
-    r.tok_model_len = 5;
+    const char *model_name = tok_vocab_kind(v) == TOK_KIND_BPE ? "gpt2" : "llama";
+    r.tok_model_len = (uint8_t)strlen(model_name);
+    memcpy(r.tok_model, model_name, r.tok_model_len);
     r.tokens = toks;
     size_t len = 0;
     uint8_t *buf = NULL;
@@ -657,6 +770,45 @@ static void handle_vocab(srv_conn *c, uint64_t rid, const struct wire_vocab *q) 
     if (!err && buf) conn_send(c, WIRE_OP_VOCAB_REPLY, rid, buf, len);
     free(buf);
     free(toks);
+}
+
+/* VOCAB_META: the BPE settings, the chat template (first page) and a page of merges. */
+static void handle_vocab_meta(srv_conn *c, uint64_t rid, const struct wire_vocab_meta *q) {
+    const tok_vocab *v = c->s->e->vocab;
+    struct wire_vocab_meta_reply r;
+    memset(&r, 0, sizeof(r));
+    int32_t nm = v ? tok_n_merges(v) : 0;
+    const char *tmpl = v ? tok_chat_template(v) : NULL;
+    size_t tl = tmpl ? strlen(tmpl) : 0;
+    if (!v) r.st.status = KVS_ERR_UNSUPPORTED;
+    else if (q->first > (uint32_t)nm || tl > WIRE_MAX_TEMPLATE || strlen(tok_pre_name(v)) > WIRE_MAX_PRE)
+        r.st.status = KVS_ERR_INVALID_ARG;
+    uint32_t count = r.st.status ? 0 : (uint32_t)nm - q->first;
+    if (count > q->max_count) count = q->max_count;
+    if (count > (1u << 20)) count = 1u << 20; /* 8 MiB of ids per page */
+    int32_t *ids = count ? malloc((size_t)count * 2 * sizeof(*ids)) : NULL;
+    if (count && !ids) r.st.status = KVS_ERR_NOMEM;
+    if (!r.st.status) {
+        for (uint32_t i = 0; i < count; i++) tok_merge(v, (int32_t)(q->first + i), &ids[2 * i], &ids[2 * i + 1]);
+        r.n_vocab = (uint32_t)tok_n_vocab(v);
+        int8_t ab = tok_add_bos_setting(v);
+        r.add_bos = ab > 0 ? 1 : ab < 0 ? 2 : 0;
+        r.pre_len = (uint8_t)strlen(tok_pre_name(v));
+        memcpy(r.pre, tok_pre_name(v), r.pre_len);
+        r.n_merges = (uint32_t)nm;
+        r.first = q->first;
+        r.count = count;
+        r.template_len = q->first == 0 ? (uint32_t)tl : 0;
+        r.chat_template = tmpl;
+        r.merge_ids = ids;
+    }
+    size_t len = 0;
+    uint8_t *buf = NULL;
+    int err = wire_encode_vocab_meta_reply(&r, NULL, 0, &len);
+    if (!err && (buf = malloc(len))) err = wire_encode_vocab_meta_reply(&r, buf, len, &len);
+    if (!err && buf) conn_send(c, WIRE_OP_VOCAB_META_REPLY, rid, buf, len);
+    free(buf);
+    free(ids);
 }
 
 static void send_info(srv_conn *c, uint64_t rid, int status) {
@@ -685,29 +837,118 @@ static void send_info(srv_conn *c, uint64_t rid, int status) {
     if (wire_encode_info(&in, buf, sizeof(buf), &len) == KVS_OK) conn_send(c, WIRE_OP_INFO, rid, buf, len);
 }
 
-/* TRUNCATE and RELEASE: decoded, applied to the hot state, answered with STATUS
- * (PROTOCOL with the decoder's message when the payload does not decode). */
+/* TRUNCATE and RELEASE: decoded, then applied to the hot state at once — or, when a request of
+ * this connection on the same session is still queued or running, queued behind it so that
+ * operations on one session from one connection take effect in arrival order. Answered with
+ * STATUS (PROTOCOL with the decoder's message when the payload does not decode). */
 static void handle_truncate_release(srv_conn *c, const struct wire_header *h, const uint8_t *payload, size_t len) {
     char msg[KVS_MSG_MAX] = "";
-    kv_state *kv = c->s->e->kv;
+    srv *s = c->s;
+    kv_state *kv = s->e->kv;
     kv_sid sid;
+    uint64_t epoch = 0;
+    uint32_t keep = 0;
     kv_reply r = {0};
     int err;
     if (h->op == WIRE_OP_TRUNCATE) {
         struct wire_truncate t;
         if (!(err = wire_decode_truncate(payload, len, &t, msg, sizeof(msg)))) {
-            memcpy(sid.bytes, t.session_id, 16);
-            err = kv_truncate(kv, &sid, t.epoch, t.len, &r);
+            conn_sid(c, t.session_id, &sid);
+            epoch = t.epoch;
+            keep = t.len;
         }
     } else {
         struct wire_release t;
         if (!(err = wire_decode_release(payload, len, &t, msg, sizeof(msg)))) {
-            memcpy(sid.bytes, t.session_id, 16);
-            err = kv_release(kv, &sid, t.epoch, &r);
+            conn_sid(c, t.session_id, &sid);
+            epoch = t.epoch;
         }
     }
     if (msg[0]) err = KVS_ERR_PROTOCOL; /* only the decoders write msg */
+    if (!err) {
+        srv_job *j = calloc(1, sizeof(*j));
+        pthread_mutex_lock(&s->mu);
+        bool behind = false;
+        for (const srv_job *e = s->jobs; e && !behind; e = e->next) behind = e->conn == c && same_sid(&e->sid, &sid);
+        bool over = behind && atomic_load(&c->inflight) >= s->p.max_inflight; /* queued ones count too */
+        if (over) {
+            s->c_busy_inflight++;
+            behind = false;
+        }
+        if (behind && j) {
+            j->conn = c;
+            j->op = h->op;
+            j->request_id = h->request_id;
+            j->sid = sid;
+            j->epoch = epoch;
+            j->truncate_len = keep;
+            j->state = JOB_QUEUED;
+            atomic_init(&j->cancel, false);
+            atomic_fetch_add(&c->refs, 1);
+            atomic_fetch_add(&c->inflight, 1);
+            if (s->jobs_tail) s->jobs_tail->next = j;
+            else s->jobs = j;
+            s->jobs_tail = j;
+            pthread_cond_signal(&s->cv);
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (behind && j) return; /* the scheduler answers it */
+        free(j);
+        if (over) err = KVS_ERR_BUSY;
+        else if (behind) err = KVS_ERR_NOMEM;
+        else err = h->op == WIRE_OP_TRUNCATE ? kv_truncate(kv, &sid, epoch, keep, &r) : kv_release(kv, &sid, epoch, &r);
+    }
     send_status(c, h->request_id, err, &r, msg[0] ? msg : NULL);
+}
+
+/* Checks the HELLO token against --auth-token-file and sets c->identity: the TLS identity when
+ * there is one, else "token:" + a digest prefix of the token, else "anonymous". KVS_OK or
+ * KVS_ERR_INVALID_ARG (a token file is set and the token is not in it). */
+static int conn_authenticate(srv_conn *c, const struct wire_hello *hello) {
+    srv *s = c->s;
+    if (s->n_tokens > 0) {
+        uint8_t d[crypto_generichash_BYTES];
+        crypto_generichash(d, sizeof d, (const uint8_t *)hello->auth, hello->auth_len, NULL, 0);
+        bool found = false;
+        for (int i = 0; i < s->n_tokens; i++) found |= sodium_memcmp(d, s->tokens[i], sizeof d) == 0;
+        if (!found || hello->auth_len == 0) return KVS_ERR_INVALID_ARG;
+        if (!s->tls) snprintf(c->identity, sizeof c->identity, "token:%02x%02x%02x%02x%02x%02x%02x%02x", d[0], d[1],
+                              d[2], d[3], d[4], d[5], d[6], d[7]);
+    }
+    if (!c->identity[0]) snprintf(c->identity, sizeof c->identity, "anonymous");
+    return KVS_OK;
+}
+
+/* netio admit hook: reserves the frame's payload in s->buffered, or refuses it with BUSY when
+ * every connection together would hold more than max_buffered_bytes. */
+static int conn_admit(void *ctx, const struct wire_header *h) {
+    srv_conn *c = ctx;
+    srv *s = c->s;
+    unsigned long long now = atomic_fetch_add(&s->buffered, h->payload_len);
+    if (now + h->payload_len > s->p.max_buffered_bytes) {
+        atomic_fetch_sub(&s->buffered, h->payload_len);
+        return KVS_ERR_BUSY;
+    }
+    c->rx_held = h->payload_len;
+    return KVS_OK;
+}
+
+static void conn_release_rx(srv_conn *c) {
+    atomic_fetch_sub(&c->s->buffered, c->rx_held);
+    c->rx_held = 0;
+}
+
+/* Brings s->rx_capacity up to date with c's receive buffer. */
+static void conn_count_rx(srv_conn *c, const struct netio_buf *b) {
+    atomic_fetch_add(&c->s->rx_capacity, b->cap);
+    atomic_fetch_sub(&c->s->rx_capacity, c->rx_cap);
+    c->rx_cap = b->cap;
+}
+
+static void count_protocol_error(srv *s) {
+    pthread_mutex_lock(&s->mu);
+    s->c_protocol_errors++;
+    pthread_mutex_unlock(&s->mu);
 }
 
 static void *conn_main(void *arg) {
@@ -716,11 +957,33 @@ static void *conn_main(void *arg) {
     struct netio_buf buf = {0};
     struct wire_header h;
     char msg[KVS_MSG_MAX] = "";
-    int err = netio_recv_frame(c->fd, &h, &buf, netio_deadline_ms(s->p.hello_timeout_ms), msg, sizeof(msg));
+    int err;
+    /* One deadline for the TLS handshake and HELLO together. */
+    uint64_t hello_deadline = netio_deadline_ms(s->p.hello_timeout_ms);
+    if (s->tls && (err = tls_handshake(s->tls, c->fd, hello_deadline, c->identity, sizeof c->identity, msg,
+                                       sizeof msg)) != KVS_OK) {
+        pthread_mutex_lock(&s->mu);
+        s->c_auth_failures++;
+        pthread_mutex_unlock(&s->mu);
+        srv_logf(s, "conn %u (%s): %s, closing", c->id, c->peer, msg);
+        goto out;
+    }
+    netio_recv_opts hello_opts = {.idle_deadline_ns = hello_deadline, .frame_timeout_ms = -1,
+                                  .max_payload = 6 + WIRE_MAX_AUTH};
+    err = netio_recv_frame_opt(c->fd, &h, &buf, &hello_opts, msg, sizeof(msg));
     struct wire_hello hello;
     if (err == KVS_OK && h.op == WIRE_OP_HELLO && wire_decode_hello(buf.data, buf.len, &hello, msg, sizeof(msg)) == KVS_OK &&
         hello.min_version <= WIRE_VERSION && hello.max_version >= WIRE_VERSION) {
+        if (conn_authenticate(c, &hello) != KVS_OK) {
+            pthread_mutex_lock(&s->mu);
+            s->c_auth_failures++;
+            pthread_mutex_unlock(&s->mu);
+            send_info(c, h.request_id, KVS_ERR_INVALID_ARG);
+            srv_logf(s, "conn %u (%s): wrong auth token, closing", c->id, c->peer);
+            goto out;
+        }
         send_info(c, h.request_id, KVS_OK);
+        srv_logf(s, "conn %u (%s): peer %s", c->id, c->peer, c->identity);
     } else {
         if (err == KVS_OK || err == KVS_ERR_PROTOCOL || err == KVS_ERR_UNSUPPORTED) {
             send_info(c, h.request_id, err == KVS_OK ? KVS_ERR_PROTOCOL : err);
@@ -733,14 +996,31 @@ static void *conn_main(void *arg) {
         goto out;
     }
     while (!atomic_load(&c->closed)) {
-        err = netio_recv_frame(c->fd, &h, &buf, netio_deadline_ms(s->p.idle_timeout_ms), msg, sizeof(msg));
+        conn_release_rx(c);
+        netio_buf_trim(&buf); /* a large frame does not keep its buffer while the peer idles */
+        conn_count_rx(c, &buf);
+        netio_recv_opts o = {.idle_deadline_ns = netio_deadline_ms(s->p.idle_timeout_ms),
+                             .frame_timeout_ms = s->p.frame_timeout_ms > 0 ? s->p.frame_timeout_ms : -1,
+                             .admit = conn_admit, .admit_ctx = c};
+        err = netio_recv_frame_opt(c->fd, &h, &buf, &o, msg, sizeof(msg));
+        conn_count_rx(c, &buf);
         if (err) {
             if (err == KVS_ERR_PROTOCOL || err == KVS_ERR_UNSUPPORTED || err == KVS_ERR_TOO_LARGE) {
                 send_status(c, h.request_id, err, NULL, msg);
-                pthread_mutex_lock(&s->mu);
-                s->c_protocol_errors++;
-                pthread_mutex_unlock(&s->mu);
+                count_protocol_error(s);
                 srv_logf(s, "conn %u (%s): bad frame (%s), closing", c->id, c->peer, msg);
+            } else if (err == KVS_ERR_BUSY) {
+                pthread_mutex_lock(&s->mu);
+                s->c_refused_buffers++;
+                pthread_mutex_unlock(&s->mu);
+                send_status(c, h.request_id, err, NULL, "the shard holds too many buffered bytes");
+                srv_logf(s, "conn %u (%s): %s, closing", c->id, c->peer, msg);
+            } else if (err == KVS_ERR_TIMEOUT && o.started) {
+                pthread_mutex_lock(&s->mu);
+                s->c_frame_timeouts++;
+                pthread_mutex_unlock(&s->mu);
+                srv_logf(s, "conn %u (%s): a frame took longer than %d ms, closing", c->id, c->peer,
+                         s->p.frame_timeout_ms);
             } else if (err == KVS_ERR_TIMEOUT) {
                 srv_logf(s, "conn %u (%s): idle for %d ms, closing", c->id, c->peer, s->p.idle_timeout_ms);
             }
@@ -775,6 +1055,13 @@ static void *conn_main(void *arg) {
             else handle_vocab(c, h.request_id, &q);
             break;
         }
+        case WIRE_OP_VOCAB_META: {
+            struct wire_vocab_meta q;
+            if (wire_decode_vocab_meta(buf.data, buf.len, &q, msg, sizeof(msg)))
+                send_status(c, h.request_id, KVS_ERR_PROTOCOL, NULL, msg);
+            else handle_vocab_meta(c, h.request_id, &q);
+            break;
+        }
         default:
             send_status(c, h.request_id, KVS_ERR_PROTOCOL, NULL, "op not valid from a client after HELLO");
             pthread_mutex_lock(&s->mu);
@@ -784,6 +1071,7 @@ static void *conn_main(void *arg) {
         }
     }
 out:
+    conn_release_rx(c);
     {
         int n = cancel_jobs(c, true, 0);
         /* Let the writer flush what is queued (an error reply before closing), then stop it. */
@@ -798,11 +1086,65 @@ out:
                  n ? ", cancelled its work in flight" : "");
     }
     netio_buf_free(&buf);
+    conn_count_rx(c, &buf);
     conn_unref(c);
     return NULL;
 }
 
 /* ---- lifecycle ---------------------------------------------------------------- */
+
+/* True for a host that only this machine can reach: 127.0.0.0/8, ::1, "localhost". */
+static bool host_is_loopback(const char *host) {
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (!strcmp(host, "localhost")) return true;
+    if (inet_pton(AF_INET, host, &a4) == 1) return (ntohl(a4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, host, &a6) == 1) return IN6_IS_ADDR_LOOPBACK(&a6);
+    return false;
+}
+
+/* Reads the accepted HELLO tokens (one per line, surrounding blanks ignored, '#' comments) into
+ * s->tokens as hashes. INVALID_ARG for an unreadable file, an empty list or a token too long. */
+static int load_tokens(srv *s, const char *path, char *msg, size_t cap) {
+    FILE *f = fopen(path, "r");
+    if (!f) return kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "--auth-token-file %s: %s", path, strerror(errno));
+    char line[WIRE_MAX_AUTH + 4];
+    int rc = KVS_OK, n_line = 0;
+    while (fgets(line, sizeof line, f)) {
+        n_line++;
+        size_t l = strlen(line);
+        if (l == sizeof line - 1 && line[l - 1] != '\n') {
+            rc = kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "%s:%d: token longer than %u bytes", path, n_line, WIRE_MAX_AUTH);
+            break;
+        }
+        char *b = line;
+        while (*b == ' ' || *b == '\t') b++;
+        while (l > 0 && (line[l - 1] == '\n' || line[l - 1] == '\r' || line[l - 1] == ' ' || line[l - 1] == '\t')) line[--l] = 0;
+        if (!*b || *b == '#') continue;
+        void *grown = realloc(s->tokens, (size_t)(s->n_tokens + 1) * sizeof *s->tokens);
+        if (!grown) {
+            rc = kvs_fail(msg, cap, KVS_ERR_NOMEM, "out of memory");
+            break;
+        }
+        s->tokens = grown;
+        crypto_generichash(s->tokens[s->n_tokens], sizeof s->tokens[0], (const uint8_t *)b, strlen(b), NULL, 0);
+        s->n_tokens++;
+    }
+    fclose(f);
+    if (rc == KVS_OK && s->n_tokens == 0) rc = kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "--auth-token-file %s holds no token", path);
+    sodium_memzero(line, sizeof line);
+    return rc;
+}
+
+/* RAM of this machine in bytes, 0 when unknown. A KV budget above it is refused rather than
+ * clamped: the operator asked for something that cannot hold, and a silent clamp would
+ * advertise a different budget than the one configured. */
+static uint64_t physical_memory_bytes(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || page <= 0) return 0;
+    uint64_t b;
+    return kvs_mul_u64((uint64_t)pages, (uint64_t)page, &b) ? b : 0;
+}
 
 int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
     *out = NULL;
@@ -821,6 +1163,35 @@ int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
         err = kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "--listen '%s' is not HOST:PORT", p->listen);
         goto fail;
     }
+    bool want_tls = p->tls_cert || p->tls_key || p->tls_ca;
+    if (want_tls && !(p->tls_cert && p->tls_key && p->tls_ca)) {
+        err = kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "TLS needs --tls-cert, --tls-key and --tls-ca together");
+        goto fail;
+    }
+    if (!want_tls && !p->insecure && !host_is_loopback(host)) {
+        err = kvs_fail(msg, cap, KVS_ERR_INVALID_ARG,
+                       "--listen %s is not a loopback address: give --tls-cert/--tls-key/--tls-ca, or --insecure "
+                       "to serve plaintext anyway", p->listen);
+        goto fail;
+    }
+    if (sodium_init() < 0) {
+        err = kvs_fail(msg, cap, KVS_ERR_INTERNAL, "libsodium failed to start");
+        goto fail;
+    }
+    randombytes_buf(s->sid_key, sizeof s->sid_key);
+    atomic_init(&s->buffered, 0);
+    atomic_init(&s->rx_capacity, 0);
+    if (want_tls && (err = tls_ctx_create(&(tls_params){.cert_file = p->tls_cert, .key_file = p->tls_key,
+                                                         .ca_file = p->tls_ca}, true, &s->tls, msg, cap)))
+        goto fail;
+    if (p->auth_token_file && (err = load_tokens(s, p->auth_token_file, msg, cap))) goto fail;
+    uint64_t phys = physical_memory_bytes();
+    if (phys && p->kv_budget_bytes > phys) {
+        err = kvs_fail(msg, cap, KVS_ERR_INVALID_ARG,
+                       "--kv-budget %.1f GiB is more than this machine's physical memory (%.1f GiB)",
+                       (double)p->kv_budget_bytes / (1u << 30), (double)phys / (1u << 30));
+        goto fail;
+    }
     engine_params ep = engine_default_params();
     ep.model_path = p->model_path;
     ep.first = p->first;
@@ -830,6 +1201,8 @@ int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
     ep.kv.ttl_ns = p->kv_ttl_ms * 1000000ull;
     ep.kv.max_sessions = p->max_sessions;
     ep.kv.kv_type = (uint32_t)p->kv_type;
+    ep.kv.clock = p->kv_clock;
+    ep.kv.clock_ctx = p->kv_clock_ctx;
     if ((err = engine_open(&ep, &s->e, msg, cap))) goto fail;
     srv_logf(s, "loaded %s layers [%u, %u) of %u: %.1f MiB of weights", p->model_path, s->e->m->first, s->e->m->last,
              s->e->m->hp.n_layer, (double)s->e->m->weight_bytes / (1 << 20));
@@ -861,6 +1234,42 @@ void srv_stop(srv *s) {
     (void)r;
 }
 
+/* The peer's IP address (addr) and "addr:port" (peer) of an accepted socket; "?" when unknown. */
+static void peer_address(int fd, char addr[INET6_ADDRSTRLEN], char peer[64]) {
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    if (getpeername(fd, (struct sockaddr *)&ss, &sl) != 0) return;
+    unsigned port = 0;
+    if (ss.ss_family == AF_INET) {
+        inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, addr, INET6_ADDRSTRLEN);
+        port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    } else if (ss.ss_family == AF_INET6) {
+        inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, addr, INET6_ADDRSTRLEN);
+        port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    } else {
+        return;
+    }
+    snprintf(peer, 64, "%s:%u", addr, port);
+}
+
+/* Closes a connection refused for capacity. A plaintext peer first gets STATUS BUSY with the
+ * reason (one non-blocking send into the empty socket buffer, request id 0); a TLS peer only sees
+ * the close — the shard does not spend a handshake on a connection it will not serve. */
+static void refuse_conn(srv *s, int fd, const char *why) {
+    if (!s->tls) {
+        struct wire_status_reply m;
+        memset(&m, 0, sizeof m);
+        m.st.status = KVS_ERR_BUSY;
+        m.msg_len = (uint16_t)strlen(why);
+        memcpy(m.msg, why, m.msg_len);
+        uint8_t buf[512];
+        size_t len = 0;
+        if (wire_encode_status_reply(&m, buf, sizeof buf, &len) == KVS_OK)
+            (void)netio_send_frame(fd, WIRE_OP_STATUS, 0, buf, len, netio_deadline_ms(0));
+    }
+    netio_close(fd);
+}
+
 int srv_run(srv *s) {
     kv_stats ks;
     kv_get_stats(s->e->kv, &ks);
@@ -876,13 +1285,20 @@ int srv_run(srv *s) {
         int fd = -1;
         char msg[KVS_MSG_MAX];
         if (netio_accept(s->listen_fd, netio_deadline_ms(0), &fd, msg, sizeof(msg)) != KVS_OK) continue;
+        char addr[INET6_ADDRSTRLEN] = "?", peer[64] = "?";
+        peer_address(fd, addr, peer);
         pthread_mutex_lock(&s->mu);
         bool full = s->n_conns >= s->p.max_conns;
-        if (full) s->c_rejected_conns++;
+        int same = 0;
+        for (srv_conn *o = s->conns; o && !full; o = o->next) same += !strcmp(o->addr, addr);
+        bool addr_full = !full && s->p.max_conns_per_addr > 0 && same >= s->p.max_conns_per_addr;
+        if (full || addr_full) s->c_rejected_conns++;
+        if (addr_full) s->c_refused_addr++;
         pthread_mutex_unlock(&s->mu);
-        if (full) {
-            srv_logf(s, "connection refused: %d open (--max-conns)", s->p.max_conns);
-            close(fd);
+        if (full || addr_full) {
+            srv_logf(s, "connection from %s refused: %s", peer,
+                     full ? "all --max-conns slots open" : "--max-conns-per-addr reached for its address");
+            refuse_conn(s, fd, full ? "the shard has no free connection slot" : "too many connections from this address");
             continue;
         }
         srv_conn *c = calloc(1, sizeof(*c));
@@ -896,14 +1312,9 @@ int srv_run(srv *s) {
         pthread_cond_init(&c->write_cv, NULL);
         atomic_init(&c->refs, 1);
         atomic_init(&c->closed, false);
-        struct sockaddr_storage ss;
-        socklen_t sl = sizeof(ss);
-        snprintf(c->peer, sizeof(c->peer), "?");
-        if (getpeername(fd, (struct sockaddr *)&ss, &sl) == 0 && ss.ss_family == AF_INET) {
-            const uint8_t *a = (const uint8_t *)&((struct sockaddr_in *)&ss)->sin_addr;
-            snprintf(c->peer, sizeof(c->peer), "%u.%u.%u.%u:%u", a[0], a[1], a[2], a[3],
-                     (unsigned)__builtin_bswap16(((struct sockaddr_in *)&ss)->sin_port));
-        }
+        atomic_init(&c->inflight, 0);
+        snprintf(c->addr, sizeof c->addr, "%s", addr);
+        snprintf(c->peer, sizeof c->peer, "%s", peer);
         pthread_mutex_lock(&s->mu);
         c->id = ++s->next_conn_id;
         c->next = s->conns;
@@ -963,6 +1374,9 @@ void srv_free(srv *s) {
     if (s->stop_pipe[0] >= 0) close(s->stop_pipe[0]);
     if (s->stop_pipe[1] >= 0) close(s->stop_pipe[1]);
     engine_close(s->e);
+    tls_ctx_free(s->tls);
+    if (s->tokens) sodium_memzero(s->tokens, (size_t)s->n_tokens * sizeof *s->tokens);
+    free(s->tokens);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s);

@@ -40,12 +40,23 @@ typedef struct {
     int kv_type;                /* QUANT_F16 or QUANT_F32 */
     size_t max_queued_bytes;    /* replies queued for a connection that is not reading them,
                                    bytes, before it is closed (default 256 MiB) */
+    /* Security (docs/security.md). */
+    const char *tls_cert, *tls_key, *tls_ca; /* all three set: mutual TLS 1.3 on every connection */
+    bool insecure;              /* allow plaintext on an address that is not loopback */
+    const char *auth_token_file; /* HELLO auth tokens accepted, one per line; NULL: tokens ignored */
+    int frame_timeout_ms;       /* a frame must be complete this long after its first byte */
+    int max_conns_per_addr;     /* open connections from one IP address */
+    int max_inflight;           /* FORWARD requests queued or running per connection; more: BUSY */
+    size_t max_buffered_bytes;  /* receive buffers + queued replies over all connections, bytes */
     srv_log_fn log;             /* NULL: silent */
     void *log_ctx;
     /* Test hook: called by the scheduler before each forward pass with the
      * number of requests in it (tests use it to order events without sleeps). */
     void (*before_batch)(void *ctx, int n_items);
     void *hook_ctx;
+    /* Test hook: the hot state's clock (TTL, tombstone age), ns; NULL: CLOCK_MONOTONIC. */
+    uint64_t (*kv_clock)(void *ctx);
+    void *kv_clock_ctx;
     /* Metrics hook: called by the scheduler after each forward pass with its requests, rows
      * and duration (ns); must be quick and thread-safe (src/shard_metrics.c). */
     void (*batch_done)(void *ctx, int n_items, uint32_t n_rows, uint64_t elapsed_ns);
@@ -62,6 +73,9 @@ int srv_create(const srv_params *p, srv **out, char *msg, size_t msg_cap);
 uint16_t srv_port(const srv *s);
 /* Serves until srv_stop; then closes every connection and returns KVS_OK. */
 int srv_run(srv *s);
+/* The counters the STATS op answers (kv.* and srv.*), read in-process; thread-safe. */
+struct wire_stats_reply;
+void srv_stats(srv *s, struct wire_stats_reply *out);
 /* Asks srv_run to return; async-signal-safe. */
 void srv_stop(srv *s);
 void srv_free(srv *s);

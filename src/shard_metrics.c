@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "netio.h"
+#include "server.h"
 #include "prom.h"
 #include "util.h"
 #include "wire.h"
@@ -21,7 +22,8 @@ struct shard_metrics {
     pthread_mutex_t mu;
     prom_hist batch_requests, batch_rows, batch_seconds;
     struct MHD_Daemon *d;
-    uint16_t port, shard_port;
+    uint16_t port;
+    srv *shard;
 };
 
 int shard_metrics_create(shard_metrics **out) {
@@ -40,49 +42,17 @@ void shard_metrics_on_batch(void *p, int n_items, uint32_t n_rows, uint64_t elap
     pthread_mutex_unlock(&m->mu);
 }
 
-/* HELLO + STATS to the shard; *info and *st filled. */
-static int fetch_stats(uint16_t port, struct wire_info *info, struct wire_stats_reply *st, char *msg, size_t cap) {
-    int fd = -1;
-    struct netio_buf b = {0};
-    struct wire_header hd;
-    uint8_t hb[64];
-    size_t len = 0;
-    struct wire_hello h = {.min_version = WIRE_VERSION, .max_version = WIRE_VERSION};
-    uint64_t until = netio_deadline_ms(5000);
-    int err = netio_connect("127.0.0.1", port, until, &fd, msg, cap);
-    if (!err) err = wire_encode_hello(&h, hb, sizeof hb, &len);
-    if (!err) err = netio_send_frame(fd, WIRE_OP_HELLO, 1, hb, len, until);
-    if (!err) err = netio_recv_frame(fd, &hd, &b, until, msg, cap);
-    if (!err && hd.op != WIRE_OP_INFO) err = kvs_fail(msg, cap, KVS_ERR_PROTOCOL, "no INFO");
-    if (!err) err = wire_decode_info(b.data, b.len, info, msg, cap);
-    if (!err && info->st.status) err = kvs_fail(msg, cap, info->st.status, "HELLO refused");
-    if (!err) err = netio_send_frame(fd, WIRE_OP_STATS, 2, NULL, 0, until);
-    if (!err) err = netio_recv_frame(fd, &hd, &b, until, msg, cap);
-    if (!err && hd.op != WIRE_OP_STATS_REPLY) err = kvs_fail(msg, cap, KVS_ERR_PROTOCOL, "no STATS_REPLY");
-    if (!err) err = wire_decode_stats_reply(b.data, b.len, st, msg, cap);
-    if (fd >= 0) close(fd);
-    netio_buf_free(&b);
-    return err;
-}
-
 static uint64_t stat_of(const struct wire_stats_reply *st, const char *name) {
     for (uint32_t i = 0; i < st->n_stats; i++)
         if (!strcmp(st->stats[i].name, name)) return st->stats[i].value;
     return 0;
 }
 
-static char *render(shard_metrics *m, char *msg, size_t cap) {
-    struct wire_info info;
+static char *render(shard_metrics *m) {
     struct wire_stats_reply *st = calloc(1, sizeof *st);
     if (!st) return NULL;
-    if (fetch_stats(m->shard_port, &info, st, msg, cap) != KVS_OK) {
-        free(st);
-        return NULL;
-    }
+    srv_stats(m->shard, st);
     prom_buf b = {0};
-    prom_family(&b, "kvshard_shard_info", "gauge", "The shard's name and layer range (value 1).");
-    prom_printf(&b, "kvshard_shard_info{name=\"%s\",first_layer=\"%u\",last_layer=\"%u\",n_layer=\"%u\"} 1\n", info.name,
-                info.first, info.last, info.n_layer);
     static const struct { const char *stat, *name, *type, *help; } map[] = {
         {"kv.bytes_used", "kvshard_shard_kv_bytes_used", "gauge", "Bytes of KV blocks in use."},
         {"kv.budget_bytes", "kvshard_shard_kv_budget_bytes", "gauge", "KV pool size in bytes."},
@@ -132,7 +102,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     shard_metrics *m = cls;
-    char msg[KVS_MSG_MAX] = "";
     char *body = NULL;
     unsigned status = 200;
     const char *type = "text/plain; version=0.0.4; charset=utf-8";
@@ -140,11 +109,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         status = 404;
         type = "text/plain";
         body = strdup("only GET /metrics\n");
-    } else if (!(body = render(m, msg, sizeof msg))) {
-        status = 503;
-        type = "text/plain";
-        size_t n = strlen(msg) + 32;
-        if ((body = malloc(n))) snprintf(body, n, "shard unreachable: %s\n", msg);
+    } else {
+        body = render(m);
     }
     if (!body) return MHD_NO;
     struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
@@ -158,7 +124,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     return ret;
 }
 
-int shard_metrics_listen(shard_metrics *m, const char *listen, uint16_t shard_port, char *msg, size_t cap) {
+int shard_metrics_listen(shard_metrics *m, const char *listen, srv *shard, char *msg, size_t cap) {
     char host[NETIO_HOST_MAX];
     uint16_t port = 0;
     if (!listen || netio_parse_hostport(listen, host, sizeof host, &port) != KVS_OK)
@@ -166,7 +132,7 @@ int shard_metrics_listen(shard_metrics *m, const char *listen, uint16_t shard_po
     int fd = -1;
     int err = netio_listen(host, port, 16, &fd, &m->port, msg, cap);
     if (err) return err;
-    m->shard_port = shard_port;
+    m->shard = shard;
     m->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL, on_request, m, MHD_OPTION_LISTEN_SOCKET, fd,
                             MHD_OPTION_CONNECTION_LIMIT, 16u, MHD_OPTION_CONNECTION_TIMEOUT, 30u, MHD_OPTION_END);
     if (!m->d) {

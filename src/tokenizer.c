@@ -128,7 +128,7 @@ static int read_special_id(const gguf_ctx *g, const char *key, int32_t n_vocab, 
  * design note 3. */
 static const char *const EOG_TEXTS[] = {
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>",
-    "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>", /* DeepSeek */
+    "<\357\275\234end\342\226\201of\342\226\201sentence\357\275\234>", /* DeepSeek */
     "<|fim_pad|>", "<fim-pad>", "<PAD>", "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<|file_sep|>",
 };
 

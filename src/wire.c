@@ -121,6 +121,8 @@ const char *wire_op_name(uint32_t op) {
     case WIRE_OP_VOCAB: return "VOCAB";
     case WIRE_OP_VOCAB_REPLY: return "VOCAB_REPLY";
     case WIRE_OP_STATUS: return "STATUS";
+    case WIRE_OP_VOCAB_META: return "VOCAB_META";
+    case WIRE_OP_VOCAB_META_REPLY: return "VOCAB_META_REPLY";
     default: return "?";
     }
 }
@@ -870,6 +872,115 @@ bool wire_vocab_next(const struct wire_vocab_reply *v, size_t *off, struct wire_
     return vocab_entry(v->entries, v->entries_len, off, tok);
 }
 
+/* ---- VOCAB_META ---- */
+
+static int enc_vocab_meta(struct wr *w, const void *vm) {
+    const struct wire_vocab_meta *m = vm;
+    if (m->first > WIRE_MAX_MERGES || m->max_count < 1 || m->max_count > WIRE_MAX_MERGES) return KVS_ERR_INVALID_ARG;
+    wr_u32(w, m->first);
+    wr_u32(w, m->max_count);
+    return KVS_OK;
+}
+
+int wire_encode_vocab_meta(const struct wire_vocab_meta *m, uint8_t *buf, size_t cap, size_t *len) {
+    return run_encoder(enc_vocab_meta, m, buf, cap, len);
+}
+
+static int dec_vocab_meta(struct rd *r, struct wire_vocab_meta *m, char *msg, size_t msg_cap) {
+    m->first = rd_u32(r, "first");
+    m->max_count = rd_u32(r, "max_count");
+    if (r->bad) return rd_short(r, msg, msg_cap);
+    if (m->first > WIRE_MAX_MERGES) return PROTO("VOCAB_META: first %u over limit", (unsigned)m->first);
+    if (m->max_count < 1 || m->max_count > WIRE_MAX_MERGES)
+        return PROTO("VOCAB_META: bad max_count %u", (unsigned)m->max_count);
+    return rd_end(r, msg, msg_cap);
+}
+
+static const char *vocab_meta_check(const struct wire_vocab_meta_reply *m) {
+    if (m->n_vocab < 1 || m->n_vocab > WIRE_MAX_VOCAB) return "bad n_vocab";
+    if (m->add_bos > 2) return "bad add_bos";
+    if (m->pre_len > WIRE_MAX_PRE) return "pre too long";
+    if (has_nul(m->pre, m->pre_len)) return "NUL byte in pre";
+    if (m->n_merges > WIRE_MAX_MERGES) return "too many merges";
+    if (m->first > m->n_merges || m->count > m->n_merges - m->first) return "page outside the merges";
+    if (m->template_len > WIRE_MAX_TEMPLATE) return "chat template too long";
+    if (m->template_len && m->first != 0) return "chat template outside the first page";
+    return NULL;
+}
+
+static int enc_vocab_meta_reply(struct wr *w, const void *vm) {
+    const struct wire_vocab_meta_reply *m = vm;
+    if (!status_fields_ok(&m->st)) return KVS_ERR_INVALID_ARG;
+    enc_status(w, &m->st);
+    if (m->st.status != KVS_OK) return KVS_OK;
+    if (vocab_meta_check(m)) return KVS_ERR_INVALID_ARG;
+    if ((m->count && !m->merge_ids) || (m->template_len && !m->chat_template)) return KVS_ERR_INVALID_ARG;
+    if (has_nul(m->chat_template, m->template_len)) return KVS_ERR_INVALID_ARG;
+    wr_u32(w, m->n_vocab);
+    wr_u8(w, m->add_bos);
+    wr_u8(w, m->pre_len);
+    wr_bytes(w, m->pre, m->pre_len);
+    wr_u32(w, m->n_merges);
+    wr_u32(w, m->first);
+    wr_u32(w, m->count);
+    wr_u32(w, m->template_len);
+    wr_bytes(w, m->chat_template, m->template_len);
+    for (uint64_t i = 0; i < 2ull * m->count; i++) {
+        int32_t id = m->merge_ids[i];
+        if (id < 0 || (uint32_t)id >= m->n_vocab) return KVS_ERR_INVALID_ARG;
+        wr_u32(w, (uint32_t)id);
+        if (w->n > WIRE_MAX_PAYLOAD) return KVS_ERR_TOO_LARGE;
+    }
+    return KVS_OK;
+}
+
+int wire_encode_vocab_meta_reply(const struct wire_vocab_meta_reply *m, uint8_t *buf, size_t cap,
+                                 size_t *len) {
+    return run_encoder(enc_vocab_meta_reply, m, buf, cap, len);
+}
+
+static int dec_vocab_meta_reply(struct rd *r, struct wire_vocab_meta_reply *m, char *msg, size_t msg_cap) {
+    int rc = dec_status_checked(r, &m->st, msg, msg_cap);
+    if (rc != KVS_OK) return rc;
+    if (m->st.status != KVS_OK) return rd_end(r, msg, msg_cap);
+    m->n_vocab = rd_u32(r, "n_vocab");
+    m->add_bos = rd_u8(r, "add_bos");
+    m->pre_len = rd_u8(r, "pre_len");
+    if (r->bad) return rd_short(r, msg, msg_cap);
+    if (m->pre_len > WIRE_MAX_PRE) return PROTO("VOCAB_META_REPLY: pre too long");
+    rd_copy(r, m->pre, m->pre_len, "pre");
+    m->n_merges = rd_u32(r, "n_merges");
+    m->first = rd_u32(r, "first");
+    m->count = rd_u32(r, "count");
+    m->template_len = rd_u32(r, "template_len");
+    if (r->bad) return rd_short(r, msg, msg_cap);
+    m->pre[m->pre_len] = 0;
+    const char *why = vocab_meta_check(m);
+    if (why) return PROTO("VOCAB_META_REPLY: %s", why);
+    const uint8_t *t = NULL;
+    if (m->template_len && !rd_take(r, m->template_len, "chat_template", &t)) return rd_short(r, msg, msg_cap);
+    if (t && memchr(t, 0, m->template_len)) return PROTO("VOCAB_META_REPLY: NUL byte in the chat template");
+    m->chat_template = (const char *)t;
+    if ((uint64_t)m->count * 8 != r->n - r->off)
+        return PROTO("VOCAB_META_REPLY: %u merges need %llu bytes, %zu left", (unsigned)m->count,
+                     (unsigned long long)m->count * 8, r->n - r->off);
+    const uint8_t *a = NULL;
+    if (m->count && !rd_take(r, (size_t)m->count * 8, "merges", &a)) return rd_short(r, msg, msg_cap);
+    for (uint64_t i = 0; i < 2ull * m->count; i++)
+        if (kvs_rd_u32(a + 4 * i) >= m->n_vocab)
+            return PROTO("VOCAB_META_REPLY: merge %llu names a token outside the vocab", (unsigned long long)(i / 2));
+    m->merges = a;
+    m->merge_ids = NULL;
+    return rd_end(r, msg, msg_cap);
+}
+
+bool wire_vocab_meta_merge(const struct wire_vocab_meta_reply *m, uint32_t i, int32_t *left, int32_t *right) {
+    if (!m || !m->merges || i >= m->count) return false;
+    *left = (int32_t)kvs_rd_u32(m->merges + 8 * (size_t)i);
+    *right = (int32_t)kvs_rd_u32(m->merges + 8 * (size_t)i + 4);
+    return true;
+}
+
 /* ---- public decoders: zero, parse, zero again on failure ---- */
 
 #define WIRE_DECODER_(name, type)                                                        \
@@ -894,6 +1005,8 @@ WIRE_DECODER_(status_reply, struct wire_status_reply)
 WIRE_DECODER_(stats_reply, struct wire_stats_reply)
 WIRE_DECODER_(vocab, struct wire_vocab)
 WIRE_DECODER_(vocab_reply, struct wire_vocab_reply)
+WIRE_DECODER_(vocab_meta, struct wire_vocab_meta)
+WIRE_DECODER_(vocab_meta_reply, struct wire_vocab_meta_reply)
 
 int wire_decode_empty(const uint8_t *payload, size_t len, char *msg, size_t msg_cap) {
     (void)payload;

@@ -61,6 +61,9 @@
 #define WIRE_MAX_TOK_MODEL 32u        /* bytes of the tokenizer model name ("llama") */
 #define WIRE_TOKEN_TYPE_MAX 6         /* llama token types 0 (undefined) .. 6 (byte) */
 #define WIRE_DIGEST_SIZE 32u
+#define WIRE_MAX_MERGES (1u << 22)    /* BPE merges in VOCAB_META_REPLY */
+#define WIRE_MAX_TEMPLATE (1u << 20)  /* bytes of the chat template in VOCAB_META_REPLY */
+#define WIRE_MAX_PRE 64u              /* bytes of the pre-tokenizer name */
 
 enum wire_op {
     WIRE_OP_HELLO = 1,         /* client -> shard: struct wire_hello */
@@ -75,8 +78,10 @@ enum wire_op {
     WIRE_OP_VOCAB = 10,        /* struct wire_vocab */
     WIRE_OP_VOCAB_REPLY = 11,  /* struct wire_vocab_reply */
     WIRE_OP_STATUS = 12,       /* struct wire_status_reply: generic reply / error */
+    WIRE_OP_VOCAB_META = 13,       /* struct wire_vocab_meta: tokenizer settings + BPE merges */
+    WIRE_OP_VOCAB_META_REPLY = 14, /* struct wire_vocab_meta_reply */
 };
-#define WIRE_OP_MAX_ 12
+#define WIRE_OP_MAX_ 14
 
 struct wire_header {
     uint32_t magic;       /* WIRE_MAGIC */
@@ -257,6 +262,34 @@ struct wire_vocab_reply {
  * on a struct that was not produced by wire_decode_vocab_reply. */
 bool wire_vocab_next(const struct wire_vocab_reply *v, size_t *off, struct wire_vocab_token *tok);
 
+/* ---- VOCAB_META (the rest of a byte-level BPE tokenizer, paged by merge rank) ----
+ * Asked for after VOCAB when tok_model is "gpt2" (an SPM client never asks, so older
+ * shards and clients keep working with SPM vocabs). */
+
+struct wire_vocab_meta {
+    uint32_t first;     /* first merge rank wanted, <= WIRE_MAX_MERGES */
+    uint32_t max_count; /* 1..WIRE_MAX_MERGES; the shard returns fewer if it likes */
+};
+
+struct wire_vocab_meta_reply {
+    struct wire_status st;
+    uint32_t n_vocab;          /* 1..WIRE_MAX_VOCAB: every merge id is < n_vocab */
+    uint8_t add_bos;           /* 0: the tokenizer family's default, 1: add BOS, 2: do not */
+    uint8_t pre_len;           /* <= WIRE_MAX_PRE */
+    char pre[WIRE_MAX_PRE + 1]; /* tokenizer.ggml.pre, NUL-terminated copy, no NUL inside */
+    uint32_t n_merges;         /* the whole table, <= WIRE_MAX_MERGES */
+    uint32_t first, count;     /* this page: ranks [first, first + count), first + count <= n_merges */
+    uint32_t template_len;     /* <= WIRE_MAX_TEMPLATE; nonzero only in the page with first == 0 */
+    const char *chat_template; /* template_len bytes, no NUL (encode: caller's; decode: payload) */
+    /* encode: 2 * count ids (left, right of each merge, by rank), caller-owned.
+     * decode: NULL; read the page with wire_vocab_meta_merge (design note 3). */
+    const int32_t *merge_ids;
+    const uint8_t *merges;     /* decode: count * 8 bytes in the payload */
+};
+
+/* Merge i (< count) of a decoded page; false when out of range. */
+bool wire_vocab_meta_merge(const struct wire_vocab_meta_reply *m, uint32_t i, int32_t *left, int32_t *right);
+
 /* ---- encoders ----
  * Each writes the payload (not the header) of its message into buf[0..cap) and sets *len to its
  * size. With buf == NULL nothing is written: *len gets the size needed and KVS_OK is returned.
@@ -276,6 +309,9 @@ int wire_encode_stats_reply(const struct wire_stats_reply *m, uint8_t *buf, size
 int wire_encode_vocab(const struct wire_vocab *m, uint8_t *buf, size_t cap, size_t *len);
 int wire_encode_vocab_reply(const struct wire_vocab_reply *m, uint8_t *buf, size_t cap,
                             size_t *len);
+int wire_encode_vocab_meta(const struct wire_vocab_meta *m, uint8_t *buf, size_t cap, size_t *len);
+int wire_encode_vocab_meta_reply(const struct wire_vocab_meta_reply *m, uint8_t *buf, size_t cap,
+                                 size_t *len);
 
 /* ---- decoders ----
  * Each parses payload[0..len) completely (trailing bytes are an error). KVS_OK or
@@ -304,6 +340,10 @@ int wire_decode_vocab(const uint8_t *payload, size_t len, struct wire_vocab *out
                       size_t msg_cap);
 int wire_decode_vocab_reply(const uint8_t *payload, size_t len, struct wire_vocab_reply *out,
                             char *msg, size_t msg_cap);
+int wire_decode_vocab_meta(const uint8_t *payload, size_t len, struct wire_vocab_meta *out,
+                           char *msg, size_t msg_cap);
+int wire_decode_vocab_meta_reply(const uint8_t *payload, size_t len,
+                                 struct wire_vocab_meta_reply *out, char *msg, size_t msg_cap);
 
 /* ---- bulk data readers (host order, alignment-safe) ---- */
 

@@ -4,6 +4,9 @@
  * and the chat page in headless Chromium through playwright-core (tests/js/page_test.mjs),
  * which saves a screenshot as BUILD/http_page.png.
  *
+ * The same openai checks run on the Llama 3 real-format file (downloads/llama3-synth-Q4_K_M)
+ * when it is present: chat text equal to `kvshard chat --messages`, one process and a 2-shard route.
+ *
  * The npm packages are installed at test time into BUILD/js (tests/js/package.json, pinned
  * versions; node_modules is never committed). Without node/npm, or when the registry cannot be
  * reached, the test says so and exits 77; without Chromium the page part is skipped with a note.
@@ -159,6 +162,36 @@ int main(void) {
         }
     }
     int run = 0, skipped = 0;
+    /* The Llama 3 real-format file: chat template, BPE, special tokens; one process and a
+     * 2-shard route (its tokenizer and template travel from the head shard). */
+    char l3path[512];
+    const char *l3 = test_shared_path("downloads/models/llama3-synth-Q4_K_M.gguf", l3path, sizeof l3path);
+    if (!l3) {
+        skipped++;
+    } else {
+        proc_server a0 = {0}, a1 = {0};
+        api_proc l3one = {0}, l3two = {0};
+        char *l3_args[] = {"-m", (char *)l3, "-t", "1", "--kv-budget", "64M", NULL};
+        CHECK(api_start(&l3one, build, l3_args));
+        CHECK(proc_start_server(&a0, build, l3, "0:1", NULL));
+        CHECK(proc_start_server(&a1, build, l3, "1:end", NULL));
+        char l3route[128];
+        snprintf(l3route, sizeof l3route, "127.0.0.1:%d,127.0.0.1:%d", a0.port, a1.port);
+        char *l3two_args[] = {"--route", l3route, NULL};
+        CHECK(api_start(&l3two, build, l3two_args));
+        if (l3one.port > 0 && l3two.port > 0) {
+            snprintf(cmd, sizeof cmd,
+                     "cd '%s' && KVS_BIN='%s' KVS_MODEL='%s' KVS_API_URLS='[{\"name\":\"llama3 api -m\",\"url\":\"http://127.0.0.1:%d\"},"
+                     "{\"name\":\"llama3 api --route (2 shards)\",\"url\":\"http://127.0.0.1:%d\"}]' timeout 180 node openai_test.mjs",
+                     js, bin, l3, l3one.port, l3two.port);
+            CHECK_EQ_INT(shell(cmd), 0);
+            run++;
+        }
+        CHECK_EQ_INT(api_stop(&l3one), 0);
+        CHECK_EQ_INT(api_stop(&l3two), 0);
+        proc_stop_server(&a0);
+        proc_stop_server(&a1);
+    }
     proc_server s0 = {0}, s1 = {0};
     api_proc one = {0}, two = {0};
     char *one_args[] = {"-m", (char *)model, "-t", "1", "--kv-budget", "64M", NULL};

@@ -244,7 +244,7 @@ static void test_lru_budget(void) {
     kv_free(kv);
 }
 
-/* max_sessions: a new session evicts the LRU idle one; with every session pinned it is refused
+/* max_sessions: a new session evicts the LRU idle one; with every session pinned it is BUSY
  * and nothing changes. */
 static void test_max_sessions(void) {
     kv_params p = kv_default_params();
@@ -271,7 +271,7 @@ static void test_max_sessions(void) {
     CHECK_EQ_INT(kv_begin(kv, &c, 1, 4, 1, NULL, &ta, &r), KVS_OK);
     kv_stats s0, s1;
     kv_get_stats(kv, &s0);
-    CHECK_EQ_INT(kv_begin(kv, &a, 1, 0, 4, NULL, &t, &r), KVS_ERR_BUDGET_EXHAUSTED);
+    CHECK_EQ_INT(kv_begin(kv, &a, 1, 0, 4, NULL, &t, &r), KVS_ERR_BUSY);
     kv_get_stats(kv, &s1);
     CHECK_EQ_INT(s1.sessions, 2);
     CHECK_EQ_INT(s1.evict_lru, s0.evict_lru);

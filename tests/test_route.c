@@ -106,14 +106,14 @@ static const char *PROMPTS[8] = {"Once upon a time", "The little dog", "Lily and
 /* Connects to a shard on loopback and says HELLO (the INFO reply lands in b). */
 static int probe_connect(int port, int *fd, struct netio_buf *b) {
     char msg[KVS_MSG_MAX];
-    if (netio_connect("127.0.0.1", (uint16_t)port, netio_deadline_ms(5000), fd, msg, sizeof(msg))) return KVS_ERR_IO;
+    if (netio_connect("127.0.0.1", (uint16_t)port, netio_deadline_ms(30000), fd, msg, sizeof(msg))) return KVS_ERR_IO;
     uint8_t buf[64];
     size_t len;
     struct wire_hello h = {.min_version = 1, .max_version = 1};
     wire_encode_hello(&h, buf, sizeof(buf), &len);
     struct wire_header hd;
-    int err = netio_send_frame(*fd, WIRE_OP_HELLO, 1, buf, len, netio_deadline_ms(5000));
-    if (!err) err = netio_recv_frame(*fd, &hd, b, netio_deadline_ms(5000), msg, sizeof(msg));
+    int err = netio_send_frame(*fd, WIRE_OP_HELLO, 1, buf, len, netio_deadline_ms(30000));
+    if (!err) err = netio_recv_frame(*fd, &hd, b, netio_deadline_ms(30000), msg, sizeof(msg));
     return err;
 }
 
@@ -124,8 +124,8 @@ static int probe_stats(int port, uint64_t *used, uint64_t *budget, uint64_t *lru
     struct netio_buf b = {0};
     struct wire_header hd;
     int err = probe_connect(port, &fd, &b);
-    if (!err) err = netio_send_frame(fd, WIRE_OP_STATS, 2, NULL, 0, netio_deadline_ms(5000));
-    if (!err) err = netio_recv_frame(fd, &hd, &b, netio_deadline_ms(5000), msg, sizeof(msg));
+    if (!err) err = netio_send_frame(fd, WIRE_OP_STATS, 2, NULL, 0, netio_deadline_ms(30000));
+    if (!err) err = netio_recv_frame(fd, &hd, &b, netio_deadline_ms(30000), msg, sizeof(msg));
     struct wire_stats_reply *st = calloc(1, sizeof(*st));
     if (!err) err = wire_decode_stats_reply(b.data, b.len, st, msg, sizeof(msg));
     for (uint32_t i = 0; !err && i < st->n_stats; i++) {
@@ -245,8 +245,8 @@ static int probe_epoch(int port, const uint8_t sid[16], uint64_t epoch, uint64_t
     struct wire_forward f = {.epoch = epoch, .n_tokens = 1, .out_mode = WIRE_OUT_HIDDEN, .in_kind = WIRE_IN_TOKENS, .data = &tok};
     memcpy(f.session_id, sid, 16);
     wire_encode_forward(&f, buf, sizeof(buf), &len);
-    if (!err) err = netio_send_frame(fd, WIRE_OP_FORWARD, 2, buf, len, netio_deadline_ms(5000));
-    if (!err) err = netio_recv_frame(fd, &hd, &b, netio_deadline_ms(5000), msg, sizeof(msg));
+    if (!err) err = netio_send_frame(fd, WIRE_OP_FORWARD, 2, buf, len, netio_deadline_ms(30000));
+    if (!err) err = netio_recv_frame(fd, &hd, &b, netio_deadline_ms(30000), msg, sizeof(msg));
     struct wire_forward_reply r;
     if (!err) err = wire_decode_forward_reply(b.data, b.len, &r, msg, sizeof(msg));
     if (!err) {
@@ -288,7 +288,7 @@ static void check_failover(const char *model, int n_layer, bool stop_instead) {
         close(out[0]);
         execl(proc_bin(), "kvshard", "generate", "--route", route, "--spare", spare_s, "-p", prompt, "-n", "40",
               "--temp", "0", "--seed", "5", "--json", "--stats", "-v", "--pause-after", "8", "--keep-session",
-              "--timeout", stop_instead ? "2000" : "30000", (char *)NULL);
+              "--timeout", stop_instead ? "5000" : "30000", (char *)NULL);
         _exit(127);
     }
     close(in[0]);
@@ -364,6 +364,92 @@ static void check_failover(const char *model, int n_layer, bool stop_instead) {
     proc_stop_server(&spare);
 }
 
+/* Issue 7: failover of the head, the middle or the tail of a 3-shard stories260K route whose
+ * shards each hold a KV budget of exactly 2 blocks (one session of the run: 5 + 20 positions):
+ * the survivors' inherit and the retried step need no free block, and the output equals an
+ * uninterrupted run. While the client is paused after 8 tokens (past the first block), the head
+ * is killed; the middle or the tail is SIGSTOPped, so the next step has already run on the hops
+ * before it when the reply timeout tells the client: the redo of that step from hop 0 is a
+ * rewind of the survivors' last position in a full pool. */
+static void check_failover_full(const char *model, int victim) {
+    static const char *layers[3] = {"0:2", "2:4", "4:5"};
+    static const char *budgets[3] = {"8192", "8192", "4096"}; /* 2 blocks of 16 positions each */
+    proc_server s[3], spare;
+    for (int i = 0; i < 3; i++) {
+        const char *extra[] = {"--kv-budget", budgets[i], NULL};
+        CHECK(proc_start_server(&s[i], g_dir, model, layers[i], extra));
+    }
+    const char *sextra[] = {"--kv-budget", budgets[victim], NULL};
+    CHECK(proc_start_server(&spare, g_dir, model, layers[victim], sextra));
+    const char *prompt = "Once upon a time";
+    char *ref = reference(model, prompt, "20", "0");
+    char route[256], spare_s[64], errlog[256];
+    route_of(route, sizeof(route), s, 3);
+    snprintf(spare_s, sizeof(spare_s), "127.0.0.1:%d", spare.port);
+    snprintf(errlog, sizeof(errlog), "%s/failover-full-%d.err", g_dir, victim);
+    int in[2], out[2];
+    CHECK(pipe(in) == 0 && pipe(out) == 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(in[0], 0);
+        dup2(out[1], 1);
+        int fd = open(errlog, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 2);
+        close(in[1]);
+        close(out[0]);
+        execl(proc_bin(), "kvshard", "generate", "--route", route, "--spare", spare_s, "-p", prompt, "-n", "20",
+              "--temp", "0", "--seed", "5", "--json", "-v", "--pause-after", "12", "--timeout",
+              victim ? "5000" : "30000", (char *)NULL);
+        _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    bool paused = false;
+    for (int waited = 0; waited < 60000 && !paused; waited += 5) {
+        FILE *f = fopen(errlog, "r");
+        char line[512];
+        while (f && fgets(line, sizeof(line), f)) paused = paused || strstr(line, "paused after 12 tokens") != NULL;
+        if (f) fclose(f);
+        if (!paused) proc_sleep_ms(5);
+    }
+    CHECK(paused);
+    if (victim) {
+        kill(s[victim].pid, SIGSTOP);
+    } else {
+        kill(s[victim].pid, SIGKILL);
+        proc_wait(s[victim].pid, 10000);
+        s[victim].pid = 0;
+    }
+    ssize_t w = write(in[1], "\n", 1);
+    CHECK_EQ_INT(w, 1);
+    close(in[1]);
+    size_t len = 0, cap = 1 << 16;
+    char *got = malloc(cap);
+    ssize_t n;
+    while ((n = read(out[0], got + len, cap - len - 1)) > 0) len += (size_t)n;
+    got[len] = 0;
+    close(out[0]);
+    int st = proc_wait(pid, 60000);
+    CHECK_EQ_INT(st, 0);
+    if (st != 0 || strcmp(got, ref)) {
+        fprintf(stderr, "failover of hop %d with full budgets:\n  got %s  want %s", victim, got, ref);
+        FILE *f = fopen(errlog, "r");
+        char line[512];
+        while (f && fgets(line, sizeof(line), f)) fprintf(stderr, "  | %s", line);
+        if (f) fclose(f);
+    }
+    CHECK(strcmp(got, ref) == 0);
+    if (st == 0 && strcmp(got, ref) == 0)
+        printf("  %s of hop %d (%s) with every pool at its budget: output identical\n", victim ? "SIGSTOP" : "kill -9",
+               victim, victim == 0 ? "head" : victim == 1 ? "middle" : "tail");
+    free(got);
+    free(ref);
+    if (victim) kill(s[victim].pid, SIGCONT);
+    for (int i = 0; i < 3; i++)
+        if (i != victim || victim) proc_stop_server(&s[i]);
+    proc_stop_server(&spare);
+}
+
 int main(void) {
     snprintf(g_dir, sizeof(g_dir), "/tmp/kvs-route-XXXXXX");
     CHECK(mkdtemp(g_dir) != NULL);
@@ -384,6 +470,7 @@ int main(void) {
         check_routes(stories, 5);
         check_failover(stories, 5, false);
         check_failover(stories, 5, true);
+        for (int victim = 0; victim < 3; victim++) check_failover_full(stories, victim);
         check_concurrent(stories, 5, 4, NULL);
         /* Budget for about two sessions of 5+20 positions per shard (block = 16 positions). */
         check_concurrent(stories, 5, 8, "24K");

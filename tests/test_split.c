@@ -129,6 +129,53 @@ int main(void) {
     }
     CHECK_EQ_INT(sum, n_tensors);
 
+    /* The first part carries the source's metadata entry for entry
+     * (gguf_writer_copy_kv), then the three split keys. */
+    gguf_ctx *p1 = NULL;
+    CHECK_EQ_INT(gguf_open(part[0], &p1, msg, sizeof(msg)), KVS_OK);
+    if (p1) {
+        CHECK_EQ_INT(gguf_n_kv(p1), gguf_n_kv(src) + 3);
+        int same = 1;
+        for (uint64_t i = 0; i < gguf_n_kv(src); i++) {
+            const gguf_kv *a = gguf_kv_at(src, i), *b = gguf_kv_at(p1, i);
+            same &= a->key.len == b->key.len && !memcmp(a->key.ptr, b->key.ptr, a->key.len) && a->type == b->type;
+            if (!same) break;
+            if (a->type == GGUF_VT_STRING) same &= a->str.len == b->str.len && !memcmp(a->str.ptr, b->str.ptr, a->str.len);
+            else if (a->type == GGUF_VT_ARRAY && a->arr_type == GGUF_VT_STRING)
+                for (uint64_t k = 0; k < a->arr_n && same; k++)
+                    same &= a->arr_strs[k].len == b->arr_strs[k].len &&
+                            !memcmp(a->arr_strs[k].ptr, b->arr_strs[k].ptr, a->arr_strs[k].len);
+            else if (a->type == GGUF_VT_ARRAY)
+                same &= a->arr_type == b->arr_type && a->arr_n == b->arr_n &&
+                        !memcmp(a->arr_data, b->arr_data, a->arr_n * gguf_vtype_size(a->arr_type));
+            else same &= a->val.u == b->val.u || (a->type == GGUF_VT_F32 && a->val.f == b->val.f);
+        }
+        CHECK(same);
+        gguf_close(p1);
+    }
+
+    /* Header-only open: same tables, no data until gguf_map_data, then the same bytes. */
+    gguf_ctx *h = NULL;
+    CHECK_EQ_INT(gguf_open_header(whole_path, &h, msg, sizeof(msg)), KVS_OK);
+    if (h) {
+        CHECK_EQ_INT(gguf_n_tensors(h), n_tensors);
+        CHECK_EQ_INT(gguf_mapped_data_bytes(h), 0);
+        CHECK(gguf_tensor_at(h, 0)->data == NULL);
+        gguf_str an;
+        CHECK_EQ_INT(gguf_get_str(h, "general.architecture", &an), KVS_OK);
+        CHECK(gguf_str_eq(an, "llama"));
+        CHECK_EQ_INT(gguf_map_data(h, msg, sizeof(msg)), KVS_OK);
+        CHECK_EQ_INT(gguf_mapped_data_bytes(h), gguf_mapped_data_bytes(src));
+        int same = 1;
+        for (uint64_t i = 0; i < n_tensors; i++) {
+            const gguf_tensor *a = gguf_tensor_at(src, i), *b = gguf_tensor_at(h, i);
+            same &= a->size == b->size && b->data && !memcmp(a->data, b->data, a->size);
+        }
+        CHECK(same);
+        CHECK_EQ_INT(gguf_map_data(h, msg, sizeof(msg)), KVS_OK); /* a second call changes nothing */
+        gguf_close(h);
+    }
+
     /* The split model computes exactly what the whole file computes. */
     engine *w = open_range(whole_path, 0, 0), *s = open_range(part[0], 0, 0);
     CHECK(w && s);

@@ -176,7 +176,7 @@ static int check_model(const char *name, chat_template tmpl, int32_t eos, const 
 /* A tiny hand-made BPE vocab: merges by rank, the pre-tokenizer name check, arrays. */
 static void check_synthetic(void) {
     /* byte-level texts: 'a' 'b' 'c', "Ġ" (space) = U+0120 */
-    const char *texts[] = {"a", "b", "c", "\xC4\xA0", "ab", "bc", "abc", "\xC4\xA0" "a", "<|eot_id|>", "<x>"};
+    const char *texts[] = {"a", "b", "c", "\xC4\xA0", "ab", "bc", "abc", "\xC4\240a", "<|eot_id|>", "<x>"};
     uint32_t lens[10];
     for (int i = 0; i < 10; i++) lens[i] = (uint32_t)strlen(texts[i]);
     int32_t types[10] = {1, 1, 1, 1, 1, 1, 1, 1, 3, 4};
@@ -241,9 +241,63 @@ static void check_synthetic(void) {
     printf("unknown pre-tokenizer: %s\n", msg);
 }
 
+/* A GGUF file naming an unknown pre-tokenizer: tok_from_gguf refuses it, naming the value;
+ * the same file with a known one (and add_bos_token, a template) loads. */
+static void check_gguf_pre(void) {
+    static const char *const toks[] = {"a", "b", "ab", "<|im_end|>"};
+    static const char *const merges[] = {"a b"};
+    static const int32_t types[] = {1, 1, 1, 3};
+    for (int known = 0; known < 2; known++) {
+        gguf_writer *w = gguf_writer_create();
+        CHECK(w != NULL);
+        if (!w) return;
+        gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
+        gguf_writer_set_str(w, "tokenizer.ggml.pre", known ? "qwen2" : "made-up-pre");
+        gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, 4);
+        gguf_writer_set_arr_i32(w, "tokenizer.ggml.token_type", types, 4);
+        gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, 1);
+        gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", false);
+        gguf_writer_set_str(w, "tokenizer.chat_template", "{{ '<|im_start|>' }}");
+        char path[] = "/tmp/kvs_test_bpe_XXXXXX";
+        int fd = mkstemp(path);
+        CHECK(fd >= 0);
+        if (fd >= 0) close(fd);
+        char msg[KVS_MSG_MAX] = "";
+        CHECK_EQ_INT(gguf_writer_write(w, path, msg, sizeof msg), KVS_OK);
+        gguf_writer_free(w);
+        gguf_ctx *g = NULL;
+        tok_vocab *v = NULL;
+        CHECK_EQ_INT(gguf_open(path, &g, msg, sizeof msg), KVS_OK);
+        msg[0] = 0;
+        int rc = g ? tok_from_gguf(g, &v, msg, sizeof msg) : KVS_ERR_IO;
+        if (!known) {
+            CHECK_EQ_INT(rc, KVS_ERR_UNSUPPORTED);
+            CHECK(v == NULL);
+            CHECK(strstr(msg, "'made-up-pre'") != NULL);
+            printf("unknown pre-tokenizer in a GGUF: %s\n", msg);
+        } else {
+            CHECK_EQ_INT(rc, KVS_OK);
+            CHECK(!tok_add_bos(v));
+            CHECK(tok_is_eog(v, 3));
+            chat_template t;
+            CHECK_EQ_INT(chat_template_detect(tok_chat_template(v), &t), KVS_OK);
+            CHECK_EQ_INT(t, CHAT_TEMPLATE_CHATML);
+            int32_t ids[4];
+            int n = 0;
+            CHECK_EQ_INT(tok_encode(v, "ab", 2, false, ids, 4, &n), KVS_OK);
+            CHECK_EQ_INT(n, 1);
+            CHECK_EQ_INT(ids[0], 2);
+        }
+        tok_free(v);
+        gguf_close(g);
+        unlink(path);
+    }
+}
+
 int main(void) {
     int n_run = 0, n_skipped = 0;
     check_synthetic();
+    check_gguf_pre();
     n_run++;
     /* this Llama 3 vocab (3.0's) has no <|eom_id|> */
     static const char *const l3_eog[] = {"<|eot_id|>"};

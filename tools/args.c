@@ -86,3 +86,65 @@ bool args_size(const char *s, uint64_t *out) {
     *out = (uint64_t)v << shift;
     return true;
 }
+
+int args_ids(const char *s, int32_t **ids, size_t *n) {
+    *ids = NULL;
+    *n = 0;
+    size_t cap = strlen(s) / 2 + 1, k = 0;
+    int32_t *out = malloc(cap * sizeof *out);
+    if (!out) return -1;
+    while (*s) {
+        char *end;
+        errno = 0;
+        long v = strtol(s, &end, 10);
+        if (errno || end == s || v < 0 || v > INT32_MAX || (*end && *end != ',') || k == cap) {
+            free(out);
+            return -1;
+        }
+        out[k++] = (int32_t)v;
+        s = *end ? end + 1 : end;
+    }
+    *ids = out;
+    *n = k;
+    return 0;
+}
+
+int args_security_opt(int argc, char **argv, int *i, args_security *o) {
+    const char *a = argv[*i];
+    const char **slot = !strcmp(a, "--tls-cert")          ? &o->tls_cert
+                        : !strcmp(a, "--tls-key")         ? &o->tls_key
+                        : !strcmp(a, "--tls-ca")          ? &o->tls_ca
+                        : !strcmp(a, "--auth-token-file") ? &o->auth_token_file
+                                                          : NULL;
+    if (slot) return args_str(argc, argv, i, slot) ? 1 : -1;
+    if (!strcmp(a, "--insecure")) {
+        o->insecure = true;
+        return 1;
+    }
+    return 0;
+}
+
+bool args_security_check(const char *cmd, const args_security *o) {
+    int n = (o->tls_cert != NULL) + (o->tls_key != NULL) + (o->tls_ca != NULL);
+    if (n == 0 || n == 3) return true;
+    fprintf(stderr, "kvshard %s: --tls-cert, --tls-key and --tls-ca go together (all three or none)\n", cmd);
+    return false;
+}
+
+char *args_read_token(const char *cmd, const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "kvshard %s: --auth-token-file %s: %s\n", cmd, path, strerror(errno));
+        return NULL;
+    }
+    char line[300];
+    bool got = fgets(line, sizeof line, f) != NULL;
+    fclose(f);
+    size_t l = got ? strcspn(line, "\r\n") : 0;
+    line[l] = 0;
+    if (l == 0 || l > 256) {
+        fprintf(stderr, "kvshard %s: --auth-token-file %s: the first line must hold a token of 1..256 bytes\n", cmd, path);
+        return NULL;
+    }
+    return strdup(line);
+}

@@ -52,7 +52,8 @@ static void api_usage(FILE *f) {
             "  --chat-template NAME override the model's chat template (%s)\n"
             "  -t THREADS, --kv-budget SIZE   with -m: compute threads, hot KV pool (default 512M)\n"
             "endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,\n"
-            "GET /metrics, GET / (chat page). Stops cleanly on SIGINT/SIGTERM.\n",
+            "GET /metrics, GET / (chat page). Stops cleanly on SIGINT/SIGTERM.\n"
+            "with --route, the security options of kvshard generate:\n" ARGS_SECURITY_USAGE,
             chat_template_names());
 }
 
@@ -75,9 +76,13 @@ int cmd_api(int argc, char **argv) {
     const char *model = NULL, *budget = "512M", *body = NULL;
     long lanes = p.lanes, queue = p.queue_max, slots = p.prefix_slots, threads = 0;
     double qt = 30;
+    args_security sec = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool ok = true;
+        int so = args_security_opt(argc, argv, &i, &sec);
+        if (so < 0) return 2;
+        if (so > 0) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { api_usage(stdout); return 0; }
         else if (!strcmp(a, "-m")) ok = args_str(argc, argv, &i, &model);
         else if (!strcmp(a, "--route")) ok = args_str(argc, argv, &i, &p.route);
@@ -101,6 +106,10 @@ int cmd_api(int argc, char **argv) {
         api_usage(stderr);
         return 2;
     }
+    if (!args_security_check("api", &sec)) return 2;
+    p.tls_cert = sec.tls_cert;
+    p.tls_key = sec.tls_key;
+    p.tls_ca = sec.tls_ca;
     uint64_t max_body = p.max_body_bytes;
     if (body && !args_size(body, &max_body)) {
         fprintf(stderr, "kvshard api: --max-body wants a size like 1M, got '%s'\n", body);
@@ -148,8 +157,11 @@ int cmd_api(int argc, char **argv) {
     }
     signal(SIGPIPE, SIG_IGN);
     http_server *h = NULL;
-    int rc = 0;
-    int err = http_start(&p, &h, msg, sizeof msg);
+    int rc = 0, err = KVS_OK;
+    char *token = NULL;
+    if (sec.auth_token_file && !(token = args_read_token("api", sec.auth_token_file))) err = KVS_ERR_INVALID_ARG;
+    p.auth = token;
+    if (!err) err = http_start(&p, &h, msg, sizeof msg);
     if (err) {
         fprintf(stderr, "kvshard api: %s\n", msg[0] ? msg : kvs_strerror(err));
         rc = 1;
@@ -170,5 +182,6 @@ int cmd_api(int argc, char **argv) {
         pthread_join(shard_thread, NULL);
         srv_free(shard);
     }
+    free(token);
     return rc;
 }

@@ -17,13 +17,19 @@ static void generate_usage(FILE *f) {
             "usage: kvshard generate --route HOST:PORT[,HOST:PORT...] -p PROMPT [-n N] [--temp X]\n"
             "                        [--top-k K] [--top-p P] [--seed S] [--spare HOST:PORT[,...]]\n"
             "                        [-m MODEL] [--json] [--stats] [--timeout MS] [-v] [--keep-session]\n"
+            "                        [--hidden f32|f16] [--replay-cap SIZE]\n"
             "  --route LIST      the shards in layer order; together they must cover every layer\n"
             "  --spare LIST      replacement shards, used when a hop fails (same model, same layers)\n"
             "  -m MODEL          read the tokenizer from this GGUF (default: from the head shard)\n"
             "  --timeout MS      connect / reply deadline per request (default 30000)\n"
+            "  --hidden f32|f16  dtype of hidden states between shards and in replay memory (default\n"
+            "                    f32: output equal to kvshard run; f16: half the bytes)\n"
+            "  --replay-cap SIZE replay memory per session, bytes with K/M/G (default 256M); the\n"
+            "                    context is limited to what fits\n"
             "  -v                log re-routes and replays to stderr\n"
             "  --keep-session    testing aid: do not release the session on the shards at the end\n"
-            "  -t THREADS        accepted and ignored (the shards compute)\n");
+            "  -t THREADS        accepted and ignored (the shards compute)\n"
+            ARGS_SECURITY_USAGE);
     gen_usage_common(f);
 }
 
@@ -76,12 +82,17 @@ static void describe_stats(void *p, FILE *f) {
 int cmd_generate(int argc, char **argv) {
     const char *route_spec = NULL, *spare_spec = NULL, *path = NULL;
     long threads = 0, timeout_ms = 30000;
-    bool verbose = false, keep = false;
+    bool verbose = false, keep = false, hidden_f16 = false;
+    uint64_t replay_cap = 0;
     gen_opts o;
     gen_opts_default(&o);
+    args_security sec = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool ok = true;
+        int so = args_security_opt(argc, argv, &i, &sec);
+        if (so < 0) return 2;
+        if (so > 0) continue;
         int g = gen_parse_opt(&o, argc, argv, &i);
         if (g < 0) return 2;
         if (g > 0) continue;
@@ -93,6 +104,12 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--timeout")) ok = args_int(argc, argv, &i, 1, 24L * 3600 * 1000, &timeout_ms);
         else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) verbose = true;
         else if (!strcmp(a, "--keep-session")) keep = true;
+        else if (!strcmp(a, "--hidden") && i + 1 < argc && (!strcmp(argv[i + 1], "f16") || !strcmp(argv[i + 1], "f32")))
+            hidden_f16 = !strcmp(argv[++i], "f16");
+        else if (!strcmp(a, "--replay-cap") && i + 1 < argc) {
+            ok = args_size(argv[++i], &replay_cap) && replay_cap > 0;
+            if (!ok) fprintf(stderr, "kvshard generate: --replay-cap '%s' is not a size\n", argv[i]);
+        }
         else { fprintf(stderr, "kvshard generate: unknown option '%s'\n", a); generate_usage(stderr); return 2; }
         if (!ok) return 2;
     }
@@ -101,12 +118,22 @@ int cmd_generate(int argc, char **argv) {
         generate_usage(stderr);
         return 2;
     }
+    if (!args_security_check("generate", &sec)) return 2;
+    char *token = NULL;
+    if (sec.auth_token_file && !(token = args_read_token("generate", sec.auth_token_file))) return 2;
     char msg[KVS_MSG_MAX] = "";
     route_params rp = route_default_params();
     rp.timeout_ms = timeout_ms;
+    rp.auth = token;
+    rp.tls_cert = sec.tls_cert;
+    rp.tls_key = sec.tls_key;
+    rp.tls_ca = sec.tls_ca;
+    rp.hidden_f16 = hidden_f16;
+    if (replay_cap) rp.max_replay_bytes = replay_cap;
     if (verbose) rp.log = log_stderr;
     route *r = NULL;
     int err = route_open(route_spec, spare_spec, &rp, &r, msg, sizeof msg);
+    free(token); /* route_open keeps its own copy */
     if (err) {
         fprintf(stderr, "kvshard generate: %s\n", msg[0] ? msg : kvs_strerror(err));
         return 1;

@@ -1,4 +1,5 @@
 /* kvshard run / kvshard logits: the whole model in one process. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +48,15 @@ static int open_engine(const char *path, int threads, uint32_t kv_type, uint32_t
     return err;
 }
 
+/* Why the engine has no tokenizer (it opens one quietly): asks the tokenizer again for its message. */
+static void say_no_vocab(const char *cmd, const char *path, const engine *e) {
+    char msg[KVS_MSG_MAX] = "";
+    tok_vocab *v = NULL;
+    tok_from_gguf(e->m->gguf, &v, msg, sizeof msg);
+    tok_free(v);
+    fprintf(stderr, "kvshard %s: %s: no usable tokenizer: %s\n", cmd, path, msg[0] ? msg : "unknown reason");
+}
+
 int cmd_run(int argc, char **argv) {
     const char *path = NULL;
     long threads = 0;
@@ -68,10 +78,10 @@ int cmd_run(int argc, char **argv) {
     }
     if (!path || !o.prompt) { fprintf(stderr, "kvshard run: -m MODEL and -p PROMPT are required\n"); run_usage(stderr); return 2; }
     engine *e = NULL;
-    if (open_engine(path, (int)threads, kv_type, (uint32_t)(strlen(o.prompt) + 2 + (size_t)o.n_gen), &e)) return 1;
+    if (open_engine(path, (int)threads, kv_type, (uint32_t)(3 * strlen(o.prompt) + 2 + (size_t)o.n_gen), &e)) return 1;
     int rc = 1;
     if (!e->vocab) {
-        fprintf(stderr, "kvshard run: %s has no llama tokenizer\n", path);
+        say_no_vocab("run", path, e);
     } else {
         run_ctx c = {.e = e, .req = {.epoch = 1, .out_mode = FWD_OUT_LOGITS_LAST}};
         memcpy(c.req.sid.bytes, "kvshard-run-sess", 16);
@@ -84,14 +94,42 @@ int cmd_run(int argc, char **argv) {
 }
 
 static void logits_usage(FILE *f) {
-    fprintf(f, "usage: kvshard logits -m MODEL (-p PROMPT | --tokens ID,ID,...) [-t THREADS] [--kv-type f16|f32]\n"
+    fprintf(f, "usage: kvshard logits -m MODEL (-p PROMPT | --tokens ID,ID,...) [--top K] [--plain] [-t THREADS]\n"
+               "                      [--kv-type f16|f32]\n"
                "  prints {\"tokens\":[ids],\"logits\":[[...],...]}: every position's logits, one batch\n"
-               "  (-p adds BOS before the prompt; --tokens is taken as is)\n");
+               "  (-p: BOS as the file says, special-token text parsed unless --plain; --tokens as is)\n"
+               "  --top K   instead of full vectors, per position {\"lse\": log-sum-exp, \"top\": [[id, logit],\n"
+               "            ...]}, the K largest first: {\"tokens\":[..],\"logits_top\":[...]}\n");
+}
+
+/* The k largest of x[0..n) into idx[0..k) (k <= n), largest first; ties: lower id first. */
+static void top_k(const float *x, size_t n, int k, int32_t *idx) {
+    int have = 0;
+    for (size_t j = 0; j < n; j++) {
+        float v = x[j];
+        if (have == k && !(v > x[idx[k - 1]])) continue;
+        int at = have < k ? have++ : k - 1;
+        while (at > 0 && v > x[idx[at - 1]]) {
+            idx[at] = idx[at - 1];
+            at--;
+        }
+        idx[at] = (int32_t)j;
+    }
+}
+
+static double log_sum_exp(const float *x, size_t n) {
+    double m = -INFINITY, s = 0;
+    for (size_t j = 0; j < n; j++)
+        if (x[j] > m) m = x[j];
+    if (!isfinite(m)) return m;
+    for (size_t j = 0; j < n; j++) s += exp((double)x[j] - m);
+    return m + log(s);
 }
 
 int cmd_logits(int argc, char **argv) {
     const char *path = NULL, *prompt = NULL, *toks = NULL;
-    long threads = 0;
+    long threads = 0, top = 0;
+    bool plain = false;
     uint32_t kv_type = QUANT_F16;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -100,6 +138,8 @@ int cmd_logits(int argc, char **argv) {
         else if (!strcmp(a, "-m")) ok = args_str(argc, argv, &i, &path);
         else if (!strcmp(a, "-p")) ok = args_str(argc, argv, &i, &prompt);
         else if (!strcmp(a, "--tokens")) ok = args_str(argc, argv, &i, &toks);
+        else if (!strcmp(a, "--top")) ok = args_int(argc, argv, &i, 1, 1 << 20, &top);
+        else if (!strcmp(a, "--plain")) plain = true;
         else if (!strcmp(a, "-t")) ok = args_int(argc, argv, &i, 1, 1024, &threads);
         else if (!strcmp(a, "--kv-type")) ok = args_kv_type(argc, argv, &i, &kv_type);
         else { fprintf(stderr, "kvshard logits: unknown option '%s'\n", a); logits_usage(stderr); return 2; }
@@ -110,31 +150,21 @@ int cmd_logits(int argc, char **argv) {
         logits_usage(stderr);
         return 2;
     }
-    size_t cap = prompt ? strlen(prompt) + 2 : strlen(toks) / 2 + 2;
-    int32_t *ids = malloc(cap * sizeof(int32_t));
-    if (!ids) return 1;
-    int n = 0;
-    if (toks) {
-        const char *s = toks;
-        while (*s) {
-            char *end;
-            long v = strtol(s, &end, 10);
-            if (end == s || v < 0 || v > INT32_MAX || (*end && *end != ',')) {
-                fprintf(stderr, "kvshard logits: --tokens wants comma-separated ids, got '%s'\n", toks);
-                free(ids);
-                return 2;
-            }
-            ids[n++] = (int32_t)v;
-            s = *end ? end + 1 : end;
-        }
+    int32_t *ids = NULL;
+    size_t n_list = 0;
+    if (toks && args_ids(toks, &ids, &n_list) != 0) {
+        fprintf(stderr, "kvshard logits: --tokens wants comma-separated ids, got '%s'\n", toks);
+        return 2;
     }
+    int n = (int)n_list;
+    size_t cap = prompt ? 3 * strlen(prompt) + 2 : n_list + 1; /* positions for the KV budget */
     engine *e = NULL;
     if (open_engine(path, (int)threads, kv_type, (uint32_t)cap, &e)) { free(ids); return 1; }
     int rc = 1;
     float *logits = NULL;
     if (prompt) {
-        if (!e->vocab) { fprintf(stderr, "kvshard logits: %s has no llama tokenizer\n", path); goto out; }
-        if (tok_encode(e->vocab, prompt, strlen(prompt), true, ids, (int)cap, &n) != KVS_OK) goto out;
+        if (!e->vocab) { say_no_vocab("logits", path, e); goto out; }
+        if (gen_tokenize(e->vocab, prompt, tok_add_bos(e->vocab), plain, &ids, &n) != KVS_OK) goto out;
     }
     if (n == 0) { fprintf(stderr, "kvshard logits: no tokens\n"); goto out; }
     if ((uint32_t)n > e->m->hp.n_ctx) { fprintf(stderr, "kvshard logits: %d tokens exceed the context length %u\n", n, e->m->hp.n_ctx); goto out; }
@@ -151,6 +181,23 @@ int cmd_logits(int argc, char **argv) {
     if (req.status) { fprintf(stderr, "kvshard logits: forward failed: %s\n", kvs_strerror(req.status)); goto out; }
     printf("{\"tokens\":[");
     for (int i = 0; i < n; i++) printf(i ? ",%d" : "%d", ids[i]);
+    if (top > 0) {
+        int k = (size_t)top < nv ? (int)top : (int)nv;
+        int32_t *idx = malloc((size_t)k * sizeof *idx);
+        if (!idx) goto out;
+        printf("],\"logits_top\":[");
+        for (int i = 0; i < n; i++) {
+            const float *row = logits + (size_t)i * nv;
+            top_k(row, nv, k, idx);
+            printf("%s{\"lse\":%.7g,\"top\":[", i ? "," : "", log_sum_exp(row, nv));
+            for (int j = 0; j < k; j++) printf("%s[%d,%.7g]", j ? "," : "", (int)idx[j], (double)row[idx[j]]);
+            printf("]}");
+        }
+        printf("]}\n");
+        free(idx);
+        rc = 0;
+        goto out;
+    }
     printf("],\"logits\":[");
     for (int i = 0; i < n; i++) {
         printf(i ? ",[" : "[");

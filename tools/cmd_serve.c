@@ -44,6 +44,13 @@ static void serve_usage(FILE *f) {
             "  --max-conns N        open connections (default 64)\n"
             "  --max-tokens N       rows per request (default 512)\n"
             "  --prefill-chunk N    prefill rows per batch step (default 64)\n"
+            ARGS_SECURITY_USAGE
+            "  --insecure           serve plaintext on an address that is not loopback\n"
+            "  --max-conns-per-addr N   open connections from one IP address (default 16)\n"
+            "  --max-inflight N     FORWARD requests queued per connection before BUSY (default 32)\n"
+            "  --frame-timeout S    seconds a frame may take once its first byte arrived (default 10)\n"
+            "  --hello-timeout S    seconds for the TLS handshake and HELLO together (default 10)\n"
+            "  --max-buffered SIZE  receive buffers and queued replies over all connections (default 512M)\n"
             "  --metrics-listen HOST:PORT  serve Prometheus metrics at http://HOST:PORT/metrics\n"
             "stops cleanly on SIGINT/SIGTERM.\n");
 }
@@ -54,10 +61,16 @@ int cmd_serve(int argc, char **argv) {
     const char *layers = NULL, *budget = NULL, *metrics_listen = NULL;
     uint32_t kv_type = QUANT_F16;
     long threads = 0, max_sessions = 0, max_conns = p.max_conns, max_tokens = p.max_tokens, chunk = p.prefill_chunk;
-    double ttl = 600;
+    double ttl = 600, frame_s = p.frame_timeout_ms / 1000.0, hello_s = p.hello_timeout_ms / 1000.0;
+    long per_addr = p.max_conns_per_addr, inflight = p.max_inflight;
+    const char *buffered = NULL;
+    args_security sec = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool ok = true;
+        int so = args_security_opt(argc, argv, &i, &sec);
+        if (so < 0) return 2;
+        if (so > 0) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { serve_usage(stdout); return 0; }
         else if (!strcmp(a, "-m")) ok = args_str(argc, argv, &i, &p.model_path);
         else if (!strcmp(a, "--layers")) ok = args_str(argc, argv, &i, &layers);
@@ -71,6 +84,11 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--prefill-chunk")) ok = args_int(argc, argv, &i, 1, 8192, &chunk);
         else if (!strcmp(a, "--kv-type")) ok = args_kv_type(argc, argv, &i, &kv_type);
         else if (!strcmp(a, "--name")) ok = args_str(argc, argv, &i, &p.name);
+        else if (!strcmp(a, "--max-conns-per-addr")) ok = args_int(argc, argv, &i, 1, 1 << 16, &per_addr);
+        else if (!strcmp(a, "--max-inflight")) ok = args_int(argc, argv, &i, 1, 1 << 16, &inflight);
+        else if (!strcmp(a, "--frame-timeout")) ok = args_float(argc, argv, &i, 0.001, 3600, &frame_s);
+        else if (!strcmp(a, "--hello-timeout")) ok = args_float(argc, argv, &i, 0.001, 3600, &hello_s);
+        else if (!strcmp(a, "--max-buffered")) ok = args_str(argc, argv, &i, &buffered);
         else if (!strcmp(a, "--metrics-listen")) ok = args_str(argc, argv, &i, &metrics_listen);
         else { fprintf(stderr, "kvshard serve: unknown option '%s'\n", a); serve_usage(stderr); return 2; }
         if (!ok) return 2;
@@ -96,6 +114,25 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "kvshard serve: --kv-budget wants a size like 512M or 2G, got '%s'\n", budget);
         return 2;
     }
+    if (buffered && !args_size(buffered, &(uint64_t){0})) {
+        fprintf(stderr, "kvshard serve: --max-buffered wants a size like 512M, got '%s'\n", buffered);
+        return 2;
+    }
+    if (buffered) {
+        uint64_t v = 0;
+        args_size(buffered, &v);
+        p.max_buffered_bytes = (size_t)v;
+    }
+    if (!args_security_check("serve", &sec)) return 2;
+    p.tls_cert = sec.tls_cert;
+    p.tls_key = sec.tls_key;
+    p.tls_ca = sec.tls_ca;
+    p.auth_token_file = sec.auth_token_file;
+    p.insecure = sec.insecure;
+    p.max_conns_per_addr = (int)per_addr;
+    p.max_inflight = (int)inflight;
+    p.frame_timeout_ms = (int)(frame_s * 1000.0);
+    p.hello_timeout_ms = (int)(hello_s * 1000.0);
     p.kv_type = (int)kv_type;
     p.kv_ttl_ms = (uint64_t)(ttl * 1000.0);
     p.n_threads = (int)threads;
@@ -112,7 +149,7 @@ int cmd_serve(int argc, char **argv) {
         p.batch_ctx = metrics;
     }
     int err = srv_create(&p, &g_srv, msg, sizeof(msg));
-    if (!err && metrics) err = shard_metrics_listen(metrics, metrics_listen, srv_port(g_srv), msg, sizeof msg);
+    if (!err && metrics) err = shard_metrics_listen(metrics, metrics_listen, g_srv, msg, sizeof msg);
     if (err) {
         fprintf(stderr, "kvshard serve: %s\n", msg[0] ? msg : kvs_strerror(err));
         srv_free(g_srv);

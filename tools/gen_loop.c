@@ -27,14 +27,17 @@ int gen_parse_opt(gen_opts *o, int argc, char **argv, int *i) {
     else if (!strcmp(a, "--pause-after")) ok = args_int(argc, argv, i, 1, 1 << 20, &o->pause_after);
     else if (!strcmp(a, "--json")) ok = (o->json = true);
     else if (!strcmp(a, "--stats")) ok = (o->stats = true);
+    else if (!strcmp(a, "--plain")) ok = (o->plain = true);
     else return 0;
     return ok ? 1 : -1;
 }
 
 void gen_usage_common(FILE *f) {
     fprintf(f,
-            "  -p PROMPT         the prompt (BOS is added)\n"
-            "  -n N              tokens to generate (default 64; stops early at end-of-text)\n"
+            "  -p PROMPT         the prompt (BOS added as the file says; special-token text such as\n"
+            "                    <|eot_id|> is read as that token)\n"
+            "  --plain           read special-token text in the prompt as plain text\n"
+            "  -n N              tokens to generate (default 64; stops early at end-of-generation)\n"
             "  --temp X          sampling temperature; 0 = greedy (default 0.8)\n"
             "  --top-k K         keep the K most likely tokens (default 40; 0 = off)\n"
             "  --top-p P         nucleus sampling threshold (default 0.95; 1 = off)\n"
@@ -44,32 +47,77 @@ void gen_usage_common(FILE *f) {
             "  --pause-after N   testing aid: after N tokens, say so on stderr and wait for a line on stdin\n");
 }
 
-/* Appends the text of id to a growing buffer. */
-static bool piece_append(const tok_vocab *v, int32_t id, char **buf, size_t *len, size_t *cap) {
-    char tmp[256];
+/* The text of a generation: pieces appended raw; printed up to the last complete
+ * character (design of gen_loop.h). */
+typedef struct {
+    char *buf;
+    size_t len, cap, printed;
+    FILE *out; /* NULL: not streamed */
+} gen_text;
+
+static bool text_append(gen_text *t, const tok_vocab *v, int32_t id) {
     size_t n = 0;
-    if (tok_piece(v, id, tmp, sizeof(tmp), &n) != KVS_OK) return true;
-    if (n > sizeof(tmp)) n = sizeof(tmp);
-    if (*len + n + 1 > *cap) {
-        size_t nc = (*cap ? *cap * 2 : 256) + n;
-        char *nb = realloc(*buf, nc);
+    if (tok_piece(v, id, NULL, 0, &n) != KVS_OK) return true;
+    if (t->len + n + 1 > t->cap) {
+        size_t nc = (t->cap ? t->cap * 2 : 256) + n;
+        char *nb = realloc(t->buf, nc);
         if (!nb) return false;
-        *buf = nb;
-        *cap = nc;
+        t->buf = nb;
+        t->cap = nc;
     }
-    memcpy(*buf + *len, tmp, n);
-    *len += n;
-    (*buf)[*len] = 0;
+    size_t got = 0;
+    tok_piece(v, id, t->buf + t->len, n, &got);
+    t->len += n;
+    t->buf[t->len] = 0;
     return true;
 }
 
-static void print_json(const int32_t *ids, int n_ids, const int32_t *gen, int n_out, const char *text) {
+void gen_write_utf8(FILE *f, const char *s, size_t n) {
+    char *r = NULL;
+    size_t rl = 0;
+    if (tok_utf8_repair(s, n, &r, &rl) == KVS_OK) fwrite(r, 1, rl, f);
+    free(r);
+}
+
+/* Streams what is complete (final: everything, a cut character as U+FFFD). */
+static void text_flush(gen_text *t, bool final) {
+    if (!t->out) return;
+    size_t upto = final ? t->len : t->printed + tok_utf8_complete_len(t->buf + t->printed, t->len - t->printed);
+    if (upto > t->printed) {
+        gen_write_utf8(t->out, t->buf + t->printed, upto - t->printed);
+        fflush(t->out);
+    }
+    t->printed = upto;
+}
+
+int gen_tokenize(const tok_vocab *v, const char *text, bool add_bos, bool plain, int32_t **ids, int *n) {
+    *ids = NULL;
+    *n = 0;
+    size_t len = strlen(text);
+    int need = 0;
+    int err = tok_encode_ex(v, text, len, add_bos, !plain, NULL, 0, &need);
+    if (err != KVS_OK && err != KVS_ERR_TOO_LARGE) return err;
+    int32_t *buf = malloc(((size_t)need + 1) * sizeof *buf);
+    if (!buf) return KVS_ERR_NOMEM;
+    if ((err = tok_encode_ex(v, text, len, add_bos, !plain, buf, need + 1, n)) != KVS_OK) {
+        free(buf);
+        return err;
+    }
+    *ids = buf;
+    return KVS_OK;
+}
+
+static void print_json(const int32_t *ids, int n_ids, const int32_t *gen, int n_out, const char *text, size_t len) {
     cJSON *o = cJSON_CreateObject();
     cJSON *pt = cJSON_AddArrayToObject(o, "prompt_tokens");
     for (int i = 0; i < n_ids; i++) cJSON_AddItemToArray(pt, cJSON_CreateNumber(ids[i]));
     cJSON *g = cJSON_AddArrayToObject(o, "generated");
     for (int i = 0; i < n_out; i++) cJSON_AddItemToArray(g, cJSON_CreateNumber(gen[i]));
-    cJSON_AddStringToObject(o, "text", text ? text : "");
+    char *valid = NULL;
+    size_t vl = 0;
+    tok_utf8_repair(text ? text : "", text ? len : 0, &valid, &vl);
+    cJSON_AddStringToObject(o, "text", valid ? valid : "");
+    free(valid);
     char *s = cJSON_PrintUnformatted(o);
     if (s) puts(s);
     free(s);
@@ -78,20 +126,23 @@ static void print_json(const int32_t *ids, int n_ids, const int32_t *gen, int n_
 
 int gen_run(const gen_opts *o, const gen_target *t) {
     int rc = 1;
-    size_t plen = strlen(o->prompt);
-    int n_ids = 0, cap_ids = (int)plen + 2;
-    int32_t *ids = malloc((size_t)cap_ids * sizeof(int32_t));
+    int n_ids = 0;
+    int32_t *ids = NULL;
     int32_t *gen = malloc(((size_t)o->n_gen + 1) * sizeof(int32_t));
     float *logits = malloc((size_t)t->n_vocab * sizeof(float));
-    char *text = NULL, msg[KVS_MSG_MAX] = "";
-    size_t text_len = 0, text_cap = 0;
+    char msg[KVS_MSG_MAX] = "";
+    gen_text text = {.out = o->json ? NULL : stdout};
     sampler *smp = sampler_create(o->sp);
-    if (!ids || !gen || !logits || !smp) {
+    if (!gen || !logits || !smp) {
         fprintf(stderr, "kvshard %s: out of memory\n", t->cmd);
         goto out;
     }
-    if (tok_encode(t->vocab, o->prompt, plen, true, ids, cap_ids, &n_ids) != KVS_OK) {
+    if (gen_tokenize(t->vocab, o->prompt, tok_add_bos(t->vocab), o->plain, &ids, &n_ids) != KVS_OK) {
         fprintf(stderr, "kvshard %s: cannot tokenize the prompt\n", t->cmd);
+        goto out;
+    }
+    if (n_ids == 0) {
+        fprintf(stderr, "kvshard %s: the prompt has no tokens\n", t->cmd);
         goto out;
     }
     if ((uint64_t)n_ids + (uint64_t)o->n_gen > t->max_ctx) {
@@ -100,7 +151,7 @@ int gen_run(const gen_opts *o, const gen_target *t) {
         goto out;
     }
     if (!o->json) {
-        fputs(o->prompt, stdout);
+        gen_write_utf8(stdout, o->prompt, strlen(o->prompt));
         fflush(stdout);
     }
     const int32_t *step = ids;
@@ -129,17 +180,13 @@ int gen_run(const gen_opts *o, const gen_target *t) {
         }
         if (n_out >= o->n_gen) break;
         int32_t id = sampler_sample(smp, logits, t->n_vocab);
-        if (id == tok_eos(t->vocab)) break;
+        if (tok_is_eog(t->vocab, id)) break;
         gen[n_out++] = id;
-        size_t before = text_len;
-        if (!piece_append(t->vocab, id, &text, &text_len, &text_cap)) {
+        if (!text_append(&text, t->vocab, id)) {
             fprintf(stderr, "kvshard %s: out of memory\n", t->cmd);
             goto out;
         }
-        if (!o->json && text) {
-            fwrite(text + before, 1, text_len - before, stdout);
-            fflush(stdout);
-        }
+        text_flush(&text, false);
         if (n_out >= o->n_gen) break;
         if (o->pause_after && n_out == o->pause_after) {
             fprintf(stderr, "kvshard %s: paused after %d tokens", t->cmd, n_out);
@@ -153,7 +200,8 @@ int gen_run(const gen_opts *o, const gen_target *t) {
         step = &gen[n_out - 1];
         step_n = 1;
     }
-    if (o->json) print_json(ids, n_ids, gen, n_out, text);
+    text_flush(&text, true);
+    if (o->json) print_json(ids, n_ids, gen, n_out, text.buf, text.len);
     else putchar('\n');
     fflush(stdout);
     if (o->stats) {
@@ -171,6 +219,57 @@ out:
     free(ids);
     free(gen);
     free(logits);
-    free(text);
+    free(text.buf);
     return rc;
+}
+
+int gen_turn(const gen_opts *o, const gen_target *t, sampler *smp, const int32_t *ids, int n, uint32_t *pos,
+             int32_t *pending, char **reply, FILE *out, char *msg, size_t msg_cap) {
+    *reply = NULL;
+    int32_t held = *pending;
+    *pending = -1;
+    size_t n_feed = (size_t)n + (held >= 0);
+    if (n_feed == 0) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "nothing to feed");
+    if ((uint64_t)*pos + n_feed + 1 > t->max_ctx)
+        return kvs_fail(msg, msg_cap, KVS_ERR_CONTEXT_FULL, "the conversation (%u + %zu tokens) fills the context of %u",
+                        *pos, n_feed, t->max_ctx);
+    int32_t *feed = malloc(n_feed * sizeof *feed);
+    float *logits = malloc((size_t)t->n_vocab * sizeof(float));
+    gen_text text = {.out = out};
+    int err = KVS_OK;
+    if (!feed || !logits) {
+        err = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    if (held >= 0) feed[0] = held;
+    memcpy(feed + (held >= 0), ids, (size_t)n * sizeof *ids);
+    if ((err = t->step(t->ctx, feed, (uint32_t)n_feed, logits, msg, msg_cap)) != KVS_OK) goto done;
+    *pos += (uint32_t)n_feed;
+    for (long k = 0; k < o->n_gen; k++) {
+        int32_t id = sampler_sample(smp, logits, t->n_vocab);
+        if (tok_is_eog(t->vocab, id)) {
+            *pending = id;
+            break;
+        }
+        if (!text_append(&text, t->vocab, id)) {
+            err = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+        text_flush(&text, false);
+        if (k + 1 == o->n_gen || *pos + 2 > t->max_ctx) { /* keep it for the next turn */
+            *pending = id;
+            break;
+        }
+        if ((err = t->step(t->ctx, &id, 1, logits, msg, msg_cap)) != KVS_OK) goto done;
+        *pos += 1;
+    }
+    text_flush(&text, true);
+    *reply = text.buf ? text.buf : calloc(1, 1);
+    text.buf = NULL;
+    if (!*reply) err = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
+done:
+    free(text.buf);
+    free(feed);
+    free(logits);
+    return err;
 }

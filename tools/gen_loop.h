@@ -1,9 +1,12 @@
 /*
- * The generation loop shared by `kvshard run` (one process) and `kvshard
- * generate` (a route of shards): tokenize with BOS, one step for the prompt,
- * then one token at a time, sample, stop at -n or end-of-text, stream the
- * text or print one JSON object. Only the step function differs, so both
- * commands produce the same ids and text for the same model and sampling.
+ * The generation loop shared by `kvshard run` (one process), `kvshard generate`
+ * (a route of shards) and `kvshard chat` (either): tokenize (BOS as the file
+ * says, special-token text parsed unless --plain), one step for the prompt,
+ * then one token at a time, sample, stop at -n or any end-of-generation token,
+ * stream the text (an incomplete UTF-8 character is held back until it
+ * completes) or print one JSON object (valid UTF-8: bad bytes become U+FFFD).
+ * Only the step function differs, so the commands produce the same ids and
+ * text for the same model and sampling.
  */
 #ifndef KVS_GEN_LOOP_H
 #define KVS_GEN_LOOP_H
@@ -22,11 +25,12 @@ typedef struct {
     bool json;           /* one {"prompt_tokens","generated","text"} object on stdout */
     bool stats;          /* one JSON line of timings on stderr at the end */
     long pause_after;    /* testing aid: after this many tokens, wait for a line on stdin (0 = off) */
+    bool plain;          /* --plain: special-token text in the prompt is plain text */
 } gen_opts;
 
 void gen_opts_default(gen_opts *o);
 /* Consumes one of the shared options at argv[*i] (-p -n --temp --top-k --top-p --seed --json
- * --stats --pause-after). Returns 1 when consumed, 0 when not one of them, -1 on a bad value
+ * --stats --pause-after --plain). Returns 1 when consumed, 0 when not one of them, -1 on a bad value
  * (already reported). */
 int gen_parse_opt(gen_opts *o, int argc, char **argv, int *i);
 /* The shared part of the --help text. */
@@ -50,5 +54,23 @@ typedef struct {
 
 /* Runs the whole generation; returns the process exit status (0 ok, 1 failure). */
 int gen_run(const gen_opts *o, const gen_target *t);
+
+/* One turn of a conversation on a session whose position is *pos: feeds *pending (when
+ * >= 0) and ids[0..n) (the new prompt tokens), then samples up to o->n_gen tokens with
+ * smp, stopping after an end-of-generation token, streaming the text to out (NULL:
+ * silent). The last sampled token (the end-of-generation one included) is not fed: it
+ * comes back in *pending for the next turn to feed first, as llama.cpp's chat feeds it.
+ * *reply gets the turn's text without the end-of-generation token (malloc'd,
+ * NUL-terminated, raw bytes; caller frees). Returns KVS_OK, KVS_ERR_CONTEXT_FULL (nothing
+ * fed), or the step's error (msg). */
+int gen_turn(const gen_opts *o, const gen_target *t, sampler *smp, const int32_t *ids, int n, uint32_t *pos,
+             int32_t *pending, char **reply, FILE *out, char *msg, size_t msg_cap);
+
+/* Writes s[0..n) to f as valid UTF-8 (bad bytes as U+FFFD). */
+void gen_write_utf8(FILE *f, const char *s, size_t n);
+
+/* Tokenizes text as the shared options say (BOS per the file, specials unless plain);
+ * *ids is malloc'd (caller frees). KVS_OK or the tokenizer's error. */
+int gen_tokenize(const tok_vocab *v, const char *text, bool add_bos, bool plain, int32_t **ids, int *n);
 
 #endif /* KVS_GEN_LOOP_H */

@@ -10,6 +10,9 @@ static void usage(FILE *f) {
             "\n"
             "commands:\n"
             "  run      generate text from a GGUF model in one process\n"
+            "  chat     converse with an instruct model (its chat template), locally or over a route\n"
+            "  tokenize   print a file's token ids for a text (JSON)\n"
+            "  detokenize print the text of token ids (JSON)\n"
             "  logits   print the logits of every position of a prompt (JSON)\n"
             "  serve    serve a layer range of a model as a shard over TCP\n"
             "  generate generate text by driving a route of shards (no weights needed)\n"
@@ -19,6 +22,7 @@ static void usage(FILE *f) {
             "  inspect  print a GGUF file's metadata and tensor table\n"
             "  mkmodel  write a llama GGUF with seeded random weights\n"
             "  split    write a model as NAME-00001-of-0000N.gguf parts, by layers\n"
+            "  cert     make a cluster CA and node certificates for mutual TLS\n"
             "\n"
             "run 'kvshard COMMAND --help' for a command's options\n");
 }
@@ -32,6 +36,8 @@ int main(int argc, char **argv) {
         {"run", cmd_run},         {"logits", cmd_logits},   {"bench", cmd_bench},
         {"inspect", cmd_inspect}, {"mkmodel", cmd_mkmodel}, {"serve", cmd_serve},
         {"generate", cmd_generate}, {"stats", cmd_stats},     {"split", cmd_split},
+        {"tokenize", cmd_tokenize}, {"detokenize", cmd_detokenize}, {"chat", cmd_chat},
+        {"cert", cmd_cert},
         {"api", cmd_api},
     };
     for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)

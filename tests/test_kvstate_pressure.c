@@ -1,0 +1,281 @@
+/* kvstate with the pool at its budget (issue 7): a retry, a rewind, an inherit and an epoch bump
+ * need only the blocks of the positions they add and never evict a neighbour; the highest epoch
+ * seen survives release and eviction (bounded, aged tombstones); the session limit answers BUSY;
+ * the session cap follows the budget; truncated-to-0 sessions hold no slot. No model: markers in
+ * K/V stand for computed values. */
+#include "kvshard.h"
+#include "kvstate.h"
+#include "quant.h"
+#include "test.h"
+
+typedef struct {
+    uint64_t now;
+} fake_clock;
+
+static uint64_t fake_now(void *ctx) { return ((fake_clock *)ctx)->now; }
+
+static kv_sid sid_of(int k) {
+    kv_sid s;
+    memset(&s, 0, sizeof(s));
+    memcpy(s.bytes, &k, sizeof(k));
+    s.bytes[15] = 0x5A;
+    return s;
+}
+
+/* 1 layer, 1 kv head x 2, f32, 4 positions per block: block = 4 * 1 * 2 * 2 * 4 = 64 B. */
+static kv_params pool_params(uint32_t blocks, fake_clock *clk) {
+    kv_params p = kv_default_params();
+    p.n_layers = 1;
+    p.n_kv_heads = 1;
+    p.head_dim = 2;
+    p.block_tokens = 4;
+    p.kv_type = QUANT_F32;
+    p.budget_bytes = (uint64_t)blocks * 64;
+    p.max_positions = 1000;
+    if (clk) {
+        p.clock = fake_now;
+        p.clock_ctx = clk;
+    }
+    return p;
+}
+
+static kv_state *make_pool(const kv_params *p) {
+    kv_state *kv = NULL;
+    char msg[KVS_MSG_MAX] = "";
+    CHECK_EQ_INT(kv_create(p, &kv, msg, sizeof(msg)), KVS_OK);
+    if (kv) CHECK_EQ_INT(kv_block_bytes(kv), 64);
+    return kv;
+}
+
+static void fill(kv_txn *t, float marker) {
+    for (uint32_t p = kv_txn_start(t); p < kv_txn_end(t); p++) {
+        float *k = kv_txn_k(t, 0, p), *v = kv_txn_v(t, 0, p);
+        k[0] = k[1] = v[0] = v[1] = marker + (float)p;
+    }
+}
+
+/* Positions [0, n) hold marker + p; read through an append transaction that is aborted. */
+static bool holds(kv_state *kv, kv_sid sid, uint64_t epoch, uint32_t n, float marker) {
+    uint32_t n_past = 0;
+    uint64_t e = 0;
+    if (kv_lookup(kv, &sid, &e, &n_past) != KVS_OK || e != epoch || n_past != n) return false;
+    /* Read the blocks directly through a transaction that adds one position, when there is room;
+     * else through a rewind of the last position (in place when the pool is full: the value is
+     * rewritten with the same marker afterwards). */
+    kv_txn *t = NULL;
+    kv_reply r;
+    bool ok = true;
+    int err = kv_begin(kv, &sid, epoch, n, 1, NULL, &t, &r);
+    if (err != KVS_OK) return false;
+    for (uint32_t p = 0; p < n; p++) {
+        const float *k = kv_txn_k(t, 0, p), *v = kv_txn_v(t, 0, p);
+        ok = ok && k[0] == marker + (float)p && v[1] == marker + (float)p;
+    }
+    kv_abort(kv, t, false);
+    return ok;
+}
+
+static int append(kv_state *kv, kv_sid sid, uint64_t epoch, uint32_t start, uint32_t n, const kv_inherit *inh,
+                  float marker, kv_reply *r) {
+    kv_txn *t = NULL;
+    int err = kv_begin(kv, &sid, epoch, start, n, inh, &t, r);
+    if (err) return err;
+    fill(t, marker);
+    kv_commit(kv, t, r);
+    return KVS_OK;
+}
+
+static kv_stats stats(kv_state *kv) {
+    kv_stats st;
+    kv_get_stats(kv, &st);
+    return st;
+}
+
+/* Defect 1: a full pool of 2 blocks holding one session of 8 positions. */
+static void test_full_pool_retry(void) {
+    kv_params p = pool_params(2, NULL);
+    kv_state *kv = make_pool(&p);
+    kv_sid a = sid_of(1);
+    kv_reply r;
+    CHECK_EQ_INT(append(kv, a, 1, 0, 8, NULL, 10, &r), KVS_OK);
+    CHECK_EQ_INT(stats(kv).blocks_free, 0);
+    /* The same request again: a rewind to 0 that adds nothing. */
+    CHECK_EQ_INT(append(kv, a, 1, 0, 8, NULL, 10, &r), KVS_OK);
+    CHECK_EQ_INT(r.n_past, 8);
+    /* The last position again. */
+    CHECK_EQ_INT(append(kv, a, 1, 7, 1, NULL, 10, &r), KVS_OK);
+    CHECK_EQ_INT(r.n_past, 8);
+    /* A rewind into the first block with different values. */
+    CHECK_EQ_INT(append(kv, a, 1, 2, 6, NULL, 10, &r), KVS_OK);
+    /* A re-route survivor: epoch 2 inheriting 7 positions of epoch 1, then the 8th. */
+    kv_inherit inh = {.old_epoch = 1, .len = 7};
+    CHECK_EQ_INT(append(kv, a, 2, 7, 1, &inh, 10, &r), KVS_OK);
+    CHECK_EQ_INT(r.live_epoch, 2);
+    /* Epoch 3 from position 0 without inherit (protocol.md §6: as for an unknown sid). */
+    CHECK_EQ_INT(append(kv, a, 3, 0, 8, NULL, 20, &r), KVS_OK);
+    CHECK_EQ_INT(r.live_epoch, 3);
+    kv_stats st = stats(kv);
+    CHECK_EQ_INT(st.bytes_used, 2 * 64);
+    CHECK_EQ_INT(st.blocks_free, 0);
+    CHECK_EQ_INT(st.evict_lru, 0);
+    /* Abort of an in-place rewrite: the positions below its start are intact, the rest is gone
+     * (the session holds [0, start) and the reply says so). */
+    kv_txn *t = NULL;
+    CHECK_EQ_INT(kv_begin(kv, &a, 3, 5, 3, NULL, &t, &r), KVS_OK);
+    if (t) {
+        fill(t, 99);
+        kv_abort(kv, t, true);
+    }
+    uint32_t n_past = 0;
+    CHECK_EQ_INT(kv_lookup(kv, &a, NULL, &n_past), KVS_OK);
+    CHECK_EQ_INT(n_past, 5);
+    CHECK(holds(kv, a, 3, 5, 20));
+    CHECK_EQ_INT(stats(kv).bytes_used, 2 * 64);
+    /* Growing past the pool is still refused, and changes nothing. */
+    CHECK_EQ_INT(kv_begin(kv, &a, 3, 5, 4, NULL, &t, &r), KVS_ERR_CONTEXT_FULL);
+    CHECK_EQ_INT(kv_release(kv, &a, 3, &r), KVS_OK);
+    CHECK_EQ_INT(stats(kv).bytes_used, 0);
+    kv_free(kv);
+}
+
+/* Defect 1: with an idle neighbour in a pool that has no free block, a retry, an inherit and an
+ * epoch bump use the session's own blocks; the neighbour is never evicted. With free blocks the
+ * rewrite is copy-on-write, so an abort leaves the session exactly as before. */
+static void test_retry_spares_neighbour(void) {
+    kv_params p = pool_params(3, NULL);
+    kv_state *kv = make_pool(&p);
+    kv_sid a = sid_of(2), b = sid_of(3);
+    kv_reply r;
+    CHECK_EQ_INT(append(kv, b, 1, 0, 3, NULL, 50, &r), KVS_OK); /* b: 1 block, least recently used */
+    CHECK_EQ_INT(append(kv, a, 1, 0, 8, NULL, 10, &r), KVS_OK); /* a: 2 blocks; pool full */
+    CHECK_EQ_INT(append(kv, a, 1, 0, 8, NULL, 10, &r), KVS_OK);
+    CHECK_EQ_INT(append(kv, a, 1, 6, 2, NULL, 10, &r), KVS_OK);
+    kv_inherit inh = {.old_epoch = 1, .len = 6};
+    CHECK_EQ_INT(append(kv, a, 2, 6, 2, &inh, 10, &r), KVS_OK);
+    CHECK_EQ_INT(append(kv, a, 3, 0, 8, NULL, 10, &r), KVS_OK);
+    kv_stats st = stats(kv);
+    CHECK_EQ_INT(st.evict_lru, 0);
+    CHECK(holds(kv, b, 1, 3, 50));
+    /* Room in the pool: b released, the rewrite is copy-on-write and an abort restores all. */
+    CHECK_EQ_INT(kv_release(kv, &b, 1, &r), KVS_OK);
+    kv_txn *t = NULL;
+    CHECK_EQ_INT(kv_begin(kv, &a, 3, 1, 2, NULL, &t, &r), KVS_OK);
+    if (t) {
+        fill(t, 77);
+        kv_abort(kv, t, true);
+    }
+    uint32_t n_past = 0;
+    CHECK_EQ_INT(kv_lookup(kv, &a, NULL, &n_past), KVS_OK);
+    CHECK_EQ_INT(n_past, 8);
+    CHECK_EQ_INT(stats(kv).bytes_used, 2 * 64);
+    /* A session that grows still evicts the LRU idle neighbour, and only for the blocks it adds. */
+    CHECK_EQ_INT(append(kv, b, 1, 0, 4, NULL, 50, &r), KVS_OK);      /* pool full again */
+    CHECK_EQ_INT(append(kv, a, 3, 0, 9, NULL, 10, &r), KVS_OK);      /* adds 1 block: b goes */
+    CHECK_EQ_INT(kv_lookup(kv, &b, NULL, NULL), KVS_ERR_NOT_FOUND);
+    CHECK_EQ_INT(stats(kv).evict_lru, 1);
+    kv_free(kv);
+}
+
+/* Defect 5: the highest epoch seen outlives release and eviction, within a bound and an age. */
+static void test_tombstones(void) {
+    fake_clock clk = {.now = 1000};
+    kv_params p = pool_params(4, &clk);
+    p.max_tombstones = 3;
+    p.tombstone_ttl_ns = 500;
+    kv_state *kv = make_pool(&p);
+    kv_sid a = sid_of(10);
+    kv_reply r;
+    kv_txn *t = NULL;
+    CHECK_EQ_INT(append(kv, a, 3, 0, 4, NULL, 0, &r), KVS_OK);
+    CHECK_EQ_INT(kv_release(kv, &a, 3, &r), KVS_OK);
+    /* An older driver cannot re-create it. */
+    CHECK_EQ_INT(kv_begin(kv, &a, 2, 0, 4, NULL, &t, &r), KVS_ERR_STALE_EPOCH);
+    CHECK_EQ_INT(r.live_epoch, 3);
+    CHECK_EQ_INT(kv_release(kv, &a, 2, &r), KVS_ERR_STALE_EPOCH);
+    CHECK_EQ_INT(kv_truncate(kv, &a, 2, 0, &r), KVS_ERR_STALE_EPOCH);
+    /* The same epoch (or a newer one) starts over at 0. */
+    CHECK_EQ_INT(kv_begin(kv, &a, 3, 2, 1, NULL, &t, &r), KVS_ERR_CACHE_MISS);
+    CHECK_EQ_INT(r.have, 0);
+    CHECK_EQ_INT(append(kv, a, 3, 0, 4, NULL, 0, &r), KVS_OK);
+    /* RELEASE at a newer epoch drops the old epoch's state; the old epoch is stale after it. */
+    CHECK_EQ_INT(kv_release(kv, &a, 4, &r), KVS_OK);
+    CHECK_EQ_INT(stats(kv).bytes_used, 0);
+    CHECK_EQ_INT(kv_begin(kv, &a, 3, 0, 1, NULL, &t, &r), KVS_ERR_STALE_EPOCH);
+    CHECK_EQ_INT(r.live_epoch, 4);
+    /* TRUNCATE at a newer epoch drops it too. */
+    CHECK_EQ_INT(append(kv, a, 5, 0, 4, NULL, 0, &r), KVS_OK);
+    CHECK_EQ_INT(kv_truncate(kv, &a, 6, 0, &r), KVS_OK);
+    CHECK_EQ_INT(stats(kv).bytes_used, 0);
+    CHECK_EQ_INT(kv_begin(kv, &a, 5, 0, 1, NULL, &t, &r), KVS_ERR_STALE_EPOCH);
+    /* A FORWARD at a newer epoch that cannot inherit drops the old state even when it misses. */
+    CHECK_EQ_INT(append(kv, a, 7, 0, 4, NULL, 0, &r), KVS_OK);
+    CHECK_EQ_INT(kv_begin(kv, &a, 8, 4, 1, NULL, &t, &r), KVS_ERR_CACHE_MISS);
+    CHECK_EQ_INT(r.have, 0);
+    CHECK_EQ_INT(stats(kv).bytes_used, 0);
+    CHECK_EQ_INT(kv_begin(kv, &a, 7, 0, 1, NULL, &t, &r), KVS_ERR_STALE_EPOCH);
+    /* Eviction (LRU) leaves a tombstone as well. */
+    kv_sid b = sid_of(11), c = sid_of(12);
+    CHECK_EQ_INT(append(kv, b, 9, 0, 8, NULL, 0, &r), KVS_OK);
+    CHECK_EQ_INT(append(kv, c, 1, 0, 16, NULL, 0, &r), KVS_OK); /* evicts b */
+    CHECK_EQ_INT(kv_lookup(kv, &b, NULL, NULL), KVS_ERR_NOT_FOUND);
+    CHECK_EQ_INT(kv_begin(kv, &b, 8, 0, 1, NULL, &t, &r), KVS_ERR_STALE_EPOCH);
+    CHECK_EQ_INT(r.live_epoch, 9);
+    CHECK_EQ_INT(kv_release(kv, &c, 1, &r), KVS_OK);
+    /* Aged out: past tombstone_ttl_ns an old epoch is accepted again. */
+    clk.now += 501;
+    CHECK_EQ_INT(append(kv, b, 8, 0, 1, NULL, 0, &r), KVS_OK);
+    CHECK_EQ_INT(kv_release(kv, &b, 8, &r), KVS_OK);
+    /* Bounded: with room for 3, the oldest of 4 tombstones is forgotten. */
+    for (int i = 0; i < 4; i++) {
+        kv_sid s = sid_of(100 + i);
+        CHECK_EQ_INT(append(kv, s, 5, 0, 1, NULL, 0, &r), KVS_OK);
+        CHECK_EQ_INT(kv_release(kv, &s, 5, &r), KVS_OK);
+    }
+    kv_sid s0 = sid_of(100), s3 = sid_of(103);
+    CHECK_EQ_INT(kv_begin(kv, &s3, 4, 0, 1, NULL, &t, &r), KVS_ERR_STALE_EPOCH);
+    CHECK_EQ_INT(append(kv, s0, 4, 0, 1, NULL, 0, &r), KVS_OK);
+    CHECK(stats(kv).tombstones <= 3);
+    kv_free(kv);
+}
+
+/* Defect 6: the session limit is BUSY (retry later), the cap follows the budget, and a session
+ * truncated to 0 holds no slot. */
+static void test_limits(void) {
+    kv_params p = pool_params(4, NULL);
+    p.max_sessions = 2;
+    kv_state *kv = make_pool(&p);
+    CHECK_EQ_INT(kv_get_params(kv)->max_positions, 16); /* 4 blocks of 4, not 1000 */
+    kv_sid a = sid_of(20), b = sid_of(21), c = sid_of(22);
+    kv_reply r;
+    kv_txn *ta = NULL, *tb = NULL, *t = NULL;
+    CHECK_EQ_INT(append(kv, a, 1, 0, 2, NULL, 0, &r), KVS_OK);
+    CHECK_EQ_INT(append(kv, b, 1, 0, 2, NULL, 0, &r), KVS_OK);
+    CHECK_EQ_INT(kv_begin(kv, &a, 1, 2, 1, NULL, &ta, &r), KVS_OK);
+    CHECK_EQ_INT(kv_begin(kv, &b, 1, 2, 1, NULL, &tb, &r), KVS_OK);
+    CHECK_EQ_INT(kv_begin(kv, &c, 1, 0, 1, NULL, &t, &r), KVS_ERR_BUSY);
+    if (t) kv_abort(kv, t, false);
+    if (ta) kv_abort(kv, ta, false);
+    if (tb) kv_abort(kv, tb, false);
+    /* a truncated to 0: c fits without evicting b. */
+    CHECK_EQ_INT(kv_truncate(kv, &a, 1, 0, &r), KVS_OK);
+    CHECK_EQ_INT(r.n_past, 0);
+    CHECK_EQ_INT(append(kv, c, 1, 0, 1, NULL, 0, &r), KVS_OK);
+    CHECK_EQ_INT(kv_lookup(kv, &b, NULL, NULL), KVS_OK);
+    CHECK_EQ_INT(stats(kv).evict_lru, 0);
+    CHECK_EQ_INT(stats(kv).sessions, 2);
+    /* The truncated session starts over at 0 (same epoch), like a released one. */
+    CHECK_EQ_INT(kv_begin(kv, &a, 1, 1, 1, NULL, &t, &r), KVS_ERR_CACHE_MISS);
+    CHECK_EQ_INT(r.have, 0);
+    /* One session may use the whole pool: 16 positions fit, 17 are CONTEXT_FULL. */
+    CHECK_EQ_INT(kv_begin(kv, &a, 1, 0, 17, NULL, &t, &r), KVS_ERR_CONTEXT_FULL);
+    CHECK_EQ_INT(append(kv, a, 1, 0, 16, NULL, 0, &r), KVS_OK);
+    kv_free(kv);
+}
+
+int main(void) {
+    test_full_pool_retry();
+    test_retry_spares_neighbour();
+    test_tombstones();
+    test_limits();
+    return test_finish("test_kvstate_pressure", 1, 0);
+}
