@@ -526,10 +526,11 @@ static void conn_unref(srv_conn *c) {
     srv_conn **pp = &s->conns;
     while (*pp && *pp != c) pp = &(*pp)->next;
     if (*pp) *pp = c->next;
+    /* Last touch of s: once n_conns drops, srv_run may return and srv_free free s. */
+    atomic_fetch_sub(&s->buffered, c->out_bytes);
     s->n_conns--;
     pthread_mutex_unlock(&s->mu);
     netio_close(c->fd);
-    atomic_fetch_sub(&s->buffered, c->out_bytes);
     out_free_all(c->out_head); /* replies queued after the writer stopped */
     pthread_mutex_destroy(&c->write_lock);
     pthread_cond_destroy(&c->write_cv);
