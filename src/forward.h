@@ -7,6 +7,11 @@
  * per (token, kv head) over that token's own session only. Every output
  * element is reduced in a fixed order, so an item's results are bit-identical
  * whether it runs alone or batched with others.
+ *
+ * One pass for every family in the arch table: the model's arch row and
+ * tensors decide the differences (q/k/v and output biases when present,
+ * adjacent-pair or neox rope, rope frequencies already divided by
+ * rope_freqs and scaled at load).
  */
 #ifndef KVS_FORWARD_H
 #define KVS_FORWARD_H

@@ -7,8 +7,9 @@
  * and a message naming the problem. After success every pointer the context
  * hands out (strings, array data, tensor data) stays valid until gguf_close().
  * Strings are NOT NUL-terminated: use gguf_str's len.
- * A context never changes after open: any number of threads may read it at
- * once. The file is mapped MAP_SHARED read-only; truncating it on disk while
+ * A context never changes after open (except gguf_map_data on a header-only
+ * context, which callers do before sharing it): any number of threads may
+ * read it at once. The file is mapped MAP_SHARED read-only; truncating it on disk while
  * it is open is outside the contract (the OS delivers SIGBUS on access).
  * Knows nothing about models: no architecture checks here.
  *

@@ -4,7 +4,6 @@
  * strings, logprobs and the text that is safe to send so far. The session and lane come from
  * http_lanes (prefix reuse); the steps go through route_forward.
  */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,35 +82,6 @@ fail:
     return false;
 }
 
-/* logprob of id and the top_n most likely tokens, from raw logits (the model's distribution). */
-static void fill_logprobs(const float *logits, int32_t n_vocab, int32_t id, int top_n, http_tok_lp *out) {
-    float mx = -INFINITY;
-    for (int32_t i = 0; i < n_vocab; i++)
-        if (logits[i] > mx) mx = logits[i];
-    double sum = 0;
-    for (int32_t i = 0; i < n_vocab; i++)
-        if (isfinite(logits[i])) sum += exp((double)(logits[i] - mx));
-    const float lse = mx + (float)log(sum);
-    out->id = id;
-    out->logprob = logits[id] - lse;
-    out->n_top = 0;
-    for (int32_t i = 0; i < n_vocab && top_n > 0; i++) {
-        float lp = logits[i] - lse;
-        if (!isfinite(lp)) continue;
-        int pos = out->n_top;
-        if (pos == top_n && lp <= out->top_lp[top_n - 1]) continue;
-        if (pos == top_n) pos--;
-        while (pos > 0 && out->top_lp[pos - 1] < lp) {
-            out->top_lp[pos] = out->top_lp[pos - 1];
-            out->top_id[pos] = out->top_id[pos - 1];
-            pos--;
-        }
-        out->top_lp[pos] = lp;
-        out->top_id[pos] = i;
-        if (out->n_top < top_n) out->n_top++;
-    }
-}
-
 static bool text_append(http_gen *g, const char *s, size_t n) {
     if (g->text_len + n + 1 > g->text_cap) {
         size_t nc = (g->text_cap ? g->text_cap * 2 : 256) + n;
@@ -163,12 +133,31 @@ bool http_gen_step(http_gen *g) {
         http_metrics_observe(g->metrics, HIST_TOKEN, (double)(now - g->t_last_ns) / 1e9);
     }
     g->t_last_ns = now;
-    int32_t id = sampler_sample(g->smp, g->logits, g->n_vocab);
+    /* The draw for a position is a pure function of (seed, position), as in `kvshard run`
+     * (sampler_pick), so a request's text does not depend on what ran before it. */
+    uint32_t n_win = g->n_toks < HTTP_REPEAT_WINDOW ? g->n_toks : HTTP_REPEAT_WINDOW;
+    sampler_result res;
+    if (sampler_pick(g->smp, g->logits, g->n_vocab, g->n_toks, g->toks + g->n_toks - n_win, n_win, &res,
+                     g->lps ? (uint32_t)g->req->top_logprobs : 0) != KVS_OK) {
+        snprintf(g->err, sizeof g->err, "cannot sample");
+        g->failed = true;
+        return false;
+    }
+    int32_t id = res.id;
     if (id < 0 || tok_is_eog(g->L->vocab, id)) {
         g->finish = FINISH_STOP;
         return true;
     }
-    if (g->lps) fill_logprobs(g->logits, g->n_vocab, id, g->req->top_logprobs, &g->lps[g->n_gen]);
+    if (g->lps) {
+        http_tok_lp *lp = &g->lps[g->n_gen];
+        lp->id = id;
+        lp->logprob = res.logprob;
+        lp->n_top = (int)res.n_top;
+        for (uint32_t j = 0; j < res.n_top && j < HTTP_MAX_TOP_LOGPROBS; j++) {
+            lp->top_id[j] = res.top[j].id;
+            lp->top_lp[j] = res.top[j].logprob;
+        }
+    }
     g->toks[g->n_toks++] = id;
     g->n_gen++;
     char piece[256];

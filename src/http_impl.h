@@ -28,6 +28,7 @@
 #define HTTP_MAX_TOP_LOGPROBS 20 /* chat top_logprobs limit (completions: 5) */
 #define HTTP_MIN_REUSE 4         /* common-prefix tokens that make a kept session worth taking */
 #define HTTP_MAX_MESSAGES 1024
+#define HTTP_REPEAT_WINDOW 64    /* penalty window of sampler_pick, as kvshard run's --repeat-last-n */
 
 /* ---- errors ------------------------------------------------------------------------------ */
 

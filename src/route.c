@@ -15,11 +15,17 @@
  *  I4. s->hop_gen[k] == r->hop_gen[k] unless hop k was replaced since this session last used
  *      it; route_forward then treats it as a fresh hop (design note 5 of route.h).
  *  I5. A hop's fd is -1 only while it is being replaced; route_forward returns with every hop
- *      connected or with an error.
+ *      connected or with an error (relay_step may leave a lost hop at -1; the client-driven
+ *      redo that follows replaces it).
+ *  I6. s->hidden_valid <= s->pos: the per-hop memory holds every input of positions
+ *      [0, hidden_valid); relayed steps do not extend it (route.h design note 7). A client-driven
+ *      step starts at hidden_valid and ends with hidden_valid == pos.
+ *  I7. hop->listening: RELAY_LISTEN(r->relay_id) was answered OK on this connection.
  */
 #include "route.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +53,7 @@ typedef struct {
     route_addr addr;
     int fd;                /* -1 when not connected */
     struct wire_info info; /* valid once connected (hops) / when SPARE_KNOWN or USED (spares) */
+    bool listening;        /* I7 */
 } route_hop;
 
 struct route {
@@ -72,6 +79,9 @@ struct route {
     uint64_t bytes_sent;     /* frame bytes (header + payload) written to hops */
     uint64_t bytes_received; /* frame bytes read from hops */
     uint32_t reroutes;       /* hops replaced by spares */
+    uint64_t relay_id;       /* random, names this client's connections in relay blocks */
+    uint32_t relay_steps, relay_fallbacks;
+    struct wire_forward *fwd; /* encode scratch for relayed FORWARDs (large: relay block) */
 };
 
 struct route_session {
@@ -79,6 +89,9 @@ struct route_session {
     uint8_t sid[WIRE_SID_SIZE];
     uint64_t epoch;
     uint32_t pos;            /* positions completed along the whole route */
+    uint32_t hidden_valid;   /* I6 */
+    const route_step_opts *opts; /* the step being driven */
+    sampler_result *res;     /* its sample, with opts->sample */
     uint32_t cap;            /* rows allocated in tokens and hidden[k] */
     int32_t *tokens;         /* (cap) hop 0 inputs */
     uint8_t **hidden;        /* [n_hops] (cap, n_embd) inputs of hop k, hid_elem bytes each (f32 or f16
@@ -215,6 +228,7 @@ int route_check_hops(const struct wire_info *infos, const char *const *addrs, si
 static void hop_disconnect(route_hop *h) {
     netio_close(h->fd);
     h->fd = -1;
+    h->listening = false;
 }
 
 /* Makes room for `need` bytes in r->tx. */
@@ -261,8 +275,11 @@ static int hop_call(route *r, route_hop *h, uint16_t op, size_t len, uint16_t re
     struct wire_header hdr;
     netio_recv_opts ro = {.idle_deadline_ns = deadline, .frame_timeout_ms = -1,
                           .max_payload = reply_limit(r, reply_op)};
-    rc = netio_recv_frame_opt(h->fd, &hdr, &r->rx, &ro, nmsg, sizeof nmsg);
-    if (rc == KVS_OK) r->bytes_received += WIRE_HEADER_SIZE + r->rx.len;
+    /* Late answers to earlier requests (a relayed attempt that was given up) are dropped. */
+    do {
+        rc = netio_recv_frame_opt(h->fd, &hdr, &r->rx, &ro, nmsg, sizeof nmsg);
+        if (rc == KVS_OK) r->bytes_received += WIRE_HEADER_SIZE + r->rx.len;
+    } while (rc == KVS_OK && hdr.request_id < rid);
     if (rc != KVS_OK) {
         hop_disconnect(h);
         if (rc == KVS_ERR_TIMEOUT)
@@ -305,7 +322,7 @@ static int hop_connect(route *r, route_hop *h, char *why, size_t why_cap) {
             return kvs_fail(why, why_cap, rc, "%s", nmsg);
         }
     }
-    struct wire_hello hello = {.min_version = 1, .max_version = WIRE_VERSION};
+    struct wire_hello hello = {.min_version = 1, .max_version = WIRE_PROTO_VERSION};
     size_t alen = strlen(r->auth);
     hello.auth_len = (uint16_t)alen;
     memcpy(hello.auth, r->auth, alen + 1);
@@ -402,6 +419,7 @@ void route_close(route *r) {
     tls_ctx_free(r->tls);
     free(r->tx);
     free(r->scratch_logits);
+    free(r->fwd);
     netio_buf_free(&r->rx);
     free(r);
 }
@@ -487,7 +505,10 @@ int route_open(const char *route_spec, const char *spares_spec, const route_para
     r->n_vocab = infos[0].n_vocab;
     route_limits(r);
     r->scratch_logits = malloc((size_t)r->n_vocab * sizeof(float));
-    if (!r->scratch_logits) {
+    r->fwd = calloc(1, sizeof *r->fwd);
+    if (getrandom(&r->relay_id, sizeof r->relay_id, 0) != (ssize_t)sizeof r->relay_id || r->relay_id == 0)
+        r->relay_id = (uint64_t)kvs_now_ns() | 1; /* unique enough to name our connections */
+    if (!r->scratch_logits || !r->fwd) {
         rc = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -510,7 +531,8 @@ fail:
 void route_get_info(const route *r, route_info *out) {
     *out = (route_info){.n_hops = r->n_hops, .n_layer = r->n_layer, .n_embd = r->n_embd, .n_vocab = r->n_vocab,
                         .max_ctx = r->max_ctx, .max_rows = r->max_rows, .bytes_sent = r->bytes_sent,
-                        .bytes_received = r->bytes_received, .reroutes = r->reroutes};
+                        .bytes_received = r->bytes_received, .reroutes = r->reroutes,
+                        .relay_steps = r->relay_steps, .relay_fallbacks = r->relay_fallbacks};
     memcpy(out->model_digest, r->digest, WIRE_DIGEST_SIZE);
 }
 
@@ -778,6 +800,7 @@ uint64_t route_session_epoch(const route_session *s) { return s ? s->epoch : 0; 
 int route_session_rewind(route_session *s, uint32_t pos) {
     if (!s || pos > s->pos) return KVS_ERR_INVALID_ARG;
     s->pos = pos; /* I1 still holds: the inputs of [0, pos) stay remembered */
+    if (s->hidden_valid > pos) s->hidden_valid = pos; /* I6 */
     return KVS_OK;
 }
 
@@ -806,6 +829,33 @@ static int session_reserve(route_session *s, uint32_t rows) {
 
 /* ---- driving ------------------------------------------------------------------ */
 
+/* The sampler block of a SAMPLE request; the window goes only when a penalty uses it. */
+static void route_fill_sample(const route_step_opts *o, struct wire_sample_req *q) {
+    const sampler_params *p = &o->sp;
+    *q = (struct wire_sample_req){.temp = p->temp, .top_p = p->top_p, .min_p = p->min_p,
+                                  .repeat_penalty = p->repeat_penalty, .presence_penalty = p->presence_penalty,
+                                  .top_k = p->top_k > 0 ? (uint32_t)p->top_k : 0, .seed = p->seed, .n_top = o->n_top};
+    if (q->top_p > 1.0f) q->top_p = 1.0f;
+    bool penalties = (p->repeat_penalty > 0.0f && p->repeat_penalty != 1.0f) || p->presence_penalty != 0.0f;
+    if (penalties && o->n_window) {
+        q->n_window = o->n_window;
+        q->window = o->window;
+    }
+}
+
+/* A decoded SAMPLE reply into *res. */
+static void reply_to_sample(const struct wire_forward_reply *rep, sampler_result *res) {
+    int32_t ids[WIRE_MAX_TOP];
+    float lp[WIRE_MAX_TOP];
+    memset(res, 0, sizeof *res);
+    wire_forward_reply_sample(rep, &res->id, &res->logprob, ids, lp);
+    res->n_top = rep->n_cols;
+    for (uint32_t i = 0; i < rep->n_cols; i++) {
+        res->top[i].id = ids[i];
+        res->top[i].logprob = lp[i];
+    }
+}
+
 /* One FORWARD of rows [from, to) to hop k. On HOP_OK *st is the shard's status block; when it is
  * OK the output went to out (hidden rows [out_from, to) for hop k+1, or the logits row; out NULL:
  * discarded) and hop_epoch[k] is the session epoch. HOP_FAILED: transport failure, why says what; the hop is
@@ -815,15 +865,17 @@ static enum hop_result hop_send(route *r, route_session *s, uint32_t k, uint32_t
                                 size_t why_cap) {
     route_hop *h = &r->hops[k];
     const bool last = k + 1 == r->n_hops;
+    const bool sample = last && s->opts->sample;
     const uint32_t n = to - from;
     struct wire_forward f = {.epoch = s->epoch, .start_pos = from, .n_tokens = n,
-                             .out_mode = last ? WIRE_OUT_LOGITS_LAST : WIRE_OUT_HIDDEN};
+                             .out_mode = !last ? WIRE_OUT_HIDDEN : sample ? WIRE_OUT_SAMPLE : WIRE_OUT_LOGITS_LAST};
     memcpy(f.session_id, s->sid, WIRE_SID_SIZE);
     if (s->hop_epoch[k] != 0 && s->hop_epoch[k] < s->epoch && from > 0) {
         f.flags = WIRE_FWD_INHERIT;
         f.inherit_epoch = s->hop_epoch[k];
         f.inherit_len = from;
     }
+    if (sample) route_fill_sample(s->opts, &f.sample);
     size_t bytes;
     if (k == 0) {
         f.in_kind = WIRE_IN_TOKENS;
@@ -836,7 +888,7 @@ static enum hop_result hop_send(route *r, route_session *s, uint32_t k, uint32_t
         bytes = FWD_HEAD_BYTES + (size_t)n * r->n_embd * r->hid_elem;
     }
     size_t len = 0;
-    if ((*rc = tx_reserve(r, bytes)) != KVS_OK ||
+    if ((*rc = wire_encode_forward(&f, NULL, 0, &len)) != KVS_OK || (*rc = tx_reserve(r, len > bytes ? len : bytes)) != KVS_OK ||
         (*rc = wire_encode_forward(&f, r->tx, r->tx_cap, &len)) != KVS_OK) {
         kvs_fail(why, why_cap, *rc, "cannot encode FORWARD [%u, %u): %s", from, to, kvs_strerror(*rc));
         return HOP_FATAL;
@@ -854,17 +906,20 @@ static enum hop_result hop_send(route *r, route_session *s, uint32_t k, uint32_t
     if (rep.st.status != KVS_OK) return HOP_OK;
     /* f16 mode: the head answers token input in f32 (rounded to f16 here, once); the others in f16. */
     const bool hid_ok = rep.out_kind == WIRE_OUTK_HIDDEN_F32 || (r->hid_elem == 2 && rep.out_kind == WIRE_OUTK_HIDDEN_F16);
-    bool shape_ok = last ? rep.out_kind == WIRE_OUTK_LOGITS_F32 && rep.n_rows == 1 && rep.n_cols == r->n_vocab
-                         : hid_ok && rep.n_rows == n && rep.n_cols == r->n_embd;
+    bool shape_ok = sample ? rep.out_kind == WIRE_OUTK_SAMPLE && rep.n_cols == s->opts->n_top
+                    : last ? rep.out_kind == WIRE_OUTK_LOGITS_F32 && rep.n_rows == 1 && rep.n_cols == r->n_vocab
+                           : hid_ok && rep.n_rows == n && rep.n_cols == r->n_embd;
     if (!shape_ok || rep.st.n_past != to) {
         hop_disconnect(h);
         *rc = kvs_fail(why, why_cap, KVS_ERR_PROTOCOL,
                        "FORWARD [%u, %u) answered out_kind %u, %u x %u, n_past %u (expected %s, n_past %u)", from, to,
                        rep.out_kind, rep.n_rows, rep.n_cols, rep.st.n_past,
-                       last ? "1 row of logits" : r->hid_elem == 2 ? "hidden f16 rows" : "hidden f32 rows", to);
+                       sample ? "a sample" : last ? "1 row of logits" : r->hid_elem == 2 ? "hidden f16 rows" : "hidden f32 rows", to);
         return HOP_FAILED;
     }
-    if (out) {
+    if (sample) {
+        reply_to_sample(&rep, s->res);
+    } else if (out) {
         if (!last && out_from > from) { /* only the rows the caller asked for */
             rep.n_rows = to - out_from;
             rep.data = (const uint8_t *)rep.data +
@@ -1023,11 +1078,207 @@ static int reroute(route *r, route_session *s, uint32_t k, int err, const char *
     return KVS_OK;
 }
 
+route_step_opts route_default_step_opts(void) {
+    route_step_opts o;
+    memset(&o, 0, sizeof o);
+    o.sp = sampler_default_params();
+    return o;
+}
+
 int route_forward(route *r, route_session *s, const int32_t *tokens, uint32_t n, float *logits_last, char *msg,
                   size_t msg_cap) {
-    if (!r || !s || !tokens || !logits_last || s->r != r)
+    route_step_opts o = route_default_step_opts();
+    return route_step(r, s, tokens, n, &o, logits_last, NULL, msg, msg_cap);
+}
+
+/* Sends RELAY_LISTEN on hop k unless it is listening already (I7). */
+static int hop_listen(route *r, uint32_t k, char *why, size_t why_cap) {
+    route_hop *h = &r->hops[k];
+    if (h->listening) return KVS_OK;
+    struct wire_relay_listen m = {.relay_id = r->relay_id};
+    size_t len = 0;
+    int rc;
+    if ((rc = tx_reserve(r, 8)) != KVS_OK || (rc = wire_encode_relay_listen(&m, r->tx, r->tx_cap, &len)) != KVS_OK ||
+        (rc = hop_call(r, h, WIRE_OP_RELAY_LISTEN, len, WIRE_OP_STATUS, why, why_cap)) != KVS_OK)
+        return rc;
+    struct wire_status_reply sr;
+    char dmsg[KVS_MSG_MAX];
+    if ((rc = wire_decode_status_reply(r->rx.data, r->rx.len, &sr, dmsg, sizeof dmsg)) != KVS_OK)
+        return kvs_fail(why, why_cap, rc, "bad STATUS: %s", dmsg);
+    if (sr.st.status != KVS_OK)
+        return kvs_fail(why, why_cap, sr.st.status, "RELAY_LISTEN refused: %s", kvs_strerror(sr.st.status));
+    h->listening = true;
+    return KVS_OK;
+}
+
+/* Can the step [base, end) be relayed (route.h design note 7)? */
+static bool relay_possible(const route *r, const route_session *s, uint32_t base, uint32_t end) {
+    if (!s->opts->relay || r->n_hops < 2 || end - base > r->max_rows || r->n_hops - 1 > WIRE_MAX_RELAY_HOPS)
+        return false;
+    for (uint32_t k = 0; k < r->n_hops; k++) {
+        const route_hop *h = &r->hops[k];
+        if (h->fd < 0 || h->info.version < 2 || strlen(h->addr.text) > WIRE_MAX_ADDR) return false;
+        if (s->hop_epoch[k] == 0 && base > 0) return false; /* needs a replay: client-driven */
+    }
+    return true;
+}
+
+/* Waits for the frame answering request rid on any hop's connection (relayed steps are answered
+ * by whichever shard ends the chain). KVS_OK with the frame in r->rx, its op in *op and the hop
+ * it came from in *from; frames of other requests (late answers to earlier attempts) are
+ * dropped. A connection that fails is closed (hop fd -1) and its error returned with *from set;
+ * KVS_ERR_TIMEOUT when nothing came within timeout_ms. */
+static int relay_wait(route *r, uint64_t rid, uint16_t *op, uint32_t *from, char *why, size_t why_cap) {
+    uint64_t deadline = netio_deadline_ms(r->p.timeout_ms);
+    struct pollfd pf[ROUTE_MAX_HOPS];
+    for (;;) {
+        uint32_t np = 0;
+        for (uint32_t k = 0; k < r->n_hops; k++) pf[np++] = (struct pollfd){.fd = r->hops[k].fd, .events = POLLIN};
+        int wait_ms = -1;
+        bool pending[ROUTE_MAX_HOPS] = {false}; /* bytes already decrypted in a TLS session */
+        for (uint32_t k = 0; k < np; k++) {
+            tls_conn *t = pf[k].fd >= 0 ? tls_conn_of(pf[k].fd) : NULL;
+            if (t && tls_conn_pending(t)) pending[k] = true, wait_ms = 0;
+        }
+        if (wait_ms != 0 && deadline != NETIO_NO_DEADLINE) {
+            uint64_t now = kvs_now_ns();
+            if (now >= deadline) return kvs_fail(why, why_cap, KVS_ERR_TIMEOUT, "no answer to the relayed step within %lld ms",
+                                                 (long long)r->p.timeout_ms);
+            wait_ms = (int)((deadline - now) / 1000000u) + 1;
+        }
+        int got = poll(pf, np, wait_ms);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) return kvs_fail(why, why_cap, KVS_ERR_IO, "poll: %s", strerror(errno));
+        for (uint32_t k = 0; k < np; k++) {
+            if (pf[k].fd < 0 || !(pending[k] || (pf[k].revents & (POLLIN | POLLHUP | POLLERR)))) continue;
+            struct wire_header hdr;
+            char nmsg[KVS_MSG_MAX] = "";
+            netio_recv_opts ro = {.idle_deadline_ns = deadline, .frame_timeout_ms = -1,
+                                  .max_payload = reply_limit(r, WIRE_OP_FORWARD_REPLY)};
+            int rc = netio_recv_frame_opt(r->hops[k].fd, &hdr, &r->rx, &ro, nmsg, sizeof nmsg);
+            if (rc != KVS_OK) {
+                hop_disconnect(&r->hops[k]);
+                *from = k;
+                return kvs_fail(why, why_cap, rc, "hop %u (%s): %s", k, r->hops[k].addr.text,
+                                nmsg[0] ? nmsg : kvs_strerror(rc));
+            }
+            r->bytes_received += WIRE_HEADER_SIZE + r->rx.len;
+            if (hdr.request_id != rid) continue;
+            *op = hdr.op;
+            *from = k;
+            return KVS_OK;
+        }
+    }
+}
+
+/* One relayed attempt of the step [base, end) (route.h design note 7). True when it completed:
+ * the result is in logits_last / s->res and every hop holds the step in s->epoch. False: redo it
+ * client-driven (why says what happened; a lost hop is left disconnected for that redo). */
+static bool relay_step(route *r, route_session *s, uint32_t base, uint32_t end, float *logits_last, char *why,
+                       size_t why_cap) {
+    for (uint32_t k = 0; k < r->n_hops; k++)
+        if (hop_listen(r, k, why, why_cap) != KVS_OK) return false;
+    struct wire_forward *f = r->fwd;
+    memset(f, 0, sizeof *f);
+    memcpy(f->session_id, s->sid, WIRE_SID_SIZE);
+    f->epoch = s->epoch;
+    f->start_pos = base;
+    f->n_tokens = end - base;
+    f->flags = WIRE_FWD_RELAY;
+    f->out_mode = s->opts->sample ? WIRE_OUT_SAMPLE : WIRE_OUT_LOGITS_LAST;
+    f->in_kind = WIRE_IN_TOKENS;
+    f->data = s->tokens + base;
+    if (s->opts->sample) route_fill_sample(s->opts, &f->sample);
+    f->relay.relay_id = r->relay_id;
+    f->relay.hop = 0;
+    f->relay.hidden_kind = r->hid_elem == 2 ? WIRE_IN_HIDDEN_F16 : WIRE_IN_HIDDEN_F32;
+    f->relay.n_next = (uint16_t)(r->n_hops - 1);
+    for (uint32_t k = 0; k < r->n_hops; k++) {
+        bool inherit = s->hop_epoch[k] != 0 && s->hop_epoch[k] < s->epoch && base > 0;
+        if (k == 0) {
+            if (inherit) {
+                f->flags |= WIRE_FWD_INHERIT;
+                f->inherit_epoch = s->hop_epoch[0];
+                f->inherit_len = base;
+            }
+            continue;
+        }
+        struct wire_relay_hop *nx = &f->relay.next[k - 1];
+        nx->addr_len = (uint8_t)strlen(r->hops[k].addr.text);
+        memcpy(nx->addr, r->hops[k].addr.text, nx->addr_len);
+        if (inherit) {
+            nx->flags = WIRE_FWD_INHERIT;
+            nx->inherit_epoch = s->hop_epoch[k];
+            nx->inherit_len = base;
+        }
+    }
+    size_t len = 0;
+    int rc;
+    if ((rc = wire_encode_forward(f, NULL, 0, &len)) != KVS_OK || (rc = tx_reserve(r, len)) != KVS_OK ||
+        (rc = wire_encode_forward(f, r->tx, r->tx_cap, &len)) != KVS_OK) {
+        kvs_fail(why, why_cap, rc, "cannot encode the relayed FORWARD: %s", kvs_strerror(rc));
+        return false;
+    }
+    route_hop *h0 = &r->hops[0];
+    uint64_t rid = ++r->next_rid;
+    rc = netio_send_frame(h0->fd, WIRE_OP_FORWARD, rid, r->tx, len, netio_deadline_ms(r->p.timeout_ms));
+    r->bytes_sent += WIRE_HEADER_SIZE + len;
+    if (rc != KVS_OK) {
+        hop_disconnect(h0);
+        kvs_fail(why, why_cap, rc, "hop 0 (%s): sending FORWARD: %s", h0->addr.text, kvs_strerror(rc));
+        return false;
+    }
+    uint16_t op = 0;
+    uint32_t k = 0;
+    if (relay_wait(r, rid, &op, &k, why, why_cap) != KVS_OK) return false;
+    char dmsg[KVS_MSG_MAX] = "";
+    if (op == WIRE_OP_STATUS) { /* a shard could not push on (relay.h design note 2) */
+        struct wire_status_reply sr;
+        if (wire_decode_status_reply(r->rx.data, r->rx.len, &sr, dmsg, sizeof dmsg) == KVS_OK)
+            kvs_fail(why, why_cap, sr.st.status, "hop %u (%s) answered %s%s%s", k, r->hops[k].addr.text,
+                     kvs_strerror(sr.st.status), sr.msg[0] ? ": " : "", sr.msg);
+        else
+            kvs_fail(why, why_cap, KVS_ERR_PROTOCOL, "hop %u (%s): bad STATUS: %s", k, r->hops[k].addr.text, dmsg);
+        return false;
+    }
+    struct wire_forward_reply rep;
+    if (op != WIRE_OP_FORWARD_REPLY || wire_decode_forward_reply(r->rx.data, r->rx.len, &rep, dmsg, sizeof dmsg) != KVS_OK) {
+        kvs_fail(why, why_cap, KVS_ERR_PROTOCOL, "hop %u (%s): unexpected %s answer: %s", k, r->hops[k].addr.text,
+                 wire_op_name(op), dmsg);
+        return false;
+    }
+    if (rep.st.status != KVS_OK) {
+        kvs_fail(why, why_cap, rep.st.status, "hop %u (%s) answered %s (have %u, live epoch %llu)", k,
+                 r->hops[k].addr.text, kvs_strerror(rep.st.status), rep.st.have,
+                 (unsigned long long)rep.st.live_epoch);
+        return false;
+    }
+    const bool sample = s->opts->sample;
+    bool shape_ok = k + 1 == r->n_hops && rep.st.n_past == end &&
+                    (sample ? rep.out_kind == WIRE_OUTK_SAMPLE && rep.n_cols == s->opts->n_top
+                            : rep.out_kind == WIRE_OUTK_LOGITS_F32 && rep.n_rows == 1 && rep.n_cols == r->n_vocab);
+    if (!shape_ok) {
+        kvs_fail(why, why_cap, KVS_ERR_PROTOCOL, "hop %u (%s): relayed step answered out_kind %u, %u x %u, n_past %u",
+                 k, r->hops[k].addr.text, rep.out_kind, rep.n_rows, rep.n_cols, rep.st.n_past);
+        return false;
+    }
+    if (sample) reply_to_sample(&rep, s->res);
+    else wire_forward_reply_to_f32(&rep, logits_last);
+    for (uint32_t j = 0; j < r->n_hops; j++) s->hop_epoch[j] = s->epoch;
+    return true;
+}
+
+int route_step(route *r, route_session *s, const int32_t *tokens, uint32_t n, const route_step_opts *o,
+               float *logits_last, sampler_result *res, char *msg, size_t msg_cap) {
+    if (!r || !s || !tokens || !o || s->r != r || (o->sample ? !res : !logits_last))
         return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "NULL argument or session of another route");
     if (n == 0) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "no tokens");
+    if (o->sample && (o->n_top > WIRE_MAX_TOP || o->n_window > WIRE_MAX_WINDOW || (o->n_window && !o->window) ||
+                      !sampler_params_valid(&o->sp)))
+        return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "bad sampler options");
+    if (o->sample && r->hops[r->n_hops - 1].info.version < 2)
+        return kvs_fail(msg, msg_cap, KVS_ERR_UNSUPPORTED, "hop %u (%s) speaks protocol version 1: it cannot sample (use logits)",
+                        r->n_hops - 1, r->hops[r->n_hops - 1].addr.text);
     for (uint32_t i = 0; i < n; i++)
         if (tokens[i] < 0 || (uint32_t)tokens[i] >= r->n_vocab)
             return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "token %u: id %d outside the vocab (%u)", i,
@@ -1040,6 +1291,8 @@ int route_forward(route *r, route_session *s, const int32_t *tokens, uint32_t n,
     if (session_reserve(s, end) != KVS_OK)
         return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
     memcpy(s->tokens + base, tokens, (size_t)n * sizeof *tokens);
+    s->opts = o;
+    s->res = res;
 
     /* Hops replaced while another session was driving (I4). */
     bool replaced = false;
@@ -1051,26 +1304,49 @@ int route_forward(route *r, route_session *s, const int32_t *tokens, uint32_t n,
         }
     if (replaced) s->epoch++;
 
-    for (;;) { /* one attempt of the step per iteration; each failed attempt uses up a spare */
-        enum hop_result res = HOP_OK;
-        uint32_t k = 0;
-        int rc = KVS_OK;
+    if (relay_possible(r, s, base, end)) {
         char why[KVS_MSG_MAX] = "";
-        for (uint32_t a = base; a < end && res == HOP_OK;) {
-            uint32_t b = end - a > r->max_rows ? a + r->max_rows : end;
-            for (k = 0; k < r->n_hops; k++) {
-                void *out = k + 1 < r->n_hops ? (void *)(s->hidden[k + 1] + (size_t)a * r->n_embd * r->hid_elem)
-                                              : (void *)(b == end ? logits_last : r->scratch_logits);
-                res = hop_append(r, s, k, a, b, out, &rc, why, sizeof why);
-                if (res != HOP_OK) break;
-            }
-            a = b;
-        }
-        if (res == HOP_OK) {
+        if (relay_step(r, s, base, end, logits_last, why, sizeof why)) {
+            r->relay_steps++;
             s->pos = end;
             return KVS_OK;
         }
-        if (res == HOP_FATAL)
+        r->relay_fallbacks++;
+        route_log(r, "relayed step [%u, %u) failed (%s): redoing it client-driven from position %u", base, end, why,
+                  s->hidden_valid);
+    }
+
+    /* Client-driven from hidden_valid (I6): rows [hidden_valid, base) are re-sent from memory. */
+    const uint32_t start = s->hidden_valid;
+    void *dummy_out = s->opts->sample ? r->scratch_logits : logits_last;
+    for (;;) { /* one attempt of the step per iteration; each failed attempt uses up a spare */
+        enum hop_result res_k = HOP_OK;
+        uint32_t k = 0;
+        int rc = KVS_OK;
+        char why[KVS_MSG_MAX] = "";
+        for (uint32_t k0 = 0; k0 < r->n_hops; k0++) /* a hop lost during a relayed attempt */
+            if (r->hops[k0].fd < 0) {
+                res_k = HOP_FAILED;
+                k = k0;
+                rc = kvs_fail(why, sizeof why, KVS_ERR_CLOSED, "connection lost");
+                break;
+            }
+        for (uint32_t a = start; a < end && res_k == HOP_OK;) {
+            uint32_t b = end - a > r->max_rows ? a + r->max_rows : end;
+            for (k = 0; k < r->n_hops; k++) {
+                void *out = k + 1 < r->n_hops ? (void *)(s->hidden[k + 1] + (size_t)a * r->n_embd * r->hid_elem)
+                                              : (b == end ? dummy_out : (void *)r->scratch_logits);
+                res_k = hop_append(r, s, k, a, b, out, &rc, why, sizeof why);
+                if (res_k != HOP_OK) break;
+            }
+            a = b;
+        }
+        if (res_k == HOP_OK) {
+            s->pos = end;
+            s->hidden_valid = end;
+            return KVS_OK;
+        }
+        if (res_k == HOP_FATAL)
             return kvs_fail(msg, msg_cap, rc, "hop %u (%s): %s", k, r->hops[k].addr.text, why);
         if ((rc = reroute(r, s, k, rc, why, msg, msg_cap)) != KVS_OK) return rc;
     }

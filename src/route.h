@@ -36,6 +36,23 @@
  *     bytes first sent). route_params.max_replay_bytes caps it (default 256 MiB): the route's
  *     max_ctx is lowered to what fits, so a session past it gets CONTEXT_FULL instead of growing.
  *     E.g. n_embd 4096, 4 hops, 2048 positions: 96 MiB in f32, 48 MiB in f16.
+ *  7. Relay (route_step with opts.relay, every hop speaking protocol v2, two hops or more): the
+ *     step goes to hop 0 only, with the rest of the route in a relay block; each shard pushes its
+ *     hidden rows to the next and the tail answers on the connection the client registered with
+ *     RELAY_LISTEN — n+1 transfers. The client then never sees the hidden rows, so its per-hop
+ *     memory is valid only up to s->hidden_valid. Any relay failure (an error answered by a
+ *     shard, a STATUS "relay: hop k (...)" from the shard that could not push, a connection
+ *     lost, no answer within timeout_ms) makes the client redo the step itself, client-driven,
+ *     from hidden_valid: hop 0 rewinds to it, every hop recomputes the rows since, a failed hop
+ *     is replaced and replayed as in note 2. Results equal an uninterrupted run because a row's
+ *     result does not depend on how rows were split into requests (note 1); the price of a
+ *     failure in relay mode is recomputing the positions since hidden_valid on every hop.
+ *     Steps that cannot be relayed (more rows than one request, a hop that needs a replay, an
+ *     address over WIRE_MAX_ADDR bytes) go client-driven.
+ *  8. Sampling (opts.sample): the tail shard runs sampler_pick with the step's settings for the
+ *     position after the step and answers the token (FORWARD out_mode SAMPLE): a reply of
+ *     8 + 8 x n_top bytes instead of n_vocab floats. The draw depends only on (seed, position)
+ *     (sampler.c note 7), so retries, replays and re-routes give the same token.
  */
 #ifndef KVS_ROUTE_H
 #define KVS_ROUTE_H
@@ -45,6 +62,7 @@
 #include <stdint.h>
 
 #include "netio.h"
+#include "sampler.h"
 #include "tokenizer.h"
 #include "wire.h"
 
@@ -122,6 +140,8 @@ typedef struct {
     uint8_t model_digest[WIRE_DIGEST_SIZE];
     uint64_t bytes_sent, bytes_received; /* frame bytes exchanged with hops so far */
     uint32_t reroutes;                   /* hops replaced by spares so far */
+    uint32_t relay_steps;                /* steps completed by relay */
+    uint32_t relay_fallbacks;            /* relayed steps redone client-driven (design note 7) */
 } route_info;
 void route_get_info(const route *r, route_info *out);
 
@@ -152,6 +172,27 @@ int route_session_open(route *r, route_session **out, char *msg, size_t msg_cap)
  * unspecified: release it. */
 int route_forward(route *r, route_session *s, const int32_t *tokens, uint32_t n, float *logits_last,
                   char *msg, size_t msg_cap);
+
+/* How route_step drives one step. */
+typedef struct {
+    bool sample;             /* the tail samples (design note 7) into *res; else logits into logits_last */
+    sampler_params sp;       /* with sample */
+    uint32_t n_top;          /* with sample: top log-probs wanted, <= WIRE_MAX_TOP */
+    const int32_t *window;   /* with sample: penalty window; sent only when a penalty is on */
+    uint32_t n_window;       /* <= WIRE_MAX_WINDOW */
+    bool relay;              /* shard-to-shard relay (design note 7); false: client-driven. Hidden rows
+                                are pushed in the route's dtype (route_params.hidden_f16) */
+} route_step_opts;
+
+/* Logits, client-driven, f32. */
+route_step_opts route_default_step_opts(void);
+
+/* route_forward with options: with o->sample the tail's sample goes to *res (logits_last unused,
+ * may be NULL), else the logits to logits_last (res unused). Relay as in design note 7. Same
+ * failure codes as route_forward, plus KVS_ERR_UNSUPPORTED when sampling is asked of a tail that
+ * speaks protocol version 1 only, KVS_ERR_INVALID_ARG for bad options. */
+int route_step(route *r, route_session *s, const int32_t *tokens, uint32_t n, const route_step_opts *o,
+               float *logits_last, sampler_result *res, char *msg, size_t msg_cap);
 
 /* Positions the session has completed along the route. */
 uint32_t route_session_pos(const route_session *s);

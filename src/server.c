@@ -19,6 +19,8 @@
 #include "engine.h"
 #include "netio.h"
 #include "quant.h"
+#include "relay.h"
+#include "sampler.h"
 #include "tls.h"
 #include "util.h"
 #include "wire.h"
@@ -55,7 +57,17 @@ struct srv_job {
     atomic_bool cancel;
     int status;
     kv_reply reply;
+    srv_job *after;         /* an earlier request of this connection on this session still in the
+                               list: this one waits for it (arrival order); NULL: none */
+    int n_after_me;         /* requests whose `after` is this one */
     srv_job *next;          /* scheduler list */
+    /* v2 (docs/protocol.md §4.3): tail sampling and relay */
+    bool sample;            /* out_mode SAMPLE: out holds the last row's logits, answer a token */
+    struct wire_sample_req sq; /* with sample: settings; sq.window points to window */
+    int32_t *window;        /* (sq.n_window) penalty window ids */
+    struct wire_relay *relay; /* relayed with next hops: push the hidden rows on (owned) */
+    uint32_t wire_out_mode; /* the request's out_mode, carried on to the next hop */
+    uint8_t wire_sid[WIRE_SID_SIZE]; /* the session id as the client sent it (sid is its keyed hash) */
 };
 
 /* One queued outgoing frame. */
@@ -84,6 +96,7 @@ struct srv_conn {
     bool writer_stop;
     atomic_int refs;        /* reader + jobs */
     atomic_bool closed;
+    uint16_t version;       /* message-set version chosen at HELLO */
     srv_conn *next;         /* server's list */
     unsigned long requests;
     char addr[INET6_ADDRSTRLEN]; /* peer IP address (per-address limit) */
@@ -91,6 +104,7 @@ struct srv_conn {
     atomic_int inflight;         /* FORWARD jobs queued or running */
     size_t rx_held;              /* bytes of s->buffered held by the frame being handled */
     size_t rx_cap;               /* bytes of the receive buffer, as counted in s->rx_capacity */
+    int n_running;               /* admitted (pinned) requests of this connection; guarded by s->mu */
 };
 
 struct srv {
@@ -102,6 +116,7 @@ struct srv {
     char name[WIRE_MAX_NAME + 1];
     int stop_pipe[2];
     atomic_bool stopping;
+    relay *relay;           /* shard-to-shard pushes and the RELAY_LISTEN table */
     /* scheduler */
     pthread_t sched_thread;
     pthread_mutex_t mu;     /* guards jobs, conns, counters below */
@@ -111,6 +126,7 @@ struct srv {
     int n_conns;
     unsigned next_conn_id;
     tls_ctx *tls;           /* NULL: plaintext */
+    tls_ctx *relay_tls;     /* client side of the same certificate, for relay links; NULL: plaintext */
     uint8_t sid_key[crypto_generichash_KEYBYTES]; /* random per process: session key derivation */
     uint8_t (*tokens)[crypto_generichash_BYTES];  /* (n_tokens) hashes of the accepted auth tokens */
     int n_tokens;
@@ -249,6 +265,8 @@ static void send_status(srv_conn *c, uint64_t rid, int status, const kv_reply *r
 
 static void job_free(srv_job *j) {
     if (!j) return;
+    free(j->window);
+    free(j->relay);
     free(j->tokens);
     free(j->hidden);
     free(j->out);
@@ -256,7 +274,69 @@ static void job_free(srv_job *j) {
     free(j);
 }
 
+static void conn_ref_void(void *c) { atomic_fetch_add(&((srv_conn *)c)->refs, 1); }
+
+/* relay_params.done: a push failed -> tell the client which hop and why; drop the ref. */
+static void relay_done(void *ctx, void *target, uint64_t rid, uint16_t hop, const char *addr, int status,
+                       const char *why) {
+    (void)ctx;
+    srv_conn *c = target;
+    if (status != KVS_OK) {
+        char text[KVS_MSG_MAX];
+        snprintf(text, sizeof(text), "relay: hop %u (%s): %s", (unsigned)hop, addr, why);
+        send_status(c, rid, status, NULL, text);
+    }
+    conn_unref(c);
+}
+
+/* A relayed job with next hops: its hidden rows go on to next[0] instead of back. */
+static void push_forward(srv_job *j) {
+    srv *s = j->conn->s;
+    uint8_t *payload = NULL;
+    size_t len = 0;
+    struct wire_sample_req sq = j->sq;
+    sq.window = j->window;
+    int err = relay_build_next(j->relay, j->wire_sid, j->epoch, j->start_pos, j->n, j->wire_out_mode, &sq, j->out,
+                               j->out_cols, &payload, &len);
+    if (err) {
+        send_status(j->conn, j->request_id, err, &j->reply, "relay: cannot encode the next hop's FORWARD");
+        return;
+    }
+    conn_ref_void(j->conn);
+    relay_push(s->relay, j->relay->next[0].addr, (uint16_t)(j->relay->hop + 1), payload, len, j->request_id, j->conn);
+}
+
+/* SAMPLE: the token after the last row, from its logits in j->out (sampler.c design note 7). */
+static int sample_reply(srv_job *j, uint8_t out[8 + 8 * WIRE_MAX_TOP], struct wire_forward_reply *m) {
+    sampler_params sp = {.temp = j->sq.temp, .top_k = (int)j->sq.top_k, .top_p = j->sq.top_p, .seed = j->sq.seed,
+                         .min_p = j->sq.min_p, .repeat_penalty = j->sq.repeat_penalty,
+                         .presence_penalty = j->sq.presence_penalty};
+    sampler *smp = sampler_create(sp);
+    if (!smp) return KVS_ERR_NOMEM;
+    sampler_result r;
+    int err = sampler_pick(smp, j->out, (int32_t)j->out_cols, j->start_pos + j->n, j->window, j->sq.n_window, &r,
+                           j->sq.n_top);
+    sampler_free(smp);
+    if (err) return err;
+    kvs_wr_u32(out, (uint32_t)r.id);
+    kvs_wr_f32(out + 4, r.logprob);
+    for (uint32_t i = 0; i < r.n_top; i++) {
+        kvs_wr_u32(out + 8 + 8 * i, (uint32_t)r.top[i].id);
+        kvs_wr_f32(out + 12 + 8 * i, r.top[i].logprob);
+    }
+    m->out_kind = WIRE_OUTK_SAMPLE;
+    m->n_rows = 1;
+    m->n_cols = r.n_top;
+    m->data = out;
+    return KVS_OK;
+}
+
 static void send_forward_reply(srv_job *j) {
+    if (j->status == KVS_OK && j->relay) {
+        push_forward(j);
+        return;
+    }
+    uint8_t sampled[8 + 8 * WIRE_MAX_TOP];
     struct wire_forward_reply m;
     memset(&m, 0, sizeof(m));
     m.st.status = j->status;
@@ -265,7 +345,13 @@ static void send_forward_reply(srv_job *j) {
     m.st.n_past = j->reply.n_past;
     m.out_kind = WIRE_OUTK_NONE;
     void *f16 = NULL;
-    if (j->status == KVS_OK) {
+    if (j->status == KVS_OK && j->sample) {
+        int err = sample_reply(j, sampled, &m);
+        if (err) {
+            m.st.status = err;
+            m.out_kind = WIRE_OUTK_NONE;
+        }
+    } else if (j->status == KVS_OK) {
         m.n_rows = j->out_rows;
         m.n_cols = j->out_cols;
         if (j->out_mode == FWD_OUT_HIDDEN && j->reply_f16) {
@@ -308,6 +394,20 @@ static void send_forward_reply(srv_job *j) {
 
 /* ---- scheduler -------------------------------------------------------------- */
 
+static bool same_sid(const kv_sid *a, const kv_sid *b) { return memcmp(a->bytes, b->bytes, sizeof(a->bytes)) == 0; }
+
+/* Appends j to the scheduler list (s->mu held), ordered after the latest earlier request of its
+ * connection on its session. */
+static void jobs_append(srv *s, srv_job *j) {
+    j->after = NULL;
+    for (srv_job *e = s->jobs; e; e = e->next)
+        if (e->conn == j->conn && same_sid(&e->sid, &j->sid)) j->after = e;
+    if (j->after) j->after->n_after_me++;
+    if (s->jobs_tail) s->jobs_tail->next = j;
+    else s->jobs = j;
+    s->jobs_tail = j;
+}
+
 static void jobs_remove(srv *s, srv_job *j) {
     srv_job **pp = &s->jobs, *prev = NULL;
     while (*pp && *pp != j) {
@@ -318,6 +418,15 @@ static void jobs_remove(srv *s, srv_job *j) {
     *pp = j->next;
     if (s->jobs_tail == j) s->jobs_tail = prev;
     j->next = NULL;
+    /* Requests ordered after j now wait for what j waited for (j may go early: cancelled). */
+    if (j->after) j->after->n_after_me--;
+    for (srv_job *x = s->jobs; x && j->n_after_me > 0; x = x->next)
+        if (x->after == j) {
+            x->after = j->after;
+            if (x->after) x->after->n_after_me++;
+            j->n_after_me--;
+        }
+    j->after = NULL;
 }
 
 /* Finishes the jobs on `done` (reply, release the connection reference). Called without s->mu. */
@@ -334,15 +443,6 @@ static void finish_jobs(srv_job *done) {
     }
 }
 
-static bool same_sid(const kv_sid *a, const kv_sid *b) { return memcmp(a->bytes, b->bytes, sizeof(a->bytes)) == 0; }
-
-/* True when an earlier request of j's connection on j's session is still in the list: requests
- * on one session from one connection take effect in arrival order. */
-static bool job_waits_for_earlier(const srv *s, const srv_job *j) {
-    for (const srv_job *e = s->jobs; e && e != j; e = e->next)
-        if (e->conn == j->conn && same_sid(&e->sid, &j->sid)) return true;
-    return false;
-}
 
 /* Cuts the rows of this step's items (batch[i] is item i's request): a decode step (1 row
  * left) runs whole; the prefills share `chunk` rows fairly — each gets chunk / n_prefills (at
@@ -374,6 +474,7 @@ static void *sched_main(void *arg) {
     const model *m = e->m;
     size_t d = m->hp.n_embd;
     int max_batch = s->p.max_batch > 0 ? s->p.max_batch : 1;
+    int per_conn = max_batch > 1 ? max_batch / 2 : 1; /* admitted requests per connection */
     fwd_item *items = calloc((size_t)max_batch, sizeof(fwd_item));
     srv_job **batch = calloc((size_t)max_batch, sizeof(srv_job *));
     uint64_t last_sweep = kvs_now_ns();
@@ -402,7 +503,10 @@ static void *sched_main(void *arg) {
         for (srv_job *j = s->jobs, *next; j; j = next) {
             next = j->next;
             if (atomic_load(&j->cancel)) {
-                if (j->state == JOB_RUNNING) kv_abort(e->kv, j->txn, true);
+                if (j->state == JOB_RUNNING) {
+                    kv_abort(e->kv, j->txn, true);
+                    j->conn->n_running--;
+                }
                 j->reply.n_past = 0;
                 kv_lookup(e->kv, &j->sid, &j->reply.live_epoch, &j->reply.n_past);
                 j->status = KVS_ERR_CANCELLED;
@@ -411,7 +515,7 @@ static void *sched_main(void *arg) {
                 done = j;
                 continue;
             }
-            if (j->state == JOB_QUEUED && job_waits_for_earlier(s, j)) continue;
+            if (j->state == JOB_QUEUED && j->after) continue; /* arrival order on a session (jobs_append) */
             if (j->op != WIRE_OP_FORWARD) { /* a TRUNCATE / RELEASE whose turn has come */
                 j->status = j->op == WIRE_OP_TRUNCATE ? kv_truncate(e->kv, &j->sid, j->epoch, j->truncate_len, &j->reply)
                                                       : kv_release(e->kv, &j->sid, j->epoch, &j->reply);
@@ -421,6 +525,10 @@ static void *sched_main(void *arg) {
                 continue;
             }
             if (j->state == JOB_QUEUED) {
+                /* At most max_batch requests are admitted, so every admitted one is in every step;
+                 * one connection holds at most half of them, so a client that floods the queue
+                 * cannot pin the pool and keep the others out (they are admitted in turn). */
+                if (running >= max_batch || j->conn->n_running >= per_conn) continue;
                 if (admission_waits) continue;
                 j->status = kv_begin(e->kv, &j->sid, j->epoch, j->start_pos, j->n, j->inherit ? &j->inh : NULL,
                                      &j->txn, &j->reply);
@@ -436,6 +544,7 @@ static void *sched_main(void *arg) {
                     continue;
                 }
                 j->state = JOB_RUNNING;
+                j->conn->n_running++;
                 running++;
             }
             if (n_items >= max_batch) continue;
@@ -492,6 +601,7 @@ static void *sched_main(void *arg) {
                 }
                 j->status = st;
                 j->state = JOB_DONE;
+                j->conn->n_running--;
                 jobs_remove(s, j);
                 j->next = done;
                 done = j;
@@ -522,6 +632,7 @@ static void *sched_main(void *arg) {
 static void conn_unref(srv_conn *c) {
     if (atomic_fetch_sub(&c->refs, 1) != 1) return;
     srv *s = c->s;
+    atomic_fetch_sub(&s->buffered, c->out_bytes); /* before n_conns drops: srv_free may follow */
     pthread_mutex_lock(&s->mu);
     srv_conn **pp = &s->conns;
     while (*pp && *pp != c) pp = &(*pp)->next;
@@ -566,21 +677,37 @@ static int handle_forward(srv_conn *c, uint64_t rid, const uint8_t *payload, siz
     bad.st.status = KVS_OK;
     const char *why = NULL;
     bool tokens_in = f.in_kind == WIRE_IN_TOKENS;
-    if (tokens_in != m->has_embd) {
+    const bool relayed = (f.flags & WIRE_FWD_RELAY) != 0, pushes = relayed && f.relay.n_next > 0;
+    /* A relayed step is answered on the connection its client registered (RELAY_LISTEN). */
+    srv_conn *target = relayed ? relay_listen_take(s->relay, f.relay.relay_id, conn_ref_void) : NULL;
+    if (relayed && !target) conn_ref_void(c);
+    if (relayed && !target) target = c;
+    if (c->version < 2 && (relayed || f.out_mode == WIRE_OUT_SAMPLE)) {
+        bad.st.status = KVS_ERR_UNSUPPORTED;
+        why = "sampling and relay need protocol version 2 (say HELLO with max_version 2)";
+    } else if (relayed && f.relay.n_next == 0 && f.out_mode == WIRE_OUT_HIDDEN) {
+        bad.st.status = KVS_ERR_INVALID_ARG;
+        why = "a relayed step must end in logits or a sample";
+    } else if (pushes && m->has_head) {
+        bad.st.status = KVS_ERR_INVALID_ARG;
+        why = "relay hops after the shard that owns the output head";
+    } else if (tokens_in != m->has_embd) {
         bad.st.status = KVS_ERR_INVALID_ARG;
         why = m->has_embd ? "this shard owns layer 0 and takes token ids" : "this shard takes hidden states";
     } else if (!tokens_in && f.n_embd != m->hp.n_embd) {
         bad.st.status = KVS_ERR_INVALID_ARG;
         why = "hidden width does not match n_embd";
-    } else if (f.out_mode != WIRE_OUT_HIDDEN && !m->has_head) {
+    } else if (f.out_mode != WIRE_OUT_HIDDEN && !pushes && !m->has_head) {
         bad.st.status = KVS_ERR_INVALID_ARG;
         why = "logits requested from a shard without the output head";
     } else if (f.n_tokens > s->p.max_tokens) {
         bad.st.status = KVS_ERR_TOO_LARGE;
         why = "more rows than max_tokens";
     } /* positions past the context: kv_begin answers CONTEXT_FULL */
-    uint32_t rows = f.out_mode == WIRE_OUT_LOGITS_LAST ? 1 : f.n_tokens;
-    uint32_t cols = f.out_mode == WIRE_OUT_HIDDEN ? m->hp.n_embd : m->hp.n_vocab;
+    /* What this shard computes: hidden rows when it pushes on, the last row's logits to sample. */
+    uint32_t local_mode = pushes ? WIRE_OUT_HIDDEN : f.out_mode == WIRE_OUT_SAMPLE ? WIRE_OUT_LOGITS_LAST : f.out_mode;
+    uint32_t rows = local_mode == WIRE_OUT_LOGITS_LAST ? 1 : f.n_tokens;
+    uint32_t cols = local_mode == WIRE_OUT_HIDDEN ? m->hp.n_embd : m->hp.n_vocab;
     if (!why && (uint64_t)rows * cols * 4 + 64 > WIRE_MAX_PAYLOAD) {
         bad.st.status = KVS_ERR_TOO_LARGE;
         why = "the reply would exceed the frame limit";
@@ -594,7 +721,7 @@ static int handle_forward(srv_conn *c, uint64_t rid, const uint8_t *payload, siz
                 break;
             }
         }
-    if (!why && atomic_load(&c->inflight) >= s->p.max_inflight) {
+    if (!why && atomic_load(&(target ? target : c)->inflight) >= s->p.max_inflight) {
         bad.st.status = KVS_ERR_BUSY;
         why = "too many requests in flight on this connection";
         pthread_mutex_lock(&s->mu);
@@ -618,8 +745,21 @@ static int handle_forward(srv_conn *c, uint64_t rid, const uint8_t *payload, siz
                 }
             }
             j->out = malloc((size_t)rows * cols * sizeof(float));
-            if (f.out_mode == WIRE_OUT_LOGITS_LAST && f.n_tokens > 1) j->scratch = malloc((size_t)f.n_tokens * d * sizeof(float));
-            if ((!j->tokens && !j->hidden) || !j->out || (f.out_mode == WIRE_OUT_LOGITS_LAST && f.n_tokens > 1 && !j->scratch)) {
+            if (local_mode == WIRE_OUT_LOGITS_LAST && f.n_tokens > 1) j->scratch = malloc((size_t)f.n_tokens * d * sizeof(float));
+            bool extra_ok = true;
+            if (f.out_mode == WIRE_OUT_SAMPLE && f.sample.n_window) {
+                j->window = malloc((size_t)f.sample.n_window * sizeof(int32_t));
+                extra_ok = j->window != NULL;
+                for (uint32_t i = 0; extra_ok && i < f.sample.n_window; i++)
+                    j->window[i] = (int32_t)kvs_rd_u32((const uint8_t *)f.sample.window + 4 * (size_t)i);
+            }
+            if (pushes && extra_ok) {
+                j->relay = malloc(sizeof(*j->relay));
+                if (j->relay) *j->relay = f.relay;
+                extra_ok = j->relay != NULL;
+            }
+            if ((!j->tokens && !j->hidden) || !j->out || !extra_ok ||
+                (local_mode == WIRE_OUT_LOGITS_LAST && f.n_tokens > 1 && !j->scratch)) {
                 job_free(j);
                 j = NULL;
             }
@@ -632,13 +772,22 @@ static int handle_forward(srv_conn *c, uint64_t rid, const uint8_t *payload, siz
     if (why) {
         uint8_t buf[64];
         size_t l = 0;
-        if (wire_encode_forward_reply(&bad, buf, sizeof(buf), &l) == KVS_OK) conn_send(c, WIRE_OP_FORWARD_REPLY, rid, buf, l);
+        if (wire_encode_forward_reply(&bad, buf, sizeof(buf), &l) == KVS_OK)
+            conn_send(target ? target : c, WIRE_OP_FORWARD_REPLY, rid, buf, l);
+        if (target) conn_unref(target);
         return KVS_OK;
     }
-    j->conn = c;
+    j->conn = target ? target : c; /* a relayed job holds the ref taken with its target */
     j->op = WIRE_OP_FORWARD;
+    j->sample = f.out_mode == WIRE_OUT_SAMPLE && !pushes;
+    j->sq = f.sample;
+    j->sq.window = NULL;
+    j->wire_out_mode = f.out_mode;
     j->request_id = rid;
-    conn_sid(c, f.session_id, &j->sid);
+    /* A relayed step acts on the session of the client that registered relay_id: keyed by that
+     * connection's identity, as its client-driven steps are (docs/protocol.md §4.3.2). */
+    conn_sid(j->conn, f.session_id, &j->sid);
+    memcpy(j->wire_sid, f.session_id, WIRE_SID_SIZE);
     j->epoch = f.epoch;
     j->start_pos = f.start_pos;
     j->n = f.n_tokens;
@@ -646,18 +795,16 @@ static int handle_forward(srv_conn *c, uint64_t rid, const uint8_t *payload, siz
     j->inh.old_epoch = f.inherit_epoch;
     j->inh.len = f.inherit_len;
     j->reply_f16 = f.in_kind == WIRE_IN_HIDDEN_F16;
-    j->out_mode = f.out_mode == WIRE_OUT_HIDDEN ? FWD_OUT_HIDDEN
-                  : f.out_mode == WIRE_OUT_LOGITS_ALL ? FWD_OUT_LOGITS_ALL : FWD_OUT_LOGITS_LAST;
+    j->out_mode = local_mode == WIRE_OUT_HIDDEN ? FWD_OUT_HIDDEN
+                  : local_mode == WIRE_OUT_LOGITS_ALL ? FWD_OUT_LOGITS_ALL : FWD_OUT_LOGITS_LAST;
     j->out_rows = rows;
     j->out_cols = cols;
     j->state = JOB_QUEUED;
     atomic_init(&j->cancel, false);
-    atomic_fetch_add(&c->refs, 1);
-    atomic_fetch_add(&c->inflight, 1);
+    if (!target) atomic_fetch_add(&c->refs, 1);
+    atomic_fetch_add(&j->conn->inflight, 1);
     pthread_mutex_lock(&s->mu);
-    if (s->jobs_tail) s->jobs_tail->next = j;
-    else s->jobs = j;
-    s->jobs_tail = j;
+    jobs_append(s, j);
     s->c_requests++;
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
@@ -684,6 +831,8 @@ static int cancel_jobs(srv_conn *c, bool all, uint64_t rid) {
 void srv_stats(srv *s, struct wire_stats_reply *m) {
     kv_stats k;
     kv_get_stats(s->e->kv, &k);
+    relay_stats rs;
+    relay_get_stats(s->relay, &rs);
     pthread_mutex_lock(&s->mu);
     struct { const char *name; uint64_t v; } list[] = {
         {"kv.sessions", k.sessions},           {"kv.bytes_used", k.bytes_used},
@@ -700,6 +849,8 @@ void srv_stats(srv *s, struct wire_stats_reply *m) {
         {"srv.connections_rejected", s->c_rejected_conns}, {"srv.requests", s->c_requests},
         {"srv.forward_rows", s->c_forward_rows}, {"srv.batches", s->c_batches},
         {"srv.batch_items", s->c_batch_items}, {"srv.protocol_errors", s->c_protocol_errors},
+        {"relay.pushed", rs.pushed},           {"relay.failed", rs.failed},
+        {"relay.connects", rs.connects},
         {"srv.auth_failures", s->c_auth_failures}, {"srv.busy_inflight", s->c_busy_inflight},
         {"srv.refused_per_addr", s->c_refused_addr}, {"srv.frame_timeouts", s->c_frame_timeouts},
         {"srv.refused_buffers", s->c_refused_buffers},
@@ -819,7 +970,7 @@ static void send_info(srv_conn *c, uint64_t rid, int status) {
     memset(&in, 0, sizeof(in));
     in.st.status = status;
     if (status == KVS_OK) {
-        in.version = WIRE_VERSION;
+        in.version = c->version;
         in.hidden_dtypes = WIRE_DTYPE_F32 | WIRE_DTYPE_F16;
         memcpy(in.model_digest, s->digest, 32);
         in.n_layer = m->hp.n_layer;
@@ -887,9 +1038,7 @@ static void handle_truncate_release(srv_conn *c, const struct wire_header *h, co
             atomic_init(&j->cancel, false);
             atomic_fetch_add(&c->refs, 1);
             atomic_fetch_add(&c->inflight, 1);
-            if (s->jobs_tail) s->jobs_tail->next = j;
-            else s->jobs = j;
-            s->jobs_tail = j;
+            jobs_append(s, j);
             pthread_cond_signal(&s->cv);
         }
         pthread_mutex_unlock(&s->mu);
@@ -974,7 +1123,8 @@ static void *conn_main(void *arg) {
     err = netio_recv_frame_opt(c->fd, &h, &buf, &hello_opts, msg, sizeof(msg));
     struct wire_hello hello;
     if (err == KVS_OK && h.op == WIRE_OP_HELLO && wire_decode_hello(buf.data, buf.len, &hello, msg, sizeof(msg)) == KVS_OK &&
-        hello.min_version <= WIRE_VERSION && hello.max_version >= WIRE_VERSION) {
+        hello.min_version <= WIRE_PROTO_VERSION) {
+        c->version = hello.max_version < WIRE_PROTO_VERSION ? hello.max_version : (uint16_t)WIRE_PROTO_VERSION;
         if (conn_authenticate(c, &hello) != KVS_OK) {
             pthread_mutex_lock(&s->mu);
             s->c_auth_failures++;
@@ -1046,6 +1196,16 @@ static void *conn_main(void *arg) {
             send_status(c, h.request_id, n ? KVS_OK : KVS_ERR_NOT_FOUND, NULL, NULL);
             break;
         }
+        case WIRE_OP_RELAY_LISTEN: {
+            struct wire_relay_listen t;
+            if (wire_decode_relay_listen(buf.data, buf.len, &t, msg, sizeof(msg)))
+                send_status(c, h.request_id, KVS_ERR_PROTOCOL, NULL, msg);
+            else if (c->version < 2)
+                send_status(c, h.request_id, KVS_ERR_UNSUPPORTED, NULL, "RELAY_LISTEN needs protocol version 2");
+            else
+                send_status(c, h.request_id, relay_listen_add(s->relay, t.relay_id, c), NULL, NULL);
+            break;
+        }
         case WIRE_OP_STATS:
             if (wire_decode_empty(buf.data, buf.len, msg, sizeof(msg))) send_status(c, h.request_id, KVS_ERR_PROTOCOL, NULL, msg);
             else handle_stats(c, h.request_id);
@@ -1074,6 +1234,7 @@ static void *conn_main(void *arg) {
 out:
     conn_release_rx(c);
     {
+        relay_listen_drop(s->relay, c); /* before our unref: relay.h design note 4 */
         int n = cancel_jobs(c, true, 0);
         /* Let the writer flush what is queued (an error reply before closing), then stop it. */
         pthread_mutex_lock(&c->write_lock);
@@ -1185,6 +1346,10 @@ int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
     if (want_tls && (err = tls_ctx_create(&(tls_params){.cert_file = p->tls_cert, .key_file = p->tls_key,
                                                          .ca_file = p->tls_ca}, true, &s->tls, msg, cap)))
         goto fail;
+    /* The same certificate, as a client, for the relay's connections to next hops. */
+    if (want_tls && (err = tls_ctx_create(&(tls_params){.cert_file = p->tls_cert, .key_file = p->tls_key,
+                                                         .ca_file = p->tls_ca}, false, &s->relay_tls, msg, cap)))
+        goto fail;
     if (p->auth_token_file && (err = load_tokens(s, p->auth_token_file, msg, cap))) goto fail;
     uint64_t phys = physical_memory_bytes();
     if (phys && p->kv_budget_bytes > phys) {
@@ -1205,6 +1370,16 @@ int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
     ep.kv.clock = p->kv_clock;
     ep.kv.clock_ctx = p->kv_clock_ctx;
     if ((err = engine_open(&ep, &s->e, msg, cap))) goto fail;
+    relay_params rp = relay_default_params();
+    rp.done = relay_done;
+    rp.log = p->log;
+    rp.ctx = p->log_ctx; /* relay_done ignores it */
+    rp.timeout_ms = p->hello_timeout_ms;
+    rp.tls = s->relay_tls;
+    if ((err = relay_create(&rp, &s->relay))) {
+        err = kvs_fail(msg, cap, err, "cannot create the relay");
+        goto fail;
+    }
     srv_logf(s, "loaded %s layers [%u, %u) of %u: %.1f MiB of weights", p->model_path, s->e->m->first, s->e->m->last,
              s->e->m->hp.n_layer, (double)s->e->m->weight_bytes / (1 << 20));
     srv_logf(s, "hashing the model file for its digest");
@@ -1351,6 +1526,7 @@ int srv_run(srv *s) {
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->sched_thread, NULL);
+    relay_stop(s->relay); /* fails pushes still queued, so their connection refs go */
     /* Bounded wait for the detached readers to let go of their connections. */
     for (int i = 0; i < 500; i++) {
         pthread_mutex_lock(&s->mu);
@@ -1374,8 +1550,10 @@ void srv_free(srv *s) {
     if (s->listen_fd >= 0) close(s->listen_fd);
     if (s->stop_pipe[0] >= 0) close(s->stop_pipe[0]);
     if (s->stop_pipe[1] >= 0) close(s->stop_pipe[1]);
+    relay_destroy(s->relay);
     engine_close(s->e);
     tls_ctx_free(s->tls);
+    tls_ctx_free(s->relay_tls); /* after relay_destroy: its links were detached */
     if (s->tokens) sodium_memzero(s->tokens, (size_t)s->n_tokens * sizeof *s->tokens);
     free(s->tokens);
     pthread_mutex_destroy(&s->mu);

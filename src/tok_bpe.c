@@ -23,6 +23,10 @@
  *     a popped pair is stale when either side changed since it was pushed (the ids
  *     recorded at push time no longer match, or the two are no longer neighbours). With
  *     ignore_merges (Llama 3), a pre-token that is itself a token is emitted whole.
+ *  6. A pre-token's ids depend on its bytes alone, and text repeats its words, so one
+ *     encode call keeps a cache of pre-tokens (<= BPE_CACHE_WORD bytes) -> ids: an
+ *     open-addressing table that stops taking entries at half load. Merge-table lookups
+ *     are cache misses on a 4-16 MiB table; the word cache turns most words into one.
  */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "tok_bpe.h"
@@ -36,6 +40,8 @@
 #include "util.h"
 
 #define BPE_MAX_REGEX 4
+#define BPE_CACHE_SLOTS (1u << 16) /* power of two */
+#define BPE_CACHE_WORD 64          /* bytes of the longest cached pre-token */
 
 /* ---- pre-tokenizers (design note 3) ---- */
 
@@ -270,6 +276,14 @@ typedef struct {
 } bpe_pair;
 
 typedef struct {
+    const uint8_t *word; /* into the encoded text; NULL when empty */
+    uint32_t hash;
+    uint16_t len;        /* bytes */
+    uint16_t n_ids;
+    uint32_t ids_off;    /* into cache_ids */
+} bpe_cache_slot;
+
+typedef struct {
     bpe_piece *pieces[2];      /* ping-pong piece lists of the regex steps */
     size_t n_pieces[2], cap_pieces[2];
     int32_t *sym_id, *sym_prev, *sym_next;
@@ -278,6 +292,12 @@ typedef struct {
     size_t heap_n, heap_cap;
     char *enc;                 /* mapped text of one pre-token (ignore_merges lookups) */
     size_t enc_cap;
+    int32_t *word_ids;         /* ids of one pre-token (sym_cap + 1) */
+    size_t word_ids_cap;
+    bpe_cache_slot *cache;     /* (BPE_CACHE_SLOTS) design note 6; NULL: no cache */
+    uint32_t cache_n;
+    int32_t *cache_ids;        /* ids of the cached words, back to back */
+    size_t cache_ids_n, cache_ids_cap;
 } bpe_work;
 
 static int piece_push(bpe_work *w, int k, size_t start, size_t len) {
@@ -430,12 +450,56 @@ static int encode_word(const tok_vocab *v, const tok_bpe *b, bpe_work *w, const 
     return KVS_OK;
 }
 
+static uint32_t word_hash(const uint8_t *p, size_t n) {
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 16777619u;
+    return h;
+}
+
+/* encode_word through the word cache (design note 6). */
+static int encode_word_cached(const tok_vocab *v, const tok_bpe *b, bpe_work *w, const uint8_t *p, size_t n,
+                              tok_out *out) {
+    if (n <= 1 || n > BPE_CACHE_WORD || !w->cache) return encode_word(v, b, w, p, n, out);
+    uint32_t h = word_hash(p, n), mask = BPE_CACHE_SLOTS - 1, i = h & mask;
+    for (;; i = (i + 1) & mask) {
+        bpe_cache_slot *c = &w->cache[i];
+        if (!c->word) break;
+        if (c->hash == h && c->len == n && !memcmp(c->word, p, n)) {
+            for (uint32_t k = 0; k < c->n_ids; k++) tok_emit(out, w->cache_ids[c->ids_off + k]);
+            return KVS_OK;
+        }
+    }
+    /* a miss: encode into word_ids, then remember it while the table is under half full */
+    size_t cap = w->word_ids_cap;
+    if (grow((void **)&w->word_ids, &cap, n + 1, sizeof(int32_t)) != KVS_OK) return KVS_ERR_NOMEM;
+    w->word_ids_cap = cap;
+    tok_out local = {w->word_ids, (int)(n + 1), 0};
+    int rc = encode_word(v, b, w, p, n, &local);
+    if (rc != KVS_OK) return rc;
+    for (size_t k = 0; k < local.n_out; k++) tok_emit(out, w->word_ids[k]);
+    if (w->cache_n < BPE_CACHE_SLOTS / 2) {
+        cap = w->cache_ids_cap;
+        if (grow((void **)&w->cache_ids, &cap, w->cache_ids_n + local.n_out, sizeof(int32_t)) != KVS_OK)
+            return KVS_OK; /* no room to remember: still correct */
+        w->cache_ids_cap = cap;
+        memcpy(w->cache_ids + w->cache_ids_n, w->word_ids, local.n_out * sizeof(int32_t));
+        w->cache[i] = (bpe_cache_slot){p, h, (uint16_t)n, (uint16_t)local.n_out, (uint32_t)w->cache_ids_n};
+        w->cache_ids_n += local.n_out;
+        w->cache_n++;
+    }
+    return KVS_OK;
+}
+
 /* Copy of s[0..n) with each invalid UTF-8 byte replaced by U+FFFD (design note 4), or NULL
  * in *out when s is valid already. */
 static int sanitize(const char *s, size_t n, char **out, size_t *out_n) {
     *out = NULL;
     size_t i = 0;
     while (i < n) {
+        if ((uint8_t)s[i] < 0x80) { /* ASCII: the common case */
+            i++;
+            continue;
+        }
         int k = tok_utf8_char(s + i, n - i, NULL);
         if (k == 0) break;
         i += (size_t)k;
@@ -487,9 +551,10 @@ int tok_bpe_encode(const tok_vocab *v, const char *text, size_t len, tok_out *ou
             if ((rc = split_piece(b->re[r], md, text, w.pieces[cur][i], &w, nxt)) != KVS_OK) goto done;
         cur = nxt;
     }
+    if (w.n_pieces[cur] > 64) w.cache = calloc(BPE_CACHE_SLOTS, sizeof *w.cache); /* NULL: uncached */
     for (size_t i = 0; i < w.n_pieces[cur]; i++) {
         bpe_piece p = w.pieces[cur][i];
-        if ((rc = encode_word(v, b, &w, (const uint8_t *)text + p.start, p.len, out)) != KVS_OK) goto done;
+        if ((rc = encode_word_cached(v, b, &w, (const uint8_t *)text + p.start, p.len, out)) != KVS_OK) goto done;
     }
 
 done:
@@ -501,6 +566,9 @@ done:
     free(w.sym_next);
     free(w.heap);
     free(w.enc);
+    free(w.word_ids);
+    free(w.cache);
+    free(w.cache_ids);
     free(clean);
     return rc;
 }

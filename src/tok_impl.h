@@ -40,6 +40,9 @@ struct tok_vocab {
     int32_t byte_tok[256]; /* SPM: id of <0xNN> (or of the 1-byte token "\xNN"), -1 if none */
     int32_t *special_ids;  /* (n_special) control, unknown and user-defined tokens, longest text first */
     int32_t n_special;
+    uint8_t special_first[32]; /* bitmap of the first bytes of special texts */
+    uint16_t *special_lens;    /* (n_special_lens) distinct special text lengths, ascending */
+    int32_t n_special_lens;
     uint32_t max_token_len; /* bytes of the longest token text */
     int32_t bos, eos, unk;  /* -1 when absent */
     bool add_space_prefix;

@@ -187,6 +187,19 @@ static int sort_specials(tok_vocab *v) {
     qsort(keys, (size_t)k, sizeof *keys, cmp_special_key);
     for (int32_t i = 0; i < k; i++) v->special_ids[i] = keys[i].id;
     v->n_special = k;
+    /* the prefilter of partition_special: first bytes and distinct lengths (keys are
+     * longest first, so the lengths come out descending; stored ascending) */
+    v->special_lens = malloc((size_t)k * sizeof *v->special_lens);
+    if (!v->special_lens) {
+        free(keys);
+        return KVS_ERR_NOMEM;
+    }
+    for (int32_t i = k - 1; i >= 0; i--) {
+        if (v->n_special_lens == 0 || v->special_lens[v->n_special_lens - 1] != keys[i].len)
+            v->special_lens[v->n_special_lens++] = (uint16_t)keys[i].len;
+        uint8_t c = (uint8_t)v->text_arena[v->text_off[keys[i].id]];
+        v->special_first[c >> 3] |= (uint8_t)(1u << (c & 7));
+    }
     free(keys);
     return KVS_OK;
 }
@@ -491,6 +504,7 @@ void tok_free(tok_vocab *v) {
     free(v->types);
     free(v->hash_slots);
     free(v->special_ids);
+    free(v->special_lens);
     free(v->chat_template);
     free(v);
 }
@@ -518,17 +532,13 @@ bool tok_is_eog(const tok_vocab *v, int32_t id) {
 
 /* ---- encoding (design note 4) --------------------------------------------- */
 
-/* Position of the first occurrence of needle in hay[0..hn), or hn. */
+/* Position of the first occurrence of needle in hay[0..hn), or hn (glibc's memmem: a
+ * two-way search, much faster than memchr + memcmp when the first byte is common, as '<'
+ * is in code and every special token starts with it). */
 static size_t find_bytes(const char *hay, size_t hn, const char *needle, size_t nn) {
     if (nn == 0 || nn > hn) return hn;
-    const char *p = hay, *end = hay + hn - nn + 1;
-    while (p < end) {
-        p = memchr(p, needle[0], (size_t)(end - p));
-        if (!p) return hn;
-        if (memcmp(p, needle, nn) == 0) return (size_t)(p - hay);
-        p++;
-    }
-    return hn;
+    const char *p = memmem(hay, hn, needle, nn);
+    return p ? (size_t)(p - hay) : hn;
 }
 
 /* Fragments are (start, len, id) with id -1 for raw text. */
@@ -537,17 +547,38 @@ typedef struct {
     int32_t id;
 } tok_fragment;
 
+/* For a long text: which special texts occur in it at all (present[id of the text] = 1), from
+ * one pass over the positions whose byte can start one. A special text absent from the whole
+ * text cannot split any fragment of it, so the partition skips it: same result, and the
+ * hundreds of specials of a large vocab no longer each scan the text. NULL: no prefilter. */
+static uint8_t *specials_present(const tok_vocab *v, const char *text, size_t len) {
+    if (len < 4096 || v->n_special < 8) return NULL;
+    uint8_t *present = calloc((size_t)v->n_vocab, 1);
+    if (!present) return NULL; /* the unfiltered scan is as correct */
+    for (size_t pos = 0; pos < len; pos++) {
+        uint8_t c = (uint8_t)text[pos];
+        if (!(v->special_first[c >> 3] & (1u << (c & 7)))) continue;
+        for (int32_t k = 0; k < v->n_special_lens && v->special_lens[k] <= len - pos; k++) {
+            int32_t id = tok_vocab_find(v, text + pos, v->special_lens[k]);
+            if (id >= 0) present[id] = 1;
+        }
+    }
+    return present;
+}
+
 static int partition_special(const tok_vocab *v, const char *text, size_t len, bool parse_special,
                              tok_fragment **out, size_t *n_out) {
     size_t cap = 16, n = 1;
     tok_fragment *f = malloc(cap * sizeof *f);
     if (!f) return KVS_ERR_NOMEM;
     f[0] = (tok_fragment){0, len, -1};
+    uint8_t *present = specials_present(v, text, len);
     for (int32_t u = 0; u < v->n_special; u++) {
         int32_t sid = v->special_ids[u];
         if (!parse_special && v->types[sid] != TOK_TYPE_USER_DEFINED) continue;
         size_t tl;
         const char *tt = tok_text(v, sid, &tl);
+        if (present && !present[tok_vocab_find(v, tt, tl)]) continue;
         for (size_t i = 0; i < n; i++) {
             if (f[i].id >= 0) continue;
             size_t pos = find_bytes(text + f[i].start, f[i].len, tt, tl);
@@ -558,6 +589,7 @@ static int partition_special(const tok_vocab *v, const char *text, size_t len, b
                 tok_fragment *g = realloc(f, cap * 2 * sizeof *f);
                 if (!g) {
                     free(f);
+                    free(present);
                     return KVS_ERR_NOMEM;
                 }
                 f = g;
@@ -576,6 +608,7 @@ static int partition_special(const tok_vocab *v, const char *text, size_t len, b
             i += rest > 0 ? r - 2 : r - 1;
         }
     }
+    free(present);
     *out = f;
     *n_out = n;
     return KVS_OK;

@@ -121,6 +121,7 @@ const char *wire_op_name(uint32_t op) {
     case WIRE_OP_VOCAB: return "VOCAB";
     case WIRE_OP_VOCAB_REPLY: return "VOCAB_REPLY";
     case WIRE_OP_STATUS: return "STATUS";
+    case WIRE_OP_RELAY_LISTEN: return "RELAY_LISTEN";
     case WIRE_OP_VOCAB_META: return "VOCAB_META";
     case WIRE_OP_VOCAB_META_REPLY: return "VOCAB_META_REPLY";
     default: return "?";
@@ -280,7 +281,7 @@ static int enc_info(struct wr *w, const void *vm) {
     if (!status_fields_ok(&m->st)) return KVS_ERR_INVALID_ARG;
     enc_status(w, &m->st);
     if (m->st.status != KVS_OK) return KVS_OK;
-    if (m->version < 1 || m->version > WIRE_VERSION) return KVS_ERR_INVALID_ARG;
+    if (m->version < 1 || m->version > WIRE_PROTO_VERSION) return KVS_ERR_INVALID_ARG;
     if (!(m->hidden_dtypes & WIRE_DTYPE_F32) || (m->hidden_dtypes & ~(WIRE_DTYPE_F32 | WIRE_DTYPE_F16)))
         return KVS_ERR_INVALID_ARG;
     if (m->n_layer > WIRE_MAX_LAYERS || m->first >= m->last || m->last > m->n_layer)
@@ -327,7 +328,7 @@ static int dec_info(struct rd *r, struct wire_info *m, char *msg, size_t msg_cap
     m->max_ctx = rd_u32(r, "max_ctx");
     m->name_len = rd_u16(r, "name_len");
     if (r->bad) return rd_short(r, msg, msg_cap);
-    if (m->version < 1 || m->version > WIRE_VERSION)
+    if (m->version < 1 || m->version > WIRE_PROTO_VERSION)
         return PROTO("unsupported version %u", (unsigned)m->version);
     if (!(m->hidden_dtypes & WIRE_DTYPE_F32) || (m->hidden_dtypes & ~(WIRE_DTYPE_F32 | WIRE_DTYPE_F16)))
         return PROTO("bad hidden_dtypes 0x%x", (unsigned)m->hidden_dtypes);
@@ -371,7 +372,7 @@ static const char *forward_check(const struct wire_forward *m, uint64_t *data_by
     }
     if ((uint64_t)m->start_pos + m->n_tokens > WIRE_MAX_POS) return "start_pos + n_tokens over limit";
     if (m->flags & ~(uint32_t)WIRE_FWD_FLAGS_KNOWN) return "unknown forward flags";
-    if (m->out_mode > WIRE_OUT_LOGITS_ALL) return "unknown out_mode";
+    if (m->out_mode > WIRE_OUT_SAMPLE) return "unknown out_mode";
     if (m->flags & WIRE_FWD_INHERIT) {
         if (m->inherit_epoch >= m->epoch) return "inherit_epoch not older than epoch";
         if (m->inherit_len > WIRE_MAX_POS) return "inherit_len over limit";
@@ -390,6 +391,58 @@ static const char *forward_check(const struct wire_forward *m, uint64_t *data_by
     if (!tensor_bytes(m->n_tokens, cols, es, WIRE_MAX_PAYLOAD, data_bytes)) {
         *too_large = true;
         return "input data over the payload limit";
+    }
+    return NULL;
+}
+
+static void wr_f32(struct wr *w, float v) {
+    uint8_t b[4];
+    kvs_wr_f32(b, v);
+    wr_bytes(w, b, 4);
+}
+static float rd_f32(struct rd *r, const char *f) {
+    const uint8_t *a;
+    return rd_take(r, 4, f, &a) ? kvs_rd_f32(a) : 0.0f;
+}
+
+static bool f32_in(float v, float lo, float hi) { return v >= lo && v <= hi; } /* false for NaN */
+
+/* Sampler block rules (not the window ids); a static reason or NULL. */
+static const char *sample_check(const struct wire_sample_req *q) {
+    if (!f32_in(q->temp, -1e30f, 1e30f)) return "sampler temp is not a finite number";
+    if (!f32_in(q->top_p, 0.0f, 1.0f)) return "sampler top_p outside [0, 1]";
+    if (!f32_in(q->min_p, 0.0f, 1.0f)) return "sampler min_p outside [0, 1]";
+    if (!f32_in(q->repeat_penalty, 0.0f, 1e30f)) return "sampler repeat_penalty not in [0, finite]";
+    if (!f32_in(q->presence_penalty, -1e30f, 1e30f)) return "sampler presence_penalty is not a finite number";
+    if (q->top_k > WIRE_MAX_VOCAB) return "sampler top_k over limit";
+    if (q->n_top > WIRE_MAX_TOP) return "sampler n_top over limit";
+    if (q->n_window > WIRE_MAX_WINDOW) return "sampler n_window over limit";
+    return NULL;
+}
+
+static bool addr_ok(const char *a, size_t n) {
+    if (n < 1 || n > WIRE_MAX_ADDR) return false;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)a[i] < 0x21 || (unsigned char)a[i] > 0x7e) return false;
+    return true;
+}
+
+/* Relay block rules; a static reason or NULL. */
+static const char *relay_check(const struct wire_relay *rl, uint64_t epoch) {
+    if (rl->relay_id == 0) return "relay_id is 0";
+    if (rl->hidden_kind != WIRE_IN_HIDDEN_F32 && rl->hidden_kind != WIRE_IN_HIDDEN_F16)
+        return "relay hidden_kind is not a hidden kind";
+    if (rl->n_next > WIRE_MAX_RELAY_HOPS) return "relay n_next over limit";
+    for (uint32_t i = 0; i < rl->n_next; i++) {
+        const struct wire_relay_hop *h = &rl->next[i];
+        if (!addr_ok(h->addr, h->addr_len)) return "relay hop address is not 1..64 printable bytes";
+        if (h->flags & ~(uint32_t)WIRE_FWD_INHERIT) return "relay hop flags unknown";
+        if (h->flags & WIRE_FWD_INHERIT) {
+            if (h->inherit_epoch >= epoch) return "relay hop inherit_epoch not older than epoch";
+            if (h->inherit_len > WIRE_MAX_POS) return "relay hop inherit_len over limit";
+        } else if (h->inherit_epoch || h->inherit_len) {
+            return "relay hop inherit fields set without the inherit flag";
+        }
     }
     return NULL;
 }
@@ -417,6 +470,41 @@ static int enc_forward(struct wr *w, const void *vm) {
     wr_u32(w, m->in_kind);
     wr_u32(w, m->n_embd);
     wr_bytes(w, m->data, (size_t)nb);
+    if (m->out_mode == WIRE_OUT_SAMPLE) {
+        const struct wire_sample_req *q = &m->sample;
+        if (sample_check(q)) return KVS_ERR_INVALID_ARG;
+        if (q->n_window && !q->window) return KVS_ERR_INVALID_ARG;
+        for (uint32_t i = 0; i < q->n_window; i++) {
+            int32_t t = (int32_t)kvs_rd_u32((const uint8_t *)q->window + 4 * (size_t)i);
+            if (t < 0 || (uint32_t)t >= WIRE_MAX_VOCAB) return KVS_ERR_INVALID_ARG;
+        }
+        wr_f32(w, q->temp);
+        wr_f32(w, q->top_p);
+        wr_f32(w, q->min_p);
+        wr_f32(w, q->repeat_penalty);
+        wr_f32(w, q->presence_penalty);
+        wr_u32(w, q->top_k);
+        wr_u64(w, q->seed);
+        wr_u32(w, q->n_top);
+        wr_u32(w, q->n_window);
+        if (q->n_window) wr_bytes(w, q->window, (size_t)q->n_window * 4);
+    }
+    if (m->flags & WIRE_FWD_RELAY) {
+        const struct wire_relay *rl = &m->relay;
+        if (relay_check(rl, m->epoch)) return KVS_ERR_INVALID_ARG;
+        wr_u64(w, rl->relay_id);
+        wr_u16(w, rl->hop);
+        wr_u16(w, rl->hidden_kind);
+        wr_u16(w, rl->n_next);
+        for (uint32_t i = 0; i < rl->n_next; i++) {
+            const struct wire_relay_hop *h = &rl->next[i];
+            wr_u8(w, h->addr_len);
+            wr_bytes(w, h->addr, h->addr_len);
+            wr_u32(w, h->flags);
+            wr_u64(w, h->inherit_epoch);
+            wr_u32(w, h->inherit_len);
+        }
+    }
     return KVS_OK;
 }
 
@@ -440,7 +528,8 @@ static int dec_forward(struct rd *r, struct wire_forward *m, char *msg, size_t m
     bool big;
     const char *why = forward_check(m, &nb, &big);
     if (why) return PROTO("FORWARD: %s", why);
-    if (nb != r->n - r->off)
+    const bool blocks = m->out_mode == WIRE_OUT_SAMPLE || (m->flags & WIRE_FWD_RELAY);
+    if (blocks ? nb > r->n - r->off : nb != r->n - r->off)
         return PROTO("FORWARD: input data is %zu bytes, n_tokens %u x n_embd %u needs %llu",
                      r->n - r->off, (unsigned)m->n_tokens, (unsigned)m->n_embd,
                      (unsigned long long)nb);
@@ -453,6 +542,47 @@ static int dec_forward(struct rd *r, struct wire_forward *m, char *msg, size_t m
             if (t < 0 || (uint32_t)t >= WIRE_MAX_VOCAB)
                 return PROTO("FORWARD: token %u has id %d", (unsigned)i, (int)t);
         }
+    }
+    if (m->out_mode == WIRE_OUT_SAMPLE) {
+        struct wire_sample_req *q = &m->sample;
+        q->temp = rd_f32(r, "sampler temp");
+        q->top_p = rd_f32(r, "sampler top_p");
+        q->min_p = rd_f32(r, "sampler min_p");
+        q->repeat_penalty = rd_f32(r, "sampler repeat_penalty");
+        q->presence_penalty = rd_f32(r, "sampler presence_penalty");
+        q->top_k = rd_u32(r, "sampler top_k");
+        q->seed = rd_u64(r, "sampler seed");
+        q->n_top = rd_u32(r, "sampler n_top");
+        q->n_window = rd_u32(r, "sampler n_window");
+        if (r->bad) return rd_short(r, msg, msg_cap);
+        if ((why = sample_check(q)) != NULL) return PROTO("FORWARD: %s", why);
+        if (!rd_take(r, (size_t)q->n_window * 4, "sampler window", &a)) return rd_short(r, msg, msg_cap);
+        q->window = q->n_window ? a : NULL;
+        for (uint32_t i = 0; i < q->n_window; i++) {
+            int32_t t = (int32_t)kvs_rd_u32(a + 4 * (size_t)i);
+            if (t < 0 || (uint32_t)t >= WIRE_MAX_VOCAB)
+                return PROTO("FORWARD: window id %u is %d", (unsigned)i, (int)t);
+        }
+    }
+    if (m->flags & WIRE_FWD_RELAY) {
+        struct wire_relay *rl = &m->relay;
+        rl->relay_id = rd_u64(r, "relay_id");
+        rl->hop = rd_u16(r, "relay hop");
+        rl->hidden_kind = rd_u16(r, "relay hidden_kind");
+        rl->n_next = rd_u16(r, "relay n_next");
+        if (r->bad) return rd_short(r, msg, msg_cap);
+        if (rl->n_next > WIRE_MAX_RELAY_HOPS) return PROTO("FORWARD: relay n_next over limit");
+        for (uint32_t i = 0; i < rl->n_next; i++) {
+            struct wire_relay_hop *h = &rl->next[i];
+            h->addr_len = rd_u8(r, "relay hop addr_len");
+            if (h->addr_len > WIRE_MAX_ADDR) return PROTO("FORWARD: relay hop %u addr_len over limit", (unsigned)i);
+            rd_copy(r, h->addr, h->addr_len, "relay hop addr");
+            h->flags = rd_u32(r, "relay hop flags");
+            h->inherit_epoch = rd_u64(r, "relay hop inherit_epoch");
+            h->inherit_len = rd_u32(r, "relay hop inherit_len");
+            if (r->bad) return rd_short(r, msg, msg_cap);
+        }
+        if ((why = relay_check(rl, m->epoch)) != NULL) return PROTO("FORWARD: %s", why);
     }
     return rd_end(r, msg, msg_cap);
 }
@@ -478,6 +608,12 @@ static const char *reply_check(const struct wire_forward_reply *m, uint64_t *dat
     *data_bytes = 0;
     if (m->out_kind == WIRE_OUTK_NONE) {
         if (m->n_rows || m->n_cols) return "dims set with out_kind NONE";
+        return NULL;
+    }
+    if (m->out_kind == WIRE_OUTK_SAMPLE) {
+        if (m->n_rows != 1) return "SAMPLE reply with n_rows != 1";
+        if (m->n_cols > WIRE_MAX_TOP) return "SAMPLE reply n_cols over limit";
+        *data_bytes = 8 + 8 * (uint64_t)m->n_cols;
         return NULL;
     }
     uint32_t es = out_esize(m->out_kind);
@@ -535,7 +671,26 @@ static int dec_forward_reply(struct rd *r, struct wire_forward_reply *m, char *m
     const uint8_t *a;
     rd_take(r, (size_t)nb, "data", &a);
     m->data = nb ? a : NULL;
+    if (m->out_kind == WIRE_OUTK_SAMPLE)
+        for (uint32_t i = 0; i <= m->n_cols; i++) {
+            int32_t t = (int32_t)kvs_rd_u32(a + 8 * (size_t)i);
+            if (t < 0 || (uint32_t)t >= WIRE_MAX_VOCAB)
+                return PROTO("FORWARD_REPLY: sampled id %u is %d", (unsigned)i, (int)t);
+        }
     return rd_end(r, msg, msg_cap);
+}
+
+int wire_forward_reply_sample(const struct wire_forward_reply *m, int32_t *id, float *logprob, int32_t *top_ids,
+                              float *top_lp) {
+    if (!m || !id || !logprob || m->out_kind != WIRE_OUTK_SAMPLE || !m->data) return KVS_ERR_INVALID_ARG;
+    const uint8_t *a = m->data;
+    *id = (int32_t)kvs_rd_u32(a);
+    *logprob = kvs_rd_f32(a + 4);
+    for (uint32_t i = 0; i < m->n_cols; i++) {
+        if (top_ids) top_ids[i] = (int32_t)kvs_rd_u32(a + 8 + 8 * (size_t)i);
+        if (top_lp) top_lp[i] = kvs_rd_f32(a + 12 + 8 * (size_t)i);
+    }
+    return KVS_OK;
 }
 
 /* ---- f16 ---- */
@@ -872,6 +1027,26 @@ bool wire_vocab_next(const struct wire_vocab_reply *v, size_t *off, struct wire_
     return vocab_entry(v->entries, v->entries_len, off, tok);
 }
 
+/* ---- RELAY_LISTEN ---- */
+
+static int enc_relay_listen(struct wr *w, const void *vm) {
+    const struct wire_relay_listen *m = vm;
+    if (m->relay_id == 0) return KVS_ERR_INVALID_ARG;
+    wr_u64(w, m->relay_id);
+    return KVS_OK;
+}
+
+int wire_encode_relay_listen(const struct wire_relay_listen *m, uint8_t *buf, size_t cap, size_t *len) {
+    return run_encoder(enc_relay_listen, m, buf, cap, len);
+}
+
+static int dec_relay_listen(struct rd *r, struct wire_relay_listen *m, char *msg, size_t msg_cap) {
+    m->relay_id = rd_u64(r, "relay_id");
+    if (r->bad) return rd_short(r, msg, msg_cap);
+    if (m->relay_id == 0) return PROTO("RELAY_LISTEN: relay_id is 0");
+    return rd_end(r, msg, msg_cap);
+}
+
 /* ---- VOCAB_META ---- */
 
 static int enc_vocab_meta(struct wr *w, const void *vm) {
@@ -1001,6 +1176,7 @@ WIRE_DECODER_(forward_reply, struct wire_forward_reply)
 WIRE_DECODER_(truncate, struct wire_truncate)
 WIRE_DECODER_(release, struct wire_release)
 WIRE_DECODER_(cancel, struct wire_cancel)
+WIRE_DECODER_(relay_listen, struct wire_relay_listen)
 WIRE_DECODER_(status_reply, struct wire_status_reply)
 WIRE_DECODER_(stats_reply, struct wire_stats_reply)
 WIRE_DECODER_(vocab, struct wire_vocab)

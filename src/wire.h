@@ -43,7 +43,12 @@
 /* ---- header and limits ---- */
 
 #define WIRE_MAGIC 0x4853564Bu /* bytes "KVSH" read as a little-endian u32 */
-#define WIRE_VERSION 1u        /* frame/message set version this code speaks */
+#define WIRE_VERSION 1u        /* frame header version (the framing of docs/protocol.md §1) */
+/* Message-set versions negotiated by HELLO / INFO. 1: the base set. 2 adds FORWARD out_mode SAMPLE
+ * with its sampler block, the RELAY flag with its relay block, FORWARD_REPLY out_kind SAMPLE and
+ * the RELAY_LISTEN op. A shard answers a v1 client in v1 and refuses v2 fields on that
+ * connection (UNSUPPORTED); frames keep header version WIRE_VERSION either way. */
+#define WIRE_PROTO_VERSION 2u
 #define WIRE_HEADER_SIZE 24u
 
 #define WIRE_MAX_PAYLOAD (64u << 20)  /* bytes after the header */
@@ -80,8 +85,9 @@ enum wire_op {
     WIRE_OP_STATUS = 12,       /* struct wire_status_reply: generic reply / error */
     WIRE_OP_VOCAB_META = 13,       /* struct wire_vocab_meta: tokenizer settings + BPE merges */
     WIRE_OP_VOCAB_META_REPLY = 14, /* struct wire_vocab_meta_reply */
+    WIRE_OP_RELAY_LISTEN = 15,     /* v2, struct wire_relay_listen; reply STATUS */
 };
-#define WIRE_OP_MAX_ 14
+#define WIRE_OP_MAX_ 15
 
 struct wire_header {
     uint32_t magic;       /* WIRE_MAGIC */
@@ -148,18 +154,54 @@ struct wire_info {
 
 #define WIRE_SID_SIZE 16u
 #define WIRE_FWD_INHERIT (1u << 0) /* take over inherit_epoch's state truncated to inherit_len */
-#define WIRE_FWD_FLAGS_KNOWN WIRE_FWD_INHERIT
+#define WIRE_FWD_RELAY (1u << 1)   /* v2: a relay block follows; push the step on to relay.next[] */
+#define WIRE_FWD_FLAGS_KNOWN (WIRE_FWD_INHERIT | WIRE_FWD_RELAY)
+
+#define WIRE_MAX_WINDOW 8192u   /* penalty window ids in a sampler block */
+#define WIRE_MAX_TOP 20u        /* top log-probs a SAMPLE reply may carry */
+#define WIRE_MAX_RELAY_HOPS 64u /* next hops in a relay block */
+#define WIRE_MAX_ADDR 64u       /* bytes of one "host:port" in a relay block */
 
 enum wire_out_mode {
     WIRE_OUT_HIDDEN = 0,      /* return hidden states of every input row */
     WIRE_OUT_LOGITS_LAST = 1, /* return logits of the last row only */
     WIRE_OUT_LOGITS_ALL = 2,  /* return logits of every row */
+    WIRE_OUT_SAMPLE = 3,      /* v2: sample the token after the last row (sampler block) */
 };
 
 enum wire_in_kind {
     WIRE_IN_TOKENS = 0,     /* data: i32[n_tokens]; n_embd must be 0 */
     WIRE_IN_HIDDEN_F32 = 1, /* data: f32[n_tokens x n_embd] */
     WIRE_IN_HIDDEN_F16 = 2, /* data: binary16[n_tokens x n_embd] */
+};
+
+/* Sampler settings of an out_mode SAMPLE request (src/sampler.h has the meaning of each). */
+struct wire_sample_req {
+    float temp, top_p, min_p;          /* numbers; top_p, min_p in [0, 1] */
+    float repeat_penalty;              /* >= 0, finite */
+    float presence_penalty;            /* finite */
+    uint32_t top_k;                    /* 0 = off, <= WIRE_MAX_VOCAB */
+    uint64_t seed;
+    uint32_t n_top;                    /* top log-probs wanted, <= WIRE_MAX_TOP */
+    uint32_t n_window;                 /* <= WIRE_MAX_WINDOW */
+    const void *window;                /* i32[n_window] ids < WIRE_MAX_VOCAB (design note 3/4) */
+};
+
+/* One next hop of a relay block: where to push, and that hop's inherit fields. */
+struct wire_relay_hop {
+    uint8_t addr_len;                  /* 1..WIRE_MAX_ADDR */
+    char addr[WIRE_MAX_ADDR + 1];      /* "host:port", NUL-terminated copy; printable ASCII */
+    uint32_t flags;                    /* WIRE_FWD_INHERIT or 0 */
+    uint64_t inherit_epoch;            /* as in wire_forward, for that hop */
+    uint32_t inherit_len;
+};
+
+struct wire_relay {
+    uint64_t relay_id;                 /* the client's RELAY_LISTEN id: where the answer goes */
+    uint16_t hop;                      /* this shard's index in the route (for messages) */
+    uint16_t hidden_kind;              /* in_kind of pushed hidden rows: HIDDEN_F32 or HIDDEN_F16 */
+    uint16_t n_next;                   /* <= WIRE_MAX_RELAY_HOPS; 0: this shard is the tail */
+    struct wire_relay_hop next[WIRE_MAX_RELAY_HOPS];
 };
 
 struct wire_forward {
@@ -174,6 +216,8 @@ struct wire_forward {
     uint32_t in_kind;                  /* enum wire_in_kind */
     uint32_t n_embd;                   /* hidden width, 1..WIRE_MAX_EMBD; 0 for tokens */
     const void *data;                  /* (n_tokens) or (n_tokens, n_embd), see design note 3/4 */
+    struct wire_sample_req sample;     /* out_mode SAMPLE only; else all zero */
+    struct wire_relay relay;           /* flag RELAY only; else all zero */
 };
 
 enum wire_out_kind {
@@ -181,6 +225,8 @@ enum wire_out_kind {
     WIRE_OUTK_HIDDEN_F32 = 1, /* f32 (n_rows, n_cols = n_embd) */
     WIRE_OUTK_HIDDEN_F16 = 2, /* binary16 (n_rows, n_cols = n_embd) */
     WIRE_OUTK_LOGITS_F32 = 3, /* f32 (n_rows, n_cols = n_vocab) */
+    WIRE_OUTK_SAMPLE = 4,     /* v2: n_rows 1, n_cols = n_top; data: id i32, logprob f32, then
+                                 n_cols x (id i32, logprob f32) */
 };
 
 struct wire_forward_reply {
@@ -206,6 +252,10 @@ struct wire_release {
 
 struct wire_cancel {
     uint64_t target_request_id; /* request_id of an in-flight FORWARD on the same connection */
+};
+
+struct wire_relay_listen {
+    uint64_t relay_id; /* nonzero: relayed steps naming it are answered on this connection */
 };
 
 struct wire_status_reply {
@@ -302,6 +352,7 @@ int wire_encode_forward_reply(const struct wire_forward_reply *m, uint8_t *buf, 
 int wire_encode_truncate(const struct wire_truncate *m, uint8_t *buf, size_t cap, size_t *len);
 int wire_encode_release(const struct wire_release *m, uint8_t *buf, size_t cap, size_t *len);
 int wire_encode_cancel(const struct wire_cancel *m, uint8_t *buf, size_t cap, size_t *len);
+int wire_encode_relay_listen(const struct wire_relay_listen *m, uint8_t *buf, size_t cap, size_t *len);
 int wire_encode_status_reply(const struct wire_status_reply *m, uint8_t *buf, size_t cap,
                              size_t *len);
 int wire_encode_stats_reply(const struct wire_stats_reply *m, uint8_t *buf, size_t cap,
@@ -332,6 +383,8 @@ int wire_decode_release(const uint8_t *payload, size_t len, struct wire_release 
                         size_t msg_cap);
 int wire_decode_cancel(const uint8_t *payload, size_t len, struct wire_cancel *out, char *msg,
                        size_t msg_cap);
+int wire_decode_relay_listen(const uint8_t *payload, size_t len, struct wire_relay_listen *out, char *msg,
+                             size_t msg_cap);
 int wire_decode_status_reply(const uint8_t *payload, size_t len, struct wire_status_reply *out,
                              char *msg, size_t msg_cap);
 int wire_decode_stats_reply(const uint8_t *payload, size_t len, struct wire_stats_reply *out,
@@ -357,6 +410,12 @@ int wire_forward_hidden_to_f32(const struct wire_forward *m, float *dst);
 /* Converts a decoded FORWARD_REPLY's output (hidden f32/f16 or logits) to host floats:
  * dst must hold n_rows * n_cols floats. KVS_ERR_INVALID_ARG when out_kind is NONE. */
 int wire_forward_reply_to_f32(const struct wire_forward_reply *m, float *dst);
+
+/* Sampled result of a decoded FORWARD_REPLY with out_kind SAMPLE: *id and *logprob of the pick;
+ * top[i] (i < n_cols) of the top list when top_ids/top_lp are non-NULL. KVS_ERR_INVALID_ARG for
+ * another out_kind. */
+int wire_forward_reply_sample(const struct wire_forward_reply *m, int32_t *id, float *logprob, int32_t *top_ids,
+                              float *top_lp);
 
 /* IEEE binary16 <-> binary32 (round to nearest even; NaN stays NaN). */
 float wire_f16_to_f32(uint16_t h);

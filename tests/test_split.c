@@ -12,6 +12,8 @@
  *    the gguf layer's mapped-bytes counter is 0 for part 1 and exactly the
  *    data sections of parts 2 and 3 for the others (deterministic); the
  *    process's RssFile growth is printed as a figure;
+ *  - `kvshard split` (when KVS_BIN names the CLI) writes parts that compute
+ *    the same logits;
  *  - refusals: the second part passed as the model, a missing part, a first
  *    part not named -00001-of-00003.gguf, parts that disagree.
  */
@@ -220,9 +222,29 @@ int main(void) {
     engine_close(head);
     engine_close(tail);
     engine_close(w);
-    free(lw);
     free(ls);
     free(lht);
+
+    /* The CLI writes the same layout: `kvshard split --parts 2`, then the
+     * first part computes the whole file's logits. */
+    const char *bin = getenv("KVS_BIN");
+    if (bin && access(bin, X_OK) == 0) {
+        char cmd[1200], cli_prefix[256], cli_first[300];
+        snprintf(cli_prefix, sizeof(cli_prefix), "%s/cli", dir);
+        snprintf(cmd, sizeof(cmd), "'%s' split -m '%s' --parts 2 -o '%s' > /dev/null", bin, whole_path, cli_prefix);
+        CHECK_EQ_INT(system(cmd), 0);
+        CHECK(gguf_split_path(cli_first, sizeof(cli_first), cli_prefix, 0, 2));
+        engine *c = open_range(cli_first, 0, 0);
+        float *lc = logits_of(c, NULL, 3);
+        CHECK(lw && lc && memcmp(lw, lc, 7 * (size_t)nv * sizeof(float)) == 0);
+        free(lc);
+        engine_close(c);
+        unlink(cli_first);
+        CHECK(gguf_split_path(cli_first, sizeof(cli_first), cli_prefix, 1, 2));
+        unlink(cli_first);
+    } else {
+        printf("note: KVS_BIN is not set; the `kvshard split` check is skipped\n");
+    }
 
     printf("refusals:\n");
     expect_open_fails(part[1], KVS_ERR_FORMAT, "is part 2 of 3 of a split model; pass the first part");
@@ -249,6 +271,7 @@ int main(void) {
     CHECK_EQ_INT(gguf_split_write(src, part_of, 0, prefix2, msg, sizeof(msg)), KVS_ERR_INVALID_ARG);
 
     gguf_close(src);
+    free(lw);
     free(part_of);
     unlink(other);
     for (int i = 0; i < 3; i++) unlink(part[i]);

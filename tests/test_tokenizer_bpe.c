@@ -160,6 +160,30 @@ static int check_model(const char *name, chat_template tmpl, int32_t eos, const 
     CHECK(!tok_is_eog(v, -1));
     CHECK(!tok_is_eog(v, tok_n_vocab(v)));
 
+    /* A long text (the partition's prefilter path): special tokens still split it, and the
+     * parts between them tokenize on their own. */
+    {
+        size_t alen = 6000;
+        char *text = malloc(alen + 64);
+        for (size_t i = 0; i < alen; i++) text[i] = "for (int i = 0; i < n; i++) x += a[i]; // sum\n"[i % 47];
+        int32_t *ids = malloc(8192 * sizeof *ids), *part = malloc(8192 * sizeof *part);
+        int n_all = 0, n_a = 0, n_b = 0;
+        CHECK_EQ_INT(tok_encode_ex(v, text, alen, false, false, part, 8192, &n_a), KVS_OK);
+        int32_t s1 = id_of(v, eog[0]);
+        memcpy(text + alen, eog[0], strlen(eog[0]));
+        memcpy(text + alen + strlen(eog[0]), "user", 4);
+        size_t tl = alen + strlen(eog[0]) + 4;
+        CHECK_EQ_INT(tok_encode_ex(v, text, tl, false, true, ids, 8192, &n_all), KVS_OK);
+        int32_t user[4];
+        CHECK_EQ_INT(tok_encode_ex(v, "user", 4, false, true, user, 4, &n_b), KVS_OK);
+        CHECK_EQ_INT(n_all, n_a + 1 + n_b);
+        CHECK(n_all == n_a + 1 + n_b && !memcmp(ids, part, (size_t)n_a * sizeof *ids) && ids[n_a] == s1 &&
+              !memcmp(ids + n_a + 1, user, (size_t)n_b * sizeof *ids));
+        free(text);
+        free(ids);
+        free(part);
+    }
+
     snprintf(rel, sizeof rel, "downloads/reference/%s-tokenizer.jsonl", name);
     int n_lines = 0;
     if (test_shared_path(rel, ref, sizeof ref)) {

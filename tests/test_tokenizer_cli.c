@@ -239,11 +239,11 @@ static int check_generation(void) {
     return 1;
 }
 
-/* A 2-shard route of the Llama 3 file: an interactive chat over --route (its vocab, merges
+/* A 2-shard route of a download file: an interactive chat over --route (its vocab, merges
  * and template fetched from the head shard) prints exactly what the local chat prints. */
-static int check_route_chat(void) {
+static int check_route_chat(const char *rel) {
     char model[1024];
-    if (!test_shared_path("downloads/models/llama3-synth-Q4_K_M.gguf", model, sizeof model)) return 0;
+    if (!test_shared_path(rel, model, sizeof model)) return 0;
     const char *in = "test_tokenizer_cli.route.stdin";
     FILE *f = fopen(in, "w");
     if (f) {
@@ -309,7 +309,9 @@ int main(void) {
     else n_skipped++;
     if (check_generation()) n_run++;
     else n_skipped++;
-    if (check_route_chat()) n_run++;
+    if (check_route_chat("downloads/models/llama3-synth-Q4_K_M.gguf")) n_run++;
+    else n_skipped++;
+    if (check_route_chat("downloads/models/qwen2-synth-Q8_0.gguf")) n_run++;
     else n_skipped++;
     if (check_stories_json()) n_run++;
     else n_skipped++;

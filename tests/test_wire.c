@@ -508,7 +508,7 @@ static void test_rejections(void) {
      * 72 n_vocab 76 budget 84 max_tokens 88 max_ctx 92 name_len(u16) */
     struct wire_info info = sample_info();
     p = encode(&codecs[C_INFO], &info, &n);
-    expect_bad_u32(C_INFO, p, n, 20, 2 | (3u << 16));            /* version 2 */
+    expect_bad_u32(C_INFO, p, n, 20, 3 | (3u << 16));            /* version 3 */
     expect_bad_u32(C_INFO, p, n, 20, 1 | (2u << 16));            /* f16 without f32 */
     expect_bad_u32(C_INFO, p, n, 20, 1 | (5u << 16));            /* unknown dtype bit */
     expect_bad_u32(C_INFO, p, n, 56, 15);                        /* last > n_layer */

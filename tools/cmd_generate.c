@@ -11,12 +11,14 @@
 #include "gguf.h"
 #include "route.h"
 #include "tokenizer.h"
+#include "util.h"
 
 static void generate_usage(FILE *f) {
     fprintf(f,
             "usage: kvshard generate --route HOST:PORT[,HOST:PORT...] -p PROMPT [-n N] [--temp X]\n"
             "                        [--top-k K] [--top-p P] [--seed S] [--spare HOST:PORT[,...]]\n"
             "                        [-m MODEL] [--json] [--stats] [--timeout MS] [-v] [--keep-session]\n"
+            "                        [--logits] [--no-relay] [--wire-dtype f32|f16]\n"
             "                        [--hidden f32|f16] [--replay-cap SIZE]\n"
             "  --route LIST      the shards in layer order; together they must cover every layer\n"
             "  --spare LIST      replacement shards, used when a hop fails (same model, same layers)\n"
@@ -27,6 +29,12 @@ static void generate_usage(FILE *f) {
             "  --replay-cap SIZE replay memory per session, bytes with K/M/G (default 256M); the\n"
             "                    context is limited to what fits\n"
             "  -v                log re-routes and replays to stderr\n"
+            "  --logits          the tail shard answers full logits and this client samples (default:\n"
+            "                    the tail samples and answers the token; the same ids either way)\n"
+            "  --no-relay        drive every hop from this client (2n transfers per step) instead of\n"
+            "                    shard-to-shard relay (n+1); the same ids either way\n"
+            "  --wire-dtype T    hidden states on the wire, relayed or not: f32 (default, bit-exact) or\n"
+            "                    f16 (the same as --hidden)\n"
             "  --keep-session    testing aid: do not release the session on the shards at the end\n"
             "  -t THREADS        accepted and ignored (the shards compute)\n"
             ARGS_SECURITY_USAGE);
@@ -51,11 +59,27 @@ static int load_local_vocab(const char *path, tok_vocab **out) {
 typedef struct {
     route *r;
     route_session *s;
+    route_step_opts o;
 } gen_route_ctx;
 
-static int route_step(void *p, const int32_t *tokens, uint32_t n, float *logits, char *msg, size_t cap) {
+static int gen_route_step(void *p, const int32_t *tokens, uint32_t n, float *logits, char *msg, size_t cap) {
     gen_route_ctx *c = p;
-    return route_forward(c->r, c->s, tokens, n, logits, msg, cap);
+    c->o.sample = false;
+    return route_step(c->r, c->s, tokens, n, &c->o, logits, NULL, msg, cap);
+}
+
+static int gen_route_sample(void *p, const int32_t *tokens, uint32_t n, const gen_sample_req *rq,
+                            sampler_result *res, char *msg, size_t cap) {
+    gen_route_ctx *c = p;
+    c->o.sample = true;
+    c->o.sp = *rq->sp;
+    c->o.window = rq->window;
+    c->o.n_window = rq->n_window;
+    int err = route_step(c->r, c->s, tokens, n, &c->o, NULL, res, msg, cap);
+    if (err == KVS_OK && route_session_pos(c->s) != rq->pos)
+        return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "the session is at %u, the sample was for %u",
+                        route_session_pos(c->s), rq->pos);
+    return err;
 }
 
 static void describe_session(void *p, FILE *f) {
@@ -74,15 +98,18 @@ static void describe_stats(void *p, FILE *f) {
     uint32_t pos = route_session_pos(c->s);
     fprintf(f,
             ",\"hops\":%u,\"epoch\":%llu,\"reroutes\":%u,\"wire_bytes_sent\":%llu,\"wire_bytes_received\":%llu,"
-            "\"positions\":%u",
+            "\"positions\":%u,\"relay_steps\":%u,\"relay_fallbacks\":%u",
             ri.n_hops, (unsigned long long)route_session_epoch(c->s), ri.reroutes,
-            (unsigned long long)ri.bytes_sent, (unsigned long long)ri.bytes_received, pos);
+            (unsigned long long)ri.bytes_sent, (unsigned long long)ri.bytes_received, pos, ri.relay_steps,
+            ri.relay_fallbacks);
 }
 
 int cmd_generate(int argc, char **argv) {
     const char *route_spec = NULL, *spare_spec = NULL, *path = NULL;
     long threads = 0, timeout_ms = 30000;
-    bool verbose = false, keep = false, hidden_f16 = false;
+    bool verbose = false, keep = false, logits_mode = false, no_relay = false;
+    const char *wire_dtype = "f32";
+    bool hidden_f16 = false;
     uint64_t replay_cap = 0;
     gen_opts o;
     gen_opts_default(&o);
@@ -104,6 +131,9 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--timeout")) ok = args_int(argc, argv, &i, 1, 24L * 3600 * 1000, &timeout_ms);
         else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) verbose = true;
         else if (!strcmp(a, "--keep-session")) keep = true;
+        else if (!strcmp(a, "--logits")) logits_mode = true;
+        else if (!strcmp(a, "--no-relay")) no_relay = true;
+        else if (!strcmp(a, "--wire-dtype")) ok = args_str(argc, argv, &i, &wire_dtype);
         else if (!strcmp(a, "--hidden") && i + 1 < argc && (!strcmp(argv[i + 1], "f16") || !strcmp(argv[i + 1], "f32")))
             hidden_f16 = !strcmp(argv[++i], "f16");
         else if (!strcmp(a, "--replay-cap") && i + 1 < argc) {
@@ -118,6 +148,11 @@ int cmd_generate(int argc, char **argv) {
         generate_usage(stderr);
         return 2;
     }
+    if (strcmp(wire_dtype, "f32") && strcmp(wire_dtype, "f16")) {
+        fprintf(stderr, "kvshard generate: --wire-dtype wants f32 or f16, got '%s'\n", wire_dtype);
+        return 2;
+    }
+    if (!strcmp(wire_dtype, "f16")) hidden_f16 = true; /* the same thing as --hidden f16 */
     if (!args_security_check("generate", &sec)) return 2;
     char *token = NULL;
     if (sec.auth_token_file && !(token = args_read_token("generate", sec.auth_token_file))) return 2;
@@ -158,9 +193,10 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "kvshard generate: %s\n", msg[0] ? msg : kvs_strerror(err));
         goto out;
     }
-    gen_route_ctx c = {.r = r, .s = sess};
+    gen_route_ctx c = {.r = r, .s = sess, .o = route_default_step_opts()};
+    c.o.relay = !no_relay;
     gen_target t = {.cmd = "generate", .vocab = vocab, .n_vocab = (int32_t)ri.n_vocab, .max_ctx = ri.max_ctx,
-                    .step = route_step, .describe = describe_stats, .session = describe_session, .ctx = &c};
+                    .step = gen_route_step, .sample = logits_mode ? NULL : gen_route_sample, .describe = describe_stats, .session = describe_session, .ctx = &c};
     rc = gen_run(&o, &t);
     if (verbose && route_session_epoch(sess) > 1)
         fprintf(stderr, "kvshard generate: finished at epoch %llu\n", (unsigned long long)route_session_epoch(sess));

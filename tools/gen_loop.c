@@ -11,6 +11,7 @@ void gen_opts_default(gen_opts *o) {
     memset(o, 0, sizeof(*o));
     o->n_gen = 64;
     o->sp = sampler_default_params();
+    o->repeat_last_n = 64;
 }
 
 int gen_parse_opt(gen_opts *o, int argc, char **argv, int *i) {
@@ -24,6 +25,10 @@ int gen_parse_opt(gen_opts *o, int argc, char **argv, int *i) {
     else if (!strcmp(a, "--top-k")) { ok = args_int(argc, argv, i, 0, 1 << 24, &l); o->sp.top_k = (int)l; }
     else if (!strcmp(a, "--top-p")) { ok = args_float(argc, argv, i, 0, 1, &d); o->sp.top_p = (float)d; }
     else if (!strcmp(a, "--seed")) ok = args_u64(argc, argv, i, &o->sp.seed);
+    else if (!strcmp(a, "--min-p")) { ok = args_float(argc, argv, i, 0, 1, &d); o->sp.min_p = (float)d; }
+    else if (!strcmp(a, "--repeat-penalty")) { ok = args_float(argc, argv, i, 0, 100, &d); o->sp.repeat_penalty = (float)d; }
+    else if (!strcmp(a, "--presence-penalty")) { ok = args_float(argc, argv, i, -100, 100, &d); o->sp.presence_penalty = (float)d; }
+    else if (!strcmp(a, "--repeat-last-n")) ok = args_int(argc, argv, i, 0, 1 << 16, &o->repeat_last_n);
     else if (!strcmp(a, "--pause-after")) ok = args_int(argc, argv, i, 1, 1 << 20, &o->pause_after);
     else if (!strcmp(a, "--json")) ok = (o->json = true);
     else if (!strcmp(a, "--stats")) ok = (o->stats = true);
@@ -41,7 +46,12 @@ void gen_usage_common(FILE *f) {
             "  --temp X          sampling temperature; 0 = greedy (default 0.8)\n"
             "  --top-k K         keep the K most likely tokens (default 40; 0 = off)\n"
             "  --top-p P         nucleus sampling threshold (default 0.95; 1 = off)\n"
-            "  --seed S          sampler seed (default 42)\n"
+            "  --seed S          sampler seed (default 42); the draw for a position depends only on\n"
+            "                    the seed and the position, so runs with one seed give the same ids\n"
+            "  --min-p P         drop tokens below P x the best one's probability (default 0 = off)\n"
+            "  --repeat-penalty X  penalise ids of the last --repeat-last-n tokens (default 1 = off)\n"
+            "  --presence-penalty X  subtract X from those ids' logits (default 0 = off)\n"
+            "  --repeat-last-n N penalty window, prompt included (default 64)\n"
             "  --json            print {\"prompt_tokens\":[..],\"generated\":[..],\"text\":\"..\"} only\n"
             "  --stats           print one JSON line of timings to stderr at the end\n"
             "  --pause-after N   testing aid: after N tokens, say so on stderr and wait for a line on stdin\n");
@@ -129,6 +139,7 @@ int gen_run(const gen_opts *o, const gen_target *t) {
     int n_ids = 0;
     int32_t *ids = NULL;
     int32_t *gen = malloc(((size_t)o->n_gen + 1) * sizeof(int32_t));
+    int32_t *all = NULL; /* (n_ids + n_gen) prompt + generated: the penalty window's source */
     float *logits = malloc((size_t)t->n_vocab * sizeof(float));
     char msg[KVS_MSG_MAX] = "";
     gen_text text = {.out = o->json ? NULL : stdout};
@@ -154,6 +165,12 @@ int gen_run(const gen_opts *o, const gen_target *t) {
         gen_write_utf8(stdout, o->prompt, strlen(o->prompt));
         fflush(stdout);
     }
+    all = malloc(((size_t)n_ids + (size_t)o->n_gen + 1) * sizeof *all);
+    if (!all) {
+        fprintf(stderr, "kvshard %s: out of memory\n", t->cmd);
+        goto out;
+    }
+    memcpy(all, ids, (size_t)n_ids * sizeof *all);
     const int32_t *step = ids;
     uint32_t step_n = (uint32_t)n_ids;
     int n_out = 0;
@@ -161,8 +178,16 @@ int gen_run(const gen_opts *o, const gen_target *t) {
     int decode_steps = 0;
     bool resumed = false;
     for (;;) {
+        uint32_t n_all = (uint32_t)(n_ids + n_out), n_win = (uint32_t)o->repeat_last_n;
+        if (n_win > n_all) n_win = n_all;
+        gen_sample_req rq = {.sp = &o->sp, .pos = n_all, .window = all + (n_all - n_win), .n_window = n_win};
+        sampler_result res;
         uint64_t t0 = kvs_now_ns();
-        int err = t->step(t->ctx, step, step_n, logits, msg, sizeof(msg));
+        int err = t->sample ? t->sample(t->ctx, step, step_n, &rq, &res, msg, sizeof(msg))
+                            : t->step(t->ctx, step, step_n, logits, msg, sizeof(msg));
+        if (!err && !t->sample)
+            err = kvs_fail(msg, sizeof(msg), sampler_pick(smp, logits, t->n_vocab, rq.pos, rq.window, rq.n_window, &res, 0),
+                           "cannot sample");
         uint64_t dt = kvs_now_ns() - t0;
         if (err) {
             fprintf(stderr, "\nkvshard %s: forward failed: %s\n", t->cmd, msg[0] ? msg : kvs_strerror(err));
@@ -179,8 +204,9 @@ int gen_run(const gen_opts *o, const gen_target *t) {
             }
         }
         if (n_out >= o->n_gen) break;
-        int32_t id = sampler_sample(smp, logits, t->n_vocab);
+        int32_t id = res.id;
         if (tok_is_eog(t->vocab, id)) break;
+        all[n_ids + n_out] = id;
         gen[n_out++] = id;
         if (!text_append(&text, t->vocab, id)) {
             fprintf(stderr, "kvshard %s: out of memory\n", t->cmd);
@@ -218,6 +244,7 @@ out:
     sampler_free(smp);
     free(ids);
     free(gen);
+    free(all);
     free(logits);
     free(text.buf);
     return rc;

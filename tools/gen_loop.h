@@ -25,6 +25,7 @@ typedef struct {
     bool json;           /* one {"prompt_tokens","generated","text"} object on stdout */
     bool stats;          /* one JSON line of timings on stderr at the end */
     long pause_after;    /* testing aid: after this many tokens, wait for a line on stdin (0 = off) */
+    long repeat_last_n;  /* penalty window: the last this many ids (prompt included); default 64 */
     bool plain;          /* --plain: special-token text in the prompt is plain text */
 } gen_opts;
 
@@ -38,6 +39,18 @@ void gen_usage_common(FILE *f);
 
 /* Appends tokens[0..n) at the session's position and writes the last position's logits. */
 typedef int (*gen_step_fn)(void *ctx, const int32_t *tokens, uint32_t n, float *logits, char *msg, size_t cap);
+/* What the sampler needs for one pick (sampler_pick): the settings, the position the new token
+ * takes and the penalty window (the last repeat_last_n ids). */
+typedef struct {
+    const sampler_params *sp;
+    uint32_t pos;
+    const int32_t *window;
+    uint32_t n_window;
+} gen_sample_req;
+/* Appends tokens[0..n) and samples the next token somewhere else (the tail shard) with exactly
+ * sampler_pick(rq): the result goes to *res. */
+typedef int (*gen_sample_fn)(void *ctx, const int32_t *tokens, uint32_t n, const gen_sample_req *rq,
+                             sampler_result *res, char *msg, size_t cap);
 /* Appends extra ",\"key\":value" members to the --stats object / the pause line (may be NULL). */
 typedef void (*gen_describe_fn)(void *ctx, FILE *f);
 
@@ -46,7 +59,8 @@ typedef struct {
     const tok_vocab *vocab;
     int32_t n_vocab;
     uint32_t max_ctx;
-    gen_step_fn step;
+    gen_step_fn step;         /* logits here, sampled here (used when sample is NULL) */
+    gen_sample_fn sample;     /* NULL, or: sampled by the target (same ids as step + sampler_pick) */
     gen_describe_fn describe; /* stats extras */
     gen_describe_fn session;  /* pause line: session id and epoch */
     void *ctx;

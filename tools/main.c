@@ -22,6 +22,7 @@ static void usage(FILE *f) {
             "  inspect  print a GGUF file's metadata and tensor table\n"
             "  mkmodel  write a llama GGUF with seeded random weights\n"
             "  split    write a model as NAME-00001-of-0000N.gguf parts, by layers\n"
+            "  delay-proxy  benchmark aid: a TCP relay that holds each chunk D ms\n"
             "  cert     make a cluster CA and node certificates for mutual TLS\n"
             "\n"
             "run 'kvshard COMMAND --help' for a command's options\n");
@@ -36,6 +37,7 @@ int main(int argc, char **argv) {
         {"run", cmd_run},         {"logits", cmd_logits},   {"bench", cmd_bench},
         {"inspect", cmd_inspect}, {"mkmodel", cmd_mkmodel}, {"serve", cmd_serve},
         {"generate", cmd_generate}, {"stats", cmd_stats},     {"split", cmd_split},
+        {"delay-proxy", cmd_delay_proxy},
         {"tokenize", cmd_tokenize}, {"detokenize", cmd_detokenize}, {"chat", cmd_chat},
         {"cert", cmd_cert},
         {"api", cmd_api},

@@ -1,0 +1,75 @@
+/*
+ * bench_quant_kernels — time the dot kernels of some weight types on one core,
+ * rows resident in cache (compute, not bandwidth): ns per weight row of 2048
+ * elements for one token (decode) and per row-token for eight tokens
+ * (prefill: quant_dot_multi, and quant_dot_tile where the type has one).
+ * Minimum over 40 repeats, so a shared machine's noise mostly drops out.
+ *
+ * Not part of the build. From the repository root, after building build/:
+ *   cc -O2 -Isrc -Iinclude scripts/bench_quant_kernels.c build/libkvshard_core.a -lm -lpthread \
+ *      -o build/bench_quant_kernels && build/bench_quant_kernels
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "quant.h"
+
+enum { N = 2048, ROWS = 256, T = 8, REPEATS = 40 };
+
+static double now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e9 + (double)t.tv_nsec;
+}
+
+static float frand(void) { return (float)rand() / (float)RAND_MAX - 0.5f; }
+
+int main(void) {
+    static const uint32_t types[] = {QUANT_Q4_0, QUANT_Q4_K, QUANT_Q6_K, QUANT_Q2_K,
+                                     QUANT_Q3_K, QUANT_IQ4_NL, QUANT_IQ4_XS};
+    static float x[N], out[ROWS * T];
+    srand(1);
+    printf("isa %s, n %d, %d rows\n", quant_isa_name(quant_isa_current()), N, ROWS);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const uint32_t type = types[ti];
+        uint64_t rb = 0;
+        if (!quant_row_bytes(type, N, &rb)) return 1;
+        const size_t ab = quant_act_row_bytes(type, N);
+        uint8_t *w = malloc(rb * ROWS), *act = malloc(ab * T), *tiled = malloc(ab * T);
+        if (!w || !act || !tiled) return 1;
+        for (int r = 0; r < ROWS; r++) {
+            for (int i = 0; i < N; i++) x[i] = frand();
+            quant_quantize_row(type, x, w + (size_t)r * rb, N);
+        }
+        for (int t = 0; t < T; t++) {
+            for (int i = 0; i < N; i++) x[i] = frand();
+            quant_act_quantize(type, x, act + (size_t)t * ab, N);
+        }
+        const bool tile = quant_has_tile(type);
+        memcpy(tiled, act, ab * T);
+        for (int t = 0; tile && t < T; t++) quant_act_tile_layout(type, tiled + (size_t)t * ab, N);
+        double one = 1e30, multi = 1e30, til = 1e30;
+        for (int rep = 0; rep < REPEATS; rep++) {
+            double t0 = now_ns();
+            for (int r = 0; r < ROWS; r++) quant_dot_multi(type, N, w + (size_t)r * rb, act, ab, 1, out + r);
+            double t1 = now_ns();
+            for (int r = 0; r < ROWS; r++) quant_dot_multi(type, N, w + (size_t)r * rb, act, ab, T, out);
+            double t2 = now_ns();
+            if (tile) quant_dot_tile(type, N, w, rb, ROWS, tiled, ab, T, out, ROWS);
+            double t3 = now_ns();
+            one = t1 - t0 < one ? t1 - t0 : one;
+            multi = t2 - t1 < multi ? t2 - t1 : multi;
+            til = t3 - t2 < til ? t3 - t2 : til;
+        }
+        printf("%-7s 1 token %6.1f ns/row   %d tokens: multi %6.1f", quant_get_traits(type)->name, one / ROWS, T,
+               multi / (ROWS * T));
+        if (tile) printf(", tile %6.1f", til / (ROWS * T));
+        printf(" ns/row-token\n");
+        free(w);
+        free(act);
+        free(tiled);
+    }
+    return 0;
+}

@@ -1,0 +1,403 @@
+/*
+ * relay — shard-to-shard push links and the RELAY_LISTEN table. See relay.h for the design notes.
+ *
+ * Invariants
+ *  I1. A push is on exactly one queue until its done() call; done() is called without any relay
+ *      lock held, so it may call back into the server freely (not into relay_destroy).
+ *  I2. link->fd is touched only by the link's worker thread (and by relay_destroy after the
+ *      worker has been joined).
+ */
+#include "relay.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "kvshard.h"
+#include "netio.h"
+#include "tls.h"
+#include "util.h"
+#include "wire.h"
+
+typedef struct relay_item {
+    struct relay_item *next;
+    uint8_t *payload; /* FORWARD payload, owned */
+    size_t len;
+    uint64_t rid;
+    uint16_t hop;
+    void *target;
+} relay_item;
+
+typedef struct relay_link {
+    struct relay_link *next;
+    relay *r;
+    char addr[WIRE_MAX_ADDR + 1];
+    char host[NETIO_HOST_MAX];
+    uint16_t port;
+    int fd;                     /* -1 when not connected (I2) */
+    pthread_t thread;
+    relay_item *head, *tail;    /* guarded by r->mu */
+    bool stop;                  /* guarded by r->mu */
+} relay_link;
+
+typedef struct {
+    uint64_t id;
+    void *target;
+} relay_listener;
+
+struct relay {
+    relay_params p;
+    char *auth;
+    pthread_mutex_t mu;         /* links, queues, stop flags, counters */
+    pthread_cond_t cv;          /* a queue got an item or a stop */
+    relay_link *links;
+    relay_stats st;
+    pthread_mutex_t listen_mu;  /* the listen table */
+    relay_listener *listeners;  /* (n_listeners) */
+    size_t n_listeners, cap_listeners;
+};
+
+relay_params relay_default_params(void) {
+    return (relay_params){.timeout_ms = 10000, .auth = NULL, .done = NULL, .log = NULL, .ctx = NULL};
+}
+
+static void relay_logf(relay *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void relay_logf(relay *r, const char *fmt, ...) {
+    if (!r->p.log) return;
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    r->p.log(r->p.ctx, line);
+}
+
+int relay_create(const relay_params *p, relay **out) {
+    if (!out) return KVS_ERR_INVALID_ARG;
+    *out = NULL;
+    if (!p || !p->done) return KVS_ERR_INVALID_ARG;
+    relay *r = calloc(1, sizeof *r);
+    if (!r) return KVS_ERR_NOMEM;
+    r->p = *p;
+    r->auth = strdup(p->auth ? p->auth : "");
+    if (!r->auth) {
+        free(r);
+        return KVS_ERR_NOMEM;
+    }
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    pthread_mutex_init(&r->listen_mu, NULL);
+    *out = r;
+    return KVS_OK;
+}
+
+static void link_close(relay_link *l) {
+    if (l->fd >= 0) netio_close(l->fd); /* ends a TLS session too */
+    l->fd = -1;
+}
+
+/* Connects l and says HELLO (v2); KVS_OK, or the error with why. */
+static int link_connect(relay_link *l, char *why, size_t cap) {
+    relay *r = l->r;
+    uint64_t deadline = netio_deadline_ms(r->p.timeout_ms);
+    char nmsg[KVS_MSG_MAX] = "";
+    int rc = netio_connect(l->host, l->port, deadline, &l->fd, nmsg, sizeof nmsg);
+    if (rc != KVS_OK) {
+        l->fd = -1;
+        return kvs_fail(why, cap, rc, "cannot connect: %s", nmsg[0] ? nmsg : kvs_strerror(rc));
+    }
+    char peer[TLS_ID_MAX];
+    if (r->p.tls && (rc = tls_handshake(r->p.tls, l->fd, deadline, peer, sizeof peer, nmsg, sizeof nmsg)) != KVS_OK) {
+        link_close(l);
+        return kvs_fail(why, cap, rc, "TLS: %s", nmsg);
+    }
+    struct wire_hello h = {.min_version = 2, .max_version = WIRE_PROTO_VERSION};
+    size_t alen = strlen(r->auth);
+    if (alen > WIRE_MAX_AUTH) alen = WIRE_MAX_AUTH;
+    h.auth_len = (uint16_t)alen;
+    memcpy(h.auth, r->auth, alen);
+    uint8_t buf[8 + WIRE_MAX_AUTH];
+    size_t len = 0;
+    struct netio_buf rx = {0};
+    struct wire_header hdr;
+    struct wire_info info;
+    if ((rc = wire_encode_hello(&h, buf, sizeof buf, &len)) == KVS_OK &&
+        (rc = netio_send_frame(l->fd, WIRE_OP_HELLO, 1, buf, len, deadline)) == KVS_OK &&
+        (rc = netio_recv_frame(l->fd, &hdr, &rx, deadline, nmsg, sizeof nmsg)) == KVS_OK) {
+        if (hdr.op != WIRE_OP_INFO) rc = kvs_fail(nmsg, sizeof nmsg, KVS_ERR_PROTOCOL, "answered %s", wire_op_name(hdr.op));
+        else if ((rc = wire_decode_info(rx.data, rx.len, &info, nmsg, sizeof nmsg)) == KVS_OK && info.st.status != KVS_OK)
+            rc = kvs_fail(nmsg, sizeof nmsg, info.st.status, "refused HELLO: %s", kvs_strerror(info.st.status));
+        else if (rc == KVS_OK && info.version < 2)
+            rc = kvs_fail(nmsg, sizeof nmsg, KVS_ERR_UNSUPPORTED, "speaks protocol version %u only", info.version);
+    }
+    netio_buf_free(&rx);
+    if (rc != KVS_OK) {
+        link_close(l);
+        return kvs_fail(why, cap, rc, "%s", nmsg[0] ? nmsg : kvs_strerror(rc));
+    }
+    pthread_mutex_lock(&r->mu);
+    r->st.connects++;
+    pthread_mutex_unlock(&r->mu);
+    relay_logf(r, "relay: connected to %s", l->addr);
+    return KVS_OK;
+}
+
+/* Reads and drops whatever the next hop sent on the link (design note 3); false on EOF/error. */
+static bool link_drain(relay_link *l) {
+    struct netio_buf junk = {0};
+    bool ok = true;
+    for (;;) {
+        tls_conn *t = tls_conn_of(l->fd);
+        struct pollfd pf = {.fd = l->fd, .events = POLLIN};
+        int n = t && tls_conn_pending(t) ? 1 : poll(&pf, 1, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            ok = n == 0;
+            break;
+        }
+        struct wire_header hdr;
+        char msg[KVS_MSG_MAX];
+        if (netio_recv_frame(l->fd, &hdr, &junk, netio_deadline_ms(1000), msg, sizeof msg) != KVS_OK) {
+            ok = false;
+            break;
+        }
+        relay_logf(l->r, "relay: %s answered %s (request %llu) on the link; dropped", l->addr, wire_op_name(hdr.op),
+                   (unsigned long long)hdr.request_id);
+    }
+    netio_buf_free(&junk);
+    return ok;
+}
+
+/* Sends one item; KVS_OK or the error with why. One reconnect when the link was broken. */
+static int link_send(relay_link *l, const relay_item *it, char *why, size_t cap) {
+    if (l->fd >= 0 && !link_drain(l)) {
+        relay_logf(l->r, "relay: %s closed the link; reconnecting", l->addr);
+        link_close(l);
+    }
+    int rc = KVS_OK;
+    if (l->fd < 0 && (rc = link_connect(l, why, cap)) != KVS_OK) return rc;
+    rc = netio_send_frame(l->fd, WIRE_OP_FORWARD, it->rid, it->payload, it->len, netio_deadline_ms(l->r->p.timeout_ms));
+    if (rc != KVS_OK) {
+        link_close(l);
+        return kvs_fail(why, cap, rc, "sending FORWARD: %s", kvs_strerror(rc));
+    }
+    return KVS_OK;
+}
+
+static void *link_main(void *arg) {
+    relay_link *l = arg;
+    relay *r = l->r;
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        while (!l->head && !l->stop) pthread_cond_wait(&r->cv, &r->mu);
+        relay_item *it = l->head;
+        if (!it) break; /* stopped, queue empty */
+        l->head = it->next;
+        if (!l->head) l->tail = NULL;
+        bool stopping = l->stop;
+        pthread_mutex_unlock(&r->mu);
+        char why[KVS_MSG_MAX] = "";
+        int rc = stopping ? kvs_fail(why, sizeof why, KVS_ERR_CLOSED, "the shard is shutting down")
+                          : link_send(l, it, why, sizeof why);
+        if (rc != KVS_OK) relay_logf(r, "relay: push to hop %u (%s) failed: %s", it->hop, l->addr, why);
+        pthread_mutex_lock(&r->mu);
+        if (rc == KVS_OK) r->st.pushed++;
+        else r->st.failed++;
+        pthread_mutex_unlock(&r->mu);
+        r->p.done(r->p.ctx, it->target, it->rid, it->hop, l->addr, rc, why);
+        free(it->payload);
+        free(it);
+        pthread_mutex_lock(&r->mu);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+/* The link for addr, created (with its thread) when new; NULL on failure. Called with r->mu. */
+static relay_link *link_get(relay *r, const char *addr, char *why, size_t cap) {
+    for (relay_link *l = r->links; l; l = l->next)
+        if (!strcmp(l->addr, addr)) return l;
+    relay_link *l = calloc(1, sizeof *l);
+    if (!l) {
+        kvs_fail(why, cap, KVS_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    l->r = r;
+    l->fd = -1;
+    snprintf(l->addr, sizeof l->addr, "%s", addr);
+    if (netio_parse_hostport(addr, l->host, sizeof l->host, &l->port) != KVS_OK) {
+        free(l);
+        kvs_fail(why, cap, KVS_ERR_INVALID_ARG, "'%s' is not HOST:PORT", addr);
+        return NULL;
+    }
+    if (pthread_create(&l->thread, NULL, link_main, l) != 0) {
+        free(l);
+        kvs_fail(why, cap, KVS_ERR_NOMEM, "cannot start a link thread");
+        return NULL;
+    }
+    l->next = r->links;
+    r->links = l;
+    return l;
+}
+
+void relay_push(relay *r, const char *addr, uint16_t hop, uint8_t *payload, size_t len, uint64_t request_id,
+                void *target) {
+    char why[KVS_MSG_MAX] = "";
+    int rc = KVS_OK;
+    relay_item *it = calloc(1, sizeof *it);
+    if (!it) rc = kvs_fail(why, sizeof why, KVS_ERR_NOMEM, "out of memory");
+    pthread_mutex_lock(&r->mu);
+    relay_link *l = rc == KVS_OK ? link_get(r, addr, why, sizeof why) : NULL;
+    if (rc == KVS_OK && !l) rc = KVS_ERR_INVALID_ARG;
+    if (l) {
+        *it = (relay_item){.payload = payload, .len = len, .rid = request_id, .hop = hop, .target = target};
+        if (l->tail) l->tail->next = it;
+        else l->head = it;
+        l->tail = it;
+        pthread_cond_broadcast(&r->cv);
+    } else {
+        r->st.failed++;
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (!l) {
+        free(it);
+        free(payload);
+        r->p.done(r->p.ctx, target, request_id, hop, addr, rc, why);
+    }
+}
+
+void relay_stop(relay *r) {
+    if (!r) return;
+    pthread_mutex_lock(&r->mu);
+    for (relay_link *l = r->links; l; l = l->next) l->stop = true;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    relay_link *l = r->links;
+    while (l) {
+        relay_link *next = l->next;
+        pthread_join(l->thread, NULL); /* the worker fails what was queued (done CLOSED) */
+        link_close(l);
+        free(l);
+        l = next;
+    }
+    r->links = NULL;
+}
+
+void relay_destroy(relay *r) {
+    if (!r) return;
+    relay_stop(r);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    pthread_mutex_destroy(&r->listen_mu);
+    free(r->listeners);
+    free(r->auth);
+    free(r);
+}
+
+int relay_build_next(const struct wire_relay *rl, const uint8_t sid[16], uint64_t epoch, uint32_t start_pos,
+                     uint32_t n, uint32_t out_mode, const struct wire_sample_req *sample, const float *hidden,
+                     uint32_t n_embd, uint8_t **payload, size_t *len) {
+    *payload = NULL;
+    *len = 0;
+    if (!rl || rl->n_next < 1 || !hidden) return KVS_ERR_INVALID_ARG;
+    struct wire_forward *f = calloc(1, sizeof *f);
+    if (!f) return KVS_ERR_NOMEM;
+    const struct wire_relay_hop *nx = &rl->next[0];
+    memcpy(f->session_id, sid, WIRE_SID_SIZE);
+    f->epoch = epoch;
+    f->start_pos = start_pos;
+    f->n_tokens = n;
+    f->flags = (nx->flags & WIRE_FWD_INHERIT) | WIRE_FWD_RELAY;
+    f->out_mode = out_mode;
+    f->inherit_epoch = nx->inherit_epoch;
+    f->inherit_len = nx->inherit_len;
+    f->in_kind = rl->hidden_kind;
+    f->n_embd = n_embd;
+    if (out_mode == WIRE_OUT_SAMPLE && sample) f->sample = *sample;
+    f->relay.relay_id = rl->relay_id;
+    f->relay.hop = (uint16_t)(rl->hop + 1);
+    f->relay.hidden_kind = rl->hidden_kind;
+    f->relay.n_next = (uint16_t)(rl->n_next - 1);
+    memcpy(f->relay.next, rl->next + 1, (size_t)f->relay.n_next * sizeof f->relay.next[0]);
+    size_t cnt = (size_t)n * n_embd;
+    uint16_t *half = NULL;
+    if (rl->hidden_kind == WIRE_IN_HIDDEN_F16) {
+        half = malloc(cnt * sizeof *half);
+        if (!half) {
+            free(f);
+            return KVS_ERR_NOMEM;
+        }
+        for (size_t i = 0; i < cnt; i++) half[i] = wire_f32_to_f16(hidden[i]);
+        f->data = half;
+    } else {
+        f->data = hidden; /* f32 rows are their own wire form on a little-endian host (wire.h note 4) */
+    }
+    int rc = wire_encode_forward(f, NULL, 0, len);
+    uint8_t *buf = rc == KVS_OK ? malloc(*len) : NULL;
+    if (rc == KVS_OK && !buf) rc = KVS_ERR_NOMEM;
+    if (rc == KVS_OK) rc = wire_encode_forward(f, buf, *len, len);
+    free(half);
+    free(f);
+    if (rc != KVS_OK) {
+        free(buf);
+        *len = 0;
+        return rc;
+    }
+    *payload = buf;
+    return KVS_OK;
+}
+
+int relay_listen_add(relay *r, uint64_t relay_id, void *target) {
+    pthread_mutex_lock(&r->listen_mu);
+    for (size_t i = 0; i < r->n_listeners; i++)
+        if (r->listeners[i].id == relay_id) {
+            r->listeners[i].target = target;
+            pthread_mutex_unlock(&r->listen_mu);
+            return KVS_OK;
+        }
+    if (r->n_listeners == r->cap_listeners) {
+        size_t cap = r->cap_listeners ? r->cap_listeners * 2 : 8;
+        relay_listener *nl = realloc(r->listeners, cap * sizeof *nl);
+        if (!nl) {
+            pthread_mutex_unlock(&r->listen_mu);
+            return KVS_ERR_NOMEM;
+        }
+        r->listeners = nl;
+        r->cap_listeners = cap;
+    }
+    r->listeners[r->n_listeners++] = (relay_listener){.id = relay_id, .target = target};
+    pthread_mutex_unlock(&r->listen_mu);
+    return KVS_OK;
+}
+
+void *relay_listen_take(relay *r, uint64_t relay_id, void (*ref)(void *target)) {
+    void *t = NULL;
+    pthread_mutex_lock(&r->listen_mu);
+    for (size_t i = 0; i < r->n_listeners && !t; i++)
+        if (r->listeners[i].id == relay_id) t = r->listeners[i].target;
+    if (t && ref) ref(t);
+    pthread_mutex_unlock(&r->listen_mu);
+    return t;
+}
+
+void relay_listen_drop(relay *r, void *target) {
+    pthread_mutex_lock(&r->listen_mu);
+    for (size_t i = 0; i < r->n_listeners;) {
+        if (r->listeners[i].target == target) r->listeners[i] = r->listeners[--r->n_listeners];
+        else i++;
+    }
+    pthread_mutex_unlock(&r->listen_mu);
+}
+
+void relay_get_stats(relay *r, relay_stats *out) {
+    pthread_mutex_lock(&r->mu);
+    *out = r->st;
+    pthread_mutex_unlock(&r->mu);
+}
