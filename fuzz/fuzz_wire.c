@@ -43,7 +43,7 @@ static void sum_floats(const float *f, size_t n) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
-    uint8_t sel = data[0] % 13;
+    uint8_t sel = data[0] % 15;
     /* an exact-size copy so ASan flags any read past the payload */
     size_t n = size - 1;
     uint8_t *p = malloc(n ? n : 1);
@@ -88,7 +88,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         struct wire_forward_reply m;
         if (wire_decode_forward_reply(pp, n, &m, msg, sizeof msg) == KVS_OK) {
             CANONICAL(wire_encode_forward_reply, &m, p, n);
-            if (m.out_kind != WIRE_OUTK_NONE) {
+            if (m.out_kind != WIRE_OUTK_NONE && m.out_kind != WIRE_OUTK_SAMPLE) { /* SAMPLE is not floats */
                 size_t cnt = (size_t)m.n_rows * m.n_cols;
                 float *f = malloc(cnt * sizeof *f);
                 if (f) {
@@ -151,6 +151,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     case 11: {
         (void)wire_decode_empty(pp, n, msg, sizeof msg);
+        break;
+    }
+    case 13: {
+        struct wire_vocab_meta m;
+        if (wire_decode_vocab_meta(pp, n, &m, msg, sizeof msg) == KVS_OK) CANONICAL(wire_encode_vocab_meta, &m, p, n);
+        break;
+    }
+    case 14: {
+        struct wire_vocab_meta_reply m;
+        if (wire_decode_vocab_meta_reply(pp, n, &m, msg, sizeof msg) == KVS_OK) {
+            int32_t *ids = calloc(2 * (size_t)m.count + 1, sizeof *ids);
+            FUZZ_CHECK(ids != NULL);
+            for (uint32_t i = 0; i < m.count; i++) FUZZ_CHECK(wire_vocab_meta_merge(&m, i, &ids[2 * i], &ids[2 * i + 1]));
+            int32_t l_, r_;
+            FUZZ_CHECK(!wire_vocab_meta_merge(&m, m.count, &l_, &r_));
+            m.merge_ids = ids;
+            CANONICAL(wire_encode_vocab_meta_reply, &m, p, n);
+            free(ids);
+        }
         break;
     }
     default: {

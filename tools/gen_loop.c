@@ -260,10 +260,12 @@ int gen_turn(const gen_opts *o, const gen_target *t, sampler *smp, const int32_t
     if ((uint64_t)*pos + n_feed + 1 > t->max_ctx)
         return kvs_fail(msg, msg_cap, KVS_ERR_CONTEXT_FULL, "the conversation (%u + %zu tokens) fills the context of %u",
                         *pos, n_feed, t->max_ctx);
-    int32_t *feed = malloc(n_feed * sizeof *feed);
+    /* feed, then this turn's generated ids: the penalty window's source */
+    int32_t *feed = malloc((n_feed + (size_t)o->n_gen + 1) * sizeof *feed);
     float *logits = malloc((size_t)t->n_vocab * sizeof(float));
     gen_text text = {.out = out};
     int err = KVS_OK;
+    size_t n_hist = n_feed;
     if (!feed || !logits) {
         err = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
         goto done;
@@ -273,7 +275,15 @@ int gen_turn(const gen_opts *o, const gen_target *t, sampler *smp, const int32_t
     if ((err = t->step(t->ctx, feed, (uint32_t)n_feed, logits, msg, msg_cap)) != KVS_OK) goto done;
     *pos += (uint32_t)n_feed;
     for (long k = 0; k < o->n_gen; k++) {
-        int32_t id = sampler_sample(smp, logits, t->n_vocab);
+        /* the draw for a position is a pure function of seed and position, as in gen_run */
+        uint32_t n_win = (uint32_t)o->repeat_last_n < n_hist ? (uint32_t)o->repeat_last_n : (uint32_t)n_hist;
+        sampler_result res;
+        if ((err = sampler_pick(smp, logits, t->n_vocab, *pos, feed + (n_hist - n_win), n_win, &res, 0)) != KVS_OK) {
+            err = kvs_fail(msg, msg_cap, err, "cannot sample");
+            goto done;
+        }
+        int32_t id = res.id;
+        feed[n_hist++] = id;
         if (tok_is_eog(t->vocab, id)) {
             *pending = id;
             break;
