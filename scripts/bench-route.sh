@@ -9,7 +9,8 @@
 #    D ms: decode tok/s and wire bytes per decoded token (all links, counted by the proxies) for 1, 2
 #    and 3 shards, relay vs client-driven (--no-relay), D = 0, 2, 10 ms; then 4 concurrent sessions
 #    over 2 shards vs 1 session (relay). PARTS=latency runs only this part, PARTS=route only 1-5;
-#    NLAT tokens per run (default 32), REPS runs per figure, the best kept (default 3).
+#    NLAT tokens per run (default 32), REPS runs per figure, the best kept (default 3); SHARDS and
+#    DELAYS narrow the matrix (defaults "1 2 3" and "0 2 10"), CONC=0 skips the concurrency part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:?usage: bench-route.sh MODEL [N_TOKENS]}
@@ -106,11 +107,11 @@ splits() { # n: layer ranges of an n-shard split
 nl=${NLAT:-32}
 echo "latency matrix: decode of $nl tokens (greedy), one client, best of ${REPS:-3} runs; bytes per decoded token over all links"
 echo "shards delay_ms mode decode_tok_s bytes_per_token"
-for ns in 1 2 3; do
+for ns in ${SHARDS:-1 2 3}; do
   shard_ports=()
   i=0
   for r in $(splits $ns); do start "$r" "lat$ns-$i.log"; shard_ports+=("$port"); i=$((i + 1)); done
-  for d in 0 2 10; do
+  for d in ${DELAYS:-0 2 10}; do
     proxy_pids=(); routes=""
     for i in $(seq 0 $((ns - 1))); do
       proxy "${shard_ports[$i]}" "$d" "px$i.log"
@@ -134,6 +135,7 @@ for ns in 1 2 3; do
     for p in "${proxy_pids[@]}"; do kill "$p" 2>/dev/null || true; done
   done
 done
+[ "${CONC:-1}" = 0 ] && exit 0
 echo "concurrency: 2 shards, relay, $nl tokens per session; aggregate decode tok/s"
 shard_ports=(); i=0
 for r in $(splits 2); do start "$r" "conc-$i.log"; shard_ports+=("$port"); i=$((i + 1)); done

@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages kvshard needs, only when one is missing.
 set -euo pipefail
-pkgs=(build-essential cmake git libcjson-dev libsodium-dev libpcre2-dev libssl-dev clang libclang-rt-14-dev)
+pkgs=(build-essential cmake git libcjson-dev libsodium-dev libpcre2-dev libssl-dev libmicrohttpd-dev clang libclang-rt-14-dev)
+# --test: what the test suite needs beyond the build: headless Chromium for the chat-page test,
+# and Node.js/npm (for the openai client test) when no node is installed yet.
+if [ "${1:-}" = "--test" ]; then
+  pkgs+=(chromium)
+  command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)
+fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -207,9 +207,10 @@ bool quant_has_tile(uint32_t wtype) {
 }
 
 void quant_act_tile_layout(uint32_t wtype, void *act, int64_t n) {
-    KVS_ASSERT(wtype == QUANT_Q4_0 || wtype == QUANT_Q8_0 || wtype == QUANT_Q4_K);
+    KVS_ASSERT(wtype == QUANT_Q4_0 || wtype == QUANT_Q8_0 || wtype == QUANT_Q4_K || wtype == QUANT_Q2_K ||
+               wtype == QUANT_Q3_K || wtype == QUANT_IQ4_XS);
     check_n(wtype, n);
-    if (wtype == QUANT_Q4_K) return; /* q4_k tiles read block_q8_k rows as they are */
+    if (wtype != QUANT_Q4_0 && wtype != QUANT_Q8_0) return; /* these tiles read block_q8_k rows as they are */
     act_q8 *y = (act_q8 *)act;
     for (int64_t g = 0; g + 8 <= n / QK32; g += 8) {
         act_q8 b[8];

@@ -81,8 +81,9 @@ float quant_dot(uint32_t wtype, int64_t n, const void *w, const void *act);
 /* out[j] = quant_dot(wtype, n, w, act + j * act_stride) for j in [0, n_act), bit-identical. */
 void quant_dot_multi(uint32_t wtype, int64_t n, const void *w, const void *act,
                      size_t act_stride, int n_act, float *out);
-/* Tiled prefill kernels. For some types (q4_0, q8_0, q4_k) under some ISAs (AVX2, AVX-512)
- * a kernel takes a block of weight rows x activation rows at once; it reads the
+/* Tiled prefill kernels. For some types (q4_0, q8_0, q4_k, q2_k, q3_k, iq4_xs)
+ * under some ISAs (AVX2, AVX-512) a kernel takes a block of weight rows x
+ * activation rows at once; it reads the
  * activations in a reordered "tile layout" of the same size, which
  * quant_act_tile_layout makes in place from a quant_act_quantize row.
  * quant_dot_tile gives out[t * out_stride + r] bit-identical to

@@ -8,9 +8,10 @@
  *     uint16_t bits; weight rows must be at least 2-byte aligned (GGUF tensor
  *     data is 32-byte aligned and every block size is even), f32 rows 4-byte.
  *  2. Activation rows (private format): f32 for float weights; act_q8 blocks
- *     (f32 scale, f32 scaled sum, 32 x int8) for the 32-element types; act_q8k
- *     blocks for the K-quants. Activation rows must be 4-byte aligned and the
- *     stride between them a multiple of 4.
+ *     (f32 scale, f32 scaled sum, 32 x int8) for the 32-element types (iq4_nl
+ *     included); block_q8_k blocks for the 256-element types (the K-quants and
+ *     iq4_xs). Activation rows must be 4-byte aligned and the stride between
+ *     them a multiple of 4.
  *  3. Activation quantization is deterministic and identical across ISAs:
  *     d = amax/127, q = round-half-even(x * (1/d)). So a SIMD quantizer may
  *     replace the scalar one without changing a single bit.
@@ -31,6 +32,10 @@
  *     q4_k has a tile kernel too; its activations keep the block_q8_k layout
  *     (quant_act_tile_layout leaves them as they are) and each i32 lane of a
  *     block's sum holds the same elements as in the multi kernel.
+ *     q2_k, q3_k and iq4_xs tile kernels also keep the block_q8_k layout; they
+ *     run, per weight row, eight tokens at a time through the very function
+ *     their multi kernel runs four at a time (design note 4), so they are
+ *     bit-identical to it by construction.
  */
 #ifndef KVS_QUANT_IMPL_H
 #define KVS_QUANT_IMPL_H
@@ -248,6 +253,19 @@ static inline int quant_iq4_xs_scale(const block_iq4_xs *b, int k) {
 QUANT_LOWBIT_DOTS(ref)
 QUANT_LOWBIT_DOTS(avx2)
 QUANT_LOWBIT_DOTS(avx512)
+
+/* Tile kernels (quant_dot_tile) of the 256-element low-bit types; their
+ * activations keep the block_q8_k layout. */
+#define QUANT_LOWBIT_TILES(isa)                                                                       \
+    void quant_##isa##_tile_q2_k(int64_t n, const void *w, size_t w_stride, int n_rows, const void *act, \
+                                 size_t act_stride, int n_act, float *out, size_t out_stride);         \
+    void quant_##isa##_tile_q3_k(int64_t n, const void *w, size_t w_stride, int n_rows, const void *act, \
+                                 size_t act_stride, int n_act, float *out, size_t out_stride);         \
+    void quant_##isa##_tile_iq4_xs(int64_t n, const void *w, size_t w_stride, int n_rows,              \
+                                   const void *act, size_t act_stride, int n_act, float *out,          \
+                                   size_t out_stride);
+QUANT_LOWBIT_TILES(avx2)
+QUANT_LOWBIT_TILES(avx512)
 
 void quant_ref_dequant_q2_k(const void *w, float *y, int64_t n);
 void quant_ref_dequant_q3_k(const void *w, float *y, int64_t n);

@@ -29,7 +29,8 @@
 #define LB_GROUP_32 4 /* iq4_nl */
 
 #define LB_INLINE static inline __attribute__((always_inline))
-#define FOR_ROWS _Pragma("GCC unroll 4") for (int r = 0; r < g; r++)
+#define LB_MAX_G 8 /* largest group: the tile walk's */
+#define FOR_ROWS _Pragma("GCC unroll 8") for (int r = 0; r < g; r++)
 #define LB_UNROLL _Pragma("GCC unroll 8") /* constant shift counts and shuffle controls */
 
 /* --- helpers --------------------------------------------------------------- */
@@ -109,8 +110,8 @@ LB_INLINE __m256i scale_pair_s8(__m256i sc2, const int c) {
 LB_INLINE void q2_k_rows(int64_t n, const void *w, const uint8_t *act, size_t stride, const int g, float *out) {
     const block_q2_k *x = (const block_q2_k *)w;
     const int64_t nb = n / QKK;
-    const block_q8_k *a[4];
-    __m256 acc[4], accm[4];
+    const block_q8_k *a[LB_MAX_G];
+    __m256 acc[LB_MAX_G], accm[LB_MAX_G];
     FOR_ROWS {
         a[r] = (const block_q8_k *)(const void *)(act + (size_t)r * stride);
         acc[r] = accm[r] = _mm256_setzero_ps();
@@ -122,7 +123,7 @@ LB_INLINE void q2_k_rows(int64_t n, const void *w, const uint8_t *act, size_t st
         const __m128i sm = _mm_loadu_si128((const __m128i *)b->scales);
         const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm_set1_epi8(0x0F)));
         const __m256i sc2 = _mm256_broadcastsi128_si256(_mm_and_si128(sm, _mm_set1_epi8(0x0F)));
-        __m256i sumi[4];
+        __m256i sumi[LB_MAX_G];
         FOR_ROWS {
             const __m256i bs = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a[r][ib].bsums), mins);
             accm[r] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * a[r][ib].d), _mm256_cvtepi32_ps(bs), accm[r]);
@@ -164,8 +165,8 @@ LB_INLINE __m128i q3_k_scales8(const uint8_t packed[12]) {
 LB_INLINE void q3_k_rows(int64_t n, const void *w, const uint8_t *act, size_t stride, const int g, float *out) {
     const block_q3_k *x = (const block_q3_k *)w;
     const int64_t nb = n / QKK;
-    const block_q8_k *a[4];
-    __m256 acc[4];
+    const block_q8_k *a[LB_MAX_G];
+    __m256 acc[LB_MAX_G];
     FOR_ROWS {
         a[r] = (const block_q8_k *)(const void *)(act + (size_t)r * stride);
         acc[r] = _mm256_setzero_ps();
@@ -177,7 +178,7 @@ LB_INLINE void q3_k_rows(int64_t n, const void *w, const uint8_t *act, size_t st
         const __m128i sc8 = q3_k_scales8(b->scales);
         const __m256i sc16 = _mm256_cvtepi8_epi16(sc8), sc2 = _mm256_broadcastsi128_si256(sc8);
         const __m256i hm = _mm256_loadu_si256((const __m256i *)b->hmask);
-        __m256i sumi[4];
+        __m256i sumi[LB_MAX_G];
         FOR_ROWS {
             const __m256i bs = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a[r][ib].bsums), sc16);
             sumi[r] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(bs, 2));
@@ -210,8 +211,8 @@ LB_INLINE void q3_k_rows(int64_t n, const void *w, const uint8_t *act, size_t st
 LB_INLINE void iq4_nl_rows(int64_t n, const void *w, const uint8_t *act, size_t stride, const int g, float *out) {
     const block_iq4_nl *x = (const block_iq4_nl *)w;
     const int64_t nb = n / QK32;
-    const act_q8 *a[4];
-    __m256 acc[4];
+    const act_q8 *a[LB_MAX_G];
+    __m256 acc[LB_MAX_G];
     FOR_ROWS {
         a[r] = (const act_q8 *)(const void *)(act + (size_t)r * stride);
         acc[r] = _mm256_setzero_ps();
@@ -253,8 +254,8 @@ LB_INLINE void iq4_nl_rows(int64_t n, const void *w, const uint8_t *act, size_t 
 LB_INLINE void iq4_xs_rows(int64_t n, const void *w, const uint8_t *act, size_t stride, const int g, float *out) {
     const block_iq4_xs *x = (const block_iq4_xs *)w;
     const int64_t nb = n / QKK;
-    const block_q8_k *a[4];
-    __m256 acc[4];
+    const block_q8_k *a[LB_MAX_G];
+    __m256 acc[LB_MAX_G];
     FOR_ROWS {
         a[r] = (const block_q8_k *)(const void *)(act + (size_t)r * stride);
         acc[r] = _mm256_setzero_ps();
@@ -263,7 +264,7 @@ LB_INLINE void iq4_xs_rows(int64_t n, const void *w, const uint8_t *act, size_t 
     for (int64_t ib = 0; ib < nb; ib++) {
         const block_iq4_xs *b = &x[ib];
         const float d = h2f(b->d);
-        __m256i sumi[4];
+        __m256i sumi[LB_MAX_G];
         FOR_ROWS sumi[r] = _mm256_setzero_si256();
         LB_UNROLL for (int k = 0; k < 8; k++) {
             const __m256i q = _mm256_shuffle_epi8(table, nibbles32(b->qs + 16 * k));
@@ -279,7 +280,35 @@ LB_INLINE void iq4_xs_rows(int64_t n, const void *w, const uint8_t *act, size_t 
     FOR_ROWS out[r] = hsum_ps(acc[r]);
 }
 
+/* Tile walk (no layout change: quant_act_tile_layout leaves these rows as they
+ * are): per weight row, tokens in groups of LB_TILE_T through the same *_rows
+ * function as quant_dot, so out[t * ostride + r] is bit-identical to it. */
+#define LB_TILE_T 8
+#define LB_TILE(type)                                                                                      \
+    void LB_NAME(tile_##type)(int64_t n, const void *w, size_t wstride, int n_rows, const void *act,        \
+                              size_t astride, int n_act, float *out, size_t ostride) {                     \
+        const uint8_t *wb = (const uint8_t *)w, *ab = (const uint8_t *)act;                                \
+        for (int r = 0; r < n_rows; r++) {                                                                 \
+            const void *wr = wb + (size_t)r * wstride;                                                     \
+            float o[LB_TILE_T];                                                                            \
+            for (int t = 0; t < n_act;) {                                                                  \
+                const int left = n_act - t;                                                                \
+                int g;                                                                                     \
+                if (left >= LB_TILE_T) type##_rows(n, wr, ab + (size_t)t * astride, astride, g = LB_TILE_T, o); \
+                else if (left >= 4) type##_rows(n, wr, ab + (size_t)t * astride, astride, g = 4, o);        \
+                else if (left == 3) type##_rows(n, wr, ab + (size_t)t * astride, astride, g = 3, o);        \
+                else if (left == 2) type##_rows(n, wr, ab + (size_t)t * astride, astride, g = 2, o);        \
+                else type##_rows(n, wr, ab + (size_t)t * astride, astride, g = 1, o);                       \
+                for (int k = 0; k < g; k++) out[(size_t)(t + k) * ostride + (size_t)r] = o[k];              \
+                t += g;                                                                                    \
+            }                                                                                              \
+        }                                                                                                  \
+    }
+
 LB_MULTI(q2_k, LB_GROUP_K)
 LB_MULTI(q3_k, LB_GROUP_K)
 LB_MULTI(iq4_nl, LB_GROUP_32)
 LB_MULTI(iq4_xs, LB_GROUP_K)
+LB_TILE(q2_k)
+LB_TILE(q3_k)
+LB_TILE(iq4_xs)

@@ -797,6 +797,13 @@ void route_session_id(const route_session *s, uint8_t out[WIRE_SID_SIZE]) { memc
 
 uint64_t route_session_epoch(const route_session *s) { return s ? s->epoch : 0; }
 
+int route_session_rewind(route_session *s, uint32_t pos) {
+    if (!s || pos > s->pos) return KVS_ERR_INVALID_ARG;
+    s->pos = pos; /* I1 still holds: the inputs of [0, pos) stay remembered */
+    if (s->hidden_valid > pos) s->hidden_valid = pos; /* I6 */
+    return KVS_OK;
+}
+
 uint64_t route_session_replay_bytes(const route_session *s) {
     return s ? (uint64_t)s->cap * route_position_bytes(s->r) : 0;
 }

@@ -203,6 +203,13 @@ uint64_t route_session_epoch(const route_session *s);
 /* Bytes the session's replay memory holds now (allocated): at most max_replay_bytes. */
 uint64_t route_session_replay_bytes(const route_session *s);
 
+/* Moves the session back to position pos (<= route_session_pos(s)): the next route_forward
+ * appends at pos, and each hop drops its positions past pos when that request reaches it (a
+ * FORWARD with start_pos < n_past rewinds, DESIGN.md §2), so a caller can reuse a session's
+ * common prefix with a new input. Nothing is sent. KVS_OK, or KVS_ERR_INVALID_ARG (NULL s, pos
+ * past the session's position) with the session unchanged. */
+int route_session_rewind(route_session *s, uint32_t pos);
+
 /* Sends RELEASE for the session to every hop that holds state for it (errors ignored: a shard
  * that is gone frees it by TTL), then frees the session. NULL s is fine. */
 void route_release(route *r, route_session *s);

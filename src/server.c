@@ -578,7 +578,13 @@ static void *sched_main(void *arg) {
             /* Requests cancelled while the lock was down: flag their transactions. */
             for (int i = 0; i < n_items; i++)
                 if (atomic_load(&batch[i]->cancel)) kv_cancel(e->kv, &batch[i]->sid);
+            uint64_t t_batch = kvs_now_ns();
             int err = fwd_run(m, e->pool, e->kv, items, n_items);
+            if (s->p.batch_done) {
+                uint32_t rows = 0;
+                for (int i = 0; i < n_items; i++) rows += items[i].n;
+                s->p.batch_done(s->p.batch_ctx, n_items, rows, kvs_now_ns() - t_batch);
+            }
             pthread_mutex_lock(&s->mu);
             for (int i = 0; i < n_items; i++) {
                 srv_job *j = batch[i];
@@ -631,6 +637,8 @@ static void conn_unref(srv_conn *c) {
     srv_conn **pp = &s->conns;
     while (*pp && *pp != c) pp = &(*pp)->next;
     if (*pp) *pp = c->next;
+    /* Last touch of s: once n_conns drops, srv_run may return and srv_free free s. */
+    atomic_fetch_sub(&s->buffered, c->out_bytes);
     s->n_conns--;
     pthread_mutex_unlock(&s->mu);
     netio_close(c->fd);
@@ -820,12 +828,9 @@ static int cancel_jobs(srv_conn *c, bool all, uint64_t rid) {
     return n;
 }
 
-static void handle_stats(srv_conn *c, uint64_t rid) {
-    srv *s = c->s;
+void srv_stats(srv *s, struct wire_stats_reply *m) {
     kv_stats k;
     kv_get_stats(s->e->kv, &k);
-    struct wire_stats_reply *m = calloc(1, sizeof(*m));
-    if (!m) return;
     relay_stats rs;
     relay_get_stats(s->relay, &rs);
     pthread_mutex_lock(&s->mu);
@@ -859,6 +864,12 @@ static void handle_stats(srv_conn *c, uint64_t rid) {
         m->stats[i].value = list[i].v;
     }
     m->n_stats = (uint32_t)n;
+}
+
+static void handle_stats(srv_conn *c, uint64_t rid) {
+    struct wire_stats_reply *m = calloc(1, sizeof(*m));
+    if (!m) return;
+    srv_stats(c->s, m);
     uint8_t *buf = malloc(8192);
     size_t len = 0;
     if (buf && wire_encode_stats_reply(m, buf, 8192, &len) == KVS_OK) conn_send(c, WIRE_OP_STATS_REPLY, rid, buf, len);

@@ -57,6 +57,10 @@ typedef struct {
     /* Test hook: the hot state's clock (TTL, tombstone age), ns; NULL: CLOCK_MONOTONIC. */
     uint64_t (*kv_clock)(void *ctx);
     void *kv_clock_ctx;
+    /* Metrics hook: called by the scheduler after each forward pass with its requests, rows
+     * and duration (ns); must be quick and thread-safe (src/shard_metrics.c). */
+    void (*batch_done)(void *ctx, int n_items, uint32_t n_rows, uint64_t elapsed_ns);
+    void *batch_ctx;
 } srv_params;
 
 srv_params srv_default_params(void);
@@ -69,6 +73,9 @@ int srv_create(const srv_params *p, srv **out, char *msg, size_t msg_cap);
 uint16_t srv_port(const srv *s);
 /* Serves until srv_stop; then closes every connection and returns KVS_OK. */
 int srv_run(srv *s);
+/* The counters the STATS op answers (kv.* and srv.*), read in-process; thread-safe. */
+struct wire_stats_reply;
+void srv_stats(srv *s, struct wire_stats_reply *out);
 /* Asks srv_run to return; async-signal-safe. */
 void srv_stop(srv *s);
 void srv_free(srv *s);

@@ -272,10 +272,60 @@ static void test_limits(void) {
     kv_free(kv);
 }
 
+/* Also test: DESIGN §2 at the limit with idle neighbours — a refused begin evicts nothing; TTL
+ * never takes a pinned session, and use refreshes it; LRU takes the least recently used first. */
+static void test_limit_rules(void) {
+    fake_clock clk = {.now = 1000};
+    kv_params p = pool_params(4, &clk);
+    p.ttl_ns = 100;
+    kv_state *kv = make_pool(&p);
+    kv_sid n1 = sid_of(60), pin = sid_of(61), n2 = sid_of(62), c = sid_of(63);
+    kv_reply r;
+    kv_txn *tp = NULL, *t = NULL;
+    CHECK_EQ_INT(append(kv, n1, 1, 0, 4, NULL, 0, &r), KVS_OK);  /* 1 block, idle */
+    CHECK_EQ_INT(append(kv, pin, 1, 0, 8, NULL, 0, &r), KVS_OK); /* 2 blocks */
+    CHECK_EQ_INT(append(kv, n2, 1, 0, 4, NULL, 0, &r), KVS_OK);  /* 1 block, idle: pool full */
+    CHECK_EQ_INT(kv_begin(kv, &pin, 1, 7, 1, NULL, &tp, &r), KVS_OK); /* a rewind in place: pinned */
+    CHECK_EQ_INT(stats(kv).evict_lru, 0);
+    /* A new session of 16 positions: free 0 + idle 2 < 4 — refused, nothing evicted. */
+    kv_stats s0 = stats(kv);
+    CHECK_EQ_INT(kv_begin(kv, &c, 1, 0, 16, NULL, &t, &r), KVS_ERR_BUDGET_EXHAUSTED);
+    CHECK(r.pinned_short);
+    kv_stats s1 = stats(kv);
+    CHECK_EQ_INT(s1.evict_lru, s0.evict_lru);
+    CHECK_EQ_INT(s1.sessions, 3);
+    /* TTL: past it, the idle ones go and the pinned one stays. */
+    clk.now += 150;
+    CHECK_EQ_INT(kv_sweep_ttl(kv, 10), 2);
+    CHECK_EQ_INT(kv_lookup(kv, &pin, NULL, NULL), KVS_OK);
+    /* Use refreshes: committed now, it survives a sweep 60 later, and goes 150 later. */
+    if (tp) {
+        fill(tp, 0);
+        kv_commit(kv, tp, &r);
+    }
+    clk.now += 60;
+    CHECK_EQ_INT(kv_sweep_ttl(kv, 10), 0);
+    clk.now += 90;
+    CHECK_EQ_INT(kv_sweep_ttl(kv, 10), 1);
+    /* LRU order: a, b, c idle in that order of use, then a used again; d needs one block more
+     * than is free: the least recently used (b) goes. */
+    kv_sid a = sid_of(70), b = sid_of(71), cc = sid_of(72), d = sid_of(73);
+    CHECK_EQ_INT(append(kv, a, 1, 0, 4, NULL, 0, &r), KVS_OK);
+    CHECK_EQ_INT(append(kv, b, 1, 0, 4, NULL, 0, &r), KVS_OK);
+    CHECK_EQ_INT(append(kv, cc, 1, 0, 4, NULL, 0, &r), KVS_OK);
+    CHECK(holds(kv, a, 1, 4, 0)); /* a request on a (even one rolled back) is a use: b is now oldest */
+    CHECK_EQ_INT(append(kv, d, 1, 0, 8, NULL, 0, &r), KVS_OK);
+    CHECK_EQ_INT(kv_lookup(kv, &b, NULL, NULL), KVS_ERR_NOT_FOUND);
+    CHECK_EQ_INT(kv_lookup(kv, &a, NULL, NULL), KVS_OK);
+    CHECK_EQ_INT(kv_lookup(kv, &cc, NULL, NULL), KVS_OK);
+    kv_free(kv);
+}
+
 int main(void) {
     test_full_pool_retry();
     test_retry_spares_neighbour();
     test_tombstones();
     test_limits();
+    test_limit_rules();
     return test_finish("test_kvstate_pressure", 1, 0);
 }

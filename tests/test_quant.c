@@ -464,7 +464,12 @@ int main(void) {
         test_tile(QUANT_Q8_0, n_tile[i]);
     }
     static const int64_t n_ktile[] = {256, 768, 1024};
-    for (size_t i = 0; i < sizeof n_ktile / sizeof n_ktile[0]; i++) test_tile(QUANT_Q4_K, n_ktile[i]);
+    for (size_t i = 0; i < sizeof n_ktile / sizeof n_ktile[0]; i++) {
+        test_tile(QUANT_Q4_K, n_ktile[i]);
+        test_tile(QUANT_Q2_K, n_ktile[i]);
+        test_tile(QUANT_Q3_K, n_ktile[i]);
+        test_tile(QUANT_IQ4_XS, n_ktile[i]);
+    }
     quant_isa_force(best);
     return test_finish("test_quant", 1, 0);
 }

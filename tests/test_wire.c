@@ -1,4 +1,5 @@
 /* test_wire — frame codec round trips, rejection of malformed payloads, netio over sockets. */
+#include <math.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -845,12 +846,129 @@ static void test_netio_tcp(void) {
     netio_buf_free(&b);
 }
 
+/* Protocol v2 fields: a FORWARD with a sampler block and a relay block, a SAMPLE reply and
+ * RELAY_LISTEN round-trip canonically, refuse every truncation, and refuse bad field values. */
+static void test_v2_fields(void) {
+    int32_t toks[2] = {5, 7}, window[3] = {1, 2, 3};
+    struct wire_forward *m = calloc(1, sizeof *m);
+    *m = (struct wire_forward){.epoch = 4, .start_pos = 9, .n_tokens = 2, .flags = WIRE_FWD_RELAY | WIRE_FWD_INHERIT,
+                               .out_mode = WIRE_OUT_SAMPLE, .inherit_epoch = 3, .inherit_len = 9,
+                               .in_kind = WIRE_IN_TOKENS, .data = toks};
+    m->sample = (struct wire_sample_req){.temp = 0.7f, .top_p = 0.9f, .min_p = 0.05f, .repeat_penalty = 1.1f,
+                                         .presence_penalty = -0.5f, .top_k = 40, .seed = 0x1122334455667788ull,
+                                         .n_top = 5, .n_window = 3, .window = window};
+    m->relay = (struct wire_relay){.relay_id = 99, .hop = 0, .hidden_kind = WIRE_IN_HIDDEN_F16, .n_next = 2};
+    snprintf(m->relay.next[0].addr, sizeof m->relay.next[0].addr, "10.0.0.2:7001");
+    m->relay.next[0].addr_len = (uint8_t)strlen(m->relay.next[0].addr);
+    m->relay.next[0].flags = WIRE_FWD_INHERIT;
+    m->relay.next[0].inherit_epoch = 2;
+    m->relay.next[0].inherit_len = 9;
+    snprintf(m->relay.next[1].addr, sizeof m->relay.next[1].addr, "[::1]:7002");
+    m->relay.next[1].addr_len = (uint8_t)strlen(m->relay.next[1].addr);
+    size_t n = 0;
+    uint8_t *p = encode(&codecs[C_FORWARD], m, &n);
+    CHECK_EQ_INT(n, 60 + 8 + 40 + 12 + 14 + (1 + 13 + 16) + (1 + 10 + 16));
+    check_truncations(&codecs[C_FORWARD], p, n);
+    struct wire_forward *d = calloc(1, sizeof *d);
+    char msg[KVS_MSG_MAX];
+    CHECK_EQ_INT(wire_decode_forward(p, n, d, msg, sizeof msg), KVS_OK);
+    CHECK_EQ_INT(d->sample.seed, 0x1122334455667788ull);
+    CHECK_NEAR(d->sample.presence_penalty, -0.5, 0);
+    CHECK_EQ_INT(d->sample.n_window, 3);
+    CHECK_EQ_INT(kvs_rd_u32((const uint8_t *)d->sample.window + 8), 3);
+    CHECK_EQ_INT(d->relay.n_next, 2);
+    CHECK(strcmp(d->relay.next[1].addr, "[::1]:7002") == 0);
+    CHECK_EQ_INT(d->relay.next[0].inherit_epoch, 2);
+    /* Bad values: encoder and decoder refuse them alike. */
+    static const char *const bad[] = {"NaN temp", "n_top 21", "relay_id 0", "addr_len 0",
+                                      "hop inherit not older", "hidden_kind tokens", "window id out of range"};
+    int32_t bad_window[3] = {1, (int32_t)WIRE_MAX_VOCAB, 3};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct wire_forward *b = calloc(1, sizeof *b);
+        *b = *m;
+        switch (i) {
+        case 0: b->sample.temp = NAN; break;
+        case 1: b->sample.n_top = WIRE_MAX_TOP + 1; break;
+        case 2: b->relay.relay_id = 0; break;
+        case 3: b->relay.next[1].addr_len = 0; break;
+        case 4: b->relay.next[0].inherit_epoch = 4; break;
+        case 5: b->relay.hidden_kind = WIRE_IN_TOKENS; break;
+        default: b->sample.window = bad_window; break;
+        }
+        size_t len = 0;
+        int rc = wire_encode_forward(b, NULL, 0, &len);
+        if (rc == KVS_OK) fprintf(stderr, "forward v2: %s encoded\n", bad[i]);
+        CHECK(rc != KVS_OK);
+        free(b);
+    }
+    /* The same refusals on the decoder side, by patching the valid bytes. */
+    uint8_t *t = malloc(n);
+    memcpy(t, p, n);
+    kvs_wr_u32(t + 68 + 32, WIRE_MAX_TOP + 1); /* n_top */
+    CHECK_EQ_INT(decode_canonical(&codecs[C_FORWARD], t, n), KVS_ERR_PROTOCOL);
+    memcpy(t, p, n);
+    kvs_wr_u32(t + 68, 0x7fc00000u); /* temp = NaN */
+    CHECK_EQ_INT(decode_canonical(&codecs[C_FORWARD], t, n), KVS_ERR_PROTOCOL);
+    memcpy(t, p, n);
+    memset(t + 68 + 40 + 12, 0, 8); /* relay_id 0 */
+    CHECK_EQ_INT(decode_canonical(&codecs[C_FORWARD], t, n), KVS_ERR_PROTOCOL);
+    memcpy(t, p, n);
+    t[68 + 40 + 12 + 14] = 0; /* first hop's addr_len */
+    CHECK(decode_canonical(&codecs[C_FORWARD], t, n) != KVS_OK);
+    free(t);
+    free(p);
+    free(d);
+    free(m);
+
+    /* SAMPLE reply. */
+    uint8_t data[8 + 8 * 2];
+    kvs_wr_u32(data, 17);
+    kvs_wr_f32(data + 4, -0.25f);
+    kvs_wr_u32(data + 8, 17);
+    kvs_wr_f32(data + 12, -0.25f);
+    kvs_wr_u32(data + 16, 3);
+    kvs_wr_f32(data + 20, -2.0f);
+    struct wire_forward_reply r = {.st = {.n_past = 12}, .out_kind = WIRE_OUTK_SAMPLE, .n_rows = 1, .n_cols = 2, .data = data};
+    p = encode(&codecs[C_FREPLY], &r, &n);
+    CHECK_EQ_INT(n, 32 + 24);
+    check_truncations(&codecs[C_FREPLY], p, n);
+    struct wire_forward_reply rd;
+    CHECK_EQ_INT(wire_decode_forward_reply(p, n, &rd, msg, sizeof msg), KVS_OK);
+    int32_t id = 0, ids[2];
+    float lp = 0, lps[2];
+    CHECK_EQ_INT(wire_forward_reply_sample(&rd, &id, &lp, ids, lps), KVS_OK);
+    CHECK_EQ_INT(id, 17);
+    CHECK_NEAR(lp, -0.25, 0);
+    CHECK_EQ_INT(ids[1], 3);
+    CHECK_NEAR(lps[1], -2.0, 0);
+    kvs_wr_u32(p + 32 + 8, WIRE_MAX_VOCAB); /* a top id out of range */
+    CHECK_EQ_INT(decode_canonical(&codecs[C_FREPLY], p, n), KVS_ERR_PROTOCOL);
+    free(p);
+    r.n_cols = WIRE_MAX_TOP + 1;
+    CHECK(wire_encode_forward_reply(&r, NULL, 0, &n) != KVS_OK);
+
+    /* RELAY_LISTEN. */
+    struct wire_relay_listen l = {.relay_id = 0xabcdef}, ld;
+    uint8_t lb[8];
+    CHECK_EQ_INT(wire_encode_relay_listen(&l, lb, sizeof lb, &n), KVS_OK);
+    CHECK_EQ_INT(n, 8);
+    CHECK_EQ_INT(wire_decode_relay_listen(lb, n, &ld, msg, sizeof msg), KVS_OK);
+    CHECK_EQ_INT(ld.relay_id, 0xabcdef);
+    CHECK_EQ_INT(wire_decode_relay_listen(lb, 7, &ld, msg, sizeof msg), KVS_ERR_PROTOCOL);
+    memset(lb, 0, sizeof lb);
+    CHECK_EQ_INT(wire_decode_relay_listen(lb, 8, &ld, msg, sizeof msg), KVS_ERR_PROTOCOL);
+    l.relay_id = 0;
+    CHECK_EQ_INT(wire_encode_relay_listen(&l, lb, sizeof lb, &n), KVS_ERR_INVALID_ARG);
+    CHECK(strcmp(wire_op_name(WIRE_OP_RELAY_LISTEN), "RELAY_LISTEN") == 0);
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_DFL); /* prove MSG_NOSIGNAL: SIGPIPE would kill the test */
     test_f16();
     test_header();
     test_roundtrips();
     test_rejections();
+    test_v2_fields();
     test_random();
     test_hostport();
     test_netio_socketpair();

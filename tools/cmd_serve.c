@@ -9,6 +9,7 @@
 #include "cli.h"
 #include "quant.h"
 #include "server.h"
+#include "shard_metrics.h"
 #include "util.h"
 
 static srv *g_srv;
@@ -33,6 +34,7 @@ static void serve_usage(FILE *f) {
             "usage: kvshard serve -m MODEL --layers FIRST:LAST [--listen HOST:PORT] [--kv-budget SIZE]\n"
             "                     [--kv-ttl SECONDS] [-t THREADS] [--max-sessions N] [--max-conns N]\n"
             "                     [--max-tokens N] [--prefill-chunk N] [--kv-type f16|f32] [--name NAME]\n"
+            "                     [--metrics-listen HOST:PORT]\n"
             "  --layers FIRST:LAST  layers this shard owns, [FIRST, LAST); LAST may be 'end'\n"
             "  --listen HOST:PORT   default 127.0.0.1:7000; port 0 picks a free port (printed)\n"
             "  --kv-budget SIZE     hot KV pool, bytes with K/M/G suffix (default 256M)\n"
@@ -49,13 +51,14 @@ static void serve_usage(FILE *f) {
             "  --frame-timeout S    seconds a frame may take once its first byte arrived (default 10)\n"
             "  --hello-timeout S    seconds for the TLS handshake and HELLO together (default 10)\n"
             "  --max-buffered SIZE  receive buffers and queued replies over all connections (default 512M)\n"
+            "  --metrics-listen HOST:PORT  serve Prometheus metrics at http://HOST:PORT/metrics\n"
             "stops cleanly on SIGINT/SIGTERM.\n");
 }
 
 int cmd_serve(int argc, char **argv) {
     srv_params p = srv_default_params();
     p.kv_ttl_ms = 600000;
-    const char *layers = NULL, *budget = NULL;
+    const char *layers = NULL, *budget = NULL, *metrics_listen = NULL;
     uint32_t kv_type = QUANT_F16;
     long threads = 0, max_sessions = 0, max_conns = p.max_conns, max_tokens = p.max_tokens, chunk = p.prefill_chunk;
     double ttl = 600, frame_s = p.frame_timeout_ms / 1000.0, hello_s = p.hello_timeout_ms / 1000.0;
@@ -86,6 +89,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--frame-timeout")) ok = args_float(argc, argv, &i, 0.001, 3600, &frame_s);
         else if (!strcmp(a, "--hello-timeout")) ok = args_float(argc, argv, &i, 0.001, 3600, &hello_s);
         else if (!strcmp(a, "--max-buffered")) ok = args_str(argc, argv, &i, &buffered);
+        else if (!strcmp(a, "--metrics-listen")) ok = args_str(argc, argv, &i, &metrics_listen);
         else { fprintf(stderr, "kvshard serve: unknown option '%s'\n", a); serve_usage(stderr); return 2; }
         if (!ok) return 2;
     }
@@ -138,11 +142,21 @@ int cmd_serve(int argc, char **argv) {
     p.prefill_chunk = (uint32_t)chunk;
     p.log = log_line;
     char msg[KVS_MSG_MAX] = "";
+    shard_metrics *metrics = NULL;
+    if (metrics_listen && shard_metrics_create(&metrics) != KVS_OK) return 1;
+    if (metrics) {
+        p.batch_done = shard_metrics_on_batch;
+        p.batch_ctx = metrics;
+    }
     int err = srv_create(&p, &g_srv, msg, sizeof(msg));
+    if (!err && metrics) err = shard_metrics_listen(metrics, metrics_listen, g_srv, msg, sizeof msg);
     if (err) {
         fprintf(stderr, "kvshard serve: %s\n", msg[0] ? msg : kvs_strerror(err));
+        srv_free(g_srv);
+        shard_metrics_free(metrics);
         return 1;
     }
+    if (metrics) fprintf(stderr, "kvshard serve: metrics on port %u\n", shard_metrics_port(metrics));
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = on_signal;
@@ -152,6 +166,7 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "kvshard serve: listening on port %u\n", srv_port(g_srv));
     fflush(stderr);
     err = srv_run(g_srv);
+    shard_metrics_free(metrics);
     srv_free(g_srv);
     g_srv = NULL;
     return err ? 1 : 0;

@@ -17,6 +17,7 @@ static void usage(FILE *f) {
             "  serve    serve a layer range of a model as a shard over TCP\n"
             "  generate generate text by driving a route of shards (no weights needed)\n"
             "  stats    print a running shard's identity and counters (JSON)\n"
+            "  api      an OpenAI-compatible HTTP server over a route or one model\n"
             "  bench    measure prefill/decode speed and memory bandwidth (JSON)\n"
             "  inspect  print a GGUF file's metadata and tensor table\n"
             "  mkmodel  write a llama GGUF with seeded random weights\n"
@@ -39,6 +40,7 @@ int main(int argc, char **argv) {
         {"delay-proxy", cmd_delay_proxy},
         {"tokenize", cmd_tokenize}, {"detokenize", cmd_detokenize}, {"chat", cmd_chat},
         {"cert", cmd_cert},
+        {"api", cmd_api},
     };
     for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
         if (!strcmp(argv[1], cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);

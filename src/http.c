@@ -1,0 +1,437 @@
+/*
+ * http — libmicrohttpd plumbing of `kvshard api` and its endpoint table (see http.h).
+ *
+ * A request's life: the access handler is called first with no body (the endpoint is
+ * classified and a Content-Length over the limit answered 413 at once), then once per body
+ * piece (accumulated up to max_body_bytes; past it 413), then with no more data: the endpoint
+ * runs and queues exactly one response. A generation endpoint either runs the whole generation
+ * there (non-streamed) or hands a stream_state to the content reader (streamed, note 1 of
+ * http.h); the reader's free callback ends the generation, cancelling it when the client did
+ * not get to the end (note 4).
+ */
+#include "http.h"
+
+#include <cjson/cJSON.h>
+#include <microhttpd.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "http_impl.h"
+#include "netio.h"
+#include "util.h"
+
+struct http_server {
+    http_params p;
+    http_lanes L;
+    http_metrics m;
+    struct MHD_Daemon *d;
+    uint16_t port;
+    char model[128];
+    atomic_uint_fast64_t next_request; /* request numbers for the test hook and reply ids */
+};
+
+typedef struct {
+    enum http_endpoint ep;
+    char *body;        /* (len) bytes received so far, NUL-terminated */
+    size_t len, cap;
+    uint64_t seen;     /* body bytes received, kept or not */
+    bool too_large;    /* the body passed max_body_bytes: discarded, answered 413 at its end */
+    bool answered;     /* a response was queued before the body ended (413) */
+} conn_req;
+
+typedef struct {
+    http_server *h;
+    http_gen_req req;
+    http_gen g;
+    http_reply_meta meta;
+    char *pending;     /* (plen) bytes of SSE not yet handed to MHD, from poff */
+    size_t plen, poff;
+    bool first;        /* the next chunk carries the role */
+    bool done;         /* the last event is in pending */
+    bool reached_end;  /* the reader reported end of stream */
+} stream_state;
+
+http_params http_default_params(void) {
+    return (http_params){.listen = "127.0.0.1:8080",
+                         .lanes = 4,
+                         .queue_max = 64,
+                         .queue_timeout_ms = 30000,
+                         .max_body_bytes = 1u << 20,
+                         .prefix_slots = 4,
+                         .route_timeout_ms = 30000,
+                         .max_connections = 256};
+}
+
+static void hlog(http_server *h, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void hlog(http_server *h, const char *fmt, ...) {
+    if (!h->p.log) return;
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    h->p.log(h->p.log_ctx, line);
+}
+
+/* ---- responses ------------------------------------------------------------------------------ */
+
+/* Queues body (copied) with status and content type; records the request in the metrics. */
+static enum MHD_Result respond(http_server *h, struct MHD_Connection *c, enum http_endpoint ep, int status,
+                               const char *type, const char *body, size_t len, const char *retry_after) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    if (retry_after) MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, retry_after);
+    if (status == 405) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, ep == EP_CHAT || ep == EP_COMPLETIONS ? "POST" : "GET");
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    http_metrics_request(&h->m, ep, status);
+    return ret;
+}
+
+static enum MHD_Result respond_json(http_server *h, struct MHD_Connection *c, enum http_endpoint ep, int status,
+                                    char *json /* consumed */) {
+    if (!json) return respond(h, c, ep, 500, "text/plain", "out of memory\n", 14, NULL);
+    enum MHD_Result r = respond(h, c, ep, status, "application/json", json, strlen(json), NULL);
+    free(json);
+    return r;
+}
+
+static enum MHD_Result respond_err(http_server *h, struct MHD_Connection *c, enum http_endpoint ep, const http_err *e) {
+    char *body = http_err_body(e);
+    if (!body) return respond(h, c, ep, 500, "text/plain", "out of memory\n", 14, NULL);
+    enum MHD_Result r = respond(h, c, ep, e->status, "application/json", body, strlen(body),
+                                e->status == 503 ? "1" : NULL);
+    free(body);
+    return r;
+}
+
+/* ---- simple endpoints ------------------------------------------------------------------------- */
+
+static enum MHD_Result serve_models(http_server *h, struct MHD_Connection *c) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(o, "data");
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddItemToArray(data, m);
+    cJSON_AddStringToObject(m, "id", h->model);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", 0);
+    cJSON_AddStringToObject(m, "owned_by", "kvshard");
+    cJSON_AddNumberToObject(m, "context_length", h->L.info.max_ctx);
+    cJSON_AddNumberToObject(m, "n_hops", h->L.info.n_hops);
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return respond_json(h, c, EP_MODELS, 200, s);
+}
+
+static enum MHD_Result serve_health(http_server *h, struct MHD_Connection *c) {
+    char report[4096];
+    bool ok = http_lanes_health(&h->L, 2000, report, sizeof report);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "status", ok ? "ok" : "unavailable");
+    cJSON_AddStringToObject(o, "hops", report);
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return respond_json(h, c, EP_HEALTH, ok ? 200 : 503, s);
+}
+
+static enum MHD_Result serve_metrics(http_server *h, struct MHD_Connection *c) {
+    char *s = http_metrics_render(&h->m, &h->L);
+    if (!s) return respond(h, c, EP_METRICS, 500, "text/plain", "out of memory\n", 14, NULL);
+    enum MHD_Result r = respond(h, c, EP_METRICS, 200, "text/plain; version=0.0.4; charset=utf-8", s, strlen(s), NULL);
+    free(s);
+    return r;
+}
+
+/* ---- generation endpoints -------------------------------------------------------------------- */
+
+static void meta_init(http_server *h, http_reply_meta *meta, bool chat, uint64_t no) {
+    meta->model = h->model;
+    meta->created = (long long)time(NULL);
+    uint8_t rnd[6] = {0};
+    if (getentropy(rnd, sizeof rnd) != 0) memset(rnd, 0, sizeof rnd);
+    snprintf(meta->id, sizeof meta->id, "%s-%llx%02x%02x%02x%02x%02x%02x", chat ? "chatcmpl" : "cmpl",
+             (unsigned long long)no, rnd[0], rnd[1], rnd[2], rnd[3], rnd[4], rnd[5]);
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    stream_state *st = cls;
+    for (;;) {
+        if (st->poff < st->plen) {
+            size_t n = st->plen - st->poff < max ? st->plen - st->poff : max;
+            memcpy(buf, st->pending + st->poff, n);
+            st->poff += n;
+            return (ssize_t)n;
+        }
+        free(st->pending);
+        st->pending = NULL;
+        st->plen = st->poff = 0;
+        if (st->done) {
+            st->reached_end = true;
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        }
+        http_gen *g = &st->g;
+        if (!g->finish && !g->failed) http_gen_step(g);
+        if (g->failed) {
+            http_err e;
+            http_fail(&e, 502, "server_error", "route_failed", NULL, "generation failed: %s", g->err);
+            char *body = http_err_body(&e);
+            size_t n = body ? strlen(body) : 0;
+            st->pending = malloc(n + 32);
+            if (!st->pending) {
+                free(body);
+                return MHD_CONTENT_READER_END_WITH_ERROR;
+            }
+            st->plen = (size_t)sprintf(st->pending, "data: %s\n\ndata: [DONE]\n\n", body ? body : "{}");
+            free(body);
+            st->done = true;
+            hlog(st->h, "request %llu: %s", (unsigned long long)g->request_no, g->err);
+            continue;
+        }
+        size_t end = http_gen_ready(g);
+        st->pending = http_reply_chunk(g, &st->meta, end, st->first, &st->plen);
+        if (st->plen) st->first = false;
+        if (g->finish && g->emitted == g->text_len) {
+            if (!st->pending) return MHD_CONTENT_READER_END_WITH_ERROR;
+            st->done = true;
+        }
+    }
+}
+
+static void stream_free(void *cls) {
+    stream_state *st = cls;
+    bool cancel = !st->reached_end;
+    if (cancel)
+        hlog(st->h, "request %llu: client went away after %u tokens; session released",
+             (unsigned long long)st->g.request_no, st->g.n_gen);
+    http_gen_end(&st->g, cancel);
+    http_gen_req_free(&st->req);
+    free(st->pending);
+    free(st);
+}
+
+static enum MHD_Result serve_generate(http_server *h, struct MHD_Connection *c, conn_req *cr) {
+    const bool chat = cr->ep == EP_CHAT;
+    http_err e;
+    stream_state *st = calloc(1, sizeof *st);
+    if (!st) return respond(h, c, cr->ep, 500, "text/plain", "out of memory\n", 14, NULL);
+    st->h = h;
+    st->first = true;
+    if (!http_req_parse(cr->body ? cr->body : "", cr->len, chat, &st->req, &e)) {
+        free(st);
+        return respond_err(h, c, cr->ep, &e);
+    }
+    char *prompt = NULL;
+    if (chat) {
+        if (http_chat_format(h->L.chat_tmpl, st->req.msgs, st->req.n_msgs, &prompt) != KVS_OK) {
+            http_gen_req_free(&st->req);
+            free(st);
+            return respond(h, c, cr->ep, 500, "text/plain", "out of memory\n", 14, NULL);
+        }
+    }
+    uint64_t no = atomic_fetch_add(&h->next_request, 1) + 1;
+    bool ok = http_gen_begin(&st->g, &h->L, &h->m, &st->req, chat ? prompt : st->req.prompt, no, &e);
+    free(prompt);
+    if (!ok) {
+        http_gen_req_free(&st->req);
+        free(st);
+        return respond_err(h, c, cr->ep, &e);
+    }
+    meta_init(h, &st->meta, chat, no);
+    if (!st->req.stream) {
+        while (!st->g.finish && http_gen_step(&st->g)) {
+        }
+        enum MHD_Result r;
+        if (st->g.failed) {
+            http_fail(&e, 502, "server_error", "route_failed", NULL, "generation failed: %s", st->g.err);
+            hlog(h, "request %llu: %s", (unsigned long long)no, st->g.err);
+            r = respond_err(h, c, cr->ep, &e);
+        } else {
+            r = respond_json(h, c, cr->ep, 200, http_reply_full(&st->g, &st->meta));
+        }
+        http_gen_end(&st->g, false);
+        http_gen_req_free(&st->req);
+        free(st);
+        return r;
+    }
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, st, stream_free);
+    if (!r) {
+        stream_free(st);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    enum MHD_Result ret = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r); /* stream_free runs when the connection is done with it */
+    http_metrics_request(&h->m, cr->ep, 200);
+    return ret;
+}
+
+/* ---- dispatch ---------------------------------------------------------------------------------- */
+
+static enum http_endpoint classify(const char *url) {
+    static const struct { const char *path; enum http_endpoint ep; } table[] = {
+        {"/v1/chat/completions", EP_CHAT}, {"/v1/completions", EP_COMPLETIONS}, {"/v1/models", EP_MODELS},
+        {"/health", EP_HEALTH},           {"/metrics", EP_METRICS},            {"/", EP_PAGE},
+        {"/index.html", EP_PAGE},
+    };
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+        if (!strcmp(url, table[i].path)) return table[i].ep;
+    return EP_OTHER;
+}
+
+static enum MHD_Result too_large(http_server *h, struct MHD_Connection *c, conn_req *cr) {
+    http_err e;
+    http_fail(&e, 413, "invalid_request_error", "request_too_large", NULL, "the request body is over %zu bytes",
+              h->p.max_body_bytes);
+    cr->answered = true;
+    return respond_err(h, c, cr->ep, &e);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+    (void)version;
+    http_server *h = cls;
+    conn_req *cr = *con_cls;
+    if (!cr) {
+        if (!(cr = calloc(1, sizeof *cr))) return MHD_NO;
+        cr->ep = classify(url);
+        *con_cls = cr;
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl && strtoull(cl, NULL, 10) > h->p.max_body_bytes) return too_large(h, c, cr);
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        size_t n = *upload_size;
+        *upload_size = 0;
+        if (cr->answered) return MHD_YES;
+        cr->seen += n;
+        /* Past the limit the rest is read and dropped, so the client reads the 413 instead of a
+         * reset; a body far past it is cut short (the connection closes after the 413). */
+        if (cr->seen > h->p.max_body_bytes) cr->too_large = true;
+        if (cr->seen > (uint64_t)h->p.max_body_bytes * 8) return too_large(h, c, cr);
+        if (cr->too_large) return MHD_YES;
+        if (cr->len + n + 1 > cr->cap) {
+            size_t nc = cr->cap ? cr->cap * 2 : 4096;
+            while (nc < cr->len + n + 1) nc *= 2;
+            char *nb = realloc(cr->body, nc);
+            if (!nb) return MHD_NO;
+            cr->body = nb;
+            cr->cap = nc;
+        }
+        memcpy(cr->body + cr->len, upload, n);
+        cr->len += n;
+        cr->body[cr->len] = 0;
+        return MHD_YES;
+    }
+    if (cr->answered) return MHD_YES;
+    if (cr->too_large) return too_large(h, c, cr);
+    const bool post = !strcmp(method, "POST"), get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+    http_err e;
+    switch (cr->ep) {
+        case EP_CHAT:
+        case EP_COMPLETIONS:
+            if (post) return serve_generate(h, c, cr);
+            break;
+        case EP_MODELS:
+            if (get) return serve_models(h, c);
+            break;
+        case EP_HEALTH:
+            if (get) return serve_health(h, c);
+            break;
+        case EP_METRICS:
+            if (get) return serve_metrics(h, c);
+            break;
+        case EP_PAGE:
+            if (get) return respond(h, c, EP_PAGE, 200, "text/html; charset=utf-8", http_page_html, strlen(http_page_html), NULL);
+            break;
+        default:
+            http_fail(&e, 404, "invalid_request_error", "unknown_url", NULL, "no such endpoint: %s %.200s", method, url);
+            return respond_err(h, c, EP_OTHER, &e);
+    }
+    http_fail(&e, 405, "invalid_request_error", "method_not_allowed", NULL, "%s is not allowed on %.200s", method, url);
+    return respond_err(h, c, cr->ep, &e);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    (void)cls;
+    (void)c;
+    (void)toe;
+    conn_req *cr = *con_cls;
+    if (!cr) return;
+    free(cr->body);
+    free(cr);
+    *con_cls = NULL;
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    http_server *h = cls;
+    if (!h->p.log) return;
+    char line[512];
+    vsnprintf(line, sizeof line, fmt, ap);
+    size_t n = strlen(line);
+    while (n && line[n - 1] == '\n') line[--n] = 0;
+    h->p.log(h->p.log_ctx, line);
+}
+
+int http_start(const http_params *p, http_server **out, char *msg, size_t cap) {
+    if (!out) return kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "out is NULL");
+    *out = NULL;
+    if (!p || !p->route || !p->listen) return kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "route and listen are required");
+    if (p->lanes < 1 || p->lanes > 256) return kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "lanes must be 1..256");
+    if (p->queue_max < 0 || p->queue_max > 4096) return kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "queue must be 0..4096");
+    if (p->prefix_slots < 0 || p->prefix_slots > 1024)
+        return kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "prefix slots must be 0..1024");
+    if (p->max_body_bytes < 1024) return kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "body limit must be >= 1 KiB");
+    if (p->max_connections < 1) return kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "max_connections must be >= 1");
+    char host[NETIO_HOST_MAX];
+    uint16_t port = 0;
+    if (netio_parse_hostport(p->listen, host, sizeof host, &port) != KVS_OK)
+        return kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "listen address '%.100s' is not HOST:PORT", p->listen);
+    http_server *h = calloc(1, sizeof *h);
+    if (!h) return kvs_fail(msg, cap, KVS_ERR_NOMEM, "out of memory");
+    h->p = *p;
+    snprintf(h->model, sizeof h->model, "%s", p->model_name && p->model_name[0] ? p->model_name : "kvshard");
+    http_metrics_init(&h->m);
+    int err = http_lanes_open(&h->L, p, msg, cap);
+    if (err) {
+        http_metrics_destroy(&h->m);
+        free(h);
+        return err;
+    }
+    int fd = -1;
+    if ((err = netio_listen(host, port, 128, &fd, &h->port, msg, cap)) != KVS_OK) goto fail;
+    h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0, NULL,
+                            NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
+                            h, MHD_OPTION_CONNECTION_LIMIT, (unsigned)p->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
+                            (unsigned)300, MHD_OPTION_END);
+    if (!h->d) {
+        close(fd);
+        err = kvs_fail(msg, cap, KVS_ERR_IO, "libmicrohttpd could not start on %.100s", p->listen);
+        goto fail;
+    }
+    *out = h;
+    return KVS_OK;
+fail:
+    http_lanes_close(&h->L);
+    http_metrics_destroy(&h->m);
+    free(h);
+    return err;
+}
+
+uint16_t http_port(const http_server *h) { return h ? h->port : 0; }
+
+void http_stop(http_server *h) {
+    if (!h) return;
+    if (h->d) MHD_stop_daemon(h->d);
+    http_lanes_close(&h->L);
+    http_metrics_destroy(&h->m);
+    free(h);
+}

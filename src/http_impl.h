@@ -1,0 +1,240 @@
+/*
+ * http_impl — the parts of `kvshard api` shared between its files (private to src/http*.c):
+ *   http_req.c      OpenAI request bodies -> http_gen_req, with OpenAI-shaped errors
+ *   http_chat.c     messages -> prompt text (the chat template)
+ *   http_lanes.c    lanes, the bounded wait queue, kept sessions (prefix reuse), health probes
+ *   http_gen.c      one generation: prefill, sample, stop strings, logprobs, text deltas
+ *   http_openai.c   reply bodies and server-sent events
+ *   http_metrics.c  counters and histograms, Prometheus text
+ *   http_page.c     the embedded chat page
+ *   http.c          libmicrohttpd plumbing and the endpoint table
+ */
+#ifndef KVS_HTTP_IMPL_H
+#define KVS_HTTP_IMPL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "http.h"
+#include "prom.h"
+#include "route.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+#define HTTP_MAX_STOP 4          /* stop strings per request (OpenAI's limit) */
+#define HTTP_MAX_STOP_LEN 256    /* bytes per stop string */
+#define HTTP_MAX_TOP_LOGPROBS 20 /* chat top_logprobs limit (completions: 5) */
+#define HTTP_MIN_REUSE 4         /* common-prefix tokens that make a kept session worth taking */
+#define HTTP_MAX_MESSAGES 1024
+#define HTTP_REPEAT_WINDOW 64    /* penalty window of sampler_pick, as kvshard run's --repeat-last-n */
+
+/* ---- errors ------------------------------------------------------------------------------ */
+
+/* An OpenAI-shaped error: {"error":{"message","type","param","code"}} with an HTTP status. */
+typedef struct {
+    int status;          /* HTTP status */
+    const char *type;    /* "invalid_request_error", "server_error", ... */
+    const char *code;    /* NULL: JSON null */
+    char param[64];      /* "": JSON null */
+    char message[320];
+} http_err;
+
+/* Fills e and returns false (so parsers can `return http_fail(...)`). */
+bool http_fail(http_err *e, int status, const char *type, const char *code, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+
+/* ---- requests ------------------------------------------------------------------------------ */
+
+typedef struct {
+    char *role;    /* owned */
+    char *content; /* owned */
+} http_message;
+
+typedef struct {
+    bool chat;                  /* /v1/chat/completions (messages) or /v1/completions (prompt) */
+    char *prompt;               /* completions: owned */
+    http_message *msgs;         /* chat: owned, n_msgs */
+    size_t n_msgs;
+    long max_tokens;            /* -1: up to the context */
+    sampler_params sp;          /* temperature, top_p, seed; top_k an extension (default off) */
+    char *stop[HTTP_MAX_STOP];  /* owned */
+    int n_stop;
+    bool stream;
+    bool include_usage;         /* stream_options.include_usage */
+    bool logprobs;
+    int top_logprobs;           /* 0..HTTP_MAX_TOP_LOGPROBS */
+} http_gen_req;
+
+/* Parses and validates a request body. true: *out filled (free with http_gen_req_free). false:
+ * e says why (400) and *out holds nothing. */
+bool http_req_parse(const char *body, size_t len, bool chat, http_gen_req *out, http_err *e);
+void http_gen_req_free(http_gen_req *r);
+
+/* ---- chat template --------------------------------------------------------------------------- */
+
+/* The template (a chat_template value) to use: name when non-empty, else the one the vocab's
+ * tokenizer.chat_template is recognised as, else ChatML when the file has none.
+ * KVS_OK; KVS_ERR_INVALID_ARG (unknown name) / KVS_ERR_UNSUPPORTED (unrecognised template). */
+int http_chat_pick(const tok_vocab *v, const char *name, int *tmpl, char *msg, size_t cap);
+
+/* Formats msgs with tmpl, ending with the assistant's turn opened. *out malloc'd, owned by
+ * the caller. KVS_OK, KVS_ERR_NOMEM, chat_format's errors. */
+int http_chat_format(int tmpl, const http_message *msgs, size_t n, char **out);
+
+/* ---- lanes ----------------------------------------------------------------------------------- */
+
+typedef struct {
+    route_session *s;  /* NULL: slot empty */
+    int32_t *hist;     /* (n) tokens the session holds along the route */
+    uint32_t n, cap;
+    uint64_t last_used; /* lanes->clock tick */
+} http_kept;
+
+typedef struct {
+    route *r;            /* NULL while broken (reopened by the next request) */
+    bool busy;
+    uint32_t reroutes;   /* of r, as of the lane's last request */
+    http_kept *kept;     /* (prefix_slots) */
+} http_lane;
+
+typedef struct {
+    http_params p;
+    char *route_spec, *spares_spec;
+    http_lane *lanes;        /* (p.lanes) */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int waiting;             /* requests in the queue */
+    uint64_t clock;
+    tok_vocab *vocab;
+    int chat_tmpl;           /* http_chat_pick */
+    route_info info;         /* of lane 0 at start */
+    char hops[ROUTE_MAX_HOPS][ROUTE_ADDR_MAX]; /* current hop addresses (refreshed after each use) */
+    uint32_t n_hops;
+    uint64_t reroutes_done;  /* reroutes of lanes since closed/reopened */
+    uint64_t reuse_hits, reuse_misses, reused_tokens;
+} http_lanes;
+
+int http_lanes_open(http_lanes *L, const http_params *p, char *msg, size_t cap);
+void http_lanes_close(http_lanes *L);
+
+/* Waits for a lane (queue note 2 of http.h). On KVS_OK *lane is held and, when a kept session
+ * shares >= HTTP_MIN_REUSE tokens with prompt[0..n), *kept is that session (taken out of the
+ * table, rewound to the common prefix *reuse, at most n - 1) else NULL with *reuse 0.
+ * KVS_ERR_BUSY: the queue is full or the wait timed out. KVS_ERR_IO: the lane's route could
+ * not be reopened (msg). */
+int http_lanes_acquire(http_lanes *L, const int32_t *prompt, uint32_t n, int *lane, route_session **kept,
+                       uint32_t *reuse, char *msg, size_t cap);
+/* Ends a request on the lane: keep (hist[0..n) is what s holds) puts s into the lane's table,
+ * evicting the least recently used entry (RELEASE); !keep releases s. s may be NULL. broken
+ * closes the lane's route (reopened on next use). Wakes one waiter. */
+void http_lanes_finish(http_lanes *L, int lane, route_session *s, const int32_t *hist, uint32_t n, bool keep,
+                       bool broken);
+/* Probes every current hop (connect, HELLO, INFO) within timeout_ms each. Writes one line per
+ * hop into report (cap bytes). true when all answered. */
+bool http_lanes_health(http_lanes *L, int64_t timeout_ms, char *report, size_t cap);
+
+/* ---- metrics -------------------------------------------------------------------------------- */
+
+enum http_endpoint { EP_CHAT = 0, EP_COMPLETIONS, EP_MODELS, EP_HEALTH, EP_METRICS, EP_PAGE, EP_OTHER, EP_COUNT_ };
+
+#define HTTP_N_STATUS 10
+
+typedef struct {
+    uint64_t requests[EP_COUNT_][HTTP_N_STATUS]; /* by status_codes index (http_metrics.c); the last: other */
+    uint64_t tokens_in, tokens_out, cancelled, prefix_reused_tokens;
+    prom_hist ttft, token_latency; /* seconds */
+} http_counters;
+
+typedef struct {
+    pthread_mutex_t mu;
+    http_counters c;
+} http_metrics;
+
+enum http_hist_id { HIST_TTFT, HIST_TOKEN };
+
+void http_metrics_init(http_metrics *m);
+void http_metrics_destroy(http_metrics *m);
+void http_metrics_request(http_metrics *m, enum http_endpoint ep, int status);
+void http_metrics_tokens(http_metrics *m, uint64_t in, uint64_t out, uint64_t reused);
+void http_metrics_observe(http_metrics *m, enum http_hist_id h, double seconds);
+void http_metrics_cancelled(http_metrics *m);
+/* Renders every metric (plus the lanes' gauges) as Prometheus text; malloc'd, NULL on NOMEM. */
+char *http_metrics_render(http_metrics *m, http_lanes *L);
+
+/* ---- generation ------------------------------------------------------------------------------- */
+
+typedef struct {
+    int32_t id;
+    float logprob;
+    int n_top;
+    int32_t top_id[HTTP_MAX_TOP_LOGPROBS];
+    float top_lp[HTTP_MAX_TOP_LOGPROBS];
+} http_tok_lp;
+
+typedef enum { FINISH_NONE = 0, FINISH_STOP, FINISH_LENGTH } http_finish;
+
+typedef struct {
+    http_lanes *L;
+    const http_gen_req *req;
+    int lane;
+    route *r;
+    route_session *s;
+    int32_t *toks;          /* (cap) prompt then generated ids */
+    uint32_t n_prompt, n_gen, n_toks, cap;
+    uint32_t n_fed;         /* positions the session holds */
+    uint32_t reuse;         /* prompt tokens that came from a kept session */
+    uint32_t max_gen;
+    sampler *smp;
+    float *logits;          /* (n_vocab) */
+    int32_t n_vocab;
+    char *text;             /* generated text (after stop truncation) */
+    size_t text_len, text_cap, emitted;
+    http_tok_lp *lps;       /* (max_gen) when req->logprobs */
+    size_t lp_emitted;      /* entries already sent (streaming) */
+    http_finish finish;
+    bool failed;
+    char err[KVS_MSG_MAX];
+    uint64_t t_start_ns, t_first_ns, t_last_ns;
+    uint64_t request_no;
+    http_metrics *metrics;
+} http_gen;
+
+/* Tokenizes the prompt, validates it against the context, acquires a lane (possibly with a
+ * kept session) and opens the session. true: g is ready (http_gen_end must follow). false: e
+ * says why (400 context_length_exceeded, 503 busy, 502 route failure) and nothing is held. */
+bool http_gen_begin(http_gen *g, http_lanes *L, http_metrics *m, const http_gen_req *req, const char *prompt,
+                    uint64_t request_no, http_err *e);
+/* Runs one forward step and samples one token (or finishes). Returns false on a route failure
+ * (g->failed, g->err). Sets g->finish when done. */
+bool http_gen_step(http_gen *g);
+/* Text that can be sent now: [emitted, *end). Holds back a tail that could begin a stop string
+ * or that ends inside a UTF-8 sequence, unless finished. */
+size_t http_gen_ready(const http_gen *g);
+/* Ends the request: keeps the session for prefix reuse when it finished normally and !cancel,
+ * releases it otherwise; frees g's buffers and gives the lane back. */
+void http_gen_end(http_gen *g, bool cancel);
+
+/* ---- replies ------------------------------------------------------------------------------ */
+
+typedef struct {
+    const char *model;
+    char id[40];         /* "chatcmpl-..." / "cmpl-..." */
+    long long created;   /* unix seconds */
+} http_reply_meta;
+
+/* Whole non-streamed reply body (malloc'd JSON). */
+char *http_reply_full(const http_gen *g, const http_reply_meta *meta);
+/* One SSE event with the text [g->emitted, end) and the logprobs not yet sent, or the final
+ * chunk(s) when g->finish is set and all text was sent: "data: {...}\n\n" (malloc'd, *len).
+ * first: include the role delta (chat). Advances g->emitted / g->lp_emitted. */
+char *http_reply_chunk(http_gen *g, const http_reply_meta *meta, size_t end, bool first, size_t *len);
+/* The OpenAI error body for e (malloc'd JSON). */
+char *http_err_body(const http_err *e);
+
+/* ---- page --------------------------------------------------------------------------------- */
+
+extern const char http_page_html[];
+
+#endif /* KVS_HTTP_IMPL_H */

@@ -1,0 +1,187 @@
+/* kvshard api: the OpenAI-compatible HTTP server, over a route of shards or one in-process model. */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "args.h"
+#include "chat.h"
+#include "cli.h"
+#include "http.h"
+#include "quant.h"
+#include "server.h"
+#include "util.h"
+
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig) {
+    (void)sig;
+    g_stop = 1;
+}
+
+static void log_line(void *ctx, const char *line) {
+    char ts[32];
+    time_t t = time(NULL);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(ts, sizeof(ts), "%H:%M:%S", &tm);
+    fprintf(stderr, "[%s] %s: %s\n", ts, (const char *)ctx, line);
+}
+
+static void api_usage(FILE *f) {
+    fprintf(f,
+            "usage: kvshard api (-m MODEL | --route HOST:PORT,... [--spare HOST:PORT,...]) [--listen HOST:PORT]\n"
+            "                   [--lanes N] [--queue N] [--queue-timeout SECONDS] [--max-body SIZE]\n"
+            "                   [--prefix-slots N] [--model-name NAME] [--tokenizer MODEL] [--chat-template NAME]\n"
+            "                   [-t THREADS] [--kv-budget SIZE]\n"
+            "  -m MODEL             run the whole model in this process (a shard on a loopback port)\n"
+            "  --route SPEC         drive a route of running shards instead (as kvshard generate)\n"
+            "  --spare SPEC         replacement shards for failed hops\n"
+            "  --listen HOST:PORT   HTTP address (default 127.0.0.1:8080; port 0 picks one, printed)\n"
+            "  --lanes N            concurrent generations (default 4)\n"
+            "  --queue N            requests that may wait for a lane before 503 (default 64)\n"
+            "  --queue-timeout S    longest wait for a lane before 503 (default 30)\n"
+            "  --max-body SIZE      request body limit, 413 past it (default 1M)\n"
+            "  --prefix-slots N     finished sessions kept per lane for prefix reuse (default 4; 0 = off)\n"
+            "  --model-name NAME    model id in /v1/models (default: the file name, or 'kvshard')\n"
+            "  --tokenizer MODEL    with --route: read the tokenizer and chat template from this GGUF (needed\n"
+            "                       for BPE models; default: the head shard's SentencePiece vocab)\n"
+            "  --chat-template NAME override the model's chat template (%s)\n"
+            "  -t THREADS, --kv-budget SIZE   with -m: compute threads, hot KV pool (default 512M)\n"
+            "endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,\n"
+            "GET /metrics, GET / (chat page). Stops cleanly on SIGINT/SIGTERM.\n"
+            "with --route, the security options of kvshard generate:\n" ARGS_SECURITY_USAGE,
+            chat_template_names());
+}
+
+static void *serve_thread(void *p) {
+    srv_run(p);
+    return NULL;
+}
+
+/* "dir/name.gguf" -> "name" */
+static void model_id(const char *path, char *out, size_t cap) {
+    const char *b = strrchr(path, '/');
+    b = b ? b + 1 : path;
+    snprintf(out, cap, "%s", b);
+    size_t n = strlen(out);
+    if (n > 5 && !strcmp(out + n - 5, ".gguf")) out[n - 5] = 0;
+}
+
+int cmd_api(int argc, char **argv) {
+    http_params p = http_default_params();
+    const char *model = NULL, *budget = "512M", *body = NULL;
+    long lanes = p.lanes, queue = p.queue_max, slots = p.prefix_slots, threads = 0;
+    double qt = 30;
+    args_security sec = {0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        bool ok = true;
+        int so = args_security_opt(argc, argv, &i, &sec);
+        if (so < 0) return 2;
+        if (so > 0) continue;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { api_usage(stdout); return 0; }
+        else if (!strcmp(a, "-m")) ok = args_str(argc, argv, &i, &model);
+        else if (!strcmp(a, "--route")) ok = args_str(argc, argv, &i, &p.route);
+        else if (!strcmp(a, "--spare")) ok = args_str(argc, argv, &i, &p.spares);
+        else if (!strcmp(a, "--listen")) ok = args_str(argc, argv, &i, &p.listen);
+        else if (!strcmp(a, "--lanes")) ok = args_int(argc, argv, &i, 1, 256, &lanes);
+        else if (!strcmp(a, "--queue")) ok = args_int(argc, argv, &i, 0, 4096, &queue);
+        else if (!strcmp(a, "--queue-timeout")) ok = args_float(argc, argv, &i, 0, 86400, &qt);
+        else if (!strcmp(a, "--max-body")) ok = args_str(argc, argv, &i, &body);
+        else if (!strcmp(a, "--prefix-slots")) ok = args_int(argc, argv, &i, 0, 1024, &slots);
+        else if (!strcmp(a, "--model-name")) ok = args_str(argc, argv, &i, &p.model_name);
+        else if (!strcmp(a, "--tokenizer")) ok = args_str(argc, argv, &i, &p.tokenizer_path);
+        else if (!strcmp(a, "--chat-template")) ok = args_str(argc, argv, &i, &p.chat_template);
+        else if (!strcmp(a, "-t")) ok = args_int(argc, argv, &i, 1, 1024, &threads);
+        else if (!strcmp(a, "--kv-budget")) ok = args_str(argc, argv, &i, &budget);
+        else { fprintf(stderr, "kvshard api: unknown option '%s'\n", a); api_usage(stderr); return 2; }
+        if (!ok) return 2;
+    }
+    if (!model == !p.route) {
+        fprintf(stderr, "kvshard api: exactly one of -m MODEL or --route SPEC is required\n");
+        api_usage(stderr);
+        return 2;
+    }
+    if (!args_security_check("api", &sec)) return 2;
+    p.tls_cert = sec.tls_cert;
+    p.tls_key = sec.tls_key;
+    p.tls_ca = sec.tls_ca;
+    uint64_t max_body = p.max_body_bytes;
+    if (body && !args_size(body, &max_body)) {
+        fprintf(stderr, "kvshard api: --max-body wants a size like 1M, got '%s'\n", body);
+        return 2;
+    }
+    p.max_body_bytes = (size_t)max_body;
+    p.lanes = (int)lanes;
+    p.queue_max = (int)queue;
+    p.queue_timeout_ms = (int64_t)(qt * 1000.0);
+    p.prefix_slots = (int)slots;
+    p.log = log_line;
+    p.log_ctx = "api";
+    char msg[KVS_MSG_MAX] = "", spec[64], name[128];
+    srv *shard = NULL;
+    pthread_t shard_thread;
+    if (model) {
+        srv_params sp = srv_default_params();
+        sp.model_path = model;
+        sp.listen = "127.0.0.1:0";
+        sp.n_threads = (int)threads;
+        sp.kv_ttl_ms = 600000;
+        sp.log = log_line;
+        sp.log_ctx = "shard";
+        if (!args_size(budget, &sp.kv_budget_bytes)) {
+            fprintf(stderr, "kvshard api: --kv-budget wants a size like 512M, got '%s'\n", budget);
+            return 2;
+        }
+        int err = srv_create(&sp, &shard, msg, sizeof msg);
+        if (err) {
+            fprintf(stderr, "kvshard api: %s: %s\n", model, msg[0] ? msg : kvs_strerror(err));
+            return 1;
+        }
+        if (pthread_create(&shard_thread, NULL, serve_thread, shard) != 0) {
+            srv_free(shard);
+            fprintf(stderr, "kvshard api: cannot start the shard thread\n");
+            return 1;
+        }
+        snprintf(spec, sizeof spec, "127.0.0.1:%u", srv_port(shard));
+        p.route = spec;
+        p.tokenizer_path = model;
+        if (!p.model_name) {
+            model_id(model, name, sizeof name);
+            p.model_name = name;
+        }
+    }
+    signal(SIGPIPE, SIG_IGN);
+    http_server *h = NULL;
+    int rc = 0, err = KVS_OK;
+    char *token = NULL;
+    if (sec.auth_token_file && !(token = args_read_token("api", sec.auth_token_file))) err = KVS_ERR_INVALID_ARG;
+    p.auth = token;
+    if (!err) err = http_start(&p, &h, msg, sizeof msg);
+    if (err) {
+        fprintf(stderr, "kvshard api: %s\n", msg[0] ? msg : kvs_strerror(err));
+        rc = 1;
+    } else {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof(sa));
+        sa.sa_handler = on_signal;
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
+        fprintf(stderr, "kvshard api: listening on port %u\n", http_port(h));
+        fflush(stderr);
+        while (!g_stop) pause();
+        fprintf(stderr, "kvshard api: stopping\n");
+        http_stop(h);
+    }
+    if (shard) {
+        srv_stop(shard);
+        pthread_join(shard_thread, NULL);
+        srv_free(shard);
+    }
+    free(token);
+    return rc;
+}
