@@ -13,7 +13,7 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 
-#include "engine.h"
+#include "engine_check.h"
 #include "sampler.h"
 #include "test.h"
 #include "util.h"
@@ -22,25 +22,6 @@ typedef struct {
     const char *name;
     double max_diff, max_kl, top1_margin, greedy_margin;
 } ref_case;
-
-static engine *open_range(const char *path, uint32_t first, uint32_t last) {
-    engine_params ep = engine_default_params();
-    ep.model_path = path;
-    ep.first = first;
-    ep.last = last;
-    ep.n_threads = 2;
-    ep.kv.budget_bytes = 64ull << 20;
-    engine *e = NULL;
-    char msg[KVS_MSG_MAX] = "";
-    int err = engine_open(&ep, &e, msg, sizeof(msg));
-    if (err) fprintf(stderr, "engine_open(%s, %u, %u): %s\n", path, first, last, msg);
-    return e;
-}
-
-static void set_sid(kv_sid *sid, int k) {
-    memset(sid->bytes, 0, 16);
-    memcpy(sid->bytes, &k, sizeof(k));
-}
 
 static double kl_div(const float *ref, const float *ours, int n) {
     double mr = -INFINITY, mo = -INFINITY;
@@ -133,16 +114,7 @@ static void check_line(const ref_case *rc, engine *whole, engine *head, engine *
     /* 3. KV path: prompt, then the reference tokens one at a time. */
     kv_sid sid;
     set_sid(&sid, line_no * 10 + 2);
-    engine_req kr = {.sid = sid, .epoch = 1, .n = (uint32_t)n_prompt, .tokens = ref_tok, .out_mode = FWD_OUT_LOGITS_ALL,
-                     .out = split};
-    CHECK_EQ_INT(engine_step(whole, &kr, 1), KVS_OK);
-    for (int i = n_prompt; i < n; i++) {
-        engine_req d = {.sid = sid, .epoch = 1, .start_pos = (uint32_t)i, .n = 1, .tokens = &ref_tok[i],
-                        .out_mode = FWD_OUT_LOGITS_LAST, .out = split + (size_t)i * nv};
-        CHECK_EQ_INT(engine_step(whole, &d, 1), KVS_OK);
-        CHECK_EQ_INT(d.status, KVS_OK);
-    }
-    if (memcmp(split, ours, (size_t)n * (size_t)nv * sizeof(float)) != 0) fs->kv_mismatch++;
+    if (!kv_path_matches(whole, sid, ref_tok, n_prompt, n, split, ours)) fs->kv_mismatch++;
 
     /* 4. Greedy continuation with our own argmax through the KV cache. */
     const int n_greedy = n - n_prompt;
@@ -170,15 +142,7 @@ static void check_line(const ref_case *rc, engine *whole, engine *head, engine *
     }
 
     /* 5. Two ranges passing hidden states. */
-    if (head && tail) {
-        engine_req h = {.epoch = 1, .n = (uint32_t)n, .tokens = ref_tok, .out_mode = FWD_OUT_HIDDEN, .out = hid};
-        set_sid(&h.sid, line_no * 10 + 4);
-        CHECK_EQ_INT(engine_step(head, &h, 1), KVS_OK);
-        engine_req t = {.epoch = 1, .n = (uint32_t)n, .hidden = hid, .out_mode = FWD_OUT_LOGITS_ALL, .out = split};
-        set_sid(&t.sid, line_no * 10 + 4);
-        CHECK_EQ_INT(engine_step(tail, &t, 1), KVS_OK);
-        if (memcmp(split, ours, (size_t)n * (size_t)nv * sizeof(float)) != 0) fs->split_mismatch++;
-    }
+    if (head && tail && !split_matches(head, tail, line_no * 10 + 4, ref_tok, n, hid, split, ours)) fs->split_mismatch++;
     free(ref_tok); free(ref_log); free(ours); free(step); free(hid); free(split);
 }
 
@@ -195,12 +159,8 @@ static int run_ref_cases(const char *test_name, const char *dir, const ref_case 
         snprintf(rel, sizeof(rel), "%sreference/%s.jsonl", dir, strcmp(rc->name, "stories260K") ? rc->name : "stories260K-F32");
         const char *rp = test_shared_path(rel, rpath, sizeof(rpath));
         if (!mp || !rp) { n_skipped++; continue; }
-        engine *whole = open_range(mp, 0, 0);
-        CHECK(whole != NULL);
-        if (!whole) continue;
-        uint32_t nl = whole->m->hp.n_layer, mid = nl / 2;
-        engine *head = open_range(mp, 0, mid), *tail = open_range(mp, mid, nl);
-        CHECK(head && tail);
+        engine_halves eh;
+        if (!open_halves(mp, 64ull << 20, &eh)) continue;
         FILE *f = fopen(rp, "r");
         CHECK(f != NULL);
         char *buf = NULL;
@@ -210,7 +170,7 @@ static int run_ref_cases(const char *test_name, const char *dir, const ref_case 
         while (f && getline(&buf, &cap, f) > 0) {
             cJSON *line = cJSON_Parse(buf);
             CHECK(line != NULL);
-            if (line) check_line(rc, whole, head, tail, line, ++line_no, &fs);
+            if (line) check_line(rc, eh.whole, eh.head, eh.tail, line, ++line_no, &fs);
             cJSON_Delete(line);
         }
         free(buf);
@@ -225,9 +185,7 @@ static int run_ref_cases(const char *test_name, const char *dir, const ref_case 
         CHECK(mean_kl <= rc->max_kl);
         CHECK_EQ_INT(fs.kv_mismatch, 0);
         CHECK_EQ_INT(fs.split_mismatch, 0);
-        engine_close(whole);
-        engine_close(head);
-        engine_close(tail);
+        close_halves(&eh);
         n_run++;
     }
     return test_finish(test_name, n_run, n_skipped);

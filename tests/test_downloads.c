@@ -16,7 +16,7 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 
-#include "engine.h"
+#include "engine_check.h"
 #include "sampler.h"
 #include "test.h"
 #include "util.h"
@@ -45,25 +45,6 @@ typedef struct {
     double max_diff, kl_sum;
     long positions, top1_mismatch, greedy_checked, kv_mismatch, split_mismatch, prompts_tokenized;
 } file_stats;
-
-static engine *open_range(const char *path, uint32_t first, uint32_t last) {
-    engine_params ep = engine_default_params();
-    ep.model_path = path;
-    ep.first = first;
-    ep.last = last;
-    ep.n_threads = 2;
-    ep.kv.budget_bytes = 16ull << 20;
-    engine *e = NULL;
-    char msg[KVS_MSG_MAX] = "";
-    int err = engine_open(&ep, &e, msg, sizeof(msg));
-    if (err) fprintf(stderr, "engine_open(%s, %u, %u): %s\n", path, first, last, msg);
-    return e;
-}
-
-static void set_sid(kv_sid *sid, int k) {
-    memset(sid->bytes, 0, 16);
-    memcpy(sid->bytes, &k, sizeof(k));
-}
 
 /* Indices of the TOP_N largest of x[0..n) in descending order. */
 static void top_ids(const float *x, int n, int *ids) {
@@ -183,15 +164,7 @@ static void check_line(const char *name, engine *whole, engine *head, engine *ta
     if (identity) {
         kv_sid sid;
         set_sid(&sid, line_no * 10 + 2);
-        engine_req kr = {.sid = sid, .epoch = 1, .n = (uint32_t)n_prompt, .tokens = tok, .out_mode = FWD_OUT_LOGITS_ALL,
-                         .out = other};
-        CHECK_EQ_INT(engine_step(whole, &kr, 1), KVS_OK);
-        for (int i = n_prompt; i < n; i++) {
-            engine_req d = {.sid = sid, .epoch = 1, .start_pos = (uint32_t)i, .n = 1, .tokens = &tok[i],
-                            .out_mode = FWD_OUT_LOGITS_LAST, .out = other + (size_t)i * nv};
-            CHECK_EQ_INT(engine_step(whole, &d, 1), KVS_OK);
-        }
-        if (memcmp(other, ours, (size_t)n * (size_t)nv * sizeof(float)) != 0) fs->kv_mismatch++;
+        if (!kv_path_matches(whole, sid, tok, n_prompt, n, other, ours)) fs->kv_mismatch++;
     }
 
     /* 3. Greedy ids: our argmax of the teacher-forced logits (identical to
@@ -213,15 +186,8 @@ static void check_line(const char *name, engine *whole, engine *head, engine *ta
     }
 
     /* 4. Two ranges passing hidden states — bit-identical to the whole model. */
-    if (identity && head && tail) {
-        engine_req h = {.epoch = 1, .n = (uint32_t)n, .tokens = tok, .out_mode = FWD_OUT_HIDDEN, .out = hid};
-        set_sid(&h.sid, line_no * 10 + 4);
-        CHECK_EQ_INT(engine_step(head, &h, 1), KVS_OK);
-        engine_req t = {.epoch = 1, .n = (uint32_t)n, .hidden = hid, .out_mode = FWD_OUT_LOGITS_ALL, .out = other};
-        set_sid(&t.sid, line_no * 10 + 4);
-        CHECK_EQ_INT(engine_step(tail, &t, 1), KVS_OK);
-        if (memcmp(other, ours, (size_t)n * (size_t)nv * sizeof(float)) != 0) fs->split_mismatch++;
-    }
+    if (identity && head && tail && !split_matches(head, tail, line_no * 10 + 4, tok, n, hid, other, ours))
+        fs->split_mismatch++;
     free(tok); free(ours); free(other); free(hid);
 }
 
@@ -238,12 +204,8 @@ int main(void) {
             n_skipped++;
             continue;
         }
-        engine *whole = open_range(mp, 0, 0);
-        CHECK(whole != NULL);
-        if (!whole) continue;
-        uint32_t nl = whole->m->hp.n_layer, mid = nl / 2;
-        engine *head = open_range(mp, 0, mid), *tail = open_range(mp, mid, nl);
-        CHECK(head && tail);
+        engine_halves eh;
+        if (!open_halves(mp, 16ull << 20, &eh)) continue;
         FILE *f = fopen(rp, "r");
         CHECK(f != NULL);
         char *buf = NULL;
@@ -253,7 +215,7 @@ int main(void) {
         while (f && line_no < MAX_LINES && getline(&buf, &cap, f) > 0) {
             cJSON *line = cJSON_Parse(buf);
             CHECK(line != NULL);
-            if (line) check_line(name, whole, head, tail, line, ++line_no, &fs);
+            if (line) check_line(name, eh.whole, eh.head, eh.tail, line, ++line_no, &fs);
             cJSON_Delete(line);
         }
         free(buf);
@@ -261,7 +223,7 @@ int main(void) {
         double mean_kl = fs.positions ? fs.kl_sum / (double)fs.positions : 0;
         printf("%-20s arch %s lines %d positions %ld max|diff| %.4f (<= %.2f) mean KL %.2e (<= %.0e) top-1 mismatches "
                "%ld greedy ids checked %ld kv-path mismatches %ld split mismatches %ld prompts tokenized %ld\n",
-               name, whole->m->hp.arch->name, line_no, fs.positions, fs.max_diff, MAX_DIFF, mean_kl, MAX_KL,
+               name, eh.whole->m->hp.arch->name, line_no, fs.positions, fs.max_diff, MAX_DIFF, mean_kl, MAX_KL,
                fs.top1_mismatch, fs.greedy_checked, fs.kv_mismatch, fs.split_mismatch, fs.prompts_tokenized);
         CHECK(line_no > 0);
         CHECK(fs.max_diff <= MAX_DIFF);
@@ -269,9 +231,7 @@ int main(void) {
         CHECK(fs.greedy_checked > 0);
         CHECK_EQ_INT(fs.kv_mismatch, 0);
         CHECK_EQ_INT(fs.split_mismatch, 0);
-        engine_close(whole);
-        engine_close(head);
-        engine_close(tail);
+        close_halves(&eh);
         n_run++;
     }
     return test_finish("test_downloads", n_run, n_skipped);

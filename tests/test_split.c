@@ -19,7 +19,7 @@
  */
 #include <stdlib.h>
 
-#include "engine.h"
+#include "engine_check.h"
 #include "gguf.h"
 #include "mkmodel.h"
 #include "model.h"
@@ -38,19 +38,7 @@ static long rss_file_kb(void) {
     return kb;
 }
 
-static engine *open_range(const char *path, uint32_t first, uint32_t last) {
-    engine_params ep = engine_default_params();
-    ep.model_path = path;
-    ep.first = first;
-    ep.last = last;
-    ep.n_threads = 2;
-    ep.kv.budget_bytes = 4ull << 20;
-    engine *e = NULL;
-    char msg[KVS_MSG_MAX] = "";
-    int err = engine_open(&ep, &e, msg, sizeof(msg));
-    if (err) fprintf(stderr, "engine_open(%s, %u, %u): %s\n", path, first, last, msg);
-    return e;
-}
+#define KV_BUDGET (4ull << 20) /* per engine opened here */
 
 static const int32_t PROMPT[7] = {1, 300, 44, 7, 123, 500, 2};
 
@@ -179,7 +167,7 @@ int main(void) {
     }
 
     /* The split model computes exactly what the whole file computes. */
-    engine *w = open_range(whole_path, 0, 0), *s = open_range(part[0], 0, 0);
+    engine *w = open_range(whole_path, 0, 0, KV_BUDGET), *s = open_range(part[0], 0, 0, KV_BUDGET);
     CHECK(w && s);
     float *lw = logits_of(w, NULL, 1), *ls = logits_of(s, NULL, 1);
     uint32_t nv = w ? w->m->hp.n_vocab : 0;
@@ -189,7 +177,7 @@ int main(void) {
 
     /* A shard of the second half maps parts 2 and 3 only. The head runs
      * first, so the RssFile growth measured around the tail is the tail's. */
-    engine *head = open_range(part[0], 0, 1);
+    engine *head = open_range(part[0], 0, 1, KV_BUDGET);
     uint32_t d = head ? head->m->hp.n_embd : 0;
     float *hid = malloc(7 * (size_t)(d ? d : 1) * sizeof(float)), *lht = malloc(7 * (size_t)(nv ? nv : 1) * sizeof(float));
     engine_req hr = {.epoch = 1, .n = 7, .tokens = PROMPT, .out_mode = FWD_OUT_HIDDEN, .out = hid};
@@ -200,7 +188,7 @@ int main(void) {
         CHECK_EQ_INT(model_mapped_data_bytes(head->m), data_bytes[0]); /* token_embd + blk.0: part 1 only */
     }
     long rss0 = rss_file_kb();
-    engine *tail = open_range(part[0], 1, 2);
+    engine *tail = open_range(part[0], 1, 2, KV_BUDGET);
     CHECK(tail != NULL);
     if (tail) {
         const gguf_set *files = tail->m->files;
@@ -234,7 +222,7 @@ int main(void) {
         snprintf(cmd, sizeof(cmd), "'%s' split -m '%s' --parts 2 -o '%s' > /dev/null", bin, whole_path, cli_prefix);
         CHECK_EQ_INT(system(cmd), 0);
         CHECK(gguf_split_path(cli_first, sizeof(cli_first), cli_prefix, 0, 2));
-        engine *c = open_range(cli_first, 0, 0);
+        engine *c = open_range(cli_first, 0, 0, KV_BUDGET);
         float *lc = logits_of(c, NULL, 3);
         CHECK(lw && lc && memcmp(lw, lc, 7 * (size_t)nv * sizeof(float)) == 0);
         free(lc);
