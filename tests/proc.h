@@ -41,14 +41,20 @@ static inline int proc_wait(pid_t pid, int timeout_ms) {
     }
 }
 
-/* Runs argv (argv[0] replaced by the kvshard binary), stdout captured into a
- * malloc'd string (*out), stderr to err_path (or inherited when NULL).
- * Returns the exit status (see proc_wait). */
-static inline int proc_run(char *const argv[], char **out, const char *err_path, int timeout_ms) {
+/* Runs argv (argv[0] replaced by the kvshard binary) with stdin from the file
+ * in_path (inherited when NULL), stdout captured into a malloc'd string (*out),
+ * stderr appended to err_path (or inherited when NULL). The capture stops at
+ * EOF or after timeout_ms without output. Returns the exit status (see proc_wait). */
+static inline int proc_run_in(char *const argv[], const char *in_path, char **out, const char *err_path,
+                              int timeout_ms) {
     int pfd[2];
     if (pipe(pfd) != 0) return -1;
     pid_t pid = fork();
     if (pid == 0) {
+        if (in_path) {
+            int in = open(in_path, O_RDONLY);
+            if (in >= 0) dup2(in, 0);
+        }
         dup2(pfd[1], 1);
         close(pfd[0]);
         close(pfd[1]);
@@ -80,32 +86,36 @@ static inline int proc_run(char *const argv[], char **out, const char *err_path,
     return proc_wait(pid, timeout_ms);
 }
 
+/* proc_run_in with stdin inherited. */
+static inline int proc_run(char *const argv[], char **out, const char *err_path, int timeout_ms) {
+    return proc_run_in(argv, NULL, out, err_path, timeout_ms);
+}
+
+/* Runs `kvshard ARGS...` (args NULL-terminated, at most 46) as proc_run does. */
+static inline int proc_run_args(const char *const *args, char **out, const char *err_path, int timeout_ms) {
+    char *argv[48];
+    int n = 0;
+    argv[n++] = "kvshard";
+    for (int i = 0; args[i] && n < 47; i++) argv[n++] = (char *)args[i];
+    argv[n] = NULL;
+    return proc_run(argv, out, err_path, timeout_ms);
+}
+
 typedef struct {
     pid_t pid;
     int port;
-    char log[256];
+    char log[512];
 } proc_server;
 
-/* Starts `kvshard serve -m model --layers layers --listen 127.0.0.1:0 -t 1 [extra...]`
- * with its log in a file under dir, and waits (bounded) for its port. */
-static inline bool proc_start_server(proc_server *s, const char *dir, const char *model, const char *layers,
-                                     const char *const *extra) {
+/* Starts argv (argv[0] replaced by the kvshard binary; a `kvshard WHAT` command
+ * listening on 127.0.0.1:0) with stdin and stdout on /dev/null and stderr in a
+ * fresh log under dir, and waits (bounded, 60 s) for the log's "kvshard WHAT:
+ * listening on port N" line. False when it exits first or the wait runs out. */
+static inline bool proc_start_listener(proc_server *s, const char *dir, const char *what, char *const argv[]) {
     static int counter;
-    snprintf(s->log, sizeof(s->log), "%s/serve-%d-%d.log", dir, (int)getpid(), counter++);
-    char *argv[32];
-    int n = 0;
-    argv[n++] = "kvshard";
-    argv[n++] = "serve";
-    argv[n++] = "-m";
-    argv[n++] = (char *)model;
-    argv[n++] = "--layers";
-    argv[n++] = (char *)layers;
-    argv[n++] = "--listen";
-    argv[n++] = "127.0.0.1:0";
-    argv[n++] = "-t";
-    argv[n++] = "1";
-    for (int i = 0; extra && extra[i] && n < 30; i++) argv[n++] = (char *)extra[i];
-    argv[n] = NULL;
+    snprintf(s->log, sizeof(s->log), "%s/%s-%d-%d.log", dir, what, (int)getpid(), counter++);
+    char marker[64];
+    snprintf(marker, sizeof(marker), "kvshard %s: listening on port ", what);
     s->pid = fork();
     if (s->pid == 0) {
         int fd = open(s->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -124,8 +134,8 @@ static inline bool proc_start_server(proc_server *s, const char *dir, const char
         if (f) {
             char line[512];
             while (fgets(line, sizeof(line), f)) {
-                const char *p = strstr(line, "kvshard serve: listening on port ");
-                if (p) s->port = atoi(p + strlen("kvshard serve: listening on port "));
+                const char *p = strstr(line, marker);
+                if (p) s->port = atoi(p + strlen(marker));
             }
             fclose(f);
         }
@@ -135,6 +145,35 @@ static inline bool proc_start_server(proc_server *s, const char *dir, const char
         proc_sleep_ms(10);
     }
     return false;
+}
+
+/* Starts `kvshard serve -m model --layers layers --listen 127.0.0.1:0 -t 1 [extra...]`
+ * with its log in a file under dir, and waits (bounded) for its port. */
+static inline bool proc_start_server(proc_server *s, const char *dir, const char *model, const char *layers,
+                                     const char *const *extra) {
+    char *argv[32];
+    int n = 0;
+    argv[n++] = "kvshard";
+    argv[n++] = "serve";
+    argv[n++] = "-m";
+    argv[n++] = (char *)model;
+    argv[n++] = "--layers";
+    argv[n++] = (char *)layers;
+    argv[n++] = "--listen";
+    argv[n++] = "127.0.0.1:0";
+    argv[n++] = "-t";
+    argv[n++] = "1";
+    for (int i = 0; extra && extra[i] && n < 30; i++) argv[n++] = (char *)extra[i];
+    argv[n] = NULL;
+    return proc_start_listener(s, dir, "serve", argv);
+}
+
+/* kill -9, bounded wait; the server counts as gone (pid 0). */
+static inline void proc_kill_server(proc_server *s) {
+    if (s->pid <= 0) return;
+    kill(s->pid, SIGKILL);
+    proc_wait(s->pid, 10000);
+    s->pid = 0;
 }
 
 /* SIGTERM, bounded wait; returns the exit status. */

@@ -12,15 +12,10 @@
 static char g_dir[64];
 
 static int cli(const char *const *args, char **out) {
-    char *argv[32];
-    int n = 0;
-    argv[n++] = "kvshard";
-    for (int i = 0; args[i] && n < 31; i++) argv[n++] = (char *)args[i];
-    argv[n] = NULL;
     char errlog[128];
     snprintf(errlog, sizeof(errlog), "%s/err.log", g_dir);
     unlink(errlog);
-    return proc_run(argv, out, errlog, 120000);
+    return proc_run_args(args, out, errlog, 120000);
 }
 
 static bool err_log_has(const char *text) {

@@ -12,7 +12,6 @@
  * reached, the test says so and exits 77; without Chromium the page part is skipped with a note.
  * Sanitizer builds skip it (the release build runs it; test_http covers the server there).
  */
-#include <fcntl.h>
 #include <libgen.h>
 #include <sys/stat.h>
 
@@ -51,16 +50,8 @@ static bool same_file(const char *a, const char *b) {
     return same;
 }
 
-typedef struct {
-    pid_t pid;
-    int port;
-    char log[512];
-} api_proc;
-
 /* Starts `kvshard api ARGS --listen 127.0.0.1:0` and waits (bounded) for its port. */
-static bool api_start(api_proc *a, const char *dir, char *const *args) {
-    static int counter;
-    snprintf(a->log, sizeof a->log, "%s/api-%d-%d.log", dir, (int)getpid(), counter++);
+static bool api_start(proc_server *a, const char *dir, char *const *args) {
     char *argv[32];
     int n = 0;
     argv[n++] = "kvshard";
@@ -69,43 +60,7 @@ static bool api_start(api_proc *a, const char *dir, char *const *args) {
     argv[n++] = "--listen";
     argv[n++] = "127.0.0.1:0";
     argv[n] = NULL;
-    a->pid = fork();
-    if (a->pid == 0) {
-        int fd = open(a->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) dup2(fd, 2);
-        int nul = open("/dev/null", O_RDWR);
-        if (nul >= 0) {
-            dup2(nul, 0);
-            dup2(nul, 1);
-        }
-        execv(proc_bin(), argv);
-        _exit(127);
-    }
-    a->port = 0;
-    for (int waited = 0; waited < 60000; waited += 10) {
-        FILE *f = fopen(a->log, "r");
-        if (f) {
-            char line[512];
-            while (fgets(line, sizeof line, f)) {
-                const char *p = strstr(line, "kvshard api: listening on port ");
-                if (p) a->port = atoi(p + strlen("kvshard api: listening on port "));
-            }
-            fclose(f);
-        }
-        if (a->port > 0) return true;
-        int st;
-        if (waitpid(a->pid, &st, WNOHANG) == a->pid) return false;
-        proc_sleep_ms(10);
-    }
-    return false;
-}
-
-static int api_stop(api_proc *a) {
-    if (a->pid <= 0) return -1;
-    kill(a->pid, SIGTERM);
-    int st = proc_wait(a->pid, 20000);
-    a->pid = 0;
-    return st;
+    return proc_start_listener(a, dir, "api", argv);
 }
 
 static int shell(const char *cmd) {
@@ -170,7 +125,7 @@ int main(void) {
         skipped++;
     } else {
         proc_server a0 = {0}, a1 = {0};
-        api_proc l3one = {0}, l3two = {0};
+        proc_server l3one = {0}, l3two = {0};
         char *l3_args[] = {"-m", (char *)l3, "-t", "1", "--kv-budget", "64M", NULL};
         CHECK(api_start(&l3one, build, l3_args));
         CHECK(proc_start_server(&a0, build, l3, "0:1", NULL));
@@ -187,13 +142,13 @@ int main(void) {
             CHECK_EQ_INT(shell(cmd), 0);
             run++;
         }
-        CHECK_EQ_INT(api_stop(&l3one), 0);
-        CHECK_EQ_INT(api_stop(&l3two), 0);
+        CHECK_EQ_INT(proc_stop_server(&l3one), 0);
+        CHECK_EQ_INT(proc_stop_server(&l3two), 0);
         proc_stop_server(&a0);
         proc_stop_server(&a1);
     }
     proc_server s0 = {0}, s1 = {0};
-    api_proc one = {0}, two = {0};
+    proc_server one = {0}, two = {0};
     char *one_args[] = {"-m", (char *)model, "-t", "1", "--kv-budget", "64M", NULL};
     CHECK(api_start(&one, build, one_args));
     CHECK(proc_start_server(&s0, build, model, "0:2", NULL));
@@ -228,8 +183,8 @@ int main(void) {
             run++;
         }
     }
-    CHECK_EQ_INT(api_stop(&one), 0);
-    CHECK_EQ_INT(api_stop(&two), 0);
+    CHECK_EQ_INT(proc_stop_server(&one), 0);
+    CHECK_EQ_INT(proc_stop_server(&two), 0);
     proc_stop_server(&s0);
     proc_stop_server(&s1);
     return test_finish("test_http_js", run, skipped);

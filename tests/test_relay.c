@@ -20,6 +20,7 @@
 #include "netio.h"
 #include "proc.h"
 #include "route.h"
+#include "route_harness.h"
 #include "test.h"
 #include "wire.h"
 
@@ -28,11 +29,6 @@ static int g_cli_no;
 
 /* Runs kvshard with args; stdout returned, stderr in a fresh log whose path goes to errlog. */
 static char *run_cli(const char *const *args, int *status, char *errlog, size_t cap) {
-    char *argv[48];
-    int n = 0;
-    argv[n++] = "kvshard";
-    for (int i = 0; args[i] && n < 47; i++) argv[n++] = (char *)args[i];
-    argv[n] = NULL;
     char local[256];
     if (!errlog) {
         errlog = local;
@@ -40,7 +36,7 @@ static char *run_cli(const char *const *args, int *status, char *errlog, size_t 
     }
     snprintf(errlog, cap, "%s/cli-%d.log", g_dir, __atomic_fetch_add(&g_cli_no, 1, __ATOMIC_SEQ_CST));
     char *out = NULL;
-    *status = proc_run(argv, &out, errlog, 120000);
+    *status = proc_run_args(args, &out, errlog, 120000);
     return out;
 }
 
@@ -76,28 +72,6 @@ static char *generate(const char *spec, const char *prompt, const char *n, const
     add_words(args, &k, words, sizeof words, extra);
     args[k] = NULL;
     return run_cli(args, st, errlog, cap);
-}
-
-/* Value of "key": in the JSON stats line of log (-1 when absent). */
-static double stat_of(const char *log, const char *key) {
-    FILE *f = fopen(log, "r");
-    char line[2048], pat[64];
-    snprintf(pat, sizeof pat, "\"%s\":", key);
-    double v = -1;
-    while (f && fgets(line, sizeof line, f)) {
-        const char *p = line[0] == '{' ? strstr(line, pat) : NULL;
-        if (p) v = atof(p + strlen(pat));
-    }
-    if (f) fclose(f);
-    return v;
-}
-
-static void route_of(char *buf, size_t cap, const proc_server *s, int n) {
-    buf[0] = 0;
-    for (int i = 0; i < n; i++) {
-        size_t l = strlen(buf);
-        snprintf(buf + l, cap - l, "%s127.0.0.1:%d", i ? "," : "", s[i].port);
-    }
 }
 
 static const char *MODES[4] = {"", "--no-relay", "--logits", "--logits --no-relay"};
@@ -168,46 +142,15 @@ static void check_failover(const char *model, int victim, bool relay) {
     route_of(spec, sizeof spec, s, 3);
     snprintf(spare_s, sizeof spare_s, "127.0.0.1:%d", spare.port);
     snprintf(errlog, sizeof errlog, "%s/failover-%d-%d.err", g_dir, victim, relay);
-    int in[2], out[2];
-    CHECK(pipe(in) == 0 && pipe(out) == 0);
-    pid_t pid = fork();
-    if (pid == 0) {
-        dup2(in[0], 0);
-        dup2(out[1], 1);
-        int fd = open(errlog, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 2);
-        close(in[1]);
-        close(out[0]);
-        char *argv[] = {"kvshard", "generate", "--route", spec, "--spare", spare_s, "-p", (char *)prompt, "-n", "32",
-                        "--temp", "0.8", "--seed", "11", "--json", "--stats", "-v", "--pause-after", "8",
-                        relay ? NULL : "--no-relay", NULL};
-        execv(proc_bin(), argv);
-        _exit(127);
-    }
-    close(in[0]);
-    close(out[1]);
-    bool paused = false;
-    for (int waited = 0; waited < 60000 && !paused; waited += 5) {
-        FILE *f = fopen(errlog, "r");
-        char line[512];
-        while (f && fgets(line, sizeof line, f))
-            if (strstr(line, "paused after 8 tokens")) paused = true;
-        if (f) fclose(f);
-        if (!paused) proc_sleep_ms(5);
-    }
-    CHECK(paused);
-    kill(s[victim].pid, SIGKILL);
-    proc_wait(s[victim].pid, 10000);
-    s[victim].pid = 0;
-    CHECK_EQ_INT(write(in[1], "\n", 1), 1);
-    close(in[1]);
-    size_t len = 0, cap = 1 << 16;
-    char *got = malloc(cap);
-    ssize_t n;
-    while ((n = read(out[0], got + len, cap - len - 1)) > 0) len += (size_t)n;
-    got[len] = 0;
-    close(out[0]);
-    CHECK_EQ_INT(proc_wait(pid, 60000), 0);
+    char *argv[] = {"kvshard", "generate", "--route", spec, "--spare", spare_s, "-p", (char *)prompt, "-n", "32",
+                    "--temp", "0.8", "--seed", "11", "--json", "--stats", "-v", "--pause-after", "8",
+                    relay ? NULL : "--no-relay", NULL};
+    paused_gen g;
+    CHECK(paused_gen_start(&g, argv, errlog));
+    CHECK(paused_gen_wait(&g, "paused after 8 tokens", NULL, 0));
+    proc_kill_server(&s[victim]);
+    char *got = NULL;
+    CHECK_EQ_INT(paused_gen_finish(&g, &got), 0);
     if (strcmp(got, ref)) fprintf(stderr, "failover of hop %d (%s):\n  got  %s  want %s", victim,
                                   relay ? "relay" : "client-driven", got, ref);
     CHECK(strcmp(got, ref) == 0);

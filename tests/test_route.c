@@ -11,21 +11,17 @@
 
 #include "netio.h"
 #include "proc.h"
+#include "route_harness.h"
 #include "test.h"
 #include "wire.h"
 
 static char g_dir[64];
 
 static char *run_cli(const char *const *args, int *status) {
-    char *argv[40];
-    int n = 0;
-    argv[n++] = "kvshard";
-    for (int i = 0; args[i] && n < 39; i++) argv[n++] = (char *)args[i];
-    argv[n] = NULL;
     char errlog[256];
     snprintf(errlog, sizeof(errlog), "%s/cli.log", g_dir);
     char *out = NULL;
-    *status = proc_run(argv, &out, errlog, 120000);
+    *status = proc_run_args(args, &out, errlog, 120000);
     return out;
 }
 
@@ -42,14 +38,6 @@ static char *generate(const char *route, const char *spare, const char *prompt, 
     const char *args[] = {"generate", "--route", route, "-p", prompt, "-n", n, "--temp", temp, "--seed", "5", "--json",
                           spare ? "--spare" : NULL, spare, NULL};
     return run_cli(args, st);
-}
-
-static void route_of(char *buf, size_t cap, const proc_server *s, int n) {
-    buf[0] = 0;
-    for (int i = 0; i < n; i++) {
-        size_t l = strlen(buf);
-        snprintf(buf + l, cap - l, "%s127.0.0.1:%d", i ? "," : "", s[i].port);
-    }
 }
 
 static void check_routes(const char *model, int n_layer) {
@@ -276,78 +264,33 @@ static void check_failover(const char *model, int n_layer, bool stop_instead) {
     snprintf(spare_s, sizeof(spare_s), "127.0.0.1:%d", spare.port);
     static int run_no;
     snprintf(errlog, sizeof(errlog), "%s/failover-%d.err", g_dir, run_no++);
-    int in[2], out[2];
-    CHECK(pipe(in) == 0 && pipe(out) == 0);
-    pid_t pid = fork();
-    if (pid == 0) {
-        dup2(in[0], 0);
-        dup2(out[1], 1);
-        int fd = open(errlog, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 2);
-        close(in[1]);
-        close(out[0]);
-        execl(proc_bin(), "kvshard", "generate", "--route", route, "--spare", spare_s, "-p", prompt, "-n", "40",
-              "--temp", "0", "--seed", "5", "--json", "--stats", "-v", "--pause-after", "8", "--keep-session",
-              "--timeout", stop_instead ? "5000" : "30000", (char *)NULL);
-        _exit(127);
-    }
-    close(in[0]);
-    close(out[1]);
+    char *argv[] = {"kvshard", "generate", "--route", route, "--spare", spare_s, "-p", (char *)prompt, "-n", "40",
+                    "--temp", "0", "--seed", "5", "--json", "--stats", "-v", "--pause-after", "8", "--keep-session",
+                    "--timeout", stop_instead ? "5000" : "30000", NULL};
+    paused_gen g;
+    CHECK(paused_gen_start(&g, argv, errlog));
     /* Wait (bounded) for the pause line, and read the session id from it. */
     uint8_t sid[16] = {0};
-    bool paused = false;
-    for (int waited = 0; waited < 60000 && !paused; waited += 5) {
-        FILE *f = fopen(errlog, "r");
-        char line[512];
-        while (f && fgets(line, sizeof(line), f)) {
-            const char *p = strstr(line, "paused after 8 tokens (session ");
-            if (!p) continue;
-            p += strlen("paused after 8 tokens (session ");
-            for (int i = 0; i < 16; i++) {
-                unsigned v = 0;
-                sscanf(p + 2 * i, "%2x", &v);
-                sid[i] = (uint8_t)v;
-            }
-            paused = true;
-        }
-        if (f) fclose(f);
-        if (!paused) proc_sleep_ms(5);
+    char rest[64] = "";
+    CHECK(paused_gen_wait(&g, "paused after 8 tokens (session ", rest, sizeof(rest)));
+    for (int i = 0; i < 16; i++) {
+        unsigned v = 0;
+        sscanf(rest + 2 * i, "%2x", &v);
+        sid[i] = (uint8_t)v;
     }
-    CHECK(paused);
-    if (stop_instead) {
-        kill(b.pid, SIGSTOP); /* alive but silent: only the client's timeout can tell */
-    } else {
-        kill(b.pid, SIGKILL);
-        proc_wait(b.pid, 10000);
-        b.pid = 0;
-    }
-    ssize_t w = write(in[1], "\n", 1);
-    CHECK_EQ_INT(w, 1);
-    close(in[1]);
-    size_t len = 0, cap = 1 << 16;
-    char *got = malloc(cap);
-    ssize_t n;
-    while ((n = read(out[0], got + len, cap - len - 1)) > 0) len += (size_t)n;
-    got[len] = 0;
-    close(out[0]);
-    CHECK_EQ_INT(proc_wait(pid, 60000), 0);
+    if (stop_instead) kill(b.pid, SIGSTOP); /* alive but silent: only the client's timeout can tell */
+    else proc_kill_server(&b);
+    char *got = NULL;
+    CHECK_EQ_INT(paused_gen_finish(&g, &got), 0);
     if (strcmp(got, ref)) fprintf(stderr, "failover:\n  got %s  want %s", got, ref);
     CHECK(strcmp(got, ref) == 0);
     /* The client's stats: one re-route, epoch 2; the recovery step's time. */
-    FILE *f = fopen(errlog, "r");
-    char line[1024];
-    bool stats = false;
-    while (f && fgets(line, sizeof(line), f)) {
-        if (line[0] != '{') continue;
-        stats = true;
-        CHECK(strstr(line, "\"reroutes\":1,") != NULL);
-        CHECK(strstr(line, "\"epoch\":2,") != NULL);
-        const char *p = strstr(line, "\"resume_step_ms\":");
-        if (p) printf("  failover: shard %s while paused; the next token took %.1f ms (detect, re-route, replay)\n",
-                      stop_instead ? "stopped" : "killed", atof(p + strlen("\"resume_step_ms\":")));
-    }
-    if (f) fclose(f);
-    CHECK(stats);
+    CHECK_EQ_INT(stat_of(errlog, "reroutes"), 1);
+    CHECK_EQ_INT(stat_of(errlog, "epoch"), 2);
+    double resume_ms = stat_of(errlog, "resume_step_ms");
+    if (resume_ms >= 0)
+        printf("  failover: shard %s while paused; the next token took %.1f ms (detect, re-route, replay)\n",
+               stop_instead ? "stopped" : "killed", resume_ms);
     /* The survivor moved the session to epoch 2 and now rejects epoch 1. */
     uint64_t live = 0;
     CHECK_EQ_INT(probe_epoch(a.port, sid, 1, &live), KVS_ERR_STALE_EPOCH);
@@ -387,49 +330,16 @@ static void check_failover_full(const char *model, int victim) {
     route_of(route, sizeof(route), s, 3);
     snprintf(spare_s, sizeof(spare_s), "127.0.0.1:%d", spare.port);
     snprintf(errlog, sizeof(errlog), "%s/failover-full-%d.err", g_dir, victim);
-    int in[2], out[2];
-    CHECK(pipe(in) == 0 && pipe(out) == 0);
-    pid_t pid = fork();
-    if (pid == 0) {
-        dup2(in[0], 0);
-        dup2(out[1], 1);
-        int fd = open(errlog, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 2);
-        close(in[1]);
-        close(out[0]);
-        execl(proc_bin(), "kvshard", "generate", "--route", route, "--spare", spare_s, "-p", prompt, "-n", "20",
-              "--temp", "0", "--seed", "5", "--json", "-v", "--pause-after", "12", "--timeout",
-              victim ? "5000" : "30000", (char *)NULL);
-        _exit(127);
-    }
-    close(in[0]);
-    close(out[1]);
-    bool paused = false;
-    for (int waited = 0; waited < 60000 && !paused; waited += 5) {
-        FILE *f = fopen(errlog, "r");
-        char line[512];
-        while (f && fgets(line, sizeof(line), f)) paused = paused || strstr(line, "paused after 12 tokens") != NULL;
-        if (f) fclose(f);
-        if (!paused) proc_sleep_ms(5);
-    }
-    CHECK(paused);
-    if (victim) {
-        kill(s[victim].pid, SIGSTOP);
-    } else {
-        kill(s[victim].pid, SIGKILL);
-        proc_wait(s[victim].pid, 10000);
-        s[victim].pid = 0;
-    }
-    ssize_t w = write(in[1], "\n", 1);
-    CHECK_EQ_INT(w, 1);
-    close(in[1]);
-    size_t len = 0, cap = 1 << 16;
-    char *got = malloc(cap);
-    ssize_t n;
-    while ((n = read(out[0], got + len, cap - len - 1)) > 0) len += (size_t)n;
-    got[len] = 0;
-    close(out[0]);
-    int st = proc_wait(pid, 60000);
+    char *argv[] = {"kvshard", "generate", "--route", route, "--spare", spare_s, "-p", (char *)prompt, "-n", "20",
+                    "--temp", "0", "--seed", "5", "--json", "-v", "--pause-after", "12", "--timeout",
+                    victim ? "5000" : "30000", NULL};
+    paused_gen g;
+    CHECK(paused_gen_start(&g, argv, errlog));
+    CHECK(paused_gen_wait(&g, "paused after 12 tokens", NULL, 0));
+    if (victim) kill(s[victim].pid, SIGSTOP);
+    else proc_kill_server(&s[victim]);
+    char *got = NULL;
+    int st = paused_gen_finish(&g, &got);
     CHECK_EQ_INT(st, 0);
     if (st != 0 || strcmp(got, ref)) {
         fprintf(stderr, "failover of hop %d with full budgets:\n  got %s  want %s", victim, got, ref);

@@ -6,20 +6,16 @@
  * The failover step's time is printed (TLS overhead notes in BENCHMARKS.md).
  */
 #include "proc.h"
+#include "route_harness.h"
 #include "test.h"
 
 static char g_dir[64];
 
 static char *run_cli(const char *const *args, int *status) {
-    char *argv[48];
-    int n = 0;
-    argv[n++] = "kvshard";
-    for (int i = 0; args[i] && n < 47; i++) argv[n++] = (char *)args[i];
-    argv[n] = NULL;
     char errlog[256];
     snprintf(errlog, sizeof errlog, "%s/cli.log", g_dir);
     char *out = NULL;
-    *status = proc_run(argv, &out, errlog, 120000);
+    *status = proc_run_args(args, &out, errlog, 120000);
     return out;
 }
 
@@ -46,53 +42,18 @@ static char *generate_with_kill(const char *route, const char *spare, const cred
                                 double *resume_ms) {
     char errlog[256];
     snprintf(errlog, sizeof errlog, "%s/failover.err", g_dir);
-    int in[2], out[2];
-    if (pipe(in) != 0 || pipe(out) != 0) return NULL;
-    pid_t pid = fork();
-    if (pid == 0) {
-        dup2(in[0], 0);
-        dup2(out[1], 1);
-        int fd = open(errlog, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 2);
-        close(in[1]);
-        close(out[0]);
-        execl(proc_bin(), "kvshard", "generate", "--route", route, "--spare", spare, "-p", "Once upon a time", "-n",
-              "40", "--temp", "0", "--seed", "5", "--json", "--stats", "--pause-after", "8", "--tls-cert", c->cert,
-              "--tls-key", c->key, "--tls-ca", c->ca, (char *)NULL);
-        _exit(127);
-    }
-    close(in[0]);
-    close(out[1]);
-    bool paused = false;
-    for (int waited = 0; waited < 60000 && !paused; waited += 5) {
-        FILE *f = fopen(errlog, "r");
-        char line[512];
-        while (f && fgets(line, sizeof line, f)) paused |= strstr(line, "paused after 8 tokens") != NULL;
-        if (f) fclose(f);
-        if (!paused) proc_sleep_ms(5);
-    }
-    CHECK(paused);
-    kill(victim->pid, SIGKILL);
-    proc_wait(victim->pid, 10000);
-    victim->pid = 0;
-    if (write(in[1], "\n", 1) != 1) CHECK(0);
-    close(in[1]);
-    size_t len = 0, cap = 1 << 16;
-    char *got = malloc(cap);
-    ssize_t n;
-    while ((n = read(out[0], got + len, cap - len - 1)) > 0) len += (size_t)n;
-    got[len] = 0;
-    close(out[0]);
-    CHECK_EQ_INT(proc_wait(pid, 60000), 0);
-    FILE *f = fopen(errlog, "r");
-    char line[1024];
-    while (f && fgets(line, sizeof line, f)) {
-        if (line[0] != '{') continue;
-        CHECK(strstr(line, "\"reroutes\":1,") != NULL);
-        const char *p = strstr(line, "\"resume_step_ms\":");
-        if (p) *resume_ms = atof(p + strlen("\"resume_step_ms\":"));
-    }
-    if (f) fclose(f);
+    char *argv[] = {"kvshard", "generate", "--route", (char *)route, "--spare", (char *)spare, "-p",
+                    "Once upon a time", "-n", "40", "--temp", "0", "--seed", "5", "--json", "--stats", "--pause-after",
+                    "8", "--tls-cert", (char *)c->cert, "--tls-key", (char *)c->key, "--tls-ca", (char *)c->ca, NULL};
+    paused_gen g;
+    if (!paused_gen_start(&g, argv, errlog)) return NULL;
+    CHECK(paused_gen_wait(&g, "paused after 8 tokens", NULL, 0));
+    proc_kill_server(victim);
+    char *got = NULL;
+    CHECK_EQ_INT(paused_gen_finish(&g, &got), 0);
+    CHECK_EQ_INT(stat_of(errlog, "reroutes"), 1);
+    double ms = stat_of(errlog, "resume_step_ms");
+    if (ms >= 0) *resume_ms = ms;
     return got;
 }
 

@@ -23,33 +23,7 @@ static int run(char *const argv[], char **out) { return proc_run(argv, out, errl
 
 /* Runs argv with stdin from the file at in_path. */
 static int run_stdin(char *const argv[], const char *in_path, char **out) {
-    int pfd[2];
-    if (pipe(pfd) != 0) return -1;
-    pid_t pid = fork();
-    if (pid == 0) {
-        int in = open(in_path, O_RDONLY);
-        if (in >= 0) dup2(in, 0);
-        dup2(pfd[1], 1);
-        close(pfd[0]);
-        close(pfd[1]);
-        int fd = open(errlog, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) dup2(fd, 2);
-        execv(proc_bin(), argv);
-        _exit(127);
-    }
-    close(pfd[1]);
-    size_t len = 0, cap = 4096;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (len + 1024 > cap) buf = realloc(buf, cap *= 2);
-        ssize_t k = read(pfd[0], buf + len, cap - len - 1);
-        if (k <= 0) break;
-        len += (size_t)k;
-    }
-    close(pfd[0]);
-    buf[len] = 0;
-    *out = buf;
-    return proc_wait(pid, 120000);
+    return proc_run_in(argv, in_path, out, errlog, 120000);
 }
 
 static bool valid_utf8(const char *s) {
