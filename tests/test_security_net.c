@@ -20,34 +20,10 @@
 #include "mkmodel.h"
 #include "netio.h"
 #include "server.h"
+#include "shard_harness.h"
 #include "test.h"
 #include "util.h"
 #include "wire.h"
-
-typedef struct {
-    srv *s;
-    pthread_t th;
-    sem_t gate;
-    atomic_bool gated;
-} shard;
-
-static void hook(void *ctx, int n) {
-    (void)n;
-    shard *sh = ctx;
-    if (atomic_load(&sh->gated))
-        while (sem_wait(&sh->gate) != 0 && errno == EINTR) {
-        }
-}
-
-static void quiet(void *ctx, const char *line) {
-    (void)ctx;
-    if (getenv("KVS_TEST_VERBOSE")) fprintf(stderr, "serve: %s\n", line);
-}
-
-static void *serve_main(void *arg) {
-    srv_run(((shard *)arg)->s);
-    return NULL;
-}
 
 static srv_params base_params(const char *model) {
     srv_params p = srv_default_params();
@@ -57,37 +33,13 @@ static srv_params base_params(const char *model) {
     p.kv_budget_bytes = 8u << 20;
     p.hello_timeout_ms = 2000;
     p.frame_timeout_ms = 2000;
-    p.log = quiet;
+    p.log = test_quiet_log;
     return p;
-}
-
-static int start(shard *sh, srv_params p) {
-    sem_init(&sh->gate, 0, 0);
-    atomic_init(&sh->gated, false);
-    p.before_batch = hook;
-    p.hook_ctx = sh;
-    char msg[KVS_MSG_MAX] = "";
-    int rc = srv_create(&p, &sh->s, msg, sizeof msg);
-    if (rc) {
-        fprintf(stderr, "srv_create: %s\n", msg);
-        return rc;
-    }
-    pthread_create(&sh->th, NULL, serve_main, sh);
-    return KVS_OK;
-}
-
-static void stop(shard *sh) {
-    atomic_store(&sh->gated, false);
-    for (int i = 0; i < 64; i++) sem_post(&sh->gate);
-    srv_stop(sh->s);
-    pthread_join(sh->th, NULL);
-    srv_free(sh->s);
-    sem_destroy(&sh->gate);
 }
 
 /* A TCP connection to the shard from source address src ("127.0.0.2": another machine as far
  * as the shard can tell). -1 on failure. */
-static int connect_from(const shard *sh, const char *src) {
+static int connect_from(const test_shard *sh, const char *src) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return -1;
     struct sockaddr_in a = {.sin_family = AF_INET};
@@ -145,16 +97,7 @@ static void sid_of(int k, uint8_t sid[16]) {
 
 static int send_fwd(int fd, uint64_t rid, const uint8_t sid[16], uint64_t epoch, uint32_t start, uint32_t n,
                     const int32_t *toks) {
-    struct wire_forward f = {.epoch = epoch, .start_pos = start, .n_tokens = n, .out_mode = WIRE_OUT_LOGITS_LAST,
-                             .in_kind = WIRE_IN_TOKENS, .data = toks};
-    memcpy(f.session_id, sid, 16);
-    size_t len = 0;
-    wire_encode_forward(&f, NULL, 0, &len);
-    uint8_t *buf = malloc(len);
-    wire_encode_forward(&f, buf, len, &len);
-    int rc = netio_send_frame(fd, WIRE_OP_FORWARD, rid, buf, len, netio_deadline_ms(5000));
-    free(buf);
-    return rc;
+    return send_forward_frame(fd, rid, sid, epoch, start, n, toks, WIRE_OUT_LOGITS_LAST);
 }
 
 /* FORWARD and its reply; logits (n_vocab) copied out when OK. The reply status. */
@@ -206,7 +149,7 @@ static int trunc_release(int fd, uint16_t op, const uint8_t sid[16], uint64_t ep
 }
 
 /* The shard counter called name, read over a fresh connection from src; UINT64_MAX when absent. */
-static uint64_t stat_of(const shard *sh, const char *src, const char *token, const char *name) {
+static uint64_t stat_of(const test_shard *sh, const char *src, const char *token, const char *name) {
     int fd = connect_from(sh, src);
     struct wire_info info;
     uint64_t v = UINT64_MAX;
@@ -249,8 +192,8 @@ static void test_tokens_and_hijack(const char *model, const char *dir) {
     fclose(f);
     srv_params p = base_params(model);
     p.auth_token_file = tokfile;
-    shard sh;
-    CHECK_EQ_INT(start(&sh, p), KVS_OK);
+    test_shard sh;
+    CHECK_EQ_INT(test_shard_start(&sh, p), KVS_OK);
     struct wire_info info;
     size_t info_len = 0;
     /* protocol.md §4.1: a wrong token (or none) is answered INFO INVALID_ARG, and nothing else
@@ -295,7 +238,7 @@ static void test_tokens_and_hijack(const char *model, const char *dir) {
     free(lc);
     close(a);
     close(b);
-    stop(&sh);
+    test_shard_stop(&sh);
 }
 
 /* ---- 64 idle connections do not lock everyone out ------------------------------- */
@@ -304,8 +247,8 @@ static void test_idle_lockout(const char *model) {
     srv_params p = base_params(model);
     p.max_conns = 64;
     p.max_conns_per_addr = 16;
-    shard sh;
-    CHECK_EQ_INT(start(&sh, p), KVS_OK);
+    test_shard sh;
+    CHECK_EQ_INT(test_shard_start(&sh, p), KVS_OK);
     int fds[64], ok = 0, busy = 0;
     struct wire_info info;
     for (int i = 0; i < 64; i++) {
@@ -324,7 +267,7 @@ static void test_idle_lockout(const char *model) {
     CHECK_EQ_INT(stat_of(&sh, "127.0.0.3", NULL, "srv.refused_per_addr"), 48);
     for (int i = 0; i < 64; i++)
         if (fds[i] >= 0) close(fds[i]);
-    stop(&sh);
+    test_shard_stop(&sh);
 }
 
 /* ---- slow-loris: a frame trickled in after HELLO, and a silent new connection ------- */
@@ -333,8 +276,8 @@ static void test_slow_loris(const char *model) {
     srv_params p = base_params(model);
     p.frame_timeout_ms = 300;
     p.hello_timeout_ms = 300;
-    shard sh;
-    CHECK_EQ_INT(start(&sh, p), KVS_OK);
+    test_shard sh;
+    CHECK_EQ_INT(test_shard_start(&sh, p), KVS_OK);
     struct wire_info info;
     int fd = connect_from(&sh, "127.0.0.1");
     CHECK_EQ_INT(hello(fd, NULL, &info, NULL), KVS_OK);
@@ -357,7 +300,7 @@ static void test_slow_loris(const char *model) {
     fd = connect_from(&sh, "127.0.0.1");
     CHECK(closed_within(fd, 5000));
     close(fd);
-    stop(&sh);
+    test_shard_stop(&sh);
 }
 
 /* ---- one connection pipelining prefills cannot queue without bound -------------------- */
@@ -365,8 +308,8 @@ static void test_slow_loris(const char *model) {
 static void test_pipelined(const char *model) {
     srv_params p = base_params(model);
     p.max_inflight = 4;
-    shard sh;
-    CHECK_EQ_INT(start(&sh, p), KVS_OK);
+    test_shard sh;
+    CHECK_EQ_INT(test_shard_start(&sh, p), KVS_OK);
     atomic_store(&sh.gated, true); /* the scheduler stops at its first batch */
     struct wire_info info;
     int flood = connect_from(&sh, "127.0.0.1"), victim = connect_from(&sh, "127.0.0.2");
@@ -414,7 +357,7 @@ static void test_pipelined(const char *model) {
     close(flood);
     close(victim);
     CHECK_EQ_INT(stat_of(&sh, "127.0.0.3", NULL, "srv.busy_inflight"), N - 3);
-    stop(&sh);
+    test_shard_stop(&sh);
 }
 
 /* ---- receive buffers shrink after a large frame; a global cap on buffered bytes ----- */
@@ -422,8 +365,8 @@ static void test_pipelined(const char *model) {
 static void test_buffers(const char *model) {
     srv_params p = base_params(model);
     p.max_buffered_bytes = 24u << 20;
-    shard sh;
-    CHECK_EQ_INT(start(&sh, p), KVS_OK);
+    test_shard sh;
+    CHECK_EQ_INT(test_shard_start(&sh, p), KVS_OK);
     struct wire_info info;
     enum { CONNS = 4 };
     const size_t big = 8u << 20;
@@ -466,7 +409,7 @@ static void test_buffers(const char *model) {
     for (int i = 0; i < CONNS; i++) close(fds[i]);
     netio_buf_free(&b);
     free(junk);
-    stop(&sh);
+    test_shard_stop(&sh);
 }
 
 /* ---- plaintext off loopback needs --insecure --------------------------------------- */

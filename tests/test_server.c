@@ -19,6 +19,7 @@
 #include "quant.h"
 #include "sampler.h"
 #include "server.h"
+#include "shard_harness.h"
 #include "test.h"
 #include "util.h"
 #include "wire.h"
@@ -33,29 +34,9 @@ static void test_log(void *ctx, const char *line) {
     if (getenv("KVS_TEST_VERBOSE")) fprintf(stderr, "serve: %s\n", line);
 }
 
-typedef struct {
-    srv *s;
-    pthread_t th;
-    sem_t gate;          /* hook waits here when gated */
-    atomic_bool gated;
-} server_ctx;
-
-static void hook(void *ctx, int n) {
-    (void)n;
-    server_ctx *sc = ctx;
-    if (atomic_load(&sc->gated))
-        while (sem_wait(&sc->gate) != 0 && errno == EINTR) {
-        }
-}
-
-static void *serve_thread(void *p) {
-    srv_run(((server_ctx *)p)->s);
-    return NULL;
-}
-
 /* hello_ms: the HELLO deadline; only the server of the silent-client check uses a short one, so
  * no other check depends on how fast a loaded machine gets a HELLO out. */
-static int start_server_hello(server_ctx *sc, const char *model_path, uint32_t first, uint32_t last, uint32_t chunk,
+static int start_server_hello(test_shard *sc, const char *model_path, uint32_t first, uint32_t last, uint32_t chunk,
                               int hello_ms) {
     srv_params p = srv_default_params();
     p.model_path = model_path;
@@ -66,35 +47,17 @@ static int start_server_hello(server_ctx *sc, const char *model_path, uint32_t f
     p.kv_budget_bytes = 16u << 20;
     p.hello_timeout_ms = hello_ms;
     p.prefill_chunk = chunk;
-    p.before_batch = hook;
     p.log = test_log;
     p.max_queued_bytes = 1u << 20;
     p.max_inflight = 4096; /* test_slow_reader pipelines 2000 requests (the cap: test_security_net) */
-    p.hook_ctx = sc;
-    sem_init(&sc->gate, 0, 0);
-    atomic_init(&sc->gated, false);
-    char msg[KVS_MSG_MAX] = "";
-    int err = srv_create(&p, &sc->s, msg, sizeof(msg));
-    if (err) {
-        fprintf(stderr, "srv_create: %s\n", msg);
-        return err;
-    }
-    pthread_create(&sc->th, NULL, serve_thread, sc);
-    return KVS_OK;
+    return test_shard_start(sc, p);
 }
 
-static int start_server(server_ctx *sc, const char *model_path, uint32_t first, uint32_t last, uint32_t chunk) {
+static int start_server(test_shard *sc, const char *model_path, uint32_t first, uint32_t last, uint32_t chunk) {
     return start_server_hello(sc, model_path, first, last, chunk, 60000);
 }
 
-static void stop_server(server_ctx *sc) {
-    srv_stop(sc->s);
-    pthread_join(sc->th, NULL);
-    srv_free(sc->s);
-    sem_destroy(&sc->gate);
-}
-
-static int connect_to(server_ctx *sc) {
+static int connect_to(test_shard *sc) {
     int fd = -1;
     char msg[KVS_MSG_MAX];
     if (netio_connect("127.0.0.1", srv_port(sc->s), netio_deadline_ms(5000), &fd, msg, sizeof(msg))) return -1;
@@ -124,19 +87,10 @@ static kv_sid sid_of(int k) {
     return s;
 }
 
-/* Sends FORWARD (tokens) and returns the request id used. */
+/* Sends FORWARD (tokens) on session sid. */
 static int send_forward(int fd, uint64_t rid, kv_sid sid, uint64_t epoch, uint32_t start, uint32_t n,
                         const int32_t *toks, uint32_t out_mode) {
-    struct wire_forward f = {.epoch = epoch, .start_pos = start, .n_tokens = n, .out_mode = out_mode,
-                             .in_kind = WIRE_IN_TOKENS, .data = toks};
-    memcpy(f.session_id, sid.bytes, 16);
-    size_t len = 0;
-    wire_encode_forward(&f, NULL, 0, &len);
-    uint8_t *buf = malloc(len);
-    wire_encode_forward(&f, buf, len, &len);
-    int err = netio_send_frame(fd, WIRE_OP_FORWARD, rid, buf, len, netio_deadline_ms(5000));
-    free(buf);
-    return err;
+    return send_forward_frame(fd, rid, sid.bytes, epoch, start, n, toks, out_mode);
 }
 
 /* Receives one frame; returns its op (or a negative error). */
@@ -169,7 +123,7 @@ static engine *local_engine(const char *path) {
 
 /* ---- checks ---- */
 
-static void test_basic(server_ctx *sc, const char *model_path) {
+static void test_basic(test_shard *sc, const char *model_path) {
     int fd = connect_to(sc);
     CHECK(fd >= 0);
     struct wire_info info;
@@ -260,7 +214,7 @@ static void test_basic(server_ctx *sc, const char *model_path) {
 /* A client that connects and never sends is closed after the HELLO timeout (a server of its
  * own with a 100 ms deadline; the wait for the close is bounded by recv_any's 20 s). */
 static void test_hello_timeout(const char *model_path) {
-    server_ctx sc;
+    test_shard sc;
     CHECK_EQ_INT(start_server_hello(&sc, model_path, 0, 0, 16, 100), KVS_OK);
     int fd = connect_to(&sc);
     CHECK(fd >= 0);
@@ -269,11 +223,11 @@ static void test_hello_timeout(const char *model_path) {
     CHECK(recv_any(fd, &b, &hd) < 0);
     netio_buf_free(&b);
     close(fd);
-    stop_server(&sc);
+    test_shard_stop(&sc);
 }
 
 /* Bad input: the server answers or closes, stays up, and other connections go on. */
-static void test_bad_input(server_ctx *sc) {
+static void test_bad_input(test_shard *sc) {
     int keep = connect_to(sc);
     struct wire_info info;
     CHECK_EQ_INT(hello(keep, &info), KVS_OK);
@@ -360,7 +314,7 @@ static void test_bad_input(server_ctx *sc) {
 }
 
 /* CANCEL and disconnect roll the session back; ordered with the scheduler gate. */
-static void test_cancel(server_ctx *sc) {
+static void test_cancel(test_shard *sc) {
     int fd = connect_to(sc);
     struct wire_info info;
     CHECK_EQ_INT(hello(fd, &info), KVS_OK);
@@ -434,7 +388,7 @@ static void test_cancel(server_ctx *sc) {
 }
 
 typedef struct {
-    server_ctx *sc;
+    test_shard *sc;
     int k;        /* prompt */
     int sid_base; /* session ids differ between runs */
     int32_t ids[16];
@@ -476,7 +430,7 @@ static void *client_thread(void *p) {
 }
 
 /* Four clients at once: each gets its solo ids, and the server batched them. */
-static void test_concurrent(server_ctx *sc) {
+static void test_concurrent(test_shard *sc) {
     client_arg solo[4], conc[4];
     pthread_t th[4];
     for (int k = 0; k < 4; k++) {
@@ -497,7 +451,7 @@ static void test_concurrent(server_ctx *sc) {
  * dtype; the f16 answer is the f32 one rounded (inputs rounded to f16 first), and both
  * equal the local engine's split computation. */
 static void test_hidden_dtypes(const char *model_path) {
-    server_ctx tail;
+    test_shard tail;
     CHECK_EQ_INT(start_server(&tail, model_path, 1, 2, 16), KVS_OK);
     int fd = connect_to(&tail);
     struct wire_info info;
@@ -567,13 +521,13 @@ static void test_hidden_dtypes(const char *model_path) {
     free(back);
     free(h16);
     free(local);
-    stop_server(&tail);
+    test_shard_stop(&tail);
 }
 
 /* A client that floods requests and never reads its replies: the scheduler never waits on it
  * (replies queue per connection), another client is served meanwhile, and once the queue passes
  * max_queued_bytes (1 MiB here) the flooder is disconnected. */
-static void test_slow_reader(server_ctx *sc) {
+static void test_slow_reader(test_shard *sc) {
     int flood = connect_to(sc), ok = connect_to(sc);
     struct wire_info info;
     CHECK_EQ_INT(hello(flood, &info), KVS_OK);
@@ -617,14 +571,14 @@ int main(void) {
     mp.n_threads = 1;
     char msg[KVS_MSG_MAX];
     CHECK_EQ_INT(mkmodel_write(model_file, mp, msg, sizeof(msg)), KVS_OK);
-    server_ctx sc;
+    test_shard sc;
     CHECK_EQ_INT(start_server(&sc, model_file, 0, 0, 16), KVS_OK);
     test_basic(&sc, model_file);
     test_bad_input(&sc);
     test_cancel(&sc);
     test_concurrent(&sc);
     test_slow_reader(&sc);
-    stop_server(&sc);
+    test_shard_stop(&sc);
     test_hidden_dtypes(model_file);
     test_hello_timeout(model_file);
     unlink(model_file);
