@@ -3,15 +3,10 @@
 #include <pthread.h>
 
 #include "kvshard.h"
+#include "kv_markers.h"
 #include "kvstate.h"
 #include "quant.h"
 #include "test.h"
-
-typedef struct {
-    uint64_t now;
-} fake_clock;
-
-static uint64_t fake_now(void *ctx) { return ((fake_clock *)ctx)->now; }
 
 static kv_sid sid_of(int k) {
     kv_sid s;
@@ -43,37 +38,16 @@ static kv_state *make_kv(uint32_t blocks, fake_clock *clk, uint64_t ttl_ns) {
     return kv;
 }
 
-/* Writes marker values into positions [start, end) of every layer's K and V. */
-static void fill(kv_txn *t, float marker) {
-    for (uint32_t p = kv_txn_start(t); p < kv_txn_end(t); p++)
-        for (int l = 0; l < 2; l++) {
-            float *k = kv_txn_k(t, l, p), *v = kv_txn_v(t, l, p);
-            for (int e = 0; e < 8; e++) k[e] = v[e] = marker + (float)p;
-        }
-}
+static const marker_shape SHAPE = {.n_layers = 2, .n_floats = 8};
 
-/* True when positions [0, n) of the session hold marker + p (read through a txn at n). */
+static void fill(kv_txn *t, float marker) { markers_fill(t, SHAPE, marker); }
+
 static bool holds(kv_state *kv, kv_sid sid, uint64_t epoch, uint32_t n, float marker) {
-    kv_txn *t = NULL;
-    kv_reply r;
-    if (kv_begin(kv, &sid, epoch, n, 1, NULL, &t, &r) != KVS_OK) return false;
-    bool ok = true;
-    for (uint32_t p = 0; p < n; p++)
-        for (int l = 0; l < 2; l++) {
-            const float *k = kv_txn_k(t, l, p), *v = kv_txn_v(t, l, p);
-            for (int e = 0; e < 8; e++) ok = ok && k[e] == marker + (float)p && v[e] == marker + (float)p;
-        }
-    kv_abort(kv, t, false);
-    return ok;
+    return markers_hold(kv, SHAPE, sid, epoch, n, marker);
 }
 
 static int append(kv_state *kv, kv_sid sid, uint64_t epoch, uint32_t start, uint32_t n, float marker, kv_reply *r) {
-    kv_txn *t = NULL;
-    int err = kv_begin(kv, &sid, epoch, start, n, NULL, &t, r);
-    if (err) return err;
-    fill(t, marker);
-    kv_commit(kv, t, r);
-    return KVS_OK;
+    return markers_append(kv, SHAPE, sid, epoch, start, n, NULL, marker, r);
 }
 
 static uint64_t used(kv_state *kv) {

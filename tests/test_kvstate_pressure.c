@@ -4,15 +4,10 @@
  * the session cap follows the budget; truncated-to-0 sessions hold no slot. No model: markers in
  * K/V stand for computed values. */
 #include "kvshard.h"
+#include "kv_markers.h"
 #include "kvstate.h"
 #include "quant.h"
 #include "test.h"
-
-typedef struct {
-    uint64_t now;
-} fake_clock;
-
-static uint64_t fake_now(void *ctx) { return ((fake_clock *)ctx)->now; }
 
 static kv_sid sid_of(int k) {
     kv_sid s;
@@ -47,42 +42,21 @@ static kv_state *make_pool(const kv_params *p) {
     return kv;
 }
 
-static void fill(kv_txn *t, float marker) {
-    for (uint32_t p = kv_txn_start(t); p < kv_txn_end(t); p++) {
-        float *k = kv_txn_k(t, 0, p), *v = kv_txn_v(t, 0, p);
-        k[0] = k[1] = v[0] = v[1] = marker + (float)p;
-    }
-}
+static const marker_shape SHAPE = {.n_layers = 1, .n_floats = 2};
 
-/* Positions [0, n) hold marker + p; read through an append transaction that is aborted. */
+static void fill(kv_txn *t, float marker) { markers_fill(t, SHAPE, marker); }
+
+/* The session is at (epoch, n) and positions [0, n) hold marker + p. */
 static bool holds(kv_state *kv, kv_sid sid, uint64_t epoch, uint32_t n, float marker) {
     uint32_t n_past = 0;
     uint64_t e = 0;
     if (kv_lookup(kv, &sid, &e, &n_past) != KVS_OK || e != epoch || n_past != n) return false;
-    /* Read the blocks directly through a transaction that adds one position, when there is room;
-     * else through a rewind of the last position (in place when the pool is full: the value is
-     * rewritten with the same marker afterwards). */
-    kv_txn *t = NULL;
-    kv_reply r;
-    bool ok = true;
-    int err = kv_begin(kv, &sid, epoch, n, 1, NULL, &t, &r);
-    if (err != KVS_OK) return false;
-    for (uint32_t p = 0; p < n; p++) {
-        const float *k = kv_txn_k(t, 0, p), *v = kv_txn_v(t, 0, p);
-        ok = ok && k[0] == marker + (float)p && v[1] == marker + (float)p;
-    }
-    kv_abort(kv, t, false);
-    return ok;
+    return markers_hold(kv, SHAPE, sid, epoch, n, marker);
 }
 
 static int append(kv_state *kv, kv_sid sid, uint64_t epoch, uint32_t start, uint32_t n, const kv_inherit *inh,
                   float marker, kv_reply *r) {
-    kv_txn *t = NULL;
-    int err = kv_begin(kv, &sid, epoch, start, n, inh, &t, r);
-    if (err) return err;
-    fill(t, marker);
-    kv_commit(kv, t, r);
-    return KVS_OK;
+    return markers_append(kv, SHAPE, sid, epoch, start, n, inh, marker, r);
 }
 
 static kv_stats stats(kv_state *kv) {

@@ -1,0 +1,64 @@
+/*
+ * kv_markers — kvstate tests without a model (test_kvstate, test_kvstate_pressure): an injected
+ * clock, and marker values standing for computed K/V (position p of a session holds marker + p
+ * in every float of every layer's K and V), written by an append transaction and read back
+ * through one that is aborted.
+ */
+#ifndef KVS_KV_MARKERS_H
+#define KVS_KV_MARKERS_H
+
+#include <stdbool.h>
+
+#include "kvstate.h"
+#include "test.h"
+
+typedef struct {
+    uint64_t now; /* ns */
+} fake_clock;
+
+static inline uint64_t fake_now(void *ctx) { return ((fake_clock *)ctx)->now; }
+
+/* The pool's shape as the markers see it. */
+typedef struct {
+    int n_layers;
+    int n_floats; /* per position and layer in K (and in V): n_kv_heads * head_dim */
+} marker_shape;
+
+/* Writes marker + p into positions [start, end) of t, every layer's K and V. */
+static inline void markers_fill(kv_txn *t, marker_shape sh, float marker) {
+    for (uint32_t p = kv_txn_start(t); p < kv_txn_end(t); p++)
+        for (int l = 0; l < sh.n_layers; l++) {
+            float *k = kv_txn_k(t, l, p), *v = kv_txn_v(t, l, p);
+            for (int e = 0; e < sh.n_floats; e++) k[e] = v[e] = marker + (float)p;
+        }
+}
+
+/* True when positions [0, n) of the session hold marker + p (read through a txn that would add
+ * position n, then aborted; false when that txn cannot begin). */
+static inline bool markers_hold(kv_state *kv, marker_shape sh, kv_sid sid, uint64_t epoch, uint32_t n, float marker) {
+    kv_txn *t = NULL;
+    kv_reply r;
+    if (kv_begin(kv, &sid, epoch, n, 1, NULL, &t, &r) != KVS_OK) return false;
+    bool ok = true;
+    for (uint32_t p = 0; p < n; p++)
+        for (int l = 0; l < sh.n_layers; l++) {
+            const float *k = kv_txn_k(t, l, p), *v = kv_txn_v(t, l, p);
+            for (int e = 0; e < sh.n_floats; e++) ok = ok && k[e] == marker + (float)p && v[e] == marker + (float)p;
+        }
+    kv_abort(kv, t, false);
+    return ok;
+}
+
+/* Appends positions [start, start + n) with markers (kv_begin, markers_fill, kv_commit); r gets
+ * the reply. KVS_OK or kv_begin's error (then nothing changed). */
+static inline int markers_append(kv_state *kv, marker_shape sh, kv_sid sid, uint64_t epoch, uint32_t start, uint32_t n,
+                                 const kv_inherit *inh, float marker, kv_reply *r) {
+    kv_txn *t = NULL;
+    int err = kv_begin(kv, &sid, epoch, start, n, inh, &t, r);
+    if (err) return err;
+    markers_fill(t, sh, marker);
+    kv_commit(kv, t, r);
+    return KVS_OK;
+}
+
+#endif /* KVS_KV_MARKERS_H */
