@@ -63,6 +63,36 @@ static bool api_start(proc_server *a, const char *dir, char *const *args) {
     return proc_start_listener(a, dir, "api", argv);
 }
 
+/* `kvshard api -m model` (one process) and `kvshard api --route` over two shards of model
+ * split at layer `split` ("N:end" for the second), each on a free port. */
+typedef struct {
+    proc_server one, two;       /* api -m, api --route */
+    proc_server shard[2];
+} api_pair;
+
+static void api_pair_start(api_pair *p, const char *dir, const char *model, const char *split, char *const *route_extra) {
+    char head[16], tail[24];
+    snprintf(head, sizeof head, "0:%s", split);
+    snprintf(tail, sizeof tail, "%s:end", split);
+    char *one_args[] = {"-m", (char *)model, "-t", "1", "--kv-budget", "64M", NULL};
+    CHECK(api_start(&p->one, dir, one_args));
+    CHECK(proc_start_server(&p->shard[0], dir, model, head, NULL));
+    CHECK(proc_start_server(&p->shard[1], dir, model, tail, NULL));
+    char route[128];
+    snprintf(route, sizeof route, "127.0.0.1:%d,127.0.0.1:%d", p->shard[0].port, p->shard[1].port);
+    char *two_args[8] = {"--route", route};
+    for (int i = 0; route_extra && route_extra[i] && i < 5; i++) two_args[2 + i] = route_extra[i];
+    CHECK(api_start(&p->two, dir, two_args));
+}
+
+/* Stops all four; the two api processes must exit 0. */
+static void api_pair_stop(api_pair *p) {
+    CHECK_EQ_INT(proc_stop_server(&p->one), 0);
+    CHECK_EQ_INT(proc_stop_server(&p->two), 0);
+    proc_stop_server(&p->shard[0]);
+    proc_stop_server(&p->shard[1]);
+}
+
 static int shell(const char *cmd) {
     int rc = system(cmd);
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
@@ -124,44 +154,26 @@ int main(void) {
     if (!l3) {
         skipped++;
     } else {
-        proc_server a0 = {0}, a1 = {0};
-        proc_server l3one = {0}, l3two = {0};
-        char *l3_args[] = {"-m", (char *)l3, "-t", "1", "--kv-budget", "64M", NULL};
-        CHECK(api_start(&l3one, build, l3_args));
-        CHECK(proc_start_server(&a0, build, l3, "0:1", NULL));
-        CHECK(proc_start_server(&a1, build, l3, "1:end", NULL));
-        char l3route[128];
-        snprintf(l3route, sizeof l3route, "127.0.0.1:%d,127.0.0.1:%d", a0.port, a1.port);
-        char *l3two_args[] = {"--route", l3route, NULL};
-        CHECK(api_start(&l3two, build, l3two_args));
-        if (l3one.port > 0 && l3two.port > 0) {
+        api_pair l3p = {0};
+        api_pair_start(&l3p, build, l3, "1", NULL);
+        if (l3p.one.port > 0 && l3p.two.port > 0) {
             snprintf(cmd, sizeof cmd,
                      "cd '%s' && KVS_BIN='%s' KVS_MODEL='%s' KVS_API_URLS='[{\"name\":\"llama3 api -m\",\"url\":\"http://127.0.0.1:%d\"},"
                      "{\"name\":\"llama3 api --route (2 shards)\",\"url\":\"http://127.0.0.1:%d\"}]' timeout 180 node openai_test.mjs",
-                     js, bin, l3, l3one.port, l3two.port);
+                     js, bin, l3, l3p.one.port, l3p.two.port);
             CHECK_EQ_INT(shell(cmd), 0);
             run++;
         }
-        CHECK_EQ_INT(proc_stop_server(&l3one), 0);
-        CHECK_EQ_INT(proc_stop_server(&l3two), 0);
-        proc_stop_server(&a0);
-        proc_stop_server(&a1);
+        api_pair_stop(&l3p);
     }
-    proc_server s0 = {0}, s1 = {0};
-    proc_server one = {0}, two = {0};
-    char *one_args[] = {"-m", (char *)model, "-t", "1", "--kv-budget", "64M", NULL};
-    CHECK(api_start(&one, build, one_args));
-    CHECK(proc_start_server(&s0, build, model, "0:2", NULL));
-    CHECK(proc_start_server(&s1, build, model, "2:end", NULL));
-    char route[128];
-    snprintf(route, sizeof route, "127.0.0.1:%d,127.0.0.1:%d", s0.port, s1.port);
-    char *two_args[] = {"--route", route, "--model-name", "stories260K", NULL};
-    CHECK(api_start(&two, build, two_args));
-    if (one.port > 0 && two.port > 0) {
+    api_pair sp = {0};
+    char *name_args[] = {"--model-name", "stories260K", NULL};
+    api_pair_start(&sp, build, model, "2", name_args);
+    if (sp.one.port > 0 && sp.two.port > 0) {
         snprintf(cmd, sizeof cmd,
                  "cd '%s' && KVS_BIN='%s' KVS_MODEL='%s' KVS_API_URLS='[{\"name\":\"api -m\",\"url\":\"http://127.0.0.1:%d\"},"
                  "{\"name\":\"api --route (2 shards)\",\"url\":\"http://127.0.0.1:%d\"}]' timeout 120 node openai_test.mjs",
-                 js, bin, model, one.port, two.port);
+                 js, bin, model, sp.one.port, sp.two.port);
         CHECK_EQ_INT(shell(cmd), 0);
         run++;
         const char *chromium = access("/usr/bin/chromium", X_OK) == 0 ? "/usr/bin/chromium" : NULL;
@@ -175,7 +187,7 @@ int main(void) {
             snprintf(cmd, sizeof cmd,
                      "cd '%s' && prof=$(mktemp -d) && KVS_API_URL='http://127.0.0.1:%d' KVS_CHROMIUM='%s' "
                      "KVS_SCREENSHOT='%s' KVS_PROFILE=\"$prof\" timeout 120 node page_test.mjs; rc=$?; rm -rf \"$prof\"; exit $rc",
-                     js, one.port, chromium, shot);
+                     js, sp.one.port, chromium, shot);
             CHECK_EQ_INT(shell(cmd), 0);
             struct stat st;
             CHECK(stat(shot, &st) == 0 && st.st_size > 1000);
@@ -183,9 +195,6 @@ int main(void) {
             run++;
         }
     }
-    CHECK_EQ_INT(proc_stop_server(&one), 0);
-    CHECK_EQ_INT(proc_stop_server(&two), 0);
-    proc_stop_server(&s0);
-    proc_stop_server(&s1);
+    api_pair_stop(&sp);
     return test_finish("test_http_js", run, skipped);
 }
