@@ -11,9 +11,11 @@
 #define KVS_REFERENCE_CHECK_H
 
 #include <cjson/cJSON.h>
+#include <limits.h>
 #include <math.h>
 
 #include "engine_check.h"
+#include "jsonl.h"
 #include "sampler.h"
 #include "test.h"
 #include "util.h"
@@ -146,6 +148,17 @@ static void check_line(const ref_case *rc, engine *whole, engine *head, engine *
     free(ref_tok); free(ref_log); free(ours); free(step); free(hid); free(split);
 }
 
+typedef struct {
+    const ref_case *rc;
+    engine_halves *eh;
+    file_stats *fs;
+} line_ctx;
+
+static void check_line_cb(cJSON *line, int line_no, void *ctx) {
+    line_ctx *c = ctx;
+    check_line(c->rc, c->eh->whole, c->eh->head, c->eh->tail, line, line_no, c->fs);
+}
+
 /* Runs every case on dir/models/NAME.gguf against dir/reference/NAME.jsonl, dir
  * being a folder under ../shared with its "/" ("" for the top level); a case
  * whose files are missing is skipped with a note. Returns test_finish's code. */
@@ -161,20 +174,9 @@ static int run_ref_cases(const char *test_name, const char *dir, const ref_case 
         if (!mp || !rp) { n_skipped++; continue; }
         engine_halves eh;
         if (!open_halves(mp, 64ull << 20, &eh)) continue;
-        FILE *f = fopen(rp, "r");
-        CHECK(f != NULL);
-        char *buf = NULL;
-        size_t cap = 0;
-        int line_no = 0;
         file_stats fs = {0};
-        while (f && getline(&buf, &cap, f) > 0) {
-            cJSON *line = cJSON_Parse(buf);
-            CHECK(line != NULL);
-            if (line) check_line(rc, eh.whole, eh.head, eh.tail, line, ++line_no, &fs);
-            cJSON_Delete(line);
-        }
-        free(buf);
-        if (f) fclose(f);
+        line_ctx lc = {rc, &eh, &fs};
+        int line_no = jsonl_each(rp, INT_MAX, check_line_cb, &lc);
         double mean_kl = fs.positions ? fs.kl_sum / (double)fs.positions : 0;
         printf("%-18s lines %d positions %ld max|diff| %.4f (<= %.2f) mean KL %.2e (<= %.0e) top-1 mismatches %ld "
                "greedy ids checked %ld kv-path mismatches %ld split mismatches %ld\n",

@@ -17,6 +17,7 @@
 #include <math.h>
 
 #include "engine_check.h"
+#include "jsonl.h"
 #include "sampler.h"
 #include "test.h"
 #include "util.h"
@@ -191,6 +192,17 @@ static void check_line(const char *name, engine *whole, engine *head, engine *ta
     free(tok); free(ours); free(other); free(hid);
 }
 
+typedef struct {
+    const char *name;
+    engine_halves *eh;
+    file_stats *fs;
+} line_ctx;
+
+static void check_line_cb(cJSON *line, int line_no, void *ctx) {
+    line_ctx *c = ctx;
+    check_line(c->name, c->eh->whole, c->eh->head, c->eh->tail, line, line_no, c->fs);
+}
+
 int main(void) {
     int n_run = 0, n_skipped = 0;
     for (size_t c = 0; c < sizeof(MODELS) / sizeof(MODELS[0]); c++) {
@@ -206,20 +218,9 @@ int main(void) {
         }
         engine_halves eh;
         if (!open_halves(mp, 16ull << 20, &eh)) continue;
-        FILE *f = fopen(rp, "r");
-        CHECK(f != NULL);
-        char *buf = NULL;
-        size_t cap = 0;
-        int line_no = 0;
         file_stats fs = {0};
-        while (f && line_no < MAX_LINES && getline(&buf, &cap, f) > 0) {
-            cJSON *line = cJSON_Parse(buf);
-            CHECK(line != NULL);
-            if (line) check_line(name, eh.whole, eh.head, eh.tail, line, ++line_no, &fs);
-            cJSON_Delete(line);
-        }
-        free(buf);
-        if (f) fclose(f);
+        line_ctx lc = {name, &eh, &fs};
+        int line_no = jsonl_each(rp, MAX_LINES, check_line_cb, &lc);
         double mean_kl = fs.positions ? fs.kl_sum / (double)fs.positions : 0;
         printf("%-20s arch %s lines %d positions %ld max|diff| %.4f (<= %.2f) mean KL %.2e (<= %.0e) top-1 mismatches "
                "%ld greedy ids checked %ld kv-path mismatches %ld split mismatches %ld prompts tokenized %ld\n",
