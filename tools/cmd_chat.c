@@ -18,6 +18,7 @@
 #include "engine.h"
 #include "gen_loop.h"
 #include "gguf.h"
+#include "local_engine.h"
 #include "quant.h"
 #include "route.h"
 #include "tokenizer.h"
@@ -120,22 +121,10 @@ static int load_messages(const char *path, msg_list *l) {
 /* ---- the two session kinds ---- */
 
 typedef struct {
-    engine *e;
-    engine_req req;
-    route *r;
+    local_session local; /* -m: the engine's step (local_session_step's ctx) */
+    route *r;            /* --route */
     route_session *s;
 } chat_ctx;
-
-static int engine_step_fn(void *p, const int32_t *tokens, uint32_t n, float *logits, char *msg, size_t cap) {
-    chat_ctx *c = p;
-    c->req.start_pos += c->req.n;
-    c->req.n = n;
-    c->req.tokens = tokens;
-    c->req.out = logits;
-    engine_step(c->e, &c->req, 1);
-    if (c->req.status) return kvs_fail(msg, cap, c->req.status, "%s", kvs_strerror(c->req.status));
-    return KVS_OK;
-}
 
 static int route_step_fn(void *p, const int32_t *tokens, uint32_t n, float *logits, char *msg, size_t cap) {
     chat_ctx *c = p;
@@ -282,8 +271,8 @@ int cmd_chat(int argc, char **argv) {
     tok_vocab *own_vocab = NULL;
     const tok_vocab *vocab = NULL;
     chat_template tmpl = CHAT_TEMPLATE_CHATML;
-    chat_ctx c = {.req = {.epoch = 1, .out_mode = FWD_OUT_LOGITS_LAST}};
-    memcpy(c.req.sid.bytes, "kvshard-chat-ses", 16);
+    chat_ctx c = {.local.req = {.epoch = 1, .out_mode = FWD_OUT_LOGITS_LAST}};
+    memcpy(c.local.req.sid.bytes, "kvshard-chat-ses", 16);
     gen_target t = {.cmd = "chat", .ctx = &c};
     sampler *smp = NULL;
     char *fed = calloc(1, 1);
@@ -333,27 +322,18 @@ int cmd_chat(int argc, char **argv) {
         t.n_vocab = (int32_t)ri.n_vocab;
         t.max_ctx = ri.max_ctx < (uint32_t)ctx ? ri.max_ctx : (uint32_t)ctx;
     } else {
-        engine_params ep = engine_default_params();
-        ep.model_path = path;
-        ep.n_threads = (int)threads;
-        ep.kv.kv_type = kv_type;
-        ep.kv_positions = (uint32_t)ctx;
-        int err = engine_open(&ep, &c.e, msg, sizeof msg);
-        if (err) {
-            fprintf(stderr, "kvshard chat: %s: %s\n", path, msg[0] ? msg : kvs_strerror(err));
+        engine *e = NULL;
+        if (local_engine_open("kvshard chat", path, (int)threads, kv_type, (uint32_t)ctx, &e)) goto out;
+        c.local.e = e;
+        if (!e->vocab) {
+            local_engine_say_no_vocab("chat", path, e);
             goto out;
         }
-        if (!c.e->vocab) { /* the engine opens it quietly: ask again for the reason */
-            tok_vocab *v = NULL;
-            tok_from_gguf(c.e->m->gguf, &v, msg, sizeof msg);
-            tok_free(v);
-            fprintf(stderr, "kvshard chat: %s: no usable tokenizer: %s\n", path, msg);
-            goto out;
-        }
-        vocab = c.e->vocab;
-        t.step = engine_step_fn;
-        t.n_vocab = (int32_t)c.e->m->hp.n_vocab;
-        t.max_ctx = c.e->m->hp.n_ctx < (uint32_t)ctx ? c.e->m->hp.n_ctx : (uint32_t)ctx;
+        vocab = e->vocab;
+        t.step = local_session_step;
+        t.ctx = &c.local;
+        t.n_vocab = (int32_t)e->m->hp.n_vocab;
+        t.max_ctx = e->m->hp.n_ctx < (uint32_t)ctx ? e->m->hp.n_ctx : (uint32_t)ctx;
     }
     t.vocab = vocab;
     if (pick_template(tmpl_name, vocab, &tmpl)) goto out;
@@ -392,7 +372,7 @@ out:
         route_release(c.r, c.s);
         route_close(c.r);
     }
-    engine_close(c.e);
+    engine_close(c.local.e);
     tok_free(own_vocab);
     msgs_free(&msgs);
     free(fed);

@@ -8,6 +8,7 @@
 #include "cli.h"
 #include "engine.h"
 #include "gen_loop.h"
+#include "local_engine.h"
 #include "quant.h"
 #include "util.h"
 
@@ -18,43 +19,6 @@ static void run_usage(FILE *f) {
                "  -t THREADS        compute threads (default: all CPUs)\n"
                "  --kv-type T       KV cache element type (default f16)\n");
     gen_usage_common(f);
-}
-
-typedef struct {
-    engine *e;
-    engine_req req;
-} run_ctx;
-
-static int run_step(void *p, const int32_t *tokens, uint32_t n, float *logits, char *msg, size_t cap) {
-    run_ctx *c = p;
-    c->req.start_pos += c->req.n;
-    c->req.n = n;
-    c->req.tokens = tokens;
-    c->req.out = logits;
-    engine_step(c->e, &c->req, 1);
-    if (c->req.status) return kvs_fail(msg, cap, c->req.status, "%s", kvs_strerror(c->req.status));
-    return KVS_OK;
-}
-
-static int open_engine(const char *path, int threads, uint32_t kv_type, uint32_t positions, engine **e) {
-    char msg[KVS_MSG_MAX] = "";
-    engine_params ep = engine_default_params();
-    ep.model_path = path;
-    ep.n_threads = threads;
-    ep.kv.kv_type = kv_type;
-    ep.kv_positions = positions; /* one session of this many positions */
-    int err = engine_open(&ep, e, msg, sizeof(msg));
-    if (err) fprintf(stderr, "kvshard: %s: %s\n", path, msg[0] ? msg : kvs_strerror(err));
-    return err;
-}
-
-/* Why the engine has no tokenizer (it opens one quietly): asks the tokenizer again for its message. */
-static void say_no_vocab(const char *cmd, const char *path, const engine *e) {
-    char msg[KVS_MSG_MAX] = "";
-    tok_vocab *v = NULL;
-    tok_from_gguf(e->m->gguf, &v, msg, sizeof msg);
-    tok_free(v);
-    fprintf(stderr, "kvshard %s: %s: no usable tokenizer: %s\n", cmd, path, msg[0] ? msg : "unknown reason");
 }
 
 int cmd_run(int argc, char **argv) {
@@ -78,15 +42,16 @@ int cmd_run(int argc, char **argv) {
     }
     if (!path || !o.prompt) { fprintf(stderr, "kvshard run: -m MODEL and -p PROMPT are required\n"); run_usage(stderr); return 2; }
     engine *e = NULL;
-    if (open_engine(path, (int)threads, kv_type, (uint32_t)(3 * strlen(o.prompt) + 2 + (size_t)o.n_gen), &e)) return 1;
+    if (local_engine_open("kvshard", path, (int)threads, kv_type, (uint32_t)(3 * strlen(o.prompt) + 2 + (size_t)o.n_gen), &e))
+        return 1;
     int rc = 1;
     if (!e->vocab) {
-        say_no_vocab("run", path, e);
+        local_engine_say_no_vocab("run", path, e);
     } else {
-        run_ctx c = {.e = e, .req = {.epoch = 1, .out_mode = FWD_OUT_LOGITS_LAST}};
+        local_session c = {.e = e, .req = {.epoch = 1, .out_mode = FWD_OUT_LOGITS_LAST}};
         memcpy(c.req.sid.bytes, "kvshard-run-sess", 16);
         gen_target t = {.cmd = "run", .vocab = e->vocab, .n_vocab = (int32_t)e->m->hp.n_vocab,
-                        .max_ctx = e->m->hp.n_ctx, .step = run_step, .ctx = &c};
+                        .max_ctx = e->m->hp.n_ctx, .step = local_session_step, .ctx = &c};
         rc = gen_run(&o, &t);
     }
     engine_close(e);
@@ -159,11 +124,11 @@ int cmd_logits(int argc, char **argv) {
     int n = (int)n_list;
     size_t cap = prompt ? 3 * strlen(prompt) + 2 : n_list + 1; /* positions for the KV budget */
     engine *e = NULL;
-    if (open_engine(path, (int)threads, kv_type, (uint32_t)cap, &e)) { free(ids); return 1; }
+    if (local_engine_open("kvshard", path, (int)threads, kv_type, (uint32_t)cap, &e)) { free(ids); return 1; }
     int rc = 1;
     float *logits = NULL;
     if (prompt) {
-        if (!e->vocab) { say_no_vocab("logits", path, e); goto out; }
+        if (!e->vocab) { local_engine_say_no_vocab("logits", path, e); goto out; }
         if (gen_tokenize(e->vocab, prompt, tok_add_bos(e->vocab), plain, &ids, &n) != KVS_OK) goto out;
     }
     if (n == 0) { fprintf(stderr, "kvshard logits: no tokens\n"); goto out; }
