@@ -4,12 +4,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "args.h"
 #include "chat.h"
 #include "cli.h"
+#include "daemon.h"
 #include "http.h"
 #include "quant.h"
 #include "server.h"
@@ -20,15 +20,6 @@ static volatile sig_atomic_t g_stop;
 static void on_signal(int sig) {
     (void)sig;
     g_stop = 1;
-}
-
-static void log_line(void *ctx, const char *line) {
-    char ts[32];
-    time_t t = time(NULL);
-    struct tm tm;
-    gmtime_r(&t, &tm);
-    strftime(ts, sizeof(ts), "%H:%M:%S", &tm);
-    fprintf(stderr, "[%s] %s: %s\n", ts, (const char *)ctx, line);
 }
 
 static void api_usage(FILE *f) {
@@ -120,7 +111,7 @@ int cmd_api(int argc, char **argv) {
     p.queue_max = (int)queue;
     p.queue_timeout_ms = (int64_t)(qt * 1000.0);
     p.prefix_slots = (int)slots;
-    p.log = log_line;
+    p.log = daemon_log_line;
     p.log_ctx = "api";
     char msg[KVS_MSG_MAX] = "", spec[64], name[128];
     srv *shard = NULL;
@@ -131,7 +122,7 @@ int cmd_api(int argc, char **argv) {
         sp.listen = "127.0.0.1:0";
         sp.n_threads = (int)threads;
         sp.kv_ttl_ms = 600000;
-        sp.log = log_line;
+        sp.log = daemon_log_line;
         sp.log_ctx = "shard";
         if (!args_size(budget, &sp.kv_budget_bytes)) {
             fprintf(stderr, "kvshard api: --kv-budget wants a size like 512M, got '%s'\n", budget);
@@ -166,11 +157,7 @@ int cmd_api(int argc, char **argv) {
         fprintf(stderr, "kvshard api: %s\n", msg[0] ? msg : kvs_strerror(err));
         rc = 1;
     } else {
-        struct sigaction sa;
-        memset(&sa, 0, sizeof(sa));
-        sa.sa_handler = on_signal;
-        sigaction(SIGINT, &sa, NULL);
-        sigaction(SIGTERM, &sa, NULL);
+        daemon_on_stop_signals(on_signal);
         fprintf(stderr, "kvshard api: listening on port %u\n", http_port(h));
         fflush(stderr);
         while (!g_stop) pause();

@@ -3,10 +3,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "args.h"
 #include "cli.h"
+#include "daemon.h"
 #include "quant.h"
 #include "server.h"
 #include "shard_metrics.h"
@@ -17,16 +17,6 @@ static srv *g_srv;
 static void on_signal(int sig) {
     (void)sig;
     if (g_srv) srv_stop(g_srv);
-}
-
-static void log_line(void *ctx, const char *line) {
-    (void)ctx;
-    char ts[32];
-    time_t t = time(NULL);
-    struct tm tm;
-    gmtime_r(&t, &tm);
-    strftime(ts, sizeof(ts), "%H:%M:%S", &tm);
-    fprintf(stderr, "[%s] serve: %s\n", ts, line);
 }
 
 static void serve_usage(FILE *f) {
@@ -140,7 +130,8 @@ int cmd_serve(int argc, char **argv) {
     p.max_conns = (int)max_conns;
     p.max_tokens = (uint32_t)max_tokens;
     p.prefill_chunk = (uint32_t)chunk;
-    p.log = log_line;
+    p.log = daemon_log_line;
+    p.log_ctx = "serve";
     char msg[KVS_MSG_MAX] = "";
     shard_metrics *metrics = NULL;
     if (metrics_listen && shard_metrics_create(&metrics) != KVS_OK) return 1;
@@ -157,11 +148,7 @@ int cmd_serve(int argc, char **argv) {
         return 1;
     }
     if (metrics) fprintf(stderr, "kvshard serve: metrics on port %u\n", shard_metrics_port(metrics));
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    daemon_on_stop_signals(on_signal);
     signal(SIGPIPE, SIG_IGN);
     fprintf(stderr, "kvshard serve: listening on port %u\n", srv_port(g_srv));
     fflush(stderr);
