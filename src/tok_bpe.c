@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tok_heap.h"
 #include "util.h"
 
 #define BPE_MAX_REGEX 4
@@ -342,40 +343,7 @@ static bool pair_above(const bpe_pair *a, const bpe_pair *b) {
     return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
 }
 
-static int heap_push(bpe_work *w, bpe_pair p) {
-    if (w->heap_n == w->heap_cap) {
-        size_t cap = w->heap_cap ? w->heap_cap * 2 : 64;
-        bpe_pair *h = realloc(w->heap, cap * sizeof *h);
-        if (!h) return KVS_ERR_NOMEM;
-        w->heap = h;
-        w->heap_cap = cap;
-    }
-    size_t i = w->heap_n++;
-    while (i > 0) {
-        size_t parent = (i - 1) / 2;
-        if (!pair_above(&p, &w->heap[parent])) break;
-        w->heap[i] = w->heap[parent];
-        i = parent;
-    }
-    w->heap[i] = p;
-    return KVS_OK;
-}
-
-static bpe_pair heap_pop(bpe_work *w) {
-    bpe_pair top = w->heap[0];
-    bpe_pair last = w->heap[--w->heap_n];
-    size_t n = w->heap_n, i = 0;
-    for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, m = l;
-        if (l >= n) break;
-        if (r < n && pair_above(&w->heap[r], &w->heap[l])) m = r;
-        if (!pair_above(&w->heap[m], &last)) break;
-        w->heap[i] = w->heap[m];
-        i = m;
-    }
-    if (n > 0) w->heap[i] = last;
-    return top;
-}
+TOK_HEAP_DEFINE(bpe_work, bpe_pair, pair_above)
 
 static int try_pair(const tok_bpe *b, bpe_work *w, int32_t left, int32_t right) {
     if (left < 0 || right < 0) return KVS_OK;

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tok_heap.h"
 #include "tok_impl.h"
 #include "util.h"
 
@@ -53,40 +54,7 @@ static bool bigram_above(const tok_bigram *a, const tok_bigram *b) {
     return a->score > b->score || (a->score == b->score && a->left < b->left);
 }
 
-static int heap_push(tok_work *w, tok_bigram b) {
-    if (w->heap_n == w->heap_cap) {
-        size_t cap = w->heap_cap ? w->heap_cap * 2 : 64;
-        tok_bigram *h = realloc(w->heap, cap * sizeof *h);
-        if (!h) return KVS_ERR_NOMEM;
-        w->heap = h;
-        w->heap_cap = cap;
-    }
-    size_t i = w->heap_n++;
-    while (i > 0) {
-        size_t parent = (i - 1) / 2;
-        if (!bigram_above(&b, &w->heap[parent])) break;
-        w->heap[i] = w->heap[parent];
-        i = parent;
-    }
-    w->heap[i] = b;
-    return KVS_OK;
-}
-
-static tok_bigram heap_pop(tok_work *w) {
-    tok_bigram top = w->heap[0];
-    tok_bigram last = w->heap[--w->heap_n];
-    size_t n = w->heap_n, i = 0;
-    for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, m = l;
-        if (l >= n) break;
-        if (r < n && bigram_above(&w->heap[r], &w->heap[l])) m = r;
-        if (!bigram_above(&w->heap[m], &last)) break;
-        w->heap[i] = w->heap[m];
-        i = m;
-    }
-    if (n > 0) w->heap[i] = last;
-    return top;
-}
+TOK_HEAP_DEFINE(tok_work, tok_bigram, bigram_above)
 
 static int try_add_bigram(const tok_vocab *v, tok_work *w, int32_t left, int32_t right) {
     if (left < 0 || right < 0) return KVS_OK;
