@@ -1,5 +1,5 @@
 /*
- * shard_harness — an in-process shard server for the wire-level tests (test_server,
+ * shard_harness — an in-process shard server for the wire-level tests (test_server, test_tls,
  * test_security_net, test_server_pressure): the server on its own thread with a before_batch
  * gate the test can close (ordering by a hook, not by sleeps), a quiet log, and the FORWARD a
  * raw client sends.

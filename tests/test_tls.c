@@ -17,6 +17,7 @@
 #include "netio.h"
 #include "route.h"
 #include "server.h"
+#include "shard_harness.h"
 #include "test.h"
 #include "tls.h"
 #include "util.h"
@@ -312,15 +313,7 @@ static int tls_client(uint16_t port, const char *name, tls_ctx **ctx) {
 
 static int fwd(int fd, const uint8_t sid[16], uint64_t epoch, uint32_t start, uint32_t n, const int32_t *toks,
                uint32_t *have) {
-    struct wire_forward f = {.epoch = epoch, .start_pos = start, .n_tokens = n, .out_mode = WIRE_OUT_LOGITS_LAST,
-                             .in_kind = WIRE_IN_TOKENS, .data = toks};
-    memcpy(f.session_id, sid, 16);
-    size_t len = 0;
-    wire_encode_forward(&f, NULL, 0, &len);
-    uint8_t *buf = malloc(len);
-    wire_encode_forward(&f, buf, len, &len);
-    int rc = netio_send_frame(fd, WIRE_OP_FORWARD, 3, buf, len, netio_deadline_ms(5000));
-    free(buf);
+    int rc = send_forward_frame(fd, 3, sid, epoch, start, n, toks, WIRE_OUT_LOGITS_LAST);
     struct netio_buf b = {0};
     struct wire_header h;
     struct wire_forward_reply r;
