@@ -22,6 +22,7 @@
 #include "netio.h"
 #include "quant.h"
 #include "server.h"
+#include "shard_harness.h"
 #include "test.h"
 #include "util.h"
 #include "wire.h"
@@ -57,11 +58,6 @@ static void *serve_thread(void *p) {
     return NULL;
 }
 
-static void quiet_log(void *ctx, const char *line) {
-    (void)ctx;
-    if (getenv("KVS_TEST_VERBOSE")) fprintf(stderr, "serve: %s\n", line);
-}
-
 static int start_server(server_ctx *sc, const char *model_path, uint64_t budget, uint32_t chunk, uint32_t max_sessions,
                         uint64_t ttl_ms) {
     srv_params p = srv_default_params();
@@ -76,7 +72,7 @@ static int start_server(server_ctx *sc, const char *model_path, uint64_t budget,
     p.hook_ctx = sc;
     p.kv_clock = fake_clock;
     p.kv_clock_ctx = sc;
-    p.log = quiet_log;
+    p.log = test_quiet_log;
     sem_init(&sc->gate, 0, 0);
     sem_init(&sc->held, 0, 0);
     atomic_init(&sc->gated, false);
