@@ -77,10 +77,11 @@
  *      session, tenant_max_sessions, evict its own idle sessions, LRU first. Not enough: refused
  *      (BUDGET_EXHAUSTED / BUSY, over_quota).
  *   2. pool: while the pool is short of blocks (or of a session slot, max_sessions), evict idle
- *      sessions LRU first — the tenant's own, or another tenant's only while that tenant holds
- *      more than its fair share: blocks_total / tenants (max_sessions / tenants for slots), the
- *      requester counted among the tenants. So one tenant's pressure never takes another below
- *      its fair share, and a tenant alone (or the single tenant 0) sees plain LRU.
+ *      sessions of tenants holding more than their fair share — blocks_total / tenants
+ *      (max_sessions / tenants for slots), the requester counted among the tenants — LRU
+ *      first; then the requester's own, LRU first. Another tenant's session is never evicted
+ *      while that tenant is within its fair share, so one tenant's pressure cannot take another
+ *      below it; a tenant alone (or the single tenant 0 of kv_begin) sees plain LRU.
  *
  *  I9. sum over tenants of n_sessions == n_sessions and of n_blocks == blocks_total - n_free;
  *      every session's tenant record is live.
@@ -503,15 +504,18 @@ static int kv_plan_run(kv_state *kv, kv_tenant *t, uint32_t need, bool new_sessi
     uint32_t n_ten = kv->n_tenants ? kv->n_tenants : 1;
     pl.fair_blocks = kv->blocks_total / n_ten;
     pl.fair_sessions = kv->p.max_sessions / n_ten;
-    for (s = kv->lru.lru_prev; s != &kv->lru && (pl.n_free < need || plan_slot_short(kv, &pl)); s = prev) {
-        prev = s->lru_prev;
-        if (s == keep || s->plan_gen == pl.gen) continue;
-        kv_tenant *u = s->tenant;
-        plan_touch(&pl, u);
-        bool ok = u == t || (pl.n_free < need && u->plan_blocks > pl.fair_blocks) ||
-                  (plan_slot_short(kv, &pl) && u->plan_sessions > pl.fair_sessions);
-        if (ok) plan_take(kv, &pl, s, false);
-    }
+    /* Tenants over their fair share pay first (the requester too, when it is over), LRU first;
+     * then the requester's own sessions. */
+    for (int pass = 0; pass < 2; pass++)
+        for (s = kv->lru.lru_prev; s != &kv->lru && (pl.n_free < need || plan_slot_short(kv, &pl)); s = prev) {
+            prev = s->lru_prev;
+            if (s == keep || s->plan_gen == pl.gen) continue;
+            kv_tenant *u = s->tenant;
+            plan_touch(&pl, u);
+            bool over = (pl.n_free < need && u->plan_blocks > pl.fair_blocks) ||
+                        (plan_slot_short(kv, &pl) && u->plan_sessions > pl.fair_sessions);
+            if (pass == 0 ? over : u == t) plan_take(kv, &pl, s, false);
+        }
     if (pl.n_free < need) return KVS_ERR_BUDGET_EXHAUSTED;
     if (plan_slot_short(kv, &pl)) return KVS_ERR_BUSY;
     return KVS_OK;
