@@ -105,6 +105,7 @@ struct srv_conn {
     size_t rx_held;              /* bytes of s->buffered held by the frame being handled */
     size_t rx_cap;               /* bytes of the receive buffer, as counted in s->rx_capacity */
     int n_running;               /* admitted (pinned) requests of this connection; guarded by s->mu */
+    uint64_t tenant;             /* the hot state's tenant tag: a keyed hash of identity */
 };
 
 struct srv {
@@ -165,6 +166,7 @@ srv_params srv_default_params(void) {
     p.max_conns_per_addr = 16;
     p.max_inflight = 32;
     p.max_buffered_bytes = 512ull << 20;
+    p.tenant_kv_share = 1.0;
     return p;
 }
 
@@ -530,11 +532,14 @@ static void *sched_main(void *arg) {
                  * cannot pin the pool and keep the others out (they are admitted in turn). */
                 if (running >= max_batch || j->conn->n_running >= per_conn) continue;
                 if (admission_waits) continue;
-                j->status = kv_begin(e->kv, &j->sid, j->epoch, j->start_pos, j->n, j->inherit ? &j->inh : NULL,
-                                     &j->txn, &j->reply);
+                /* The tenant is the identity the session key was made from (a relayed step: the
+                 * identity that registered it, j->conn). */
+                j->status = kv_begin_tenant(e->kv, j->conn->tenant, &j->sid, j->epoch, j->start_pos, j->n,
+                                            j->inherit ? &j->inh : NULL, &j->txn, &j->reply);
                 if ((j->status == KVS_ERR_BUDGET_EXHAUSTED || j->status == KVS_ERR_BUSY) && j->reply.pinned_short &&
                     running > 0) {
-                    admission_waits = true;
+                    /* Short of its own quota: it waits for its tenant's pins, and holds no one else. */
+                    if (!j->reply.over_quota) admission_waits = true;
                     continue;
                 }
                 if (j->status) {
@@ -1066,6 +1071,9 @@ static int conn_authenticate(srv_conn *c, const struct wire_hello *hello) {
                               d[2], d[3], d[4], d[5], d[6], d[7]);
     }
     if (!c->identity[0]) snprintf(c->identity, sizeof c->identity, "anonymous");
+    uint8_t tag[8];
+    crypto_generichash(tag, sizeof tag, (const uint8_t *)c->identity, strlen(c->identity), s->sid_key, sizeof s->sid_key);
+    memcpy(&c->tenant, tag, sizeof tag);
     return KVS_OK;
 }
 
@@ -1366,6 +1374,10 @@ int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
     ep.kv.budget_bytes = p->kv_budget_bytes;
     ep.kv.ttl_ns = p->kv_ttl_ms * 1000000ull;
     ep.kv.max_sessions = p->max_sessions;
+    ep.kv.tenant_max_sessions = p->tenant_max_sessions;
+    ep.kv.tenant_max_bytes = p->tenant_kv_bytes;
+    if (!p->tenant_kv_bytes && p->tenant_kv_share > 0 && p->tenant_kv_share < 1)
+        ep.kv.tenant_max_bytes = (uint64_t)((double)p->kv_budget_bytes * p->tenant_kv_share);
     ep.kv.kv_type = (uint32_t)p->kv_type;
     ep.kv.clock = p->kv_clock;
     ep.kv.clock_ctx = p->kv_clock_ctx;
