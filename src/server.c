@@ -861,6 +861,8 @@ void srv_stats(srv *s, struct wire_stats_reply *m) {
         {"srv.refused_buffers", s->c_refused_buffers},
         {"srv.buffered_bytes", (uint64_t)atomic_load(&s->buffered)},
         {"srv.rx_buffer_bytes", (uint64_t)atomic_load(&s->rx_capacity)},
+        {"kv.tenants", k.tenants},             {"kv.evict_quota", k.evict_quota},
+        {"kv.quota_refusals", k.quota_refusals},
     };
     pthread_mutex_unlock(&s->mu);
     size_t n = sizeof(list) / sizeof(list[0]);

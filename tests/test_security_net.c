@@ -298,6 +298,62 @@ static void test_tokens_and_hijack(const char *model, const char *dir) {
     stop(&sh);
 }
 
+/* ---- one tenant flooding the hot state does not evict another's sessions ---------- */
+
+/* Beta makes 2 sessions of one block each, then alpha makes 20 in an 8-block pool. Plain LRU
+ * would evict beta's (the oldest); per-identity fair shares (default) and quotas keep them. */
+static void test_tenant_flood(const char *model, const char *dir) {
+    char tokfile[300];
+    snprintf(tokfile, sizeof tokfile, "%s/tokens", dir); /* alpha-token, beta-token */
+    srv_params p = base_params(model);
+    shard sh;
+    CHECK_EQ_INT(start(&sh, p), KVS_OK);
+    uint64_t block = stat_of(&sh, "127.0.0.1", NULL, "kv.block_bytes");
+    stop(&sh);
+    for (int cfg = 0; cfg < 2; cfg++) {
+        p = base_params(model);
+        p.auth_token_file = tokfile;
+        p.kv_budget_bytes = 8 * block;
+        if (cfg == 1) p.tenant_kv_share = 0.5; /* alpha's own cap: 4 blocks */
+        CHECK_EQ_INT(start(&sh, p), KVS_OK);
+        struct wire_info info;
+        int a = connect_from(&sh, "127.0.0.1"), b = connect_from(&sh, "127.0.0.1");
+        CHECK_EQ_INT(hello(a, "alpha-token", &info, NULL), KVS_OK);
+        CHECK_EQ_INT(hello(b, "beta-token", &info, NULL), KVS_OK);
+        int32_t toks[80];
+        for (int i = 0; i < 80; i++) toks[i] = (i * 5 + 3) % (int32_t)info.n_vocab;
+        uint8_t sid[16];
+        for (int i = 0; i < 2; i++) {
+            sid_of(500 + i, sid);
+            CHECK_EQ_INT(forward(b, sid, 1, 0, 16, toks, NULL, 0, NULL), KVS_OK);
+        }
+        for (int i = 0; i < 20; i++) {
+            sid_of(600 + i, sid);
+            CHECK_EQ_INT(forward(a, sid, 1, 0, 16, toks, NULL, 0, NULL), KVS_OK);
+        }
+        CHECK_EQ_INT(stat_of(&sh, "127.0.0.1", "beta-token", "kv.tenants"), 2);
+        CHECK_EQ_INT(stat_of(&sh, "127.0.0.1", "beta-token", "kv.sessions"), cfg == 0 ? 8 : 6);
+        CHECK_EQ_INT(stat_of(&sh, "127.0.0.1", "beta-token", "kv.evict_lru"), cfg == 0 ? 14 : 16);
+        CHECK_EQ_INT(stat_of(&sh, "127.0.0.1", "beta-token", "kv.evict_quota"), cfg == 0 ? 0 : 16);
+        if (cfg == 1) {
+            /* 5 blocks are past alpha's quota even with its own sessions gone: refused, nothing evicted */
+            sid_of(700, sid);
+            CHECK_EQ_INT(forward(a, sid, 1, 0, 80, toks, NULL, 0, NULL), KVS_ERR_BUDGET_EXHAUSTED);
+            CHECK_EQ_INT(stat_of(&sh, "127.0.0.1", "beta-token", "kv.quota_refusals"), 1);
+            CHECK_EQ_INT(stat_of(&sh, "127.0.0.1", "beta-token", "kv.evict_lru"), 16);
+        }
+        /* beta's sessions are all there: each continues at position 16 */
+        uint32_t have = 99;
+        for (int i = 0; i < 2; i++) {
+            sid_of(500 + i, sid);
+            CHECK_EQ_INT(forward(b, sid, 1, 16, 1, toks + 16, NULL, 0, &have), KVS_OK);
+        }
+        close(a);
+        close(b);
+        stop(&sh);
+    }
+}
+
 /* ---- 64 idle connections do not lock everyone out ------------------------------- */
 
 static void test_idle_lockout(const char *model) {
@@ -497,6 +553,7 @@ int main(void) {
     char msg[KVS_MSG_MAX];
     CHECK_EQ_INT(mkmodel_write(model, mp, msg, sizeof msg), KVS_OK);
     test_tokens_and_hijack(model, dir);
+    test_tenant_flood(model, dir);
     test_idle_lockout(model);
     test_slow_loris(model);
     test_pipelined(model);
