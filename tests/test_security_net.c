@@ -473,6 +473,72 @@ static void test_pipelined(const char *model) {
     stop(&sh);
 }
 
+/* ---- fair admission: two connections pipelining long prefills do not starve a third ---- */
+
+/* Waits (bounded) until the shard has taken in n FORWARD requests. */
+static bool wait_requests(const shard *sh, uint64_t n) {
+    uint64_t end = netio_deadline_ms(10000);
+    while (kvs_now_ns() < end)
+        if (stat_of(sh, "127.0.0.3", NULL, "srv.requests") >= n) return true;
+    return false;
+}
+
+/* max_batch 2 (one slot per connection), 16 prefill rows a step: two flooders each pipeline 8
+ * prefills of 64 tokens, queued before a third client's 1-token step. In arrival order the
+ * third waits for all 16 (> 60 steps); round-robin admission gives it the first slot that
+ * frees: with the scheduler released one step at a time, its reply comes within 12 steps. */
+static void test_fair_admission(const char *model) {
+    srv_params p = base_params(model);
+    p.max_batch = 2;
+    p.prefill_chunk = 16;
+    shard sh;
+    CHECK_EQ_INT(start(&sh, p), KVS_OK);
+    atomic_store(&sh.gated, true);
+    struct wire_info info;
+    int fa = connect_from(&sh, "127.0.0.1"), fc = connect_from(&sh, "127.0.0.2"), v = connect_from(&sh, "127.0.0.4");
+    CHECK_EQ_INT(hello(fa, NULL, &info, NULL), KVS_OK);
+    CHECK_EQ_INT(hello(fc, NULL, &info, NULL), KVS_OK);
+    CHECK_EQ_INT(hello(v, NULL, &info, NULL), KVS_OK);
+    int32_t toks[64];
+    for (int i = 0; i < 64; i++) toks[i] = (i * 11 + 2) % (int32_t)info.n_vocab;
+    enum { N = 8 };
+    uint8_t sid[16];
+    for (int i = 0; i < N; i++) {
+        sid_of(800 + i, sid);
+        CHECK_EQ_INT(send_fwd(fa, 100 + (uint64_t)i, sid, 1, 0, 64, toks), KVS_OK);
+        sid_of(900 + i, sid);
+        CHECK_EQ_INT(send_fwd(fc, 200 + (uint64_t)i, sid, 1, 0, 64, toks), KVS_OK);
+    }
+    CHECK(wait_requests(&sh, 2 * N));
+    sid_of(999, sid);
+    CHECK_EQ_INT(send_fwd(v, 1, sid, 1, 0, 1, toks), KVS_OK);
+    CHECK(wait_requests(&sh, 2 * N + 1));
+    for (int i = 0; i < 12; i++) sem_post(&sh.gate); /* 12 steps, then the scheduler is held */
+    struct netio_buf b = {0};
+    struct wire_header hd;
+    struct wire_forward_reply r;
+    char msg[KVS_MSG_MAX];
+    CHECK_EQ_INT(recv_op(v, &b, &hd), WIRE_OP_FORWARD_REPLY);
+    CHECK_EQ_INT(wire_decode_forward_reply(b.data, b.len, &r, msg, sizeof msg), KVS_OK);
+    CHECK_EQ_INT(r.st.status, KVS_OK);
+    CHECK(stat_of(&sh, "127.0.0.3", NULL, "srv.batches") <= 13);
+    atomic_store(&sh.gated, false);
+    for (int i = 0; i < 64; i++) sem_post(&sh.gate);
+    int ok = 0;
+    for (int i = 0; i < 2 * N; i++) {
+        int fd = i < N ? fa : fc;
+        if (recv_op(fd, &b, &hd) == WIRE_OP_FORWARD_REPLY && !wire_decode_forward_reply(b.data, b.len, &r, msg, sizeof msg) &&
+            r.st.status == KVS_OK)
+            ok++;
+    }
+    CHECK_EQ_INT(ok, 2 * N);
+    netio_buf_free(&b);
+    close(fa);
+    close(fc);
+    close(v);
+    stop(&sh);
+}
+
 /* ---- receive buffers shrink after a large frame; a global cap on buffered bytes ----- */
 
 static void test_buffers(const char *model) {
@@ -557,6 +623,7 @@ int main(void) {
     test_idle_lockout(model);
     test_slow_loris(model);
     test_pipelined(model);
+    test_fair_admission(model);
     test_buffers(model);
     test_insecure(model);
     char tok[320];
