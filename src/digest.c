@@ -5,12 +5,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <string.h>
 #include <unistd.h>
 
+#include "gguf.h"
 #include "kvshard.h"
 
-int digest_file_sha256(const char *path, uint8_t out[32]) {
-    if (sodium_init() < 0) return KVS_ERR_INTERNAL;
+/* Adds the whole regular file at path to st. KVS_ERR_IO when it cannot be read. */
+static int hash_into(crypto_hash_sha256_state *st, const char *path) {
     /* O_NONBLOCK so a FIFO cannot block the open; only regular files are hashed. */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return KVS_ERR_IO;
@@ -19,14 +21,55 @@ int digest_file_sha256(const char *path, uint8_t out[32]) {
         close(fd);
         return KVS_ERR_IO;
     }
-    crypto_hash_sha256_state st;
-    crypto_hash_sha256_init(&st);
     unsigned char *buf = malloc(1 << 20);
     ssize_t r = -1;
-    while (buf && (r = read(fd, buf, 1 << 20)) > 0) crypto_hash_sha256_update(&st, buf, (unsigned long long)r);
+    while (buf && (r = read(fd, buf, 1 << 20)) > 0) crypto_hash_sha256_update(st, buf, (unsigned long long)r);
     close(fd);
     free(buf);
-    if (r < 0 || !buf) return KVS_ERR_IO;
+    return (r < 0 || !buf) ? KVS_ERR_IO : KVS_OK;
+}
+
+int digest_file_sha256(const char *path, uint8_t out[32]) {
+    if (sodium_init() < 0) return KVS_ERR_INTERNAL;
+    crypto_hash_sha256_state st;
+    crypto_hash_sha256_init(&st);
+    int err = hash_into(&st, path);
+    if (err) return err;
+    crypto_hash_sha256_final(&st, out);
+    return KVS_OK;
+}
+
+/* n when path is named PREFIX-00001-of-NNNNN.gguf with 1 < n, prefix copied; else 0. */
+static uint32_t split_first_part(const char *path, char *prefix, size_t cap) {
+    static const char head[] = "-00001-of-";
+    size_t lp = strlen(path), tail = sizeof(head) - 1 + 5 + 5; /* "-00001-of-" NNNNN ".gguf" */
+    if (lp <= tail || lp - tail >= cap) return 0;
+    const char *t = path + lp - tail;
+    if (memcmp(t, head, sizeof(head) - 1) != 0 || strcmp(t + tail - 5, ".gguf") != 0) return 0;
+    uint32_t n = 0;
+    for (int i = 0; i < 5; i++) {
+        char c = t[sizeof(head) - 1 + i];
+        if (c < '0' || c > '9') return 0;
+        n = n * 10 + (uint32_t)(c - '0');
+    }
+    if (n < 2) return 0;
+    memcpy(prefix, path, lp - tail);
+    prefix[lp - tail] = '\0';
+    return n;
+}
+
+int digest_model_sha256(const char *path, uint8_t out[32]) {
+    char prefix[4096], part[4096 + 32];
+    uint32_t n = split_first_part(path, prefix, sizeof(prefix));
+    if (n == 0) return digest_file_sha256(path, out);
+    if (sodium_init() < 0) return KVS_ERR_INTERNAL;
+    crypto_hash_sha256_state st;
+    crypto_hash_sha256_init(&st);
+    for (uint32_t i = 0; i < n; i++) {
+        if (!gguf_split_path(part, sizeof(part), prefix, i, n)) return KVS_ERR_INVALID_ARG;
+        int err = hash_into(&st, part);
+        if (err) return err;
+    }
     crypto_hash_sha256_final(&st, out);
     return KVS_OK;
 }

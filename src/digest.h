@@ -1,4 +1,4 @@
-/* digest — SHA-256 of a model file (libsodium), the identity of its exact weights. */
+/* digest — SHA-256 of a model file or of all parts of a split model (libsodium), the identity of its exact weights. */
 #ifndef KVS_DIGEST_H
 #define KVS_DIGEST_H
 
@@ -7,6 +7,11 @@
 /* Hashes the whole file at path into out. KVS_OK, KVS_ERR_IO when it cannot be read,
  * KVS_ERR_INTERNAL when libsodium cannot start. out is untouched on failure. */
 int digest_file_sha256(const char *path, uint8_t out[32]);
+/* The model's digest: digest_file_sha256 of a single file; for the first part of a split model
+ * (PREFIX-00001-of-NNNNN.gguf, N > 1) the SHA-256 of all N parts in order, so a shard of any
+ * part range and every other shard of the same split agree, and a change in any part shows.
+ * Same codes as digest_file_sha256 (KVS_ERR_IO also when a part is missing). */
+int digest_model_sha256(const char *path, uint8_t out[32]);
 /* Lower-case hex of a 32-byte digest, NUL-terminated. */
 void digest_hex(const uint8_t d[32], char hex[65]);
 

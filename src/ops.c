@@ -250,11 +250,14 @@ size_t ops_matmul_scratch_bytes(const ops_weight *w, int n_tok) {
 static void mm_run(ops_pool *pool, mm_task *t) {
     const ops_weight *w = t->w[0];
     t->act_bytes = quant_act_row_bytes(w->type, w->n_in);
-    /* Decode steps of up to 4 sessions keep the multi kernel (it streams each
-     * weight row once for all of them: 4 sessions 1.1x -> 1.6x of one with the
-     * q4_0 4x4 tile kernel measured on the 2-core EPYC); larger batches (prefill,
-     * many sessions) use the tile kernel. Both give bit-identical results. */
-    t->tiled = t->n_tok > 4 && quant_has_tile(w->type);
+    /* The tile kernel from the batch size where it beats the multi kernel
+     * (quant_tile_min_tokens: 5 for most, since the multi kernel streams each
+     * weight row once for up to 4 sessions — 4 sessions 1.1x -> 1.6x of one
+     * against the q4_0 4x4 VNNI tile kernel on the 2-core EPYC; 1 for AVX2
+     * q4_0, whose pair-layout tile kernel is the cheaper one even for a single
+     * token). Both give bit-identical results. */
+    const int tile_min = quant_tile_min_tokens(w->type);
+    t->tiled = tile_min > 0 && t->n_tok >= tile_min;
     ops_parallel_for(pool, t->n_tok, t->n_tok < 4 ? 4 : 1, mm_quantize_task, t);
     /* Few large contiguous row ranges per thread: the hardware prefetchers
      * stream a long run far better than many 16-row pieces (measured: 14 ->

@@ -108,6 +108,15 @@ const char *quant_isa_name(enum quant_isa isa) {
     return "unknown";
 }
 
+const char *quant_kernel_path(uint32_t wtype) {
+    static const char *const names[3][2] = {
+        {"scalar", "scalar+tile"}, {"avx2", "avx2+tile"}, {"avx512-vnni", "avx512-vnni+tile"}};
+    if (wtype >= QUANT_TYPE_LIMIT || !quant_table_ref.k[wtype].dot) return NULL;
+    int i = (int)quant_isa_current();
+    while (i > 0 && !isa_tables[i]->k[wtype].dot) i--;
+    return names[i][quant_has_tile(wtype) ? 1 : 0];
+}
+
 /* The kernels for a compute type under the current ISA; NULL entries fall back
  * to the next lower ISA. Asserts on a non-compute type: callers validate types
  * when they load a model, so reaching here with one is a bug. */
@@ -206,10 +215,21 @@ bool quant_has_tile(uint32_t wtype) {
     return wtype < QUANT_TYPE_LIMIT && isa_tables[quant_isa_current()]->k[wtype].tile != NULL;
 }
 
+int quant_tile_min_tokens(uint32_t wtype) {
+    if (!quant_has_tile(wtype)) return 0;
+    const int m = isa_tables[quant_isa_current()]->k[wtype].tile_min_tokens;
+    return m > 0 ? m : 5;
+}
+
 void quant_act_tile_layout(uint32_t wtype, void *act, int64_t n) {
     KVS_ASSERT(wtype == QUANT_Q4_0 || wtype == QUANT_Q8_0 || wtype == QUANT_Q4_K || wtype == QUANT_Q2_K ||
                wtype == QUANT_Q3_K || wtype == QUANT_IQ4_XS);
     check_n(wtype, n);
+    const quant_layout_fn own = isa_tables[quant_isa_current()]->k[wtype].layout;
+    if (own) {
+        own(act, n);
+        return;
+    }
     if (wtype != QUANT_Q4_0 && wtype != QUANT_Q8_0) return; /* these tiles read block_q8_k rows as they are */
     act_q8 *y = (act_q8 *)act;
     for (int64_t g = 0; g + 8 <= n / QK32; g += 8) {

@@ -92,7 +92,12 @@ void quant_dot_multi(uint32_t wtype, int64_t n, const void *w, const void *act,
  * must not change between the two calls. */
 /* True when the current ISA has a tile kernel for wtype. */
 bool quant_has_tile(uint32_t wtype);
-/* Reorders one quantized activation row (n elements) into the tile layout;
+/* The smallest number of tokens from which the tile kernel of wtype is the faster
+ * path under the current ISA (1 where it beats the multi kernel even for decode);
+ * 0 when quant_has_tile is false. */
+int quant_tile_min_tokens(uint32_t wtype);
+/* Reorders one quantized activation row (n elements) into the tile layout
+ * (which may differ between ISAs);
  * only for types where quant_has_tile is true. */
 void quant_act_tile_layout(uint32_t wtype, void *act, int64_t n);
 void quant_dot_tile(uint32_t wtype, int64_t n, const void *w, size_t w_stride, int n_rows, const void *act,
@@ -118,5 +123,10 @@ enum quant_isa quant_isa_current(void);
 /* Forces an ISA (for tests); returns false and changes nothing if the CPU lacks it. */
 bool quant_isa_force(enum quant_isa isa);
 const char *quant_isa_name(enum quant_isa isa);
+/* The kernel path the dispatcher takes for weight type wtype under the current
+ * ISA, for reports: "scalar", "avx2" or "avx512-vnni" (the table that supplies
+ * the dot kernel after fall back), with "+tile" when a tiled prefill kernel
+ * exists. NULL for a type without kernels. */
+const char *quant_kernel_path(uint32_t wtype);
 
 #endif /* KVS_QUANT_H */

@@ -273,9 +273,17 @@ QK_INLINE __m256 q4_0_w_d(const block_q4_0 *x, const int nk) {
         return _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi16(lo, idx, hi)));
     }
 #endif
-    if (nk == 8)
-        return _mm256_cvtph_ps(_mm_setr_epi16((short)x[0].d, (short)x[1].d, (short)x[2].d, (short)x[3].d,
-                                              (short)x[4].d, (short)x[5].d, (short)x[6].d, (short)x[7].d));
+    if (nk == 8) { /* a chain of word inserts straight from memory */
+        __m128i h = _mm_cvtsi32_si128(x[0].d);
+        h = _mm_insert_epi16(h, x[1].d, 1);
+        h = _mm_insert_epi16(h, x[2].d, 2);
+        h = _mm_insert_epi16(h, x[3].d, 3);
+        h = _mm_insert_epi16(h, x[4].d, 4);
+        h = _mm_insert_epi16(h, x[5].d, 5);
+        h = _mm_insert_epi16(h, x[6].d, 6);
+        h = _mm_insert_epi16(h, x[7].d, 7);
+        return _mm256_cvtph_ps(h);
+    }
     uint16_t h[8] = {0};
     QK_UNROLL for (int k = 0; k < nk; k++) h[k] = x[k].d;
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
@@ -431,7 +439,106 @@ QK_INLINE void q4_0_tile_rt(int64_t n, const uint8_t *w, size_t wstride, const i
 }
 
 /* Rows in micro-tiles of QK_TILE_R (then 1), tokens of QK_TILE_T (then fewer). */
+#ifdef QUANT_AVX2_AS_VNNI /* plain AVX2 uses the pair-layout kernel below */
 QK_TILE_WALK(avx_q4_0_tile, q4_0_tile_rt)
+#endif
+
+#ifndef QUANT_AVX2_AS_VNNI
+/* Tiled q4_0 under plain AVX2, pair layout. Without vpdpbusd the transpose
+ * above costs as much as it saves, so the AVX2 table reorders the activations
+ * differently (quant_kernels.layout) and leaves the weights as they are: a
+ * full group of eight act_q8 blocks becomes one act_q8x8 with d and -8 s as
+ * in design note 6 and
+ *   qs[2m]     = block m elems  0..15 | block m+4 elems  0..15
+ *   qs[2m + 1] = block m elems 16..31 | block m+4 elems 16..31   (m = 0..3),
+ * so that one 32-byte load of blocks m and m+4 of a weight row gives their low
+ * and high nibbles in exactly that order. Per pair the two u8 x s8 products
+ * add in i16 (|sum| <= 4 x 15 x 127, no saturation) and one madd makes i32
+ * lanes 0..3 = block m, 4..7 = block m+4; three hadds then put block k's exact
+ * sum in lane k: the same P as q4_0_step, followed by q4_0_step's float steps,
+ * so this is bit-identical to avx_q4_0_multi. It pays from one token on, so
+ * decode takes it too (quant_tile_min_tokens). */
+static void avx_q4_0_pair_layout(void *act, int64_t n) {
+    act_q8 *y = (act_q8 *)act;
+    for (int64_t g = 0; g + 8 <= n / QK32; g += 8) {
+        act_q8 b[8];
+        memcpy(b, y + g, sizeof b);
+        act_q8x8 t;
+        for (int k = 0; k < 8; k++) {
+            t.d[k] = b[k].d;
+            t.ns[k] = b[k].s * -8.0f;
+        }
+        for (int m = 0; m < 4; m++) {
+            memcpy(&t.qs[2 * m][0], &b[m].qs[0], 16);
+            memcpy(&t.qs[2 * m][16], &b[m + 4].qs[0], 16);
+            memcpy(&t.qs[2 * m + 1][0], &b[m].qs[16], 16);
+            memcpy(&t.qs[2 * m + 1][16], &b[m + 4].qs[16], 16);
+        }
+        memcpy(y + g, &t, sizeof t);
+    }
+}
+
+/* i32 lanes 0..3 / 4..7: partial sums of the pair's two blocks. */
+QK_INLINE __m256i q4_0_pair_dot(__m256i lo, __m256i hi, const int8_t *qa, const int8_t *qb) {
+    const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)qa)),
+                                       _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)qb)));
+    return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+}
+
+/* R x T micro-tile: QK_TILE_R x QK_TILE_T (AVX2: 1 x 4), as for the kernel above. */
+QK_INLINE void q4_0_p8_rt(int64_t n, const uint8_t *w, size_t wstride, const int R, const uint8_t *act,
+                          size_t astride, const int T, float *out, size_t ostride) {
+    const int64_t nb = n / QK32;
+    const block_q4_0 *x[QK_TILE_R];
+    const act_q8 *a[QK_TILE_T];
+    __m256 acc[QK_TILE_R][QK_TILE_T];
+    QK_UNROLL for (int r = 0; r < R; r++) x[r] = (const block_q4_0 *)(w + (size_t)r * wstride);
+    QK_UNROLL for (int t = 0; t < T; t++) a[t] = (const act_q8 *)(act + (size_t)t * astride);
+    QK_UNROLL for (int r = 0; r < R; r++)
+        QK_UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    int64_t ib = 0;
+    for (; ib + 8 <= nb; ib += 8) {
+        QK_UNROLL for (int r = 0; r < R; r++) {
+            const block_q4_0 *xb = x[r] + ib;
+            __m256i h[QK_TILE_T][2];
+            QK_UNROLL for (int hh = 0; hh < 2; hh++) {
+                __m256i v[QK_TILE_T][2];
+                QK_UNROLL for (int mm = 0; mm < 2; mm++) {
+                    const int m = 2 * hh + mm;
+                    const __m256i b = _mm256_loadu2_m128i((const __m128i *)xb[m + 4].qs, (const __m128i *)xb[m].qs);
+                    const __m256i lo = _mm256_and_si256(b, m4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
+                    QK_UNROLL for (int t = 0; t < T; t++) {
+                        const act_q8x8 *y = (const act_q8x8 *)(a[t] + ib);
+                        v[t][mm] = q4_0_pair_dot(lo, hi, y->qs[2 * m], y->qs[2 * m + 1]);
+                    }
+                }
+                QK_UNROLL for (int t = 0; t < T; t++) h[t][hh] = _mm256_hadd_epi32(v[t][0], v[t][1]);
+            }
+            const __m256 dw = q4_0_w_d(xb, 8);
+            QK_UNROLL for (int t = 0; t < T; t++) {
+                const act_q8x8 *y = (const act_q8x8 *)(a[t] + ib);
+                const __m256 p = _mm256_cvtepi32_ps(_mm256_hadd_epi32(h[t][0], h[t][1]));
+                const __m256 tt = _mm256_fmadd_ps(p, _mm256_loadu_ps(y->d), _mm256_loadu_ps(y->ns));
+                acc[r][t] = _mm256_fmadd_ps(tt, dw, acc[r][t]);
+            }
+        }
+    }
+    if (ib < nb) {
+        QK_UNROLL for (int r = 0; r < R; r++)
+            QK_UNROLL for (int t = 0; t < T; t++) {
+                __m256 one[4][4];
+                one[0][0] = acc[r][t];
+                q4_0_step(&x[r], 1, &a[t], 1, ib, (int)(nb - ib), one);
+                acc[r][t] = one[0][0];
+            }
+    }
+    QK_UNROLL for (int r = 0; r < R; r++)
+        QK_UNROLL for (int t = 0; t < T; t++) out[(size_t)t * ostride + (size_t)r] = hsum_ps(acc[r][t]);
+}
+
+QK_TILE_WALK(avx_q4_0_p8_tile, q4_0_p8_rt)
+#endif
 
 
 /* --- q8_0 ------------------------------------------------------------------------
@@ -639,7 +746,7 @@ QK_INLINE void k4_rows(int64_t n, const void *w, const uint8_t *act, size_t stri
             sumi[r] = _mm256_setzero_si256();
         }
         const __m256i hb = five ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
-        for (int c = 0; c < 4; c++) {
+        QK_UNROLL for (int c = 0; c < 4; c++) { /* unrolled: the shuffle indices fold to constants */
             const __m256i q4 = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
             const __m256i m4 = _mm256_set1_epi8(0x0F);
             __m256i lo = _mm256_and_si256(q4, m4);
@@ -696,11 +803,11 @@ QK_INLINE void avx_q6_k_rows(int64_t n, const void *w, const uint8_t *act, size_
             __m256i bs = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a[r][ib].bsums), sc16);
             sumi[r] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(bs, 5));
         }
-        for (int h = 0; h < 2; h++) {
+        QK_UNROLL for (int h = 0; h < 2; h++) { /* unrolled: shifts, selects and scale indices fold */
             const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h));
             const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32));
             const __m256i hb = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
-            for (int k = 0; k < 4; k++) {
+            QK_UNROLL for (int k = 0; k < 4; k++) {
                 __m256i l = k & 1 ? l1 : l0;
                 __m256i q = k < 2 ? _mm256_and_si256(l, m4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
                 q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * k), m2), 4));
@@ -905,6 +1012,12 @@ static void avx_f32_to_f16_row(const float *src, uint16_t *dst, int64_t n) {
 
 static void avx_dq_f16(const void *w, float *y, int64_t n) { avx_f16_to_f32_row((const uint16_t *)w, y, n); }
 
+#ifdef QUANT_AVX2_AS_VNNI
+#define QK_Q4_0_ENTRY [QUANT_Q4_0] = {avx_q4_0_multi, NULL, avx_act_q8, avx_q4_0_tile, NULL, 0}
+#else
+#define QK_Q4_0_ENTRY [QUANT_Q4_0] = {avx_q4_0_multi, NULL, avx_act_q8, avx_q4_0_p8_tile, avx_q4_0_pair_layout, 1}
+#endif
+
 /* The low-bit types' dots live in quant_lowbit_avx2.c (and, for VNNI, _avx512.c). */
 #ifdef QUANT_AVX2_AS_VNNI
 #define QK_LOWBIT(name) quant_avx512_##name
@@ -916,7 +1029,7 @@ static void avx_dq_f16(const void *w, float *y, int64_t n) { avx_f16_to_f32_row(
     [QUANT_F32] = {avx_f32_multi, NULL, avx_act_f32},                      \
     [QUANT_F16] = {avx_f16_multi, avx_dq_f16, avx_act_f32},                \
     [QUANT_BF16] = {avx_bf16_multi, NULL, avx_act_f32},                    \
-    [QUANT_Q4_0] = {avx_q4_0_multi, NULL, avx_act_q8, avx_q4_0_tile},                     \
+    QK_Q4_0_ENTRY,                                                         \
     [QUANT_Q4_1] = {avx_q4_1_multi, NULL, avx_act_q8},                     \
     [QUANT_Q5_0] = {avx_q5_0_multi, NULL, avx_act_q8},                     \
     [QUANT_Q5_1] = {avx_q5_1_multi, NULL, avx_act_q8},                     \

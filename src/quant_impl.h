@@ -36,6 +36,9 @@
  *     run, per weight row, eight tokens at a time through the very function
  *     their multi kernel runs four at a time (design note 4), so they are
  *     bit-identical to it by construction.
+ *     An ISA may use its own tile layout (quant_kernels.layout): plain AVX2
+ *     q4_0 pairs blocks m and m+4 instead of transposing (quant_avx2.c), and
+ *     takes the tile path from one token on (quant_kernels.tile_min_tokens).
  */
 #ifndef KVS_QUANT_IMPL_H
 #define KVS_QUANT_IMPL_H
@@ -189,12 +192,15 @@ typedef void (*quant_dot_tile_fn)(int64_t n, const void *w, size_t w_stride, int
                                   size_t act_stride, int n_act, float *out, size_t out_stride);
 typedef void (*quant_dequant_fn)(const void *w, float *y, int64_t n);
 typedef void (*quant_act_fn)(const float *x, void *act, int64_t n);
+typedef void (*quant_layout_fn)(void *act, int64_t n);
 
 typedef struct {
     quant_dot_multi_fn dot;     /* NULL: fall back */
     quant_dequant_fn dequant;   /* NULL: fall back */
     quant_act_fn act;           /* NULL: fall back */
     quant_dot_tile_fn tile;     /* NULL: no tile kernel under this ISA (no fall back) */
+    quant_layout_fn layout;     /* the tile layout when tile is set; NULL: design note 6's */
+    int tile_min_tokens;        /* tile is the faster path from this many tokens; 0: from 5 */
 } quant_kernels;
 
 typedef struct {

@@ -1418,7 +1418,7 @@ int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
     srv_logf(s, "loaded %s layers [%u, %u) of %u: %.1f MiB of weights", p->model_path, s->e->m->first, s->e->m->last,
              s->e->m->hp.n_layer, (double)s->e->m->weight_bytes / (1 << 20));
     srv_logf(s, "hashing the model file for its digest");
-    if ((err = digest_file_sha256(p->model_path, s->digest))) {
+    if ((err = digest_model_sha256(p->model_path, s->digest))) {
         err = kvs_fail(msg, cap, err, "cannot read %s to hash it", p->model_path);
         goto fail;
     }

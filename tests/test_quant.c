@@ -426,6 +426,28 @@ static void test_zero(uint32_t type, int64_t n) {
     }
 }
 
+/* The reported kernel path follows the forced ISA and the tile kernels. */
+static void test_kernel_path(void) {
+    static const char *const want_q4_0[] = {"scalar", "avx2+tile", "avx512-vnni+tile"};
+    for (int k = 0; k < n_isas; k++) {
+        CHECK(quant_isa_force(isas[k]));
+        const char *p = quant_kernel_path(QUANT_Q4_0);
+        CHECK(p != NULL);
+        if (p && strcmp(p, want_q4_0[isas[k]]) != 0)
+            fprintf(stderr, "q4_0 kernel path under %s: got '%s', want '%s'\n", quant_isa_name(isas[k]), p,
+                    want_q4_0[isas[k]]);
+        CHECK(p && strcmp(p, want_q4_0[isas[k]]) == 0);
+        /* a tile kernel pays from some batch size; without one there is none */
+        CHECK(quant_has_tile(QUANT_Q4_0) ? quant_tile_min_tokens(QUANT_Q4_0) >= 1
+                                         : quant_tile_min_tokens(QUANT_Q4_0) == 0);
+        CHECK_EQ_INT(quant_tile_min_tokens(QUANT_F32), 0);
+        p = quant_kernel_path(QUANT_F32);
+        CHECK(p != NULL && strstr(p, "+tile") == NULL);
+    }
+    CHECK(quant_kernel_path(QUANT_TYPE_LIMIT) == NULL);
+    CHECK(quant_kernel_path(QUANT_Q8_K) == NULL);
+}
+
 int main(void) {
     enum quant_isa best = quant_isa_detect();
     for (int i = 0; i <= (int)best; i++) isas[n_isas++] = (enum quant_isa)i;
@@ -436,6 +458,7 @@ int main(void) {
     test_traits();
     test_half();
     test_layouts();
+    test_kernel_path();
 
     static const struct { uint32_t type; double rt; } types[] = {
         {QUANT_F32, 0.0},    {QUANT_F16, 1e-3},   {QUANT_BF16, 5e-3},  {QUANT_Q4_0, 0.15},

@@ -19,6 +19,7 @@
  */
 #include <stdlib.h>
 
+#include "digest.h"
 #include "engine.h"
 #include "gguf.h"
 #include "mkmodel.h"
@@ -109,6 +110,41 @@ int main(void) {
     CHECK_EQ_INT(gguf_split_write(src, part_of, 3, prefix, msg, sizeof(msg)), KVS_OK);
     for (int i = 0; i < 3; i++) CHECK(gguf_split_path(part[i], sizeof(part[i]), prefix, (uint32_t)i, 3));
     CHECK(strstr(part[0], "small-00001-of-00003.gguf") != NULL);
+
+    /* The model digest of a split covers every part in order: it equals the SHA-256 of the
+     * parts' concatenation, differs from the first part's own hash, and fails if a part is gone. */
+    {
+        char cat_path[300];
+        snprintf(cat_path, sizeof(cat_path), "%s/concat.bin", dir);
+        FILE *out = fopen(cat_path, "wb");
+        CHECK(out != NULL);
+        for (int i = 0; out && i < 3; i++) {
+            FILE *in = fopen(part[i], "rb");
+            CHECK(in != NULL);
+            char buf[65536];
+            size_t r;
+            while (in && (r = fread(buf, 1, sizeof(buf), in)) > 0) CHECK(fwrite(buf, 1, r, out) == r);
+            if (in) fclose(in);
+        }
+        if (out) fclose(out);
+        uint8_t d_split[32], d_cat[32], d_first[32];
+        CHECK_EQ_INT(digest_model_sha256(part[0], d_split), KVS_OK);
+        CHECK_EQ_INT(digest_file_sha256(cat_path, d_cat), KVS_OK);
+        CHECK_EQ_INT(digest_file_sha256(part[0], d_first), KVS_OK);
+        CHECK(memcmp(d_split, d_cat, 32) == 0);
+        CHECK(memcmp(d_split, d_first, 32) != 0);
+        uint8_t d_whole[32], d_whole_model[32];
+        CHECK_EQ_INT(digest_file_sha256(whole_path, d_whole), KVS_OK);
+        CHECK_EQ_INT(digest_model_sha256(whole_path, d_whole_model), KVS_OK);
+        CHECK(memcmp(d_whole, d_whole_model, 32) == 0); /* a single file: its own hash */
+        char moved[320];
+        snprintf(moved, sizeof(moved), "%s.moved", part[2]);
+        CHECK(rename(part[2], moved) == 0);
+        CHECK_EQ_INT(digest_model_sha256(part[0], d_split), KVS_ERR_IO);
+        CHECK(rename(moved, part[2]) == 0);
+        remove(cat_path);
+        printf("  digest: a split's model digest is the SHA-256 of its parts in order\n");
+    }
 
     /* Every part a valid GGUF with the split keys; the tensors add up. */
     uint64_t data_bytes[3] = {0}, sum = 0;

@@ -23,7 +23,8 @@ static void bench_usage(FILE *f) {
                "  --layers          bench one shard's range (hidden-state input/output where it lacks\n"
                "                    the embeddings/head); reports its resident memory (rss_bytes)\n"
                "  prints one JSON object: prefill_tok_s, decode_tok_s, mem_bw_gbs, weight_bytes_per_token,\n"
-               "  decode_roofline, model_sha256, threads, cpu, commit, ... (defaults -p 128 -n 32 --sessions 1)\n");
+               "  decode_roofline, model_sha256, threads, cpu, isa, kernels\n"
+               "  (the kernel path per weight type), commit, ... (defaults -p 128 -n 32 --sessions 1)\n");
 }
 
 /* ---- memory read bandwidth: threads sum disjoint parts of a 512 MiB buffer ---- */
@@ -169,6 +170,27 @@ static void measure_kv_ops(const kv_params *shape, kv_op_costs *out) {
     kv_free(kv);
 }
 
+/* "kernels":{"q4_0":"avx2+tile",...}: the kernel path of each weight type the owned
+ * matmuls use, in type-id order. */
+static void kernel_paths(const model *m, char *out, size_t cap) {
+    bool used[QUANT_TYPE_LIMIT] = {false};
+    for (uint32_t l = 0; l < m->last - m->first; l++) {
+        const model_layer *L = &m->layers[l];
+        const ops_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+            if (ws[i]->type < QUANT_TYPE_LIMIT) used[ws[i]->type] = true;
+    }
+    if (m->has_head && m->output.type < QUANT_TYPE_LIMIT) used[m->output.type] = true;
+    size_t len = (size_t)snprintf(out, cap, "{");
+    for (int t = 0; t < QUANT_TYPE_LIMIT && len < cap; t++) {
+        const char *path = used[t] ? quant_kernel_path((uint32_t)t) : NULL;
+        if (path)
+            len += (size_t)snprintf(out + len, cap - len, "%s\"%s\":\"%s\"", len > 1 ? "," : "",
+                                    quant_get_traits((uint32_t)t)->name, path);
+    }
+    if (len < cap) snprintf(out + len, cap - len, "}");
+}
+
 int cmd_bench(int argc, char **argv) {
     const char *path = NULL, *layers = NULL;
     long threads = 0, n_prompt = 128, n_decode = 32, n_sessions = 1;
@@ -290,6 +312,8 @@ int cmd_bench(int argc, char **argv) {
     uint8_t dg[32];
     if (digest_file_sha256(path, dg) == KVS_OK) digest_hex(dg, sha);
     cpu_name(cpu, sizeof(cpu));
+    char kernels[512];
+    kernel_paths(m, kernels, sizeof(kernels));
     kv_stats ks;
     kv_get_stats(e->kv, &ks);
     /* DESIGN §2: block_bytes = block_tokens x n_local_layers x 2 x n_kv_heads x head_dim x sizeof(kv).
@@ -299,7 +323,7 @@ int cmd_bench(int argc, char **argv) {
     uint64_t kv_waste = ks.bytes_used - kv_need;
     kv_op_costs ops = {0};
     measure_kv_ops(kv_get_params(e->kv), &ops);
-    printf("{\"model\":\"%s\",\"model_sha256\":\"%s\",\"threads\":%d,\"cpu\":\"%s\",\"isa\":\"%s\",\"commit\":\"%s\","
+    printf("{\"model\":\"%s\",\"model_sha256\":\"%s\",\"threads\":%d,\"cpu\":\"%s\",\"isa\":\"%s\",\"kernels\":%s,\"commit\":\"%s\","
            "\"first_layer\":%u,\"last_layer\":%u,\"weight_bytes\":%llu,\"rss_bytes\":%llu,"
            "\"n_prompt\":%ld,\"n_decode\":%ld,\"sessions\":%ld,"
            "\"prefill_tok_s\":%.2f,\"decode_tok_s\":%.2f,\"decode_step_ms\":%.3f,"
@@ -307,7 +331,7 @@ int cmd_bench(int argc, char **argv) {
            "\"kv_bytes_per_token\":%llu,\"kv_block_bytes\":%llu,\"kv_bytes_used\":%llu,\"kv_bytes_needed\":%llu,"
            "\"kv_waste_bytes\":%llu,\"kv_waste_under_one_block_per_session\":%s,"
            "\"kv_open_us\":%.3f,\"kv_release_us\":%.3f,\"kv_open_evict_us\":%.3f}\n",
-           path, sha, ops_pool_threads(e->pool), cpu, quant_isa_name(quant_isa_current()), KVS_COMMIT, m->first, m->last,
+           path, sha, ops_pool_threads(e->pool), cpu, quant_isa_name(quant_isa_current()), kernels, KVS_COMMIT, m->first, m->last,
            (unsigned long long)m->weight_bytes, (unsigned long long)rss, n_prompt, n_decode,
            n_sessions, (double)(n_prompt * n_sessions) / prefill_s, decode_tok_s, step_s * 1e3, bw,
            (unsigned long long)wbytes, floor_s * 1e3, floor_s / step_s, (unsigned long long)kv_tok,

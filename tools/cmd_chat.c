@@ -200,7 +200,7 @@ static int chat_turn(const gen_opts *o, const gen_target *t, sampler *smp, chat_
     fflush(stdout);
     /* What the session now holds: the formatted text, the reply, and (fed next turn) its
      * end-of-generation token's text. */
-    size_t need = strlen(full) + strlen(reply) + 256;
+    size_t need = strlen(full) + strlen(reply) + 4097; /* + a token text (<= 4096 bytes) */
     char *nf = malloc(need);
     if (!nf || !msgs_add(msgs, "assistant", reply)) {
         free(nf);
