@@ -17,3 +17,17 @@ echo "text: $(wc -c < "$text") bytes ($text)" >&2
 for i in 1 2 3; do
   build/kvshard tokenize -m "$model" -f "$text" --stats > /dev/null
 done
+# Side by side with llama.cpp's tokenizer when its llama-tokenize is given (LLAMA_TOKENIZE=path):
+# alternating rounds on the same text and file; wall time of the whole command (vocab load
+# included) for both, and the token counts, which must agree.
+if [ -n "${LLAMA_TOKENIZE:-}" ]; then
+  now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
+  for i in 1 2 3; do
+    t0=$(now_ms)
+    k=$(build/kvshard tokenize -m "$model" -f "$text" | tr -cd ',' | wc -c)
+    t1=$(now_ms)
+    l=$("$LLAMA_TOKENIZE" -m "$model" -f "$text" --ids --no-escape --log-disable 2>/dev/null | tr -cd ',' | wc -c)
+    t2=$(now_ms)
+    echo "round $i: kvshard ${k} ids+1 in $((t1 - t0)) ms, llama.cpp ${l} ids+1 in $((t2 - t1)) ms (whole command)"
+  done
+fi
