@@ -67,6 +67,24 @@
  * session pinned is KVS_ERR_BUSY (retry later: pins are transient); blocks
  * short with every idle session evicted is KVS_ERR_BUDGET_EXHAUSTED. The
  * per-session cap is clamped at creation to what the pool can hold.
+ *
+ * Tenants (I9). Every session belongs to the tenant (a 64-bit tag, the server's hash of the
+ * peer identity) that created it; a tenant record counts its live sessions (pinned ones and a
+ * new one from kv_begin on) and its blocks (its tables plus its open transactions' new parts)
+ * and exists exactly while it has sessions (or a kv_begin of it is running). kv_begin plans its
+ * evictions in two phases, dry first, so a refused begin evicts nothing:
+ *   1. quota: while the tenant would hold more than tenant_max_bytes (blocks) or, for a new
+ *      session, tenant_max_sessions, evict its own idle sessions, LRU first. Not enough: refused
+ *      (BUDGET_EXHAUSTED / BUSY, over_quota).
+ *   2. pool: while the pool is short of blocks (or of a session slot, max_sessions), evict idle
+ *      sessions of tenants holding more than their fair share — blocks_total / tenants
+ *      (max_sessions / tenants for slots), the requester counted among the tenants — LRU
+ *      first; then the requester's own, LRU first. Another tenant's session is never evicted
+ *      while that tenant is within its fair share, so one tenant's pressure cannot take another
+ *      below it; a tenant alone (or the single tenant 0 of kv_begin) sees plain LRU.
+ *
+ *  I9. sum over tenants of n_sessions == n_sessions and of n_blocks == blocks_total - n_free;
+ *      every session's tenant record is live.
  */
 #include "kvstate.h"
 
@@ -80,11 +98,23 @@
 #include "util.h"
 
 #define KV_HASH_BUCKETS 4096
+#define KV_TENANT_BUCKETS 256
 #define KV_SWEEP_PER_BEGIN 4
 #define KV_TOMB_DEFAULT 4096u
 #define KV_TOMB_TTL_DEFAULT_NS (600ull * 1000000000ull)
 
 typedef struct kv_session kv_session;
+typedef struct kv_tenant kv_tenant;
+
+struct kv_tenant {
+    uint64_t tag;
+    uint32_t n_sessions;  /* live sessions, pinned ones included */
+    uint64_t n_blocks;    /* blocks of its tables and of its open transactions' new parts */
+    kv_tenant *next;      /* hash chain */
+    uint64_t plan_gen;    /* plan_* below are valid when this equals kv->plan_gen */
+    uint32_t plan_sessions;
+    uint64_t plan_blocks;
+};
 
 struct kv_session {
     kv_sid sid;
@@ -94,6 +124,8 @@ struct kv_session {
     uint32_t n_blocks;
     uint64_t last_used;     /* clock ns */
     kv_txn *inflight;       /* non-NULL while pinned */
+    kv_tenant *tenant;      /* I9 */
+    uint64_t plan_gen;      /* == kv->plan_gen: chosen as a victim by the current eviction plan */
     kv_session *hash_next;
     kv_session *lru_prev, *lru_next; /* on the LRU list iff not pinned */
 };
@@ -138,6 +170,11 @@ struct kv_state {
     uint32_t n_tombs;   /* used entries */
     int32_t tomb_buckets[KV_HASH_BUCKETS]; /* -1: empty */
     kv_stats st;
+    kv_tenant *tenants[KV_TENANT_BUCKETS];
+    uint32_t n_tenants;
+    kv_tenant *cur_tenant;  /* the tenant of the running kv_begin: not freed under it */
+    uint64_t quota_blocks;  /* tenant_max_bytes in blocks; 0: none */
+    uint64_t plan_gen;
     pthread_mutex_t lock;
 };
 
@@ -199,7 +236,26 @@ static void lru_push_front(kv_state *kv, kv_session *s) {
     kv->lru.lru_next = s;
 }
 
-static void kv_free_blocks(kv_state *kv, const uint32_t *ids, uint32_t n) {
+static kv_tenant **tenant_slot(kv_state *kv, uint64_t tag) {
+    kv_tenant **pp = &kv->tenants[(uint32_t)((tag * 0x9E3779B97F4A7C15ull) >> 56) % KV_TENANT_BUCKETS];
+    while (*pp && (*pp)->tag != tag) pp = &(*pp)->next;
+    return pp;
+}
+
+/* Frees t when it holds no session and no kv_begin is using it (I9). */
+static void tenant_release(kv_state *kv, kv_tenant *t) {
+    if (t->n_sessions || t == kv->cur_tenant) return;
+    KVS_ASSERT(t->n_blocks == 0);
+    kv_tenant **pp = tenant_slot(kv, t->tag);
+    *pp = t->next;
+    free(t);
+    kv->n_tenants--;
+}
+
+/* Returns n blocks of tenant t's to the pool. */
+static void kv_free_blocks(kv_state *kv, kv_tenant *t, const uint32_t *ids, uint32_t n) {
+    KVS_ASSERT(t->n_blocks >= n);
+    t->n_blocks -= n;
     for (uint32_t i = 0; i < n; i++) {
         KVS_ASSERT(kv->n_free < kv->blocks_total);
         kv->free_ids[kv->n_free++] = ids[i];
@@ -261,10 +317,13 @@ static void kv_drop(kv_state *kv, kv_session *s) {
     while (*pp != s) pp = &(*pp)->hash_next;
     *pp = s->hash_next;
     lru_unlink(s);
-    kv_free_blocks(kv, s->blocks, s->n_blocks);
+    kv_tenant *t = s->tenant;
+    kv_free_blocks(kv, t, s->blocks, s->n_blocks);
     free(s->blocks);
     free(s);
     kv->n_sessions--;
+    t->n_sessions--;
+    tenant_release(kv, t);
 }
 
 static int kv_sweep_locked(kv_state *kv, int max_work) {
@@ -344,6 +403,10 @@ int kv_create(const kv_params *p, kv_state **out, char *msg, size_t msg_cap) {
     kv->st.budget_bytes = p->budget_bytes;
     kv->st.block_bytes = kv->block_bytes;
     kv->st.blocks_total = kv->blocks_total;
+    if (p->tenant_max_bytes) {
+        kv->quota_blocks = p->tenant_max_bytes / kv->block_bytes;
+        if (kv->quota_blocks == 0) kv->quota_blocks = 1;
+    }
     *out = kv;
     return KVS_OK;
 }
@@ -359,6 +422,11 @@ void kv_free(kv_state *kv) {
             s = next;
         }
     }
+    for (int b = 0; b < KV_TENANT_BUCKETS; b++)
+        for (kv_tenant *t = kv->tenants[b], *next; t; t = next) {
+            next = t->next;
+            free(t);
+        }
     munmap(kv->arena, kv->arena_bytes);
     free(kv->free_ids);
     free(kv->tombs);
@@ -381,33 +449,90 @@ static uint32_t blocks_for(const kv_state *kv, uint32_t positions) {
     return (uint32_t)(((uint64_t)positions + (uint64_t)kv->p.block_tokens - 1) / (uint64_t)kv->p.block_tokens);
 }
 
-/* Evicts idle sessions LRU-first (never `keep`) until `need` blocks are free
- * and, when need_slot, the table has room for one more session (max_sessions).
- * Evicts nothing when even evicting every idle session would not be enough:
- * KVS_ERR_BUDGET_EXHAUSTED (blocks) or KVS_ERR_BUSY (every session is pinned
- * and the session limit is reached). KVS_OK when done. */
-static int kv_make_room(kv_state *kv, uint32_t need, bool need_slot, const kv_session *keep) {
-    need_slot = need_slot && kv->p.max_sessions && kv->n_sessions >= kv->p.max_sessions;
-    if (kv->n_free >= need && !need_slot) return KVS_OK;
-    uint64_t avail = kv->n_free;
-    uint32_t idle = 0;
-    for (kv_session *s = kv->lru.lru_prev; s != &kv->lru; s = s->lru_prev)
-        if (s != keep) {
-            avail += s->n_blocks;
-            idle++;
-        }
-    if (avail < need) return KVS_ERR_BUDGET_EXHAUSTED;
-    if (need_slot && idle == 0) return KVS_ERR_BUSY;
-    kv_session *s = kv->lru.lru_prev;
-    while (kv->n_free < need || (need_slot && kv->n_sessions >= kv->p.max_sessions)) {
-        kv_session *prev = s->lru_prev;
-        if (s != keep) {
-            kv_drop(kv, s);
-            kv->st.evict_lru++;
-        }
-        s = prev;
+/* Working counters of one eviction plan (I9): a tenant's are copied in when first touched. */
+typedef struct {
+    uint64_t gen, n_free, fair_blocks;
+    uint32_t n_sessions, fair_sessions, need;
+    bool new_session, apply;
+} kv_plan;
+
+static void plan_touch(const kv_plan *pl, kv_tenant *u) {
+    if (u->plan_gen == pl->gen) return;
+    u->plan_gen = pl->gen;
+    u->plan_sessions = u->n_sessions;
+    u->plan_blocks = u->n_blocks;
+}
+
+static void plan_take(kv_state *kv, kv_plan *pl, kv_session *s, bool own_quota) {
+    kv_tenant *u = s->tenant;
+    plan_touch(pl, u);
+    u->plan_blocks -= s->n_blocks;
+    u->plan_sessions--;
+    pl->n_free += s->n_blocks;
+    pl->n_sessions--;
+    s->plan_gen = pl->gen;
+    if (!pl->apply) return;
+    kv_drop(kv, s);
+    kv->st.evict_lru++;
+    if (own_quota) kv->st.evict_quota++;
+}
+
+static bool plan_over_quota(const kv_state *kv, const kv_plan *pl, const kv_tenant *t) {
+    return (kv->quota_blocks && t->plan_blocks + pl->need > kv->quota_blocks) ||
+           (pl->new_session && kv->p.tenant_max_sessions && t->plan_sessions >= kv->p.tenant_max_sessions);
+}
+
+static bool plan_slot_short(const kv_state *kv, const kv_plan *pl) {
+    return pl->new_session && kv->p.max_sessions && pl->n_sessions >= kv->p.max_sessions;
+}
+
+/* One pass of the two-phase plan (I9), dry (apply false: nothing changes) or applying it. */
+static int kv_plan_run(kv_state *kv, kv_tenant *t, uint32_t need, bool new_session, const kv_session *keep,
+                       bool apply, bool *over_quota) {
+    kv_plan pl = {.gen = ++kv->plan_gen, .n_free = kv->n_free, .n_sessions = kv->n_sessions, .need = need,
+                  .new_session = new_session, .apply = apply};
+    plan_touch(&pl, t);
+    kv_session *s, *prev;
+    for (s = kv->lru.lru_prev; s != &kv->lru && plan_over_quota(kv, &pl, t); s = prev) {
+        prev = s->lru_prev;
+        if (s != keep && s->tenant == t) plan_take(kv, &pl, s, true);
     }
+    if (plan_over_quota(kv, &pl, t)) {
+        *over_quota = true;
+        return kv->quota_blocks && t->plan_blocks + need > kv->quota_blocks ? KVS_ERR_BUDGET_EXHAUSTED : KVS_ERR_BUSY;
+    }
+    uint32_t n_ten = kv->n_tenants ? kv->n_tenants : 1;
+    pl.fair_blocks = kv->blocks_total / n_ten;
+    pl.fair_sessions = kv->p.max_sessions / n_ten;
+    /* Tenants over their fair share pay first (the requester too, when it is over), LRU first;
+     * then the requester's own sessions. */
+    for (int pass = 0; pass < 2; pass++)
+        for (s = kv->lru.lru_prev; s != &kv->lru && (pl.n_free < need || plan_slot_short(kv, &pl)); s = prev) {
+            prev = s->lru_prev;
+            if (s == keep || s->plan_gen == pl.gen) continue;
+            kv_tenant *u = s->tenant;
+            plan_touch(&pl, u);
+            bool over = (pl.n_free < need && u->plan_blocks > pl.fair_blocks) ||
+                        (plan_slot_short(kv, &pl) && u->plan_sessions > pl.fair_sessions);
+            if (pass == 0 ? over : u == t) plan_take(kv, &pl, s, false);
+        }
+    if (pl.n_free < need) return KVS_ERR_BUDGET_EXHAUSTED;
+    if (plan_slot_short(kv, &pl)) return KVS_ERR_BUSY;
     return KVS_OK;
+}
+
+/* Makes room for tenant t: `need` free blocks and, when new_session, a session slot (its own
+ * quota and max_sessions), evicting idle sessions (never `keep`) by the plan of I9. Evicts
+ * nothing when the plan falls short: KVS_ERR_BUDGET_EXHAUSTED (blocks) or KVS_ERR_BUSY (session
+ * slot), *over_quota when the tenant's own quota is what it cannot meet. KVS_OK when done. */
+static int kv_make_room(kv_state *kv, kv_tenant *t, uint32_t need, bool new_session, const kv_session *keep,
+                        bool *over_quota) {
+    *over_quota = false;
+    int err = kv_plan_run(kv, t, need, new_session, keep, false, over_quota);
+    if (err) return err;
+    err = kv_plan_run(kv, t, need, new_session, keep, true, over_quota);
+    KVS_ASSERT(err == KVS_OK);
+    return err;
 }
 
 static void *block_slot(const kv_state *kv, uint32_t block, int layer, int kind, uint32_t slot) {
@@ -418,6 +543,24 @@ static void *block_slot(const kv_state *kv, uint32_t block, int layer, int kind,
 
 int kv_begin(kv_state *kv, const kv_sid *sid, uint64_t epoch, uint32_t start_pos, uint32_t n,
              const kv_inherit *inherit, kv_txn **out, kv_reply *rep) {
+    return kv_begin_tenant(kv, 0, sid, epoch, start_pos, n, inherit, out, rep);
+}
+
+/* The tenant record of tag, made when missing (NULL: out of memory). */
+static kv_tenant *tenant_get(kv_state *kv, uint64_t tag) {
+    kv_tenant **pp = tenant_slot(kv, tag);
+    if (*pp) return *pp;
+    kv_tenant *t = kv_alloc(kv, sizeof(*t));
+    if (!t) return NULL;
+    memset(t, 0, sizeof(*t));
+    t->tag = tag;
+    *pp = t;
+    kv->n_tenants++;
+    return t;
+}
+
+int kv_begin_tenant(kv_state *kv, uint64_t tenant, const kv_sid *sid, uint64_t epoch, uint32_t start_pos, uint32_t n,
+                    const kv_inherit *inherit, kv_txn **out, kv_reply *rep) {
     kv_reply r = {0};
     int err = KVS_OK;
     *out = NULL;
@@ -425,6 +568,7 @@ int kv_begin(kv_state *kv, const kv_sid *sid, uint64_t epoch, uint32_t start_pos
     pthread_mutex_lock(&kv->lock);
     kv_sweep_locked(kv, KV_SWEEP_PER_BEGIN);
     kv_session *s = kv_find(kv, sid);
+    kv_tenant *t = NULL;
     uint32_t keep = 0;          /* positions of the old state that stay */
     bool inherit_ok = false, rewind = false;
     if (s) {
@@ -474,7 +618,12 @@ int kv_begin(kv_state *kv, const kv_sid *sid, uint64_t epoch, uint32_t start_pos
     uint32_t n_table = blocks_for(kv, start_pos + n);
     uint32_t n_shared = n_full + (share_partial ? 1 : 0);
     uint32_t n_old = s ? s->n_blocks : 0;
-    bool in_place = n_old > n_shared && kv->n_free < n_table - n_shared;
+    t = s ? s->tenant : tenant_get(kv, tenant);
+    if (!t) { err = KVS_ERR_NOMEM; goto done; }
+    kv->cur_tenant = t;
+    /* In place also when copy-on-write would take the tenant past its quota (I7, I9). */
+    bool in_place = n_old > n_shared && (kv->n_free < n_table - n_shared ||
+                                         (kv->quota_blocks && t->n_blocks + (n_table - n_shared) > kv->quota_blocks));
     if (in_place) n_shared = n_old < n_table ? n_old : n_table;
     bool copy_partial = partial && live_past_keep && !in_place;
     uint32_t n_fresh = n_table - n_shared;
@@ -487,12 +636,20 @@ int kv_begin(kv_state *kv, const kv_sid *sid, uint64_t epoch, uint32_t start_pos
         err = KVS_ERR_NOMEM;
         goto done;
     }
-    if ((err = kv_make_room(kv, n_fresh, !s, s)) != KVS_OK) {
+    bool over_quota = false;
+    if ((err = kv_make_room(kv, t, n_fresh, !s, s, &over_quota)) != KVS_OK) {
         free(txn); free(table); free(fresh_s);
         if (err == KVS_ERR_BUSY) kv->st.busy++;
         r.pinned_short = err == KVS_ERR_BUSY || (uint64_t)kv->blocks_total - n_old >= n_fresh;
+        if (over_quota) {
+            /* Only the tenant's own pinned sessions can make room within its quota. */
+            r.pinned_short = err == KVS_ERR_BUSY || kv->quota_blocks >= (uint64_t)n_old + n_fresh;
+            r.over_quota = true;
+            kv->st.quota_refusals++;
+        }
         goto done;
     }
+    t->n_blocks += n_fresh;
     for (uint32_t i = 0; i < n_shared; i++) table[i] = s->blocks[i];
     for (uint32_t i = n_shared; i < n_table; i++) table[i] = kv->free_ids[--kv->n_free];
     if (copy_partial) {
@@ -506,10 +663,12 @@ int kv_begin(kv_state *kv, const kv_sid *sid, uint64_t epoch, uint32_t start_pos
         memset(s, 0, sizeof(*s));
         s->sid = *sid;
         s->epoch = epoch;
+        s->tenant = t;
         uint32_t h = kv_hash(sid);
         s->hash_next = kv->buckets[h];
         kv->buckets[h] = s;
         kv->n_sessions++;
+        t->n_sessions++;
     } else {
         kv->st.hits++;
     }
@@ -535,6 +694,8 @@ int kv_begin(kv_state *kv, const kv_sid *sid, uint64_t epoch, uint32_t start_pos
     r.live_epoch = s->epoch;
     *out = txn;
 done:
+    kv->cur_tenant = NULL;
+    if (t) tenant_release(kv, t); /* a new tenant whose begin failed */
     if (rep) *rep = r;
     pthread_mutex_unlock(&kv->lock);
     return err;
@@ -544,7 +705,8 @@ void kv_commit(kv_state *kv, kv_txn *txn, kv_reply *rep) {
     pthread_mutex_lock(&kv->lock);
     kv_session *s = txn->s;
     /* Old blocks the new table does not share go back to the pool. */
-    if (s->n_blocks > txn->n_shared) kv_free_blocks(kv, s->blocks + txn->n_shared, s->n_blocks - txn->n_shared);
+    if (s->n_blocks > txn->n_shared)
+        kv_free_blocks(kv, s->tenant, s->blocks + txn->n_shared, s->n_blocks - txn->n_shared);
     free(s->blocks);
     s->blocks = txn->table;
     s->n_blocks = txn->n_table;
@@ -568,14 +730,14 @@ void kv_commit(kv_state *kv, kv_txn *txn, kv_reply *rep) {
 void kv_abort(kv_state *kv, kv_txn *txn, bool cancelled) {
     pthread_mutex_lock(&kv->lock);
     kv_session *s = txn->s;
-    kv_free_blocks(kv, txn->table + txn->n_shared, txn->n_table - txn->n_shared);
+    kv_free_blocks(kv, s->tenant, txn->table + txn->n_shared, txn->n_table - txn->n_shared);
     free(txn->table);
     s->inflight = NULL;
     if (cancelled) kv->st.cancellations++;
     if (txn->in_place && s->n_past > txn->start) {
         /* I7: positions from start on were being overwritten; the session keeps [0, start). */
         uint32_t nb = blocks_for(kv, txn->start);
-        kv_free_blocks(kv, s->blocks + nb, s->n_blocks - nb);
+        kv_free_blocks(kv, s->tenant, s->blocks + nb, s->n_blocks - nb);
         s->n_blocks = nb;
         s->n_past = txn->start;
     }
@@ -667,7 +829,7 @@ int kv_truncate(kv_state *kv, const kv_sid *sid, uint64_t epoch, uint32_t len, k
         r.n_past = r.have = 0;
     } else if (err == KVS_OK && s) {
         uint32_t nb = blocks_for(kv, len);
-        kv_free_blocks(kv, s->blocks + nb, s->n_blocks - nb);
+        kv_free_blocks(kv, s->tenant, s->blocks + nb, s->n_blocks - nb);
         s->n_blocks = nb;
         s->n_past = len;
         s->last_used = kv->p.clock(kv->p.clock_ctx);
@@ -724,6 +886,15 @@ void kv_get_stats(kv_state *kv, kv_stats *st) {
     st->sessions = kv->n_sessions;
     st->blocks_free = kv->n_free;
     st->tombstones = kv->n_tombs;
+    st->tenants = kv->n_tenants;
     st->bytes_used = (uint64_t)(kv->blocks_total - kv->n_free) * kv->block_bytes;
+    pthread_mutex_unlock(&kv->lock);
+}
+
+void kv_tenant_usage(kv_state *kv, uint64_t tenant, uint32_t *sessions, uint64_t *bytes) {
+    pthread_mutex_lock(&kv->lock);
+    kv_tenant *t = *tenant_slot(kv, tenant);
+    if (sessions) *sessions = t ? t->n_sessions : 0;
+    if (bytes) *bytes = t ? t->n_blocks * kv->block_bytes : 0;
     pthread_mutex_unlock(&kv->lock);
 }

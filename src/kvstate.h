@@ -40,6 +40,10 @@ typedef struct {
     uint32_t max_tombstones;   /* session ids whose highest epoch is remembered after the session
                                   is gone (release, eviction); 0: 4096 */
     uint64_t tombstone_ttl_ns; /* how long such an epoch is remembered; 0: 600 s */
+    /* Tenants (kv_begin_tenant): each session belongs to the tenant that created it. */
+    uint32_t tenant_max_sessions; /* live sessions one tenant may hold; 0: no own cap */
+    uint64_t tenant_max_bytes;    /* KV bytes one tenant may hold (whole blocks, rounded down, at
+                                     least one block); 0: no own cap */
 } kv_params;
 
 kv_params kv_default_params(void);
@@ -51,6 +55,7 @@ typedef struct {
     uint32_t n_past;     /* positions held after the call */
     bool pinned_short;   /* BUDGET_EXHAUSTED / BUSY only because other sessions are pinned (in
                             flight): the same request can succeed once they finish */
+    bool over_quota;     /* BUDGET_EXHAUSTED / BUSY from the tenant's own quota (tenant_max_*) */
 } kv_reply;
 
 /* Epoch advance that keeps the old epoch's first len positions (no copy). */
@@ -65,6 +70,9 @@ typedef struct {
     uint64_t appends, truncates, inherits, busy;
     uint64_t in_place; /* rewrites that reused the session's own superseded blocks */
     uint64_t tombstones; /* remembered epochs of gone sessions, now */
+    uint64_t tenants;    /* tenants holding sessions, now */
+    uint64_t evict_quota; /* of evict_lru: a tenant's own sessions evicted to stay within its quota */
+    uint64_t quota_refusals; /* begins refused by the tenant's own quota (over_quota) */
 } kv_stats;
 
 typedef struct kv_state kv_state;
@@ -96,6 +104,17 @@ const kv_params *kv_get_params(const kv_state *kv);
  * KVS_ERR_INVALID_ARG. */
 int kv_begin(kv_state *kv, const kv_sid *sid, uint64_t epoch, uint32_t start_pos, uint32_t n,
              const kv_inherit *inherit, kv_txn **out, kv_reply *rep);
+/* kv_begin for a tenant (kv_begin is tenant 0). A new session belongs to `tenant`; an existing
+ * one stays with the tenant that created it. Quotas and fair shares (kvstate.c, "Tenants"):
+ * a tenant past tenant_max_bytes / tenant_max_sessions evicts its own idle sessions (LRU
+ * first) and, when they are not enough, is refused (BUDGET_EXHAUSTED / BUSY, rep->over_quota,
+ * nothing changed); pool pressure evicts another tenant's session only while that tenant holds
+ * more than its fair share (pool / tenants, max_sessions / tenants). */
+int kv_begin_tenant(kv_state *kv, uint64_t tenant, const kv_sid *sid, uint64_t epoch, uint32_t start_pos, uint32_t n,
+                    const kv_inherit *inherit, kv_txn **out, kv_reply *rep);
+/* A tenant's live sessions and bytes held (open transactions' new blocks included); 0, 0 when
+ * it holds none. */
+void kv_tenant_usage(kv_state *kv, uint64_t tenant, uint32_t *sessions, uint64_t *bytes);
 /* Makes positions [0, start_pos + n) the session's state; frees replaced blocks. */
 void kv_commit(kv_state *kv, kv_txn *txn, kv_reply *rep);
 /* Rolls back: the session is exactly as before kv_begin (or absent if it was

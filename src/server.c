@@ -61,6 +61,7 @@ struct srv_job {
                                list: this one waits for it (arrival order); NULL: none */
     int n_after_me;         /* requests whose `after` is this one */
     srv_job *next;          /* scheduler list */
+    uint64_t skip_step;     /* scheduler round in which it waits for its own tenant's pins */
     /* v2 (docs/protocol.md §4.3): tail sampling and relay */
     bool sample;            /* out_mode SAMPLE: out holds the last row's logits, answer a token */
     struct wire_sample_req sq; /* with sample: settings; sq.window points to window */
@@ -105,6 +106,8 @@ struct srv_conn {
     size_t rx_held;              /* bytes of s->buffered held by the frame being handled */
     size_t rx_cap;               /* bytes of the receive buffer, as counted in s->rx_capacity */
     int n_running;               /* admitted (pinned) requests of this connection; guarded by s->mu */
+    uint64_t tenant;             /* the hot state's tenant tag: a keyed hash of identity */
+    uint64_t last_admit;         /* scheduler round of its last admitted request; guarded by s->mu */
 };
 
 struct srv {
@@ -165,6 +168,7 @@ srv_params srv_default_params(void) {
     p.max_conns_per_addr = 16;
     p.max_inflight = 32;
     p.max_buffered_bytes = 512ull << 20;
+    p.tenant_kv_share = 1.0;
     return p;
 }
 
@@ -478,6 +482,7 @@ static void *sched_main(void *arg) {
     fwd_item *items = calloc((size_t)max_batch, sizeof(fwd_item));
     srv_job **batch = calloc((size_t)max_batch, sizeof(srv_job *));
     uint64_t last_sweep = kvs_now_ns();
+    uint64_t step = 0; /* scheduler rounds: admission stamps */
     pthread_mutex_lock(&s->mu);
     while (!atomic_load(&s->stopping)) {
         if (!s->jobs) {
@@ -498,14 +503,14 @@ static void *sched_main(void *arg) {
          * for them (BUDGET_EXHAUSTED only when nothing running could free any). */
         int running = 0;
         for (srv_job *j = s->jobs; j; j = j->next) running += j->state == JOB_RUNNING;
-        bool admission_waits = false; /* one waits for room: later ones are not admitted before it */
-        /* Admit, cancel, and pick work in arrival order. */
+        /* Cancellations, and TRUNCATE / RELEASE whose turn has come, in arrival order. */
         for (srv_job *j = s->jobs, *next; j; j = next) {
             next = j->next;
             if (atomic_load(&j->cancel)) {
                 if (j->state == JOB_RUNNING) {
                     kv_abort(e->kv, j->txn, true);
                     j->conn->n_running--;
+                    running--;
                 }
                 j->reply.n_past = 0;
                 kv_lookup(e->kv, &j->sid, &j->reply.live_epoch, &j->reply.n_past);
@@ -516,38 +521,59 @@ static void *sched_main(void *arg) {
                 continue;
             }
             if (j->state == JOB_QUEUED && j->after) continue; /* arrival order on a session (jobs_append) */
-            if (j->op != WIRE_OP_FORWARD) { /* a TRUNCATE / RELEASE whose turn has come */
+            if (j->op != WIRE_OP_FORWARD) {
                 j->status = j->op == WIRE_OP_TRUNCATE ? kv_truncate(e->kv, &j->sid, j->epoch, j->truncate_len, &j->reply)
                                                       : kv_release(e->kv, &j->sid, j->epoch, &j->reply);
                 jobs_remove(s, j);
                 j->next = done;
                 done = j;
+            }
+        }
+        /* Admission, round-robin over connections: each free slot goes to the queued request
+         * whose connection has the fewest admitted, then the one served least recently, then
+         * arrival order. At most max_batch requests are admitted, so every admitted one is in
+         * every step; one connection holds at most half of them. So a connection pipelining
+         * many requests gets one slot in turn with every other, never all of them. */
+        step++;
+        for (;;) {
+            if (running >= max_batch) break;
+            srv_job *pick = NULL;
+            for (srv_job *j = s->jobs; j; j = j->next) {
+                if (j->state != JOB_QUEUED || j->after || j->op != WIRE_OP_FORWARD || j->skip_step == step) continue;
+                if (j->conn->n_running >= per_conn) continue;
+                if (!pick || j->conn->n_running < pick->conn->n_running ||
+                    (j->conn->n_running == pick->conn->n_running && j->conn->last_admit < pick->conn->last_admit))
+                    pick = j;
+            }
+            if (!pick) break;
+            srv_job *j = pick;
+            /* The tenant is the identity the session key was made from (a relayed step: the
+             * identity that registered it, j->conn). */
+            j->status = kv_begin_tenant(e->kv, j->conn->tenant, &j->sid, j->epoch, j->start_pos, j->n,
+                                        j->inherit ? &j->inh : NULL, &j->txn, &j->reply);
+            if ((j->status == KVS_ERR_BUDGET_EXHAUSTED || j->status == KVS_ERR_BUSY) && j->reply.pinned_short &&
+                running > 0) {
+                /* Short of room that running requests will free: it waits, and later ones are not
+                 * admitted before it — unless it is short of its own quota: then it waits for its
+                 * tenant's pins and holds no one else. */
+                if (!j->reply.over_quota) break;
+                j->skip_step = step;
                 continue;
             }
-            if (j->state == JOB_QUEUED) {
-                /* At most max_batch requests are admitted, so every admitted one is in every step;
-                 * one connection holds at most half of them, so a client that floods the queue
-                 * cannot pin the pool and keep the others out (they are admitted in turn). */
-                if (running >= max_batch || j->conn->n_running >= per_conn) continue;
-                if (admission_waits) continue;
-                j->status = kv_begin(e->kv, &j->sid, j->epoch, j->start_pos, j->n, j->inherit ? &j->inh : NULL,
-                                     &j->txn, &j->reply);
-                if ((j->status == KVS_ERR_BUDGET_EXHAUSTED || j->status == KVS_ERR_BUSY) && j->reply.pinned_short &&
-                    running > 0) {
-                    admission_waits = true;
-                    continue;
-                }
-                if (j->status) {
-                    jobs_remove(s, j);
-                    j->next = done;
-                    done = j;
-                    continue;
-                }
-                j->state = JOB_RUNNING;
-                j->conn->n_running++;
-                running++;
+            if (j->status) {
+                jobs_remove(s, j);
+                j->next = done;
+                done = j;
+                continue;
             }
-            if (n_items >= max_batch) continue;
+            j->state = JOB_RUNNING;
+            j->conn->n_running++;
+            j->conn->last_admit = step;
+            running++;
+        }
+        /* Every admitted request takes part in this step. */
+        for (srv_job *j = s->jobs; j; j = j->next) {
+            if (j->state != JOB_RUNNING || n_items >= max_batch) continue;
             fwd_item *it = &items[n_items];
             memset(it, 0, sizeof(*it));
             it->txn = j->txn;
@@ -856,6 +882,8 @@ void srv_stats(srv *s, struct wire_stats_reply *m) {
         {"srv.refused_buffers", s->c_refused_buffers},
         {"srv.buffered_bytes", (uint64_t)atomic_load(&s->buffered)},
         {"srv.rx_buffer_bytes", (uint64_t)atomic_load(&s->rx_capacity)},
+        {"kv.tenants", k.tenants},             {"kv.evict_quota", k.evict_quota},
+        {"kv.quota_refusals", k.quota_refusals},
     };
     pthread_mutex_unlock(&s->mu);
     size_t n = sizeof(list) / sizeof(list[0]);
@@ -1066,6 +1094,9 @@ static int conn_authenticate(srv_conn *c, const struct wire_hello *hello) {
                               d[2], d[3], d[4], d[5], d[6], d[7]);
     }
     if (!c->identity[0]) snprintf(c->identity, sizeof c->identity, "anonymous");
+    uint8_t tag[8];
+    crypto_generichash(tag, sizeof tag, (const uint8_t *)c->identity, strlen(c->identity), s->sid_key, sizeof s->sid_key);
+    memcpy(&c->tenant, tag, sizeof tag);
     return KVS_OK;
 }
 
@@ -1366,6 +1397,10 @@ int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
     ep.kv.budget_bytes = p->kv_budget_bytes;
     ep.kv.ttl_ns = p->kv_ttl_ms * 1000000ull;
     ep.kv.max_sessions = p->max_sessions;
+    ep.kv.tenant_max_sessions = p->tenant_max_sessions;
+    ep.kv.tenant_max_bytes = p->tenant_kv_bytes;
+    if (!p->tenant_kv_bytes && p->tenant_kv_share > 0 && p->tenant_kv_share < 1)
+        ep.kv.tenant_max_bytes = (uint64_t)((double)p->kv_budget_bytes * p->tenant_kv_share);
     ep.kv.kv_type = (uint32_t)p->kv_type;
     ep.kv.clock = p->kv_clock;
     ep.kv.clock_ctx = p->kv_clock_ctx;

@@ -48,6 +48,11 @@ typedef struct {
     int max_conns_per_addr;     /* open connections from one IP address */
     int max_inflight;           /* FORWARD requests queued or running per connection; more: BUSY */
     size_t max_buffered_bytes;  /* receive buffers + queued replies over all connections, bytes */
+    /* Tenants: one per authenticated identity (docs/security.md "Tenants"). Fair shares of the
+     * pool and of max_sessions are always kept; these are each tenant's own caps on top. */
+    uint32_t tenant_max_sessions; /* live sessions per identity; 0: none of its own */
+    uint64_t tenant_kv_bytes;   /* KV bytes per identity; 0: tenant_kv_share of the budget */
+    double tenant_kv_share;     /* (0, 1]: fraction of the budget per identity (1: no own cap) */
     srv_log_fn log;             /* NULL: silent */
     void *log_ctx;
     /* Test hook: called by the scheduler before each forward pass with the

@@ -241,6 +241,62 @@ static void test_tokens_and_hijack(const char *model, const char *dir) {
     test_shard_stop(&sh);
 }
 
+/* ---- one tenant flooding the hot state does not evict another's sessions ---------- */
+
+/* Beta makes 2 sessions of one block each, then alpha makes 20 in an 8-block pool. Plain LRU
+ * would evict beta's (the oldest); per-identity fair shares (default) and quotas keep them. */
+static void test_tenant_flood(const char *model, const char *dir) {
+    char tokfile[300];
+    snprintf(tokfile, sizeof tokfile, "%s/tokens", dir); /* alpha-token, beta-token */
+    srv_params p = base_params(model);
+    test_shard sh;
+    CHECK_EQ_INT(test_shard_start(&sh, p), KVS_OK);
+    uint64_t block = stat_of(&sh, "127.0.0.1", NULL, "kv.block_bytes");
+    test_shard_stop(&sh);
+    for (int cfg = 0; cfg < 2; cfg++) {
+        p = base_params(model);
+        p.auth_token_file = tokfile;
+        p.kv_budget_bytes = 8 * block;
+        if (cfg == 1) p.tenant_kv_share = 0.5; /* alpha's own cap: 4 blocks */
+        CHECK_EQ_INT(test_shard_start(&sh, p), KVS_OK);
+        struct wire_info info;
+        int a = connect_from(&sh, "127.0.0.1"), b = connect_from(&sh, "127.0.0.1");
+        CHECK_EQ_INT(hello(a, "alpha-token", &info, NULL), KVS_OK);
+        CHECK_EQ_INT(hello(b, "beta-token", &info, NULL), KVS_OK);
+        int32_t toks[80];
+        for (int i = 0; i < 80; i++) toks[i] = (i * 5 + 3) % (int32_t)info.n_vocab;
+        uint8_t sid[16];
+        for (int i = 0; i < 2; i++) {
+            sid_of(500 + i, sid);
+            CHECK_EQ_INT(forward(b, sid, 1, 0, 16, toks, NULL, 0, NULL), KVS_OK);
+        }
+        for (int i = 0; i < 20; i++) {
+            sid_of(600 + i, sid);
+            CHECK_EQ_INT(forward(a, sid, 1, 0, 16, toks, NULL, 0, NULL), KVS_OK);
+        }
+        CHECK_EQ_INT(stat_of(&sh, "127.0.0.1", "beta-token", "kv.tenants"), 2);
+        CHECK_EQ_INT(stat_of(&sh, "127.0.0.1", "beta-token", "kv.sessions"), cfg == 0 ? 8 : 6);
+        CHECK_EQ_INT(stat_of(&sh, "127.0.0.1", "beta-token", "kv.evict_lru"), cfg == 0 ? 14 : 16);
+        CHECK_EQ_INT(stat_of(&sh, "127.0.0.1", "beta-token", "kv.evict_quota"), cfg == 0 ? 0 : 16);
+        if (cfg == 1) {
+            /* 5 blocks are past alpha's quota even with its own sessions gone: refused, nothing evicted */
+            sid_of(700, sid);
+            CHECK_EQ_INT(forward(a, sid, 1, 0, 80, toks, NULL, 0, NULL), KVS_ERR_BUDGET_EXHAUSTED);
+            CHECK_EQ_INT(stat_of(&sh, "127.0.0.1", "beta-token", "kv.quota_refusals"), 1);
+            CHECK_EQ_INT(stat_of(&sh, "127.0.0.1", "beta-token", "kv.evict_lru"), 16);
+        }
+        /* beta's sessions are all there: each continues at position 16 */
+        uint32_t have = 99;
+        for (int i = 0; i < 2; i++) {
+            sid_of(500 + i, sid);
+            CHECK_EQ_INT(forward(b, sid, 1, 16, 1, toks + 16, NULL, 0, &have), KVS_OK);
+        }
+        close(a);
+        close(b);
+        test_shard_stop(&sh);
+    }
+}
+
 /* ---- 64 idle connections do not lock everyone out ------------------------------- */
 
 static void test_idle_lockout(const char *model) {
@@ -360,6 +416,72 @@ static void test_pipelined(const char *model) {
     test_shard_stop(&sh);
 }
 
+/* ---- fair admission: two connections pipelining long prefills do not starve a third ---- */
+
+/* Waits (bounded) until the shard has taken in n FORWARD requests. */
+static bool wait_requests(const test_shard *sh, uint64_t n) {
+    uint64_t end = netio_deadline_ms(10000);
+    while (kvs_now_ns() < end)
+        if (stat_of(sh, "127.0.0.3", NULL, "srv.requests") >= n) return true;
+    return false;
+}
+
+/* max_batch 2 (one slot per connection), 16 prefill rows a step: two flooders each pipeline 8
+ * prefills of 64 tokens, queued before a third client's 1-token step. In arrival order the
+ * third waits for all 16 (> 60 steps); round-robin admission gives it the first slot that
+ * frees: with the scheduler released one step at a time, its reply comes within 12 steps. */
+static void test_fair_admission(const char *model) {
+    srv_params p = base_params(model);
+    p.max_batch = 2;
+    p.prefill_chunk = 16;
+    test_shard sh;
+    CHECK_EQ_INT(test_shard_start(&sh, p), KVS_OK);
+    atomic_store(&sh.gated, true);
+    struct wire_info info;
+    int fa = connect_from(&sh, "127.0.0.1"), fc = connect_from(&sh, "127.0.0.2"), v = connect_from(&sh, "127.0.0.4");
+    CHECK_EQ_INT(hello(fa, NULL, &info, NULL), KVS_OK);
+    CHECK_EQ_INT(hello(fc, NULL, &info, NULL), KVS_OK);
+    CHECK_EQ_INT(hello(v, NULL, &info, NULL), KVS_OK);
+    int32_t toks[64];
+    for (int i = 0; i < 64; i++) toks[i] = (i * 11 + 2) % (int32_t)info.n_vocab;
+    enum { N = 8 };
+    uint8_t sid[16];
+    for (int i = 0; i < N; i++) {
+        sid_of(800 + i, sid);
+        CHECK_EQ_INT(send_fwd(fa, 100 + (uint64_t)i, sid, 1, 0, 64, toks), KVS_OK);
+        sid_of(900 + i, sid);
+        CHECK_EQ_INT(send_fwd(fc, 200 + (uint64_t)i, sid, 1, 0, 64, toks), KVS_OK);
+    }
+    CHECK(wait_requests(&sh, 2 * N));
+    sid_of(999, sid);
+    CHECK_EQ_INT(send_fwd(v, 1, sid, 1, 0, 1, toks), KVS_OK);
+    CHECK(wait_requests(&sh, 2 * N + 1));
+    for (int i = 0; i < 12; i++) sem_post(&sh.gate); /* 12 steps, then the scheduler is held */
+    struct netio_buf b = {0};
+    struct wire_header hd;
+    struct wire_forward_reply r;
+    char msg[KVS_MSG_MAX];
+    CHECK_EQ_INT(recv_op(v, &b, &hd), WIRE_OP_FORWARD_REPLY);
+    CHECK_EQ_INT(wire_decode_forward_reply(b.data, b.len, &r, msg, sizeof msg), KVS_OK);
+    CHECK_EQ_INT(r.st.status, KVS_OK);
+    CHECK(stat_of(&sh, "127.0.0.3", NULL, "srv.batches") <= 13);
+    atomic_store(&sh.gated, false);
+    for (int i = 0; i < 64; i++) sem_post(&sh.gate);
+    int ok = 0;
+    for (int i = 0; i < 2 * N; i++) {
+        int fd = i < N ? fa : fc;
+        if (recv_op(fd, &b, &hd) == WIRE_OP_FORWARD_REPLY && !wire_decode_forward_reply(b.data, b.len, &r, msg, sizeof msg) &&
+            r.st.status == KVS_OK)
+            ok++;
+    }
+    CHECK_EQ_INT(ok, 2 * N);
+    netio_buf_free(&b);
+    close(fa);
+    close(fc);
+    close(v);
+    test_shard_stop(&sh);
+}
+
 /* ---- receive buffers shrink after a large frame; a global cap on buffered bytes ----- */
 
 static void test_buffers(const char *model) {
@@ -440,9 +562,11 @@ int main(void) {
     char msg[KVS_MSG_MAX];
     CHECK_EQ_INT(mkmodel_write(model, mp, msg, sizeof msg), KVS_OK);
     test_tokens_and_hijack(model, dir);
+    test_tenant_flood(model, dir);
     test_idle_lockout(model);
     test_slow_loris(model);
     test_pipelined(model);
+    test_fair_admission(model);
     test_buffers(model);
     test_insecure(model);
     char tok[320];

@@ -41,6 +41,10 @@ static void serve_usage(FILE *f) {
             "  --frame-timeout S    seconds a frame may take once its first byte arrived (default 10)\n"
             "  --hello-timeout S    seconds for the TLS handshake and HELLO together (default 10)\n"
             "  --max-buffered SIZE  receive buffers and queued replies over all connections (default 512M)\n"
+            "  --tenant-max-sessions N  live sessions per identity (default: no own cap)\n"
+            "  --tenant-kv-share F|SIZE KV budget per identity: a fraction in (0, 1] or a size (default 1)\n"
+            "                       always: another identity's sessions are evicted only while it holds\n"
+            "                       more than budget / identities (and max-sessions / identities)\n"
             "  --metrics-listen HOST:PORT  serve Prometheus metrics at http://HOST:PORT/metrics\n"
             "stops cleanly on SIGINT/SIGTERM.\n");
 }
@@ -53,7 +57,8 @@ int cmd_serve(int argc, char **argv) {
     long threads = 0, max_sessions = 0, max_conns = p.max_conns, max_tokens = p.max_tokens, chunk = p.prefill_chunk;
     double ttl = 600, frame_s = p.frame_timeout_ms / 1000.0, hello_s = p.hello_timeout_ms / 1000.0;
     long per_addr = p.max_conns_per_addr, inflight = p.max_inflight;
-    const char *buffered = NULL;
+    const char *buffered = NULL, *tenant_share = NULL;
+    long tenant_sessions = 0;
     args_security sec = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -79,6 +84,8 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--frame-timeout")) ok = args_float(argc, argv, &i, 0.001, 3600, &frame_s);
         else if (!strcmp(a, "--hello-timeout")) ok = args_float(argc, argv, &i, 0.001, 3600, &hello_s);
         else if (!strcmp(a, "--max-buffered")) ok = args_str(argc, argv, &i, &buffered);
+        else if (!strcmp(a, "--tenant-max-sessions")) ok = args_int(argc, argv, &i, 0, 1 << 24, &tenant_sessions);
+        else if (!strcmp(a, "--tenant-kv-share")) ok = args_str(argc, argv, &i, &tenant_share);
         else if (!strcmp(a, "--metrics-listen")) ok = args_str(argc, argv, &i, &metrics_listen);
         else { fprintf(stderr, "kvshard serve: unknown option '%s'\n", a); serve_usage(stderr); return 2; }
         if (!ok) return 2;
@@ -113,6 +120,22 @@ int cmd_serve(int argc, char **argv) {
         args_size(buffered, &v);
         p.max_buffered_bytes = (size_t)v;
     }
+    if (tenant_share) {
+        char *end = NULL;
+        double f = strtod(tenant_share, &end);
+        if (end != tenant_share && *end == '\0') {
+            if (!(f > 0 && f <= 1)) {
+                fprintf(stderr, "kvshard serve: --tenant-kv-share fraction must be in (0, 1], got '%s'\n", tenant_share);
+                return 2;
+            }
+            p.tenant_kv_share = f;
+        } else if (!args_size(tenant_share, &p.tenant_kv_bytes) || p.tenant_kv_bytes == 0) {
+            fprintf(stderr, "kvshard serve: --tenant-kv-share wants a fraction like 0.5 or a size like 64M, got '%s'\n",
+                    tenant_share);
+            return 2;
+        }
+    }
+    p.tenant_max_sessions = (uint32_t)tenant_sessions;
     if (!args_security_check("serve", &sec)) return 2;
     p.tls_cert = sec.tls_cert;
     p.tls_key = sec.tls_key;
