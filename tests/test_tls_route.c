@@ -138,6 +138,22 @@ int main(void) {
     CHECK_EQ_INT(st, 0);
     CHECK(ref && got && strcmp(ref, got) == 0);
     free(got);
+    /* chat over the TLS route prints what chat in one process prints */
+    const char *chat_local[] = {"chat", "-m", model, "-p", "Once upon a time", "-n", "24", "--temp", "0", "-t", "1", NULL};
+    char *chat_ref = run_cli(chat_local, &st);
+    CHECK_EQ_INT(st, 0);
+    const char *chat_tls[] = {"chat", "--route", route, "-p", "Once upon a time", "-n", "24", "--temp", "0",
+                              "--tls-cert", c.cert, "--tls-key", c.key, "--tls-ca", c.ca, NULL};
+    got = run_cli(chat_tls, &st);
+    CHECK_EQ_INT(st, 0);
+    CHECK(chat_ref && got && chat_ref[0] && strcmp(chat_ref, got) == 0);
+    if (chat_ref && got && strcmp(chat_ref, got)) fprintf(stderr, "chat over TLS:\n  got %s\n  want %s\n", got, chat_ref);
+    free(got);
+    free(chat_ref);
+    const char *chat_plain[] = {"chat", "--route", route, "-p", "Once", "-n", "2", "--timeout", "5000", NULL};
+    free(run_cli(chat_plain, &st));
+    CHECK(st != 0);
+    printf("  chat --route over mutual TLS prints what chat -m prints; without a certificate it is refused\n");
     /* no certificate / a foreign certificate: refused */
     const char *plain[] = {"generate", "--route", route, "-p", "Once", "-n", "2", "--timeout", "5000", NULL};
     free(run_cli(plain, &st));

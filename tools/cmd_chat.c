@@ -39,7 +39,8 @@ static void chat_usage(FILE *f) {
             "  --format-only     print the formatted prompt of --messages (assistant turn opened), exit\n"
             "  -n N              reply tokens per turn at most (default 256)\n"
             "  --ctx N           positions of the conversation (default 4096, at most the model's)\n"
-            "  --timeout MS      --route: per-request deadline (default 30000)\n",
+            "  --timeout MS      --route: per-request deadline (default 30000)\n"
+            "security (--route; docs/security.md):\n" ARGS_SECURITY_USAGE,
             chat_template_names());
 }
 
@@ -234,9 +235,13 @@ int cmd_chat(int argc, char **argv) {
     gen_opts o;
     gen_opts_default(&o);
     o.n_gen = 256;
+    args_security sec = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool ok = true;
+        int so = args_security_opt(argc, argv, &i, &sec);
+        if (so < 0) return 2;
+        if (so > 0) continue;
         int g = gen_parse_opt(&o, argc, argv, &i);
         if (g < 0) return 2;
         if (g > 0) continue;
@@ -260,6 +265,7 @@ int cmd_chat(int argc, char **argv) {
         chat_usage(stderr);
         return 2;
     }
+    if (!args_security_check("chat", &sec)) return 2;
     if ((format_only && !messages) || (messages && o.prompt) || o.json) {
         fprintf(stderr, "kvshard chat: --format-only needs --messages; -p and --messages exclude each other; "
                         "--json is not a chat option\n");
@@ -298,7 +304,14 @@ int cmd_chat(int argc, char **argv) {
     if (route_spec) {
         route_params rp = route_default_params();
         rp.timeout_ms = timeout_ms;
+        rp.tls_cert = sec.tls_cert;
+        rp.tls_key = sec.tls_key;
+        rp.tls_ca = sec.tls_ca;
+        char *token = NULL;
+        if (sec.auth_token_file && !(token = args_read_token("chat", sec.auth_token_file))) goto out;
+        rp.auth = token;
         int err = route_open(route_spec, spare_spec, &rp, &c.r, msg, sizeof msg);
+        free(token);
         if (!err) {
             if (path) err = open_vocab(path, &own_vocab) ? KVS_ERR_FORMAT : KVS_OK;
             else err = route_fetch_vocab(c.r, &own_vocab, msg, sizeof msg);
