@@ -328,13 +328,16 @@ int relay_build_next(const struct wire_relay *rl, const uint8_t sid[16], uint64_
     memcpy(f->relay.next, rl->next + 1, (size_t)f->relay.n_next * sizeof f->relay.next[0]);
     size_t cnt = (size_t)n * n_embd;
     uint16_t *half = NULL;
-    if (rl->hidden_kind == WIRE_IN_HIDDEN_F16) {
+    if (rl->hidden_kind == WIRE_IN_HIDDEN_F16 || rl->hidden_kind == WIRE_IN_HIDDEN_BF16) {
         half = malloc(cnt * sizeof *half);
         if (!half) {
             free(f);
             return KVS_ERR_NOMEM;
         }
-        for (size_t i = 0; i < cnt; i++) half[i] = wire_f32_to_f16(hidden[i]);
+        if (rl->hidden_kind == WIRE_IN_HIDDEN_F16)
+            for (size_t i = 0; i < cnt; i++) half[i] = wire_f32_to_f16(hidden[i]);
+        else
+            for (size_t i = 0; i < cnt; i++) half[i] = wire_f32_to_bf16(hidden[i]);
         f->data = half;
     } else {
         f->data = hidden; /* f32 rows are their own wire form on a little-endian host (wire.h note 4) */

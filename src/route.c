@@ -69,7 +69,10 @@ struct route {
     uint8_t digest[WIRE_DIGEST_SIZE];
     uint32_t n_layer, n_embd, n_vocab;
     uint32_t max_ctx;        /* positions, min over hops and the replay memory cap */
-    size_t hid_elem;         /* bytes of one hidden element on the wire and in replay memory: 4 (f32) or 2 (f16) */
+    size_t hid_elem;         /* bytes of one hidden element on the wire and in replay memory: 4 (f32) or 2 (f16, bf16) */
+    uint32_t hid_kind;       /* their wire_in_kind: WIRE_IN_HIDDEN_F32, _F16 or _BF16 */
+    uint16_t hid_bit;        /* the matching enum wire_dtype_bit */
+    const char *hid_name;    /* "f32", "f16" or "bf16", for messages */
     uint32_t max_rows;       /* rows per FORWARD, min over hops and payload limit */
     uint8_t *tx;             /* encode buffer */
     size_t tx_cap;           /* bytes */
@@ -119,7 +122,7 @@ static void route_log(const route *r, const char *fmt, ...) {
 }
 
 route_params route_default_params(void) {
-    return (route_params){.timeout_ms = 30000, .auth = NULL, .log = NULL, .log_user = NULL, .hidden_f16 = false,
+    return (route_params){.timeout_ms = 30000, .auth = NULL, .log = NULL, .log_user = NULL, .hidden_f16 = false, .hidden_bf16 = false,
                           .max_replay_bytes = ROUTE_DEFAULT_REPLAY_BYTES};
 }
 
@@ -446,7 +449,14 @@ int route_open(const char *route_spec, const char *spares_spec, const route_para
     }
     r->p = p ? *p : route_default_params();
     if (r->p.max_replay_bytes == 0) r->p.max_replay_bytes = ROUTE_DEFAULT_REPLAY_BYTES;
-    r->hid_elem = r->p.hidden_f16 ? 2 : 4;
+    if (r->p.hidden_f16 && r->p.hidden_bf16) {
+        rc = kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "hidden_f16 and hidden_bf16 both set");
+        goto fail;
+    }
+    r->hid_kind = r->p.hidden_f16 ? WIRE_IN_HIDDEN_F16 : r->p.hidden_bf16 ? WIRE_IN_HIDDEN_BF16 : WIRE_IN_HIDDEN_F32;
+    r->hid_bit = r->p.hidden_f16 ? WIRE_DTYPE_F16 : r->p.hidden_bf16 ? WIRE_DTYPE_BF16 : WIRE_DTYPE_F32;
+    r->hid_name = r->p.hidden_f16 ? "f16" : r->p.hidden_bf16 ? "bf16" : "f32";
+    r->hid_elem = r->hid_kind == WIRE_IN_HIDDEN_F32 ? 4 : 2;
     r->p.auth = NULL;
     const char *auth = p && p->auth ? p->auth : "";
     if (strlen(auth) > WIRE_MAX_AUTH) {
@@ -493,10 +503,10 @@ int route_open(const char *route_spec, const char *spares_spec, const route_para
         infos[k] = r->hops[k].info;
     }
     if ((rc = route_check_hops(infos, names, n, msg, msg_cap)) != KVS_OK) goto fail;
-    for (size_t k = 1; k < n && r->p.hidden_f16; k++)
-        if (!(infos[k].hidden_dtypes & WIRE_DTYPE_F16)) {
-            rc = kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "hop %zu (%s) does not take f16 hidden states", k,
-                          names[k]);
+    for (size_t k = 1; k < n; k++)
+        if (!(infos[k].hidden_dtypes & r->hid_bit)) {
+            rc = kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "hop %zu (%s) does not take %s hidden states", k,
+                          names[k], r->hid_name);
             goto fail;
         }
     memcpy(r->digest, infos[0].model_digest, WIRE_DIGEST_SIZE);
@@ -882,7 +892,7 @@ static enum hop_result hop_send(route *r, route_session *s, uint32_t k, uint32_t
         f.data = s->tokens + from;
         bytes = FWD_HEAD_BYTES + (size_t)n * 4;
     } else {
-        f.in_kind = r->hid_elem == 2 ? WIRE_IN_HIDDEN_F16 : WIRE_IN_HIDDEN_F32;
+        f.in_kind = r->hid_kind;
         f.n_embd = r->n_embd;
         f.data = s->hidden[k] + (size_t)from * r->n_embd * r->hid_elem;
         bytes = FWD_HEAD_BYTES + (size_t)n * r->n_embd * r->hid_elem;
@@ -904,8 +914,12 @@ static enum hop_result hop_send(route *r, route_session *s, uint32_t k, uint32_t
     }
     *st = rep.st;
     if (rep.st.status != KVS_OK) return HOP_OK;
-    /* f16 mode: the head answers token input in f32 (rounded to f16 here, once); the others in f16. */
-    const bool hid_ok = rep.out_kind == WIRE_OUTK_HIDDEN_F32 || (r->hid_elem == 2 && rep.out_kind == WIRE_OUTK_HIDDEN_F16);
+    /* f16 / bf16 mode: the head answers token input in f32 (rounded here, once); the others in the
+     * route's dtype. */
+    const uint32_t half_outk = r->hid_kind == WIRE_IN_HIDDEN_F16    ? WIRE_OUTK_HIDDEN_F16
+                               : r->hid_kind == WIRE_IN_HIDDEN_BF16 ? WIRE_OUTK_HIDDEN_BF16
+                                                                    : WIRE_OUTK_HIDDEN_F32;
+    const bool hid_ok = rep.out_kind == WIRE_OUTK_HIDDEN_F32 || rep.out_kind == half_outk;
     bool shape_ok = sample ? rep.out_kind == WIRE_OUTK_SAMPLE && rep.n_cols == s->opts->n_top
                     : last ? rep.out_kind == WIRE_OUTK_LOGITS_F32 && rep.n_rows == 1 && rep.n_cols == r->n_vocab
                            : hid_ok && rep.n_rows == n && rep.n_cols == r->n_embd;
@@ -914,7 +928,7 @@ static enum hop_result hop_send(route *r, route_session *s, uint32_t k, uint32_t
         *rc = kvs_fail(why, why_cap, KVS_ERR_PROTOCOL,
                        "FORWARD [%u, %u) answered out_kind %u, %u x %u, n_past %u (expected %s, n_past %u)", from, to,
                        rep.out_kind, rep.n_rows, rep.n_cols, rep.st.n_past,
-                       sample ? "a sample" : last ? "1 row of logits" : r->hid_elem == 2 ? "hidden f16 rows" : "hidden f32 rows", to);
+                       sample ? "a sample" : last ? "1 row of logits" : r->hid_elem == 2 ? "hidden f32 or half rows" : "hidden f32 rows", to);
         return HOP_FAILED;
     }
     if (sample) {
@@ -923,16 +937,18 @@ static enum hop_result hop_send(route *r, route_session *s, uint32_t k, uint32_t
         if (!last && out_from > from) { /* only the rows the caller asked for */
             rep.n_rows = to - out_from;
             rep.data = (const uint8_t *)rep.data +
-                       (size_t)(out_from - from) * r->n_embd * (rep.out_kind == WIRE_OUTK_HIDDEN_F16 ? 2 : 4);
+                       (size_t)(out_from - from) * r->n_embd * (rep.out_kind == WIRE_OUTK_HIDDEN_F32 ? 4 : 2);
         }
-        if (!last && r->hid_elem == 2) { /* kept as f16: what the next hop is sent, and replayed, exactly */
+        if (!last && r->hid_elem == 2) { /* kept as f16/bf16: what the next hop is sent, and replayed, exactly */
             const uint8_t *src = rep.data;
             uint16_t *dst = out;
             size_t count = (size_t)rep.n_rows * rep.n_cols;
-            if (rep.out_kind == WIRE_OUTK_HIDDEN_F16) {
+            if (rep.out_kind == half_outk) {
                 for (size_t i = 0; i < count; i++) dst[i] = kvs_rd_u16(src + 2 * i);
-            } else {
+            } else if (r->hid_kind == WIRE_IN_HIDDEN_F16) {
                 for (size_t i = 0; i < count; i++) dst[i] = wire_f32_to_f16(kvs_rd_f32(src + 4 * i));
+            } else {
+                for (size_t i = 0; i < count; i++) dst[i] = wire_f32_to_bf16(kvs_rd_f32(src + 4 * i));
             }
         } else {
             wire_forward_reply_to_f32(&rep, out);
@@ -1038,8 +1054,8 @@ static int take_spare(route *r, uint32_t k) {
             continue;
         }
         r->spare_state[j] = SPARE_KNOWN;
-        if (r->p.hidden_f16 && k > 0 && !(sp->info.hidden_dtypes & WIRE_DTYPE_F16)) {
-            route_log(r, "spare %s does not take f16 hidden states", sp->addr.text);
+        if (k > 0 && !(sp->info.hidden_dtypes & r->hid_bit)) {
+            route_log(r, "spare %s does not take %s hidden states", sp->addr.text, r->hid_name);
             r->spare_state[j] = SPARE_DEAD;
             hop_disconnect(sp);
             continue;
@@ -1191,7 +1207,7 @@ static bool relay_step(route *r, route_session *s, uint32_t base, uint32_t end, 
     if (s->opts->sample) route_fill_sample(s->opts, &f->sample);
     f->relay.relay_id = r->relay_id;
     f->relay.hop = 0;
-    f->relay.hidden_kind = r->hid_elem == 2 ? WIRE_IN_HIDDEN_F16 : WIRE_IN_HIDDEN_F32;
+    f->relay.hidden_kind = (uint16_t)r->hid_kind;
     f->relay.n_next = (uint16_t)(r->n_hops - 1);
     for (uint32_t k = 0; k < r->n_hops; k++) {
         bool inherit = s->hop_epoch[k] != 0 && s->hop_epoch[k] < s->epoch && base > 0;

@@ -31,9 +31,9 @@
  *     share a route, one step at a time; a hop replaced while driving one session is noticed by
  *     the others at their next step (they bump their epoch and replay into it too).
  *  6. Replay memory is bounded. Per session and position it costs 4 bytes (the token id) plus one
- *     hidden row per hop after the head: n_embd x 4 bytes (f32, the default) or x 2 (f16,
- *     route_params.hidden_f16 — the rows then also travel as f16, so a replay sends exactly the
- *     bytes first sent). route_params.max_replay_bytes caps it (default 256 MiB): the route's
+ *     hidden row per hop after the head: n_embd x 4 bytes (f32, the default) or x 2 (f16 or bf16,
+ *     route_params.hidden_f16 / hidden_bf16 — the rows then also travel in that dtype, so a replay
+ *     sends exactly the bytes first sent). route_params.max_replay_bytes caps it (default 256 MiB): the route's
  *     max_ctx is lowered to what fits, so a session past it gets CONTEXT_FULL instead of growing.
  *     E.g. n_embd 4096, 4 hops, 2048 positions: 96 MiB in f32, 48 MiB in f16.
  *  7. Relay (route_step with opts.relay, every hop speaking protocol v2, two hops or more): the
@@ -87,6 +87,8 @@ typedef struct {
     bool hidden_f16;    /* hidden states travel (and are remembered for replay) as f16: half the
                            wire bytes and replay memory; every hop after the head must take f16.
                            false (f32): outputs equal a one-process run bit for bit */
+    bool hidden_bf16;   /* the same with bfloat16 (protocol v2 hops): the f32 exponent range, an
+                           8-bit mantissa. At most one of hidden_f16 / hidden_bf16 */
     uint64_t max_replay_bytes; /* cap on one session's replay memory, bytes (design note 6);
                                   0: ROUTE_DEFAULT_REPLAY_BYTES */
 } route_params;
@@ -181,7 +183,7 @@ typedef struct {
     const int32_t *window;   /* with sample: penalty window; sent only when a penalty is on */
     uint32_t n_window;       /* <= WIRE_MAX_WINDOW */
     bool relay;              /* shard-to-shard relay (design note 7); false: client-driven. Hidden rows
-                                are pushed in the route's dtype (route_params.hidden_f16) */
+                                are pushed in the route's dtype (route_params.hidden_f16 / hidden_bf16) */
 } route_step_opts;
 
 /* Logits, client-driven, f32. */

@@ -47,6 +47,7 @@ struct srv_job {
     int32_t *tokens;        /* n ids (head shard) */
     float *hidden;          /* n x n_embd (other shards) */
     bool reply_f16;         /* hidden reply in f16 (the request came in f16) */
+    bool reply_bf16;        /* hidden reply in bf16 (the request came in bf16) */
     fwd_out_mode out_mode;
     float *out;             /* rows x cols of the reply */
     uint32_t out_rows, out_cols;
@@ -358,15 +359,20 @@ static void send_forward_reply(srv_job *j) {
     } else if (j->status == KVS_OK) {
         m.n_rows = j->out_rows;
         m.n_cols = j->out_cols;
-        if (j->out_mode == FWD_OUT_HIDDEN && j->reply_f16) {
+        if (j->out_mode == FWD_OUT_HIDDEN && (j->reply_f16 || j->reply_bf16)) {
             size_t n = (size_t)j->out_rows * j->out_cols;
             f16 = malloc(n * sizeof(uint16_t));
             if (!f16) {
                 m.st.status = KVS_ERR_NOMEM;
                 m.n_rows = m.n_cols = 0;
-            } else {
+            } else if (j->reply_f16) {
                 quant_f32_to_f16_row(j->out, f16, (int64_t)n);
                 m.out_kind = WIRE_OUTK_HIDDEN_F16;
+                m.data = f16;
+            } else {
+                uint16_t *h = f16;
+                for (size_t i = 0; i < n; i++) h[i] = wire_f32_to_bf16(j->out[i]);
+                m.out_kind = WIRE_OUTK_HIDDEN_BF16;
                 m.data = f16;
             }
         } else {
@@ -711,6 +717,9 @@ static int handle_forward(srv_conn *c, uint64_t rid, const uint8_t *payload, siz
     if (c->version < 2 && (relayed || f.out_mode == WIRE_OUT_SAMPLE)) {
         bad.st.status = KVS_ERR_UNSUPPORTED;
         why = "sampling and relay need protocol version 2 (say HELLO with max_version 2)";
+    } else if (c->version < 2 && f.in_kind == WIRE_IN_HIDDEN_BF16) {
+        bad.st.status = KVS_ERR_UNSUPPORTED;
+        why = "bf16 hidden states need protocol version 2 (say HELLO with max_version 2)";
     } else if (relayed && f.relay.n_next == 0 && f.out_mode == WIRE_OUT_HIDDEN) {
         bad.st.status = KVS_ERR_INVALID_ARG;
         why = "a relayed step must end in logits or a sample";
@@ -821,6 +830,7 @@ static int handle_forward(srv_conn *c, uint64_t rid, const uint8_t *payload, siz
     j->inh.old_epoch = f.inherit_epoch;
     j->inh.len = f.inherit_len;
     j->reply_f16 = f.in_kind == WIRE_IN_HIDDEN_F16;
+    j->reply_bf16 = f.in_kind == WIRE_IN_HIDDEN_BF16;
     j->out_mode = local_mode == WIRE_OUT_HIDDEN ? FWD_OUT_HIDDEN
                   : local_mode == WIRE_OUT_LOGITS_ALL ? FWD_OUT_LOGITS_ALL : FWD_OUT_LOGITS_LAST;
     j->out_rows = rows;
@@ -999,7 +1009,7 @@ static void send_info(srv_conn *c, uint64_t rid, int status) {
     in.st.status = status;
     if (status == KVS_OK) {
         in.version = c->version;
-        in.hidden_dtypes = WIRE_DTYPE_F32 | WIRE_DTYPE_F16;
+        in.hidden_dtypes = WIRE_DTYPE_F32 | WIRE_DTYPE_F16 | (c->version >= 2 ? WIRE_DTYPE_BF16 : 0);
         memcpy(in.model_digest, s->digest, 32);
         in.n_layer = m->hp.n_layer;
         in.first = m->first;

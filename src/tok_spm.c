@@ -139,6 +139,8 @@ static int encode_fragment(const tok_vocab *v, tok_work *w, const char *src, siz
         }
         for (int32_t j = 0; j < s->n; j++) {
             int32_t bt = v->byte_tok[(uint8_t)w->text[s->start + j]];
+            /* No piece, no byte token and no unknown token: there is no id to give (never -1). */
+            if (bt < 0 && v->unk < 0) return KVS_ERR_UNSUPPORTED;
             tok_emit(w->out, bt >= 0 ? bt : v->unk);
         }
     }

@@ -80,8 +80,9 @@ int tok_encode(const tok_vocab *v, const char *text, size_t len, bool add_bos,
  * needed. Returns KVS_ERR_TOO_LARGE (ids written up to max_ids) if it did not
  * fit. add_bos prepends BOS. ids may be NULL when max_ids is 0 (a sizing call).
  * KVS_ERR_INVALID_ARG for NULL v / n_ids, text NULL with len > 0, or text over
- * ~700 MB; KVS_ERR_UNSUPPORTED for add_bos when the vocab has no BOS;
- * KVS_ERR_NOMEM. Invalid UTF-8 is not an error (bytes fall back to <0xNN>).
+ * ~700 MB; KVS_ERR_UNSUPPORTED for add_bos when the vocab has no BOS, or (SPM) for a
+ * character that has no piece when the vocab has neither byte tokens nor an unknown token
+ * (never an id of -1); KVS_ERR_NOMEM. Invalid UTF-8 is not an error (bytes fall back to <0xNN>).
  * Thread-safe: a vocab is read-only after tok_from_gguf().
  * parse_special: control and unknown-type tokens written in the text ("<|eot_id|>") become
  * those tokens (llama.cpp's parse_special); user-defined tokens are matched either way.

@@ -276,14 +276,19 @@ static int dec_hello(struct rd *r, struct wire_hello *m, char *msg, size_t msg_c
 
 /* ---- INFO ---- */
 
+/* F32 set; F16 from v1 on, BF16 from v2 on; no other bit. */
+static bool dtypes_ok(uint16_t d, uint16_t version) {
+    uint16_t known = WIRE_DTYPE_F32 | WIRE_DTYPE_F16 | (version >= 2 ? WIRE_DTYPE_BF16 : 0);
+    return (d & WIRE_DTYPE_F32) && !(d & ~known);
+}
+
 static int enc_info(struct wr *w, const void *vm) {
     const struct wire_info *m = vm;
     if (!status_fields_ok(&m->st)) return KVS_ERR_INVALID_ARG;
     enc_status(w, &m->st);
     if (m->st.status != KVS_OK) return KVS_OK;
     if (m->version < 1 || m->version > WIRE_PROTO_VERSION) return KVS_ERR_INVALID_ARG;
-    if (!(m->hidden_dtypes & WIRE_DTYPE_F32) || (m->hidden_dtypes & ~(WIRE_DTYPE_F32 | WIRE_DTYPE_F16)))
-        return KVS_ERR_INVALID_ARG;
+    if (!dtypes_ok(m->hidden_dtypes, m->version)) return KVS_ERR_INVALID_ARG;
     if (m->n_layer > WIRE_MAX_LAYERS || m->first >= m->last || m->last > m->n_layer)
         return KVS_ERR_INVALID_ARG;
     if (m->n_embd < 1 || m->n_embd > WIRE_MAX_EMBD || m->n_vocab < 1 || m->n_vocab > WIRE_MAX_VOCAB)
@@ -330,8 +335,8 @@ static int dec_info(struct rd *r, struct wire_info *m, char *msg, size_t msg_cap
     if (r->bad) return rd_short(r, msg, msg_cap);
     if (m->version < 1 || m->version > WIRE_PROTO_VERSION)
         return PROTO("unsupported version %u", (unsigned)m->version);
-    if (!(m->hidden_dtypes & WIRE_DTYPE_F32) || (m->hidden_dtypes & ~(WIRE_DTYPE_F32 | WIRE_DTYPE_F16)))
-        return PROTO("bad hidden_dtypes 0x%x", (unsigned)m->hidden_dtypes);
+    if (!dtypes_ok(m->hidden_dtypes, m->version))
+        return PROTO("bad hidden_dtypes 0x%x for version %u", (unsigned)m->hidden_dtypes, (unsigned)m->version);
     if (m->n_layer > WIRE_MAX_LAYERS) return PROTO("n_layer %u over limit", (unsigned)m->n_layer);
     if (m->first >= m->last || m->last > m->n_layer)
         return PROTO("bad layer range [%u, %u) of %u", (unsigned)m->first, (unsigned)m->last,
@@ -357,6 +362,7 @@ static uint32_t in_esize(uint32_t kind) {
     case WIRE_IN_TOKENS: return 4;
     case WIRE_IN_HIDDEN_F32: return 4;
     case WIRE_IN_HIDDEN_F16: return 2;
+    case WIRE_IN_HIDDEN_BF16: return 2;
     default: return 0;
     }
 }
@@ -430,7 +436,8 @@ static bool addr_ok(const char *a, size_t n) {
 /* Relay block rules; a static reason or NULL. */
 static const char *relay_check(const struct wire_relay *rl, uint64_t epoch) {
     if (rl->relay_id == 0) return "relay_id is 0";
-    if (rl->hidden_kind != WIRE_IN_HIDDEN_F32 && rl->hidden_kind != WIRE_IN_HIDDEN_F16)
+    if (rl->hidden_kind != WIRE_IN_HIDDEN_F32 && rl->hidden_kind != WIRE_IN_HIDDEN_F16 &&
+        rl->hidden_kind != WIRE_IN_HIDDEN_BF16)
         return "relay hidden_kind is not a hidden kind";
     if (rl->n_next > WIRE_MAX_RELAY_HOPS) return "relay n_next over limit";
     for (uint32_t i = 0; i < rl->n_next; i++) {
@@ -597,6 +604,7 @@ static uint32_t out_esize(uint32_t kind) {
     switch (kind) {
     case WIRE_OUTK_HIDDEN_F32: return 4;
     case WIRE_OUTK_HIDDEN_F16: return 2;
+    case WIRE_OUTK_HIDDEN_BF16: return 2;
     case WIRE_OUTK_LOGITS_F32: return 4;
     default: return 0;
     }
@@ -744,19 +752,41 @@ uint16_t wire_f32_to_f16(float f) {
     return (uint16_t)(sign | hv);
 }
 
-static void le_to_f32(const uint8_t *src, uint32_t esize, size_t n, float *dst) {
-    if (esize == 4) {
-        for (size_t i = 0; i < n; i++) dst[i] = kvs_rd_f32(src + 4 * i);
-    } else {
+/* ---- bf16 ---- */
+
+float wire_bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+uint16_t wire_f32_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x0040); /* NaN: quiet, payload top kept */
+    /* round to nearest even on the low 16 bits; a carry into the exponent is correct (up to inf) */
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+/* n little-endian elements of type elem to host floats. */
+enum { ELEM_F32, ELEM_F16, ELEM_BF16 };
+static void le_to_f32(const uint8_t *src, int elem, size_t n, float *dst) {
+    if (elem == ELEM_F16) {
         for (size_t i = 0; i < n; i++) dst[i] = wire_f16_to_f32(kvs_rd_u16(src + 2 * i));
+    } else if (elem == ELEM_BF16) {
+        for (size_t i = 0; i < n; i++) dst[i] = wire_bf16_to_f32(kvs_rd_u16(src + 2 * i));
+    } else {
+        for (size_t i = 0; i < n; i++) dst[i] = kvs_rd_f32(src + 4 * i);
     }
 }
 
 int wire_forward_hidden_to_f32(const struct wire_forward *m, float *dst) {
     if (!m || !dst || !m->data) return KVS_ERR_INVALID_ARG;
-    if (m->in_kind != WIRE_IN_HIDDEN_F32 && m->in_kind != WIRE_IN_HIDDEN_F16)
+    if (m->in_kind != WIRE_IN_HIDDEN_F32 && m->in_kind != WIRE_IN_HIDDEN_F16 && m->in_kind != WIRE_IN_HIDDEN_BF16)
         return KVS_ERR_INVALID_ARG;
-    le_to_f32(m->data, in_esize(m->in_kind), (size_t)m->n_tokens * m->n_embd, dst);
+    int elem = m->in_kind == WIRE_IN_HIDDEN_F16 ? ELEM_F16 : m->in_kind == WIRE_IN_HIDDEN_BF16 ? ELEM_BF16 : ELEM_F32;
+    le_to_f32(m->data, elem, (size_t)m->n_tokens * m->n_embd, dst);
     return KVS_OK;
 }
 
@@ -764,7 +794,8 @@ int wire_forward_reply_to_f32(const struct wire_forward_reply *m, float *dst) {
     if (!m || !dst || !m->data) return KVS_ERR_INVALID_ARG;
     uint32_t es = out_esize(m->out_kind);
     if (es == 0) return KVS_ERR_INVALID_ARG;
-    le_to_f32(m->data, es, (size_t)m->n_rows * m->n_cols, dst);
+    int elem = m->out_kind == WIRE_OUTK_HIDDEN_F16 ? ELEM_F16 : m->out_kind == WIRE_OUTK_HIDDEN_BF16 ? ELEM_BF16 : ELEM_F32;
+    le_to_f32(m->data, elem, (size_t)m->n_rows * m->n_cols, dst);
     return KVS_OK;
 }
 

@@ -132,12 +132,12 @@ struct wire_hello {
     char auth[WIRE_MAX_AUTH + 1];      /* auth token, NUL-terminated copy; no NUL inside */
 };
 
-enum wire_dtype_bit { WIRE_DTYPE_F32 = 1u << 0, WIRE_DTYPE_F16 = 1u << 1 };
+enum wire_dtype_bit { WIRE_DTYPE_F32 = 1u << 0, WIRE_DTYPE_F16 = 1u << 1, WIRE_DTYPE_BF16 = 1u << 2 /* v2 */ };
 
 struct wire_info {
     struct wire_status st;
     uint16_t version;                   /* chosen protocol version */
-    uint16_t hidden_dtypes;             /* enum wire_dtype_bit mask; F32 always set */
+    uint16_t hidden_dtypes;             /* enum wire_dtype_bit mask; F32 always set; BF16 only in v2 */
     uint8_t model_digest[WIRE_DIGEST_SIZE];
     uint32_t n_layer;                   /* layers of the whole model */
     uint32_t first, last;               /* owned layers [first, last), first < last <= n_layer */
@@ -173,6 +173,7 @@ enum wire_in_kind {
     WIRE_IN_TOKENS = 0,     /* data: i32[n_tokens]; n_embd must be 0 */
     WIRE_IN_HIDDEN_F32 = 1, /* data: f32[n_tokens x n_embd] */
     WIRE_IN_HIDDEN_F16 = 2, /* data: binary16[n_tokens x n_embd] */
+    WIRE_IN_HIDDEN_BF16 = 3, /* v2; data: bfloat16[n_tokens x n_embd] (the top half of an f32) */
 };
 
 /* Sampler settings of an out_mode SAMPLE request (src/sampler.h has the meaning of each). */
@@ -199,7 +200,7 @@ struct wire_relay_hop {
 struct wire_relay {
     uint64_t relay_id;                 /* the client's RELAY_LISTEN id: where the answer goes */
     uint16_t hop;                      /* this shard's index in the route (for messages) */
-    uint16_t hidden_kind;              /* in_kind of pushed hidden rows: HIDDEN_F32 or HIDDEN_F16 */
+    uint16_t hidden_kind;              /* in_kind of pushed hidden rows: HIDDEN_F32, _F16 or _BF16 */
     uint16_t n_next;                   /* <= WIRE_MAX_RELAY_HOPS; 0: this shard is the tail */
     struct wire_relay_hop next[WIRE_MAX_RELAY_HOPS];
 };
@@ -227,6 +228,7 @@ enum wire_out_kind {
     WIRE_OUTK_LOGITS_F32 = 3, /* f32 (n_rows, n_cols = n_vocab) */
     WIRE_OUTK_SAMPLE = 4,     /* v2: n_rows 1, n_cols = n_top; data: id i32, logprob f32, then
                                  n_cols x (id i32, logprob f32) */
+    WIRE_OUTK_HIDDEN_BF16 = 5, /* v2: bfloat16 (n_rows, n_cols = n_embd) */
 };
 
 struct wire_forward_reply {
@@ -403,11 +405,11 @@ int wire_decode_vocab_meta_reply(const uint8_t *payload, size_t len,
 /* Token i of a decoded FORWARD with in_kind TOKENS; i < n_tokens (caller's duty). */
 int32_t wire_forward_token(const struct wire_forward *m, uint32_t i);
 
-/* Converts a decoded FORWARD's hidden input (f32 or f16) to host floats:
+/* Converts a decoded FORWARD's hidden input (f32, f16 or bf16) to host floats:
  * dst must hold n_tokens * n_embd floats. KVS_ERR_INVALID_ARG when in_kind is TOKENS. */
 int wire_forward_hidden_to_f32(const struct wire_forward *m, float *dst);
 
-/* Converts a decoded FORWARD_REPLY's output (hidden f32/f16 or logits) to host floats:
+/* Converts a decoded FORWARD_REPLY's output (hidden f32/f16/bf16 or logits) to host floats:
  * dst must hold n_rows * n_cols floats. KVS_ERR_INVALID_ARG when out_kind is NONE. */
 int wire_forward_reply_to_f32(const struct wire_forward_reply *m, float *dst);
 
@@ -420,5 +422,11 @@ int wire_forward_reply_sample(const struct wire_forward_reply *m, int32_t *id, f
 /* IEEE binary16 <-> binary32 (round to nearest even; NaN stays NaN). */
 float wire_f16_to_f32(uint16_t h);
 uint16_t wire_f32_to_f16(float f);
+
+/* bfloat16 (the top 16 bits of a binary32) <-> binary32. To bf16: round to nearest even; inf
+ * stays inf, finite values past the largest bf16 round to inf; NaN stays NaN (sign and top payload
+ * bits kept, quiet bit set), as in the f16 conversion. From bf16: exact. */
+float wire_bf16_to_f32(uint16_t h);
+uint16_t wire_f32_to_bf16(float f);
 
 #endif /* KVS_WIRE_H */

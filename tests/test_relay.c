@@ -3,8 +3,9 @@
  * on free loopback ports, `kvshard generate` against one-process `kvshard run`:
  *  - greedy and sampled (fixed seed, also with penalties and min-p) ids and text equal `run` for
  *    1-, 2- and 3-shard routes in all four modes: relay + tail sampling (the default), --no-relay,
- *    --logits, --logits --no-relay; relay steps never fall back; f16 on the wire gives the same
- *    ids relayed and client-driven;
+ *    --logits, --logits --no-relay; relay steps never fall back; f16 and bf16 on the wire give the
+ *    same ids relayed and client-driven; their teacher-forced logits stay within the reference
+ *    bounds of f32;
  *  - kill -9 of the middle and of the tail shard mid-generation (a --pause-after handshake, no
  *    sleeps), with a spare: sampled output identical to `run`, relay and client-driven;
  *  - 4 concurrent sampled sessions through a relayed 2-shard route equal their solo runs;
@@ -123,8 +124,16 @@ static void check_modes(const char *model, int n_layer, int max_shards) {
         CHECK(a && b && strcmp(a, b) == 0);
         free(a);
         free(b);
+        /* bf16 on the wire: the same. */
+        a = generate(spec, prompt, "24", "0.8", "7", "--wire-dtype bf16", &st1, log, sizeof log);
+        b = generate(spec, prompt, "24", "0.8", "7", "--hidden bf16 --no-relay", &st2, log, sizeof log);
+        CHECK_EQ_INT(st1, 0);
+        CHECK_EQ_INT(st2, 0);
+        CHECK(a && b && strcmp(a, b) == 0);
+        free(a);
+        free(b);
         printf("  %d-shard route: run == generate, greedy / sampled / penalties, relay and client-driven, "
-               "tail-sampled and --logits; f16 wire relay == client-driven\n", shards);
+               "tail-sampled and --logits; f16 and bf16 wire relay == client-driven\n", shards);
         for (int i = 0; i < shards; i++) CHECK_EQ_INT(proc_stop_server(&s[i]), 0);
     }
     for (int c = 0; c < 3; c++) free(ref[c]);
@@ -323,10 +332,11 @@ static void check_protocol(const char *model, int n_layer) {
     CHECK_EQ_INT(proc_stop_server(&s), 0);
 }
 
-/* Teacher-forced logits through a relayed 3-shard route with f16 on the wire against f32:
- * max |diff| and mean KL(f32 || f16), bounded by the f32 reference bounds of test_reference
- * (0.1 and 1e-5). */
-static void check_wire_f16(const char *model) {
+/* Teacher-forced logits through a relayed 3-shard route with f16 (bf16: true: bf16) on the wire
+ * against f32: max |diff| and mean KL(f32 || half), bounded by the f32 reference bounds of
+ * test_reference (0.1 and 1e-5). */
+static void check_wire_half(const char *model, bool bf16) {
+    const char *dt = bf16 ? "bf16" : "f16";
     static const int32_t ids[] = {1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317,
                                   426, 338, 401, 396, 267, 337, 410, 408, 419, 292, 411, 322, 265, 282};
     const int n_ids = (int)(sizeof ids / sizeof ids[0]);
@@ -340,7 +350,8 @@ static void check_wire_f16(const char *model) {
     size_t nv = 0;
     for (int d = 0; d < 2; d++) {
         route_params rp = route_default_params();
-        rp.hidden_f16 = d == 1;
+        rp.hidden_f16 = d == 1 && !bf16;
+        rp.hidden_bf16 = d == 1 && bf16;
         route *r = NULL;
         CHECK_EQ_INT(route_open(spec, NULL, &rp, &r, msg, sizeof msg), KVS_OK);
         if (!r) break;
@@ -384,8 +395,8 @@ static void check_wire_f16(const char *model) {
         }
         kl_sum += kl;
     }
-    printf("  f16 wire vs f32 wire (3 shards, relay, %d teacher-forced positions): max |logit diff| %.5f, "
-           "mean KL %.3g (bounds 0.1, 1e-5)\n", n_ids, max_diff, kl_sum / n_ids);
+    printf("  %s wire vs f32 wire (3 shards, relay, %d teacher-forced positions): max |logit diff| %.5f, "
+           "mean KL %.3g (bounds 0.1, 1e-5)\n", dt, n_ids, max_diff, kl_sum / n_ids);
     CHECK(max_diff < 0.1);
     CHECK(kl_sum / n_ids < 1e-5);
     free(lg[0]);
@@ -441,7 +452,8 @@ int main(void) {
         check_failover(stories, 1, false);
         check_failover(stories, 2, false);
         check_concurrent(stories, 5);
-        check_wire_f16(stories);
+        check_wire_half(stories, false);
+        check_wire_half(stories, true);
         check_tls(stories);
     } else {
         char synth[256];

@@ -64,8 +64,8 @@ static int connect_to(test_shard *sc) {
     return fd;
 }
 
-static int hello(int fd, struct wire_info *info) {
-    struct wire_hello h = {.min_version = 1, .max_version = 1};
+static int hello_v(int fd, uint16_t max_version, struct wire_info *info) {
+    struct wire_hello h = {.min_version = 1, .max_version = max_version};
     uint8_t buf[512];
     size_t len;
     wire_encode_hello(&h, buf, sizeof(buf), &len);
@@ -78,6 +78,8 @@ static int hello(int fd, struct wire_info *info) {
     netio_buf_free(&b);
     return err ? err : info->st.status;
 }
+
+static int hello(int fd, struct wire_info *info) { return hello_v(fd, 1, info); }
 
 static kv_sid sid_of(int k) {
     kv_sid s;
@@ -447,9 +449,9 @@ static void test_concurrent(test_shard *sc) {
     }
 }
 
-/* A tail shard (layers [1, 2)) takes hidden states in f32 or f16 and answers in the same
- * dtype; the f16 answer is the f32 one rounded (inputs rounded to f16 first), and both
- * equal the local engine's split computation. */
+/* A tail shard (layers [1, 2)) takes hidden states in f32 or f16 (and bf16 on a v2 connection)
+ * and answers in the same dtype; the f16 / bf16 answer is the f32 one rounded (inputs rounded
+ * first), and all equal the local engine's split computation. */
 static void test_hidden_dtypes(const char *model_path) {
     test_shard tail;
     CHECK_EQ_INT(start_server(&tail, model_path, 1, 2, 16), KVS_OK);
@@ -508,6 +510,59 @@ static void test_hidden_dtypes(const char *model_path) {
             }
         }
     }
+    /* bf16 (a v2 dtype): not advertised and refused UNSUPPORTED on this v1 connection; on a v2 one
+     * advertised, and the answer is the local engine's on the same (bf16-exact) input, rounded. */
+    CHECK(!(info.hidden_dtypes & WIRE_DTYPE_BF16));
+    uint16_t *hb = malloc((size_t)n * d * sizeof(uint16_t));
+    float *hidb = malloc((size_t)n * d * sizeof(float)), *localb = malloc((size_t)n * d * sizeof(float));
+    for (size_t i = 0; i < (size_t)n * d; i++) {
+        hb[i] = wire_f32_to_bf16((float)((int)(i * 41 % 103) - 51) / 23.0f);
+        hidb[i] = wire_bf16_to_f32(hb[i]);
+    }
+    engine_req lrb = {.sid = sid_of(901), .epoch = 1, .n = n, .hidden = hidb, .out_mode = FWD_OUT_HIDDEN, .out = localb};
+    if (e) engine_step(e, &lrb, 1);
+    for (uint16_t v = 1; v <= 2; v++) {
+        int c = fd;
+        if (v == 2) {
+            c = connect_to(&tail);
+            CHECK_EQ_INT(hello_v(c, 2, &info), KVS_OK);
+            CHECK_EQ_INT(info.version, 2);
+            CHECK(info.hidden_dtypes & WIRE_DTYPE_BF16);
+        }
+        struct wire_forward f = {.epoch = 1, .n_tokens = n, .out_mode = WIRE_OUT_HIDDEN,
+                                 .in_kind = WIRE_IN_HIDDEN_BF16, .n_embd = d, .data = hb};
+        kv_sid sid = sid_of(930 + v);
+        memcpy(f.session_id, sid.bytes, 16);
+        size_t len = 0;
+        wire_encode_forward(&f, NULL, 0, &len);
+        uint8_t *buf = malloc(len);
+        CHECK_EQ_INT(wire_encode_forward(&f, buf, len, &len), KVS_OK);
+        netio_send_frame(c, WIRE_OP_FORWARD, 2, buf, len, netio_deadline_ms(5000));
+        free(buf);
+        struct wire_forward_reply r;
+        CHECK_EQ_INT(recv_forward(c, &b, &r, NULL), KVS_OK);
+        if (v == 1) {
+            CHECK_EQ_INT(r.st.status, KVS_ERR_UNSUPPORTED);
+            continue;
+        }
+        CHECK_EQ_INT(r.st.status, KVS_OK);
+        CHECK_EQ_INT(r.out_kind, WIRE_OUTK_HIDDEN_BF16);
+        CHECK_EQ_INT(r.n_rows, n);
+        CHECK_EQ_INT(r.n_cols, d);
+        CHECK_EQ_INT(wire_forward_reply_to_f32(&r, back), KVS_OK);
+        for (size_t i = 0; i < (size_t)n * d; i++) {
+            float want = wire_bf16_to_f32(wire_f32_to_bf16(localb[i]));
+            if (back[i] != want) {
+                fprintf(stderr, "bf16 hidden reply differs at %zu: %g vs %g\n", i, (double)back[i], (double)want);
+                test_failures_++;
+                break;
+            }
+        }
+        close(c);
+    }
+    free(hb);
+    free(hidb);
+    free(localb);
     /* Token ids are refused by a shard that does not own layer 0. */
     int32_t tok = 1;
     CHECK_EQ_INT(send_forward(fd, 3, sid_of(920), 1, 0, 1, &tok, WIRE_OUT_HIDDEN), KVS_OK);

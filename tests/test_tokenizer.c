@@ -286,6 +286,32 @@ done:
 
 /* A vocab written through the GGUF writer: user-defined tokens, no space prefix,
  * a missing model key. Needs gguf.c's writer; exercises paths stories does not. */
+/* An SPM vocab without byte tokens or an unknown token: text it can spell encodes, a
+ * character it cannot is refused (KVS_ERR_UNSUPPORTED), never encoded as id -1. */
+static void check_no_byte_fallback(void) {
+    const char *toks[] = {"<s>", "</s>", "a", "b", "ab"};
+    const uint32_t lens[] = {3, 4, 1, 1, 2};
+    const float scores[] = {0, 0, -1, -1, -0.5f};
+    const int32_t types[] = {3, 3, 1, 1, 1};
+    tok_arrays a = {.n_vocab = 5, .texts = toks, .text_lens = lens, .scores = scores, .types = types,
+                    .bos = 0, .eos = 1, .unk = -1, .add_space_prefix = false};
+    tok_vocab *v = NULL;
+    char msg[KVS_MSG_MAX] = "";
+    CHECK_EQ_INT(tok_from_arrays(&a, &v, msg, sizeof msg), KVS_OK);
+    if (!v) return;
+    int32_t ids[16] = {0};
+    int n = 0;
+    CHECK_EQ_INT(tok_encode(v, "abab", 4, false, ids, 16, &n), KVS_OK);
+    CHECK_EQ_INT(n, 2);
+    if (n == 2) CHECK(ids[0] == 4 && ids[1] == 4);
+    n = 0;
+    int rc = tok_encode(v, "az", 2, false, ids, 16, &n);
+    CHECK_EQ_INT(rc, KVS_ERR_UNSUPPORTED);
+    for (int i = 0; rc == KVS_OK && i < n && i < 16; i++) CHECK(ids[i] >= 0);
+    printf("  a vocab without byte or unknown tokens refuses 'z' (%s), never id -1\n", kvs_strerror(rc));
+    tok_free(v);
+}
+
 static void check_synthetic_vocab(void) {
     const char *toks[] = {"<unk>", "<s>", "</s>", "<0x61>", "<0x62>", "a", "b", "ab", "\xE2\x96\x81", "<sep>", "ba"};
     const float scores[] = {0, 0, 0, 0, 0, -1, -1, -2, -1, 0, -0.5f};
@@ -394,6 +420,7 @@ int main(void) {
     int n_run = 0, n_skipped = 0;
     char path[1024], ref[1024];
     check_synthetic_vocab();
+    check_no_byte_fallback();
     n_run++;
 
     /* stories260K's vocab; the downloads' synth files carry the same one */

@@ -158,6 +158,7 @@ static const uint8_t SID[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 1
 static int32_t sample_tokens[5] = {1, 15043, 3186, 0, 31999};
 static float sample_hidden[3 * 4] = {0.5f, -1.25f, 3.0e-8f, 1e30f, 0, -0.0f, 7, 8, 9, 10, 11, -12};
 static uint16_t sample_h16[3 * 4];
+static uint16_t sample_hb16[3 * 4];
 static float sample_logits[2 * 5] = {1, 2, 3, 4, 5, -1, -2, -3, -4, -5};
 
 static struct wire_hello sample_hello(void) {
@@ -184,7 +185,9 @@ static struct wire_forward sample_forward_tokens(void) {
 static struct wire_forward sample_forward_hidden(uint32_t kind) {
     struct wire_forward m = {.epoch = 1, .start_pos = 0, .n_tokens = 3, .out_mode = WIRE_OUT_LOGITS_LAST,
                              .in_kind = kind, .n_embd = 4,
-                             .data = kind == WIRE_IN_HIDDEN_F16 ? (const void *)sample_h16 : sample_hidden};
+                             .data = kind == WIRE_IN_HIDDEN_F16    ? (const void *)sample_h16
+                                     : kind == WIRE_IN_HIDDEN_BF16 ? (const void *)sample_hb16
+                                                                   : sample_hidden};
     memcpy(m.session_id, SID, 16);
     return m;
 }
@@ -314,7 +317,7 @@ static void test_roundtrips(void) {
     check_truncations(&codecs[C_FORWARD], p, n);
     free(p);
 
-    for (uint32_t k = WIRE_IN_HIDDEN_F32; k <= WIRE_IN_HIDDEN_F16; k++) {
+    for (uint32_t k = WIRE_IN_HIDDEN_F32; k <= WIRE_IN_HIDDEN_BF16; k++) {
         fw = sample_forward_hidden(k);
         p = encode(&codecs[C_FORWARD], &fw, &n);
         CHECK_EQ_INT(n, 60 + 12 * (k == WIRE_IN_HIDDEN_F32 ? 4 : 2));
@@ -323,7 +326,7 @@ static void test_roundtrips(void) {
         for (int i = 0; i < 12; i++) {
             if (k == WIRE_IN_HIDDEN_F32) CHECK(memcmp(&tmp[i], &sample_hidden[i], 4) == 0);
             else {
-                float e = wire_f16_to_f32(sample_h16[i]);
+                float e = k == WIRE_IN_HIDDEN_F16 ? wire_f16_to_f32(sample_h16[i]) : wire_bf16_to_f32(sample_hb16[i]);
                 CHECK(memcmp(&tmp[i], &e, 4) == 0);
             }
         }
@@ -358,6 +361,30 @@ static void test_roundtrips(void) {
     p = encode(&codecs[C_FREPLY], &fr, &n);
     check_truncations(&codecs[C_FREPLY], p, n);
     free(p);
+    fr = (struct wire_forward_reply){.out_kind = WIRE_OUTK_HIDDEN_BF16, .n_rows = 3, .n_cols = 4, .data = sample_hb16};
+    p = encode(&codecs[C_FREPLY], &fr, &n);
+    CHECK_EQ_INT(n, 20 + 12 + 24);
+    CHECK_EQ_INT(wire_decode_forward_reply(p, n, &fr2, msg, sizeof msg), KVS_OK);
+    CHECK_EQ_INT(fr2.out_kind, WIRE_OUTK_HIDDEN_BF16);
+    CHECK_EQ_INT(wire_forward_reply_to_f32(&fr2, tmp), KVS_OK);
+    for (int i = 0; i < 12; i++) {
+        float e = wire_bf16_to_f32(sample_hb16[i]);
+        CHECK(memcmp(&tmp[i], &e, 4) == 0);
+        CHECK_NEAR(tmp[i], sample_hidden[i], fabsf(sample_hidden[i]) * 0x1p-8f);
+    }
+    check_truncations(&codecs[C_FREPLY], p, n);
+    free(p);
+    /* INFO: BF16 is a v2 dtype bit */
+    info = sample_info();
+    info.version = 2;
+    info.hidden_dtypes = WIRE_DTYPE_F32 | WIRE_DTYPE_F16 | WIRE_DTYPE_BF16;
+    p = encode(&codecs[C_INFO], &info, &n);
+    CHECK_EQ_INT(wire_decode_info(p, n, &info2, msg, sizeof msg), KVS_OK);
+    CHECK_EQ_INT(info2.hidden_dtypes, 7);
+    check_truncations(&codecs[C_INFO], p, n);
+    free(p);
+    info.version = 1;
+    CHECK_EQ_INT(wire_encode_info(&info, NULL, 0, &n), KVS_ERR_INVALID_ARG);
 
     struct wire_truncate tr = {.epoch = 5, .len = 100}, tr2;
     memcpy(tr.session_id, SID, 16);
@@ -460,7 +487,8 @@ static void test_rejections(void) {
     expect_bad_u32(C_FORWARD, p, n, 36, 3);                  /* unknown out_mode */
     expect_bad_u32(C_FORWARD, p, n, 40, 3);                  /* inherit_epoch == epoch */
     expect_bad_u32(C_FORWARD, p, n, 48, WIRE_MAX_POS + 1);
-    expect_bad_u32(C_FORWARD, p, n, 52, 3);                  /* unknown in_kind */
+    expect_bad_u32(C_FORWARD, p, n, 52, 4);                  /* unknown in_kind */
+    expect_bad_u32(C_FORWARD, p, n, 52, WIRE_IN_HIDDEN_BF16);/* hidden without n_embd */
     expect_bad_u32(C_FORWARD, p, n, 56, 1);                  /* n_embd with tokens */
     expect_bad_u32(C_FORWARD, p, n, 60, (uint32_t)-1);       /* negative token */
     expect_bad_u32(C_FORWARD, p, n, 64, WIRE_MAX_VOCAB);     /* token over limit */
@@ -482,6 +510,8 @@ static void test_rejections(void) {
     expect_bad_u32(C_FORWARD, p, n, 56, WIRE_MAX_EMBD + 1);
     expect_bad_u32(C_FORWARD, p, n, 56, 0x40000000u); /* 3 x 2^30 x 4 would overflow u32 */
     expect_bad_u32(C_FORWARD, p, n, 52, WIRE_IN_HIDDEN_F16); /* half the bytes expected */
+    expect_bad_u32(C_FORWARD, p, n, 52, WIRE_IN_HIDDEN_BF16);
+    expect_bad_u32(C_FORWARD, p, n, 52, 4);                  /* unknown in_kind */
     expect_bad_u32(C_FORWARD, p, n, 52, WIRE_IN_TOKENS);
     free(p);
 
@@ -495,6 +525,8 @@ static void test_rejections(void) {
     expect_bad_u32(C_FREPLY, p, n, 20, 4);
     expect_bad_u32(C_FREPLY, p, n, 20, WIRE_OUTK_NONE);
     expect_bad_u32(C_FREPLY, p, n, 20, WIRE_OUTK_HIDDEN_F16);
+    expect_bad_u32(C_FREPLY, p, n, 20, WIRE_OUTK_HIDDEN_BF16); /* 2 x 5 bf16 != 40 bytes */
+    expect_bad_u32(C_FREPLY, p, n, 20, 6);                     /* unknown out_kind */
     expect_bad_u32(C_FREPLY, p, n, 24, 1);
     expect_bad_u32(C_FREPLY, p, n, 24, WIRE_MAX_TOKENS + 1);
     expect_bad_u32(C_FREPLY, p, n, 28, 0);
@@ -511,7 +543,10 @@ static void test_rejections(void) {
     p = encode(&codecs[C_INFO], &info, &n);
     expect_bad_u32(C_INFO, p, n, 20, 3 | (3u << 16));            /* version 3 */
     expect_bad_u32(C_INFO, p, n, 20, 1 | (2u << 16));            /* f16 without f32 */
-    expect_bad_u32(C_INFO, p, n, 20, 1 | (5u << 16));            /* unknown dtype bit */
+    expect_bad_u32(C_INFO, p, n, 20, 1 | (5u << 16));            /* bf16 bit in v1 */
+    expect_bad_u32(C_INFO, p, n, 20, 1 | (9u << 16));            /* unknown dtype bit */
+    expect_bad_u32(C_INFO, p, n, 20, 2 | (9u << 16));            /* unknown dtype bit in v2 */
+    expect_bad_u32(C_INFO, p, n, 20, 2 | (4u << 16));            /* bf16 without f32 */
     expect_bad_u32(C_INFO, p, n, 56, 15);                        /* last > n_layer */
     expect_bad_u32(C_INFO, p, n, 56, WIRE_MAX_LAYERS + 1);
     expect_bad_u32(C_INFO, p, n, 60, 16);                        /* first == last */
@@ -613,6 +648,69 @@ static void test_f16(void) {
     }
     CHECK_EQ_INT(bad, 0);
     for (int i = 0; i < 12; i++) sample_h16[i] = wire_f32_to_f16(sample_hidden[i]);
+}
+
+static uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static float bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* bf16: round to nearest even from f32 (ulp at 1.0 is 2^-7), exact back; inf/NaN as f16's rules. */
+static void test_bf16(void) {
+    CHECK_EQ_INT(wire_f32_to_bf16(1.0f), 0x3f80);
+    CHECK_EQ_INT(wire_f32_to_bf16(-2.0f), 0xc000);
+    CHECK_EQ_INT(wire_f32_to_bf16(0.0f), 0x0000);
+    CHECK_EQ_INT(wire_f32_to_bf16(-0.0f), 0x8000);
+    CHECK_EQ_INT(wire_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);   /* tie to even (down) */
+    CHECK_EQ_INT(wire_f32_to_bf16(1.0f + 0x1.8p-8f), 0x3f81); /* above the tie */
+    CHECK_EQ_INT(wire_f32_to_bf16(1.0f + 0x1p-9f), 0x3f80);   /* below the tie */
+    CHECK_EQ_INT(wire_f32_to_bf16(1.0f + 0x1.8p-7f), 0x3f82); /* tie to even (up) */
+    CHECK_EQ_INT(wire_f32_to_bf16(3.14159265f), 0x4049);      /* 0x40490fdb: 0x0fdb < 0x8000 */
+    CHECK_EQ_INT(wire_f32_to_bf16(-0.1f), 0xbdcd);            /* 0xbdcccccd: 0xcccd > 0x8000 */
+    CHECK_EQ_INT(wire_f32_to_bf16(0x1.fep127f), 0x7f7f);      /* largest finite bf16 */
+    CHECK_EQ_INT(wire_f32_to_bf16(0x1.fffffep127f), 0x7f80);  /* past it: inf */
+    CHECK_EQ_INT(wire_f32_to_bf16(-0x1.fffffep127f), 0xff80);
+    CHECK_EQ_INT(wire_f32_to_bf16(INFINITY), 0x7f80);
+    CHECK_EQ_INT(wire_f32_to_bf16(-INFINITY), 0xff80);
+    CHECK_EQ_INT(wire_f32_to_bf16(bits_f32(0x00000001u)), 0x0000); /* subnormals round too */
+    CHECK_EQ_INT(wire_f32_to_bf16(bits_f32(0x00008000u)), 0x0000); /* tie to even */
+    CHECK_EQ_INT(wire_f32_to_bf16(bits_f32(0x00018000u)), 0x0002); /* tie to even */
+    CHECK_EQ_INT(wire_f32_to_bf16(bits_f32(0x00008001u)), 0x0001);
+    CHECK_EQ_INT(wire_f32_to_bf16(bits_f32(0x007fffffu)), 0x0080); /* to the smallest normal */
+    /* NaN stays NaN: quiet, sign and top payload kept; a payload only in the low 16 bits does not
+     * become inf */
+    CHECK_EQ_INT(wire_f32_to_bf16(bits_f32(0x7fc00000u)), 0x7fc0);
+    CHECK_EQ_INT(wire_f32_to_bf16(bits_f32(0xffa00000u)), 0xffe0);
+    CHECK_EQ_INT(wire_f32_to_bf16(bits_f32(0x7f800001u)), 0x7fc0);
+    CHECK_EQ_INT(wire_f32_to_bf16(bits_f32(0x7fffffffu)), 0x7fff);
+    /* every bf16 converts to f32 exactly (the top half) and back to itself; NaNs stay NaN */
+    int bad = 0;
+    for (uint32_t h = 0; h < 0x10000; h++) {
+        float f = wire_bf16_to_f32((uint16_t)h);
+        bad += f32_bits(f) != h << 16;
+        uint16_t back = wire_f32_to_bf16(f);
+        if ((h & 0x7f80) == 0x7f80 && (h & 0x7f)) bad += (back & 0x7f80) != 0x7f80 || !(back & 0x7f) ||
+                                                         (back & 0x8000) != (h & 0x8000);
+        else bad += back != h;
+    }
+    CHECK_EQ_INT(bad, 0);
+    /* nearest: for f32 values around 1, the result is never more than half an ulp (2^-8) away and
+     * a tie goes to the even neighbour */
+    bad = 0;
+    for (uint32_t u = 0x3f800000u; u < 0x3f820000u; u++) {
+        float f = bits_f32(u), r = wire_bf16_to_f32(wire_f32_to_bf16(f));
+        float err = fabsf(r - f);
+        if (err > 0x1p-8f) bad++;
+        if (err == 0x1p-8f && (wire_f32_to_bf16(f) & 1)) bad++;
+    }
+    CHECK_EQ_INT(bad, 0);
+    for (int i = 0; i < 12; i++) sample_hb16[i] = wire_f32_to_bf16(sample_hidden[i]);
 }
 
 /* ---- random bytes and mutations never crash; anything accepted is canonical ---- */
@@ -881,7 +979,8 @@ static void test_v2_fields(void) {
     CHECK_EQ_INT(d->relay.next[0].inherit_epoch, 2);
     /* Bad values: encoder and decoder refuse them alike. */
     static const char *const bad[] = {"NaN temp", "n_top 21", "relay_id 0", "addr_len 0",
-                                      "hop inherit not older", "hidden_kind tokens", "window id out of range"};
+                                      "hop inherit not older", "hidden_kind tokens", "hidden_kind 4",
+                                      "window id out of range"};
     int32_t bad_window[3] = {1, (int32_t)WIRE_MAX_VOCAB, 3};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         struct wire_forward *b = calloc(1, sizeof *b);
@@ -893,6 +992,7 @@ static void test_v2_fields(void) {
         case 3: b->relay.next[1].addr_len = 0; break;
         case 4: b->relay.next[0].inherit_epoch = 4; break;
         case 5: b->relay.hidden_kind = WIRE_IN_TOKENS; break;
+        case 6: b->relay.hidden_kind = 4; break;
         default: b->sample.window = bad_window; break;
         }
         size_t len = 0;
@@ -915,6 +1015,13 @@ static void test_v2_fields(void) {
     memcpy(t, p, n);
     t[68 + 40 + 12 + 14] = 0; /* first hop's addr_len */
     CHECK(decode_canonical(&codecs[C_FORWARD], t, n) != KVS_OK);
+    memcpy(t, p, n);
+    kvs_wr_u16(t + 68 + 40 + 12 + 10, WIRE_IN_HIDDEN_BF16); /* relay hidden_kind bf16: valid */
+    CHECK_EQ_INT(decode_canonical(&codecs[C_FORWARD], t, n), KVS_OK);
+    CHECK_EQ_INT(wire_decode_forward(t, n, d, msg, sizeof msg), KVS_OK);
+    CHECK_EQ_INT(d->relay.hidden_kind, WIRE_IN_HIDDEN_BF16);
+    kvs_wr_u16(t + 68 + 40 + 12 + 10, 4); /* unknown */
+    CHECK_EQ_INT(decode_canonical(&codecs[C_FORWARD], t, n), KVS_ERR_PROTOCOL);
     free(t);
     free(p);
     free(d);
@@ -965,6 +1072,7 @@ static void test_v2_fields(void) {
 int main(void) {
     signal(SIGPIPE, SIG_DFL); /* prove MSG_NOSIGNAL: SIGPIPE would kill the test */
     test_f16();
+    test_bf16();
     test_header();
     test_roundtrips();
     test_rejections();

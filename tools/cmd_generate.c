@@ -18,14 +18,15 @@ static void generate_usage(FILE *f) {
             "usage: kvshard generate --route HOST:PORT[,HOST:PORT...] -p PROMPT [-n N] [--temp X]\n"
             "                        [--top-k K] [--top-p P] [--seed S] [--spare HOST:PORT[,...]]\n"
             "                        [-m MODEL] [--json] [--stats] [--timeout MS] [-v] [--keep-session]\n"
-            "                        [--logits] [--no-relay] [--wire-dtype f32|f16]\n"
-            "                        [--hidden f32|f16] [--replay-cap SIZE]\n"
+            "                        [--logits] [--no-relay] [--wire-dtype f32|f16|bf16]\n"
+            "                        [--hidden f32|f16|bf16] [--replay-cap SIZE]\n"
             "  --route LIST      the shards in layer order; together they must cover every layer\n"
             "  --spare LIST      replacement shards, used when a hop fails (same model, same layers)\n"
             "  -m MODEL          read the tokenizer from this GGUF (default: from the head shard)\n"
             "  --timeout MS      connect / reply deadline per request (default 30000)\n"
-            "  --hidden f32|f16  dtype of hidden states between shards and in replay memory (default\n"
-            "                    f32: output equal to kvshard run; f16: half the bytes)\n"
+            "  --hidden T        dtype of hidden states between shards and in replay memory: f32\n"
+            "                    (default, output equal to kvshard run), f16 or bf16 (half the bytes;\n"
+            "                    bf16 needs protocol v2 shards)\n"
             "  --replay-cap SIZE replay memory per session, bytes with K/M/G (default 256M); the\n"
             "                    context is limited to what fits\n"
             "  -v                log re-routes and replays to stderr\n"
@@ -33,8 +34,8 @@ static void generate_usage(FILE *f) {
             "                    the tail samples and answers the token; the same ids either way)\n"
             "  --no-relay        drive every hop from this client (2n transfers per step) instead of\n"
             "                    shard-to-shard relay (n+1); the same ids either way\n"
-            "  --wire-dtype T    hidden states on the wire, relayed or not: f32 (default, bit-exact) or\n"
-            "                    f16 (the same as --hidden)\n"
+            "  --wire-dtype T    hidden states on the wire, relayed or not: f32 (default, bit-exact), f16\n"
+            "                    or bf16 (the same as --hidden)\n"
             "  --keep-session    testing aid: do not release the session on the shards at the end\n"
             "  -t THREADS        accepted and ignored (the shards compute)\n"
             ARGS_SECURITY_USAGE);
@@ -109,7 +110,7 @@ int cmd_generate(int argc, char **argv) {
     long threads = 0, timeout_ms = 30000;
     bool verbose = false, keep = false, logits_mode = false, no_relay = false;
     const char *wire_dtype = "f32";
-    bool hidden_f16 = false;
+    const char *hidden = "f32";
     uint64_t replay_cap = 0;
     gen_opts o;
     gen_opts_default(&o);
@@ -134,8 +135,7 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--logits")) logits_mode = true;
         else if (!strcmp(a, "--no-relay")) no_relay = true;
         else if (!strcmp(a, "--wire-dtype")) ok = args_str(argc, argv, &i, &wire_dtype);
-        else if (!strcmp(a, "--hidden") && i + 1 < argc && (!strcmp(argv[i + 1], "f16") || !strcmp(argv[i + 1], "f32")))
-            hidden_f16 = !strcmp(argv[++i], "f16");
+        else if (!strcmp(a, "--hidden")) ok = args_str(argc, argv, &i, &hidden);
         else if (!strcmp(a, "--replay-cap") && i + 1 < argc) {
             ok = args_size(argv[++i], &replay_cap) && replay_cap > 0;
             if (!ok) fprintf(stderr, "kvshard generate: --replay-cap '%s' is not a size\n", argv[i]);
@@ -148,11 +148,15 @@ int cmd_generate(int argc, char **argv) {
         generate_usage(stderr);
         return 2;
     }
-    if (strcmp(wire_dtype, "f32") && strcmp(wire_dtype, "f16")) {
-        fprintf(stderr, "kvshard generate: --wire-dtype wants f32 or f16, got '%s'\n", wire_dtype);
+    if (strcmp(wire_dtype, "f32") && strcmp(wire_dtype, "f16") && strcmp(wire_dtype, "bf16")) {
+        fprintf(stderr, "kvshard generate: --wire-dtype wants f32, f16 or bf16, got '%s'\n", wire_dtype);
         return 2;
     }
-    if (!strcmp(wire_dtype, "f16")) hidden_f16 = true; /* the same thing as --hidden f16 */
+    if (strcmp(hidden, "f32") && strcmp(hidden, "f16") && strcmp(hidden, "bf16")) {
+        fprintf(stderr, "kvshard generate: --hidden wants f32, f16 or bf16, got '%s'\n", hidden);
+        return 2;
+    }
+    if (strcmp(wire_dtype, "f32")) hidden = wire_dtype; /* the same thing as --hidden */
     if (!args_security_check("generate", &sec)) return 2;
     char *token = NULL;
     if (sec.auth_token_file && !(token = args_read_token("generate", sec.auth_token_file))) return 2;
@@ -163,7 +167,8 @@ int cmd_generate(int argc, char **argv) {
     rp.tls_cert = sec.tls_cert;
     rp.tls_key = sec.tls_key;
     rp.tls_ca = sec.tls_ca;
-    rp.hidden_f16 = hidden_f16;
+    rp.hidden_f16 = !strcmp(hidden, "f16");
+    rp.hidden_bf16 = !strcmp(hidden, "bf16");
     if (replay_cap) rp.max_replay_bytes = replay_cap;
     if (verbose) rp.log = log_stderr;
     route *r = NULL;
