@@ -33,12 +33,19 @@ typedef struct {
     sem_t gate;
     sem_t held;               /* posted by the hook when it holds a step for hold_at */
     atomic_bool gated;
+    atomic_bool at_gate;      /* the scheduler waits in the gated branch of the hook */
     atomic_int hold_at;       /* > 0: the first step with at least this many requests waits at the gate */
     atomic_uint_fast64_t now; /* hot-state clock, ns */
 } server_ctx;
 
 static void hook(void *ctx, int n) {
     server_ctx *sc = ctx;
+    if (atomic_load(&sc->gated)) {
+        atomic_store(&sc->at_gate, true);
+        while (sem_wait(&sc->gate) != 0 && errno == EINTR) {
+        }
+        atomic_store(&sc->at_gate, false);
+    }
     int h = atomic_load(&sc->hold_at);
     if (h > 0 && n >= h) {
         atomic_store(&sc->hold_at, 0);
@@ -46,9 +53,6 @@ static void hook(void *ctx, int n) {
         while (sem_wait(&sc->gate) != 0 && errno == EINTR) {
         }
     }
-    if (atomic_load(&sc->gated))
-        while (sem_wait(&sc->gate) != 0 && errno == EINTR) {
-        }
 }
 
 static uint64_t fake_clock(void *ctx) { return (uint64_t)atomic_load(&((server_ctx *)ctx)->now); }
@@ -76,6 +80,7 @@ static int start_server(server_ctx *sc, const char *model_path, uint64_t budget,
     sem_init(&sc->gate, 0, 0);
     sem_init(&sc->held, 0, 0);
     atomic_init(&sc->gated, false);
+    atomic_init(&sc->at_gate, false);
     atomic_init(&sc->hold_at, 0);
     atomic_init(&sc->now, 1000000000ull);
     char msg[KVS_MSG_MAX] = "";
@@ -514,15 +519,29 @@ static void test_cancel_in_batch(const char *model_path, engine *e) {
     put_forward(&o, 2, sid_of(51), 1, 0, 8, tz, NULL);
     flush(fd, &o);
     for (int i = 0; i < 2; i++) free(recv_reply(fd, nv, NULL).logits);
-    /* The first step holding all three (X's prefill chunk, Y's and Z's decode) waits at the gate. */
-    atomic_store(&sc.hold_at, 3);
+    /* The first step holding all three (X's prefill chunk, Y's and Z's decode) waits at the gate.
+     * Not left to arrival order: the scheduler is gated until the STATS reply shows the reader has
+     * queued all three and the scheduler waits at the gate; only then is the hold armed and the
+     * gate opened, so Y and Z cannot finish in a step of their own before X joins them. */
+    atomic_store(&sc.gated, true);
     put_forward(&o, 3, sid_of(52), 1, 0, 100, tx, NULL);
     put_forward(&o, 4, sid_of(50), 1, 8, 1, ty + 8, NULL);
     put_forward(&o, 5, sid_of(51), 1, 8, 1, tz + 8, NULL);
+    put_frame(&o, WIRE_OP_STATS, 8, NULL, 0);
     flush(fd, &o);
+    reply st = recv_reply(fd, nv, NULL); /* the reader has queued all three */
+    CHECK_EQ_INT(st.op, WIRE_OP_STATS_REPLY);
+    free(st.logits);
+    for (int waited = 0; waited < 60000 && !atomic_load(&sc.at_gate); waited++) {
+        struct timespec ms = {0, 1000 * 1000};
+        nanosleep(&ms, NULL);
+    }
+    CHECK(atomic_load(&sc.at_gate));
+    atomic_store(&sc.hold_at, 3);
+    ungate(&sc);
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += 60; /* bounded: the step comes as soon as the reader has queued the three */
+    until.tv_sec += 60; /* bounded: the step comes as soon as the gate opens */
     int w;
     while ((w = sem_timedwait(&sc.held, &until)) != 0 && errno == EINTR) {
     }
