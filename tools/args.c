@@ -148,3 +148,13 @@ char *args_read_token(const char *cmd, const char *path) {
     }
     return strdup(line);
 }
+
+bool args_security_route(const char *cmd, const args_security *o, route_params *rp, char **token) {
+    rp->tls_cert = o->tls_cert;
+    rp->tls_key = o->tls_key;
+    rp->tls_ca = o->tls_ca;
+    *token = NULL;
+    if (o->auth_token_file && !(*token = args_read_token(cmd, o->auth_token_file))) return false;
+    rp->auth = *token;
+    return true;
+}

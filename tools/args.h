@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "route.h"
+
 /* Each returns false (after printing "kvshard CMD: ...") when the value is
  * missing or malformed. *i is advanced past the consumed value. */
 bool args_str(int argc, char **argv, int *i, const char **out);
@@ -41,5 +43,9 @@ bool args_security_check(const char *cmd, const args_security *o);
 /* The client token in path: its first line without the line end, malloc'd (free()). NULL after
  * printing when the file cannot be read or the line is empty or longer than 256 bytes. */
 char *args_read_token(const char *cmd, const char *path);
+/* Copies the TLS files into rp and, with --auth-token-file, reads the token into *token (malloc'd,
+ * also set as rp->auth; the caller frees it once route_open has returned, which keeps a copy).
+ * False (after printing) when the token file cannot be read; *token is then NULL. */
+bool args_security_route(const char *cmd, const args_security *o, route_params *rp, char **token);
 
 #endif /* KVS_ARGS_H */

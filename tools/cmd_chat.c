@@ -293,12 +293,8 @@ int cmd_chat(int argc, char **argv) {
     if (route_spec) {
         route_params rp = route_default_params();
         rp.timeout_ms = timeout_ms;
-        rp.tls_cert = sec.tls_cert;
-        rp.tls_key = sec.tls_key;
-        rp.tls_ca = sec.tls_ca;
         char *token = NULL;
-        if (sec.auth_token_file && !(token = args_read_token("chat", sec.auth_token_file))) goto out;
-        rp.auth = token;
+        if (!args_security_route("chat", &sec, &rp, &token)) goto out;
         int err = route_open(route_spec, spare_spec, &rp, &c.r, msg, sizeof msg);
         free(token);
         if (!err) {

@@ -158,15 +158,11 @@ int cmd_generate(int argc, char **argv) {
     }
     if (strcmp(wire_dtype, "f32")) hidden = wire_dtype; /* the same thing as --hidden */
     if (!args_security_check("generate", &sec)) return 2;
-    char *token = NULL;
-    if (sec.auth_token_file && !(token = args_read_token("generate", sec.auth_token_file))) return 2;
     char msg[KVS_MSG_MAX] = "";
     route_params rp = route_default_params();
     rp.timeout_ms = timeout_ms;
-    rp.auth = token;
-    rp.tls_cert = sec.tls_cert;
-    rp.tls_key = sec.tls_key;
-    rp.tls_ca = sec.tls_ca;
+    char *token = NULL;
+    if (!args_security_route("generate", &sec, &rp, &token)) return 2;
     rp.hidden_f16 = !strcmp(hidden, "f16");
     rp.hidden_bf16 = !strcmp(hidden, "bf16");
     if (replay_cap) rp.max_replay_bytes = replay_cap;
