@@ -397,6 +397,23 @@ QK_INLINE void q4_0_w_chunks(const block_q4_0 *x, __m256i c[8]) {
         }                                                                                         \
     }
 
+/* The end of a q4_0 / q8_0 micro-tile: blocks past the last group of 8 go one (row, token) at a
+ * time through the multi kernel's STEP (so the float sequence stays the multi kernel's), then
+ * each accumulator is reduced into out[t * ostride + r]. Uses the tile's x, a, acc, R, T, ib, nb. */
+#define QK_TILE_FINISH(STEP)                                                                      \
+    do {                                                                                          \
+        if (ib < nb)                                                                              \
+            QK_UNROLL for (int r = 0; r < R; r++)                                                 \
+                QK_UNROLL for (int t = 0; t < T; t++) {                                           \
+                    __m256 one[4][4];                                                             \
+                    one[0][0] = acc[r][t];                                                        \
+                    STEP(&x[r], 1, &a[t], 1, ib, (int)(nb - ib), one);                            \
+                    acc[r][t] = one[0][0];                                                        \
+                }                                                                                 \
+        QK_UNROLL for (int r = 0; r < R; r++)                                                     \
+            QK_UNROLL for (int t = 0; t < T; t++) out[(size_t)t * ostride + (size_t)r] = hsum_ps(acc[r][t]); \
+    } while (0)
+
 /* out[t * ostride + r] for an R x T micro-tile, R and T compile-time. */
 QK_INLINE void q4_0_tile_rt(int64_t n, const uint8_t *w, size_t wstride, const int R, const uint8_t *act,
                             size_t astride, const int T, float *out, size_t ostride) {
@@ -425,17 +442,7 @@ QK_INLINE void q4_0_tile_rt(int64_t n, const uint8_t *w, size_t wstride, const i
             }
         }
     }
-    if (ib < nb) {
-        QK_UNROLL for (int r = 0; r < R; r++)
-            QK_UNROLL for (int t = 0; t < T; t++) {
-                __m256 one[4][4];
-                one[0][0] = acc[r][t];
-                q4_0_step(&x[r], 1, &a[t], 1, ib, (int)(nb - ib), one);
-                acc[r][t] = one[0][0];
-            }
-    }
-    QK_UNROLL for (int r = 0; r < R; r++)
-        QK_UNROLL for (int t = 0; t < T; t++) out[(size_t)t * ostride + (size_t)r] = hsum_ps(acc[r][t]);
+    QK_TILE_FINISH(q4_0_step);
 }
 
 /* Rows in micro-tiles of QK_TILE_R (then 1), tokens of QK_TILE_T (then fewer). */
@@ -524,17 +531,7 @@ QK_INLINE void q4_0_p8_rt(int64_t n, const uint8_t *w, size_t wstride, const int
             }
         }
     }
-    if (ib < nb) {
-        QK_UNROLL for (int r = 0; r < R; r++)
-            QK_UNROLL for (int t = 0; t < T; t++) {
-                __m256 one[4][4];
-                one[0][0] = acc[r][t];
-                q4_0_step(&x[r], 1, &a[t], 1, ib, (int)(nb - ib), one);
-                acc[r][t] = one[0][0];
-            }
-    }
-    QK_UNROLL for (int r = 0; r < R; r++)
-        QK_UNROLL for (int t = 0; t < T; t++) out[(size_t)t * ostride + (size_t)r] = hsum_ps(acc[r][t]);
+    QK_TILE_FINISH(q4_0_step);
 }
 
 QK_TILE_WALK(avx_q4_0_p8_tile, q4_0_p8_rt)
@@ -650,17 +647,7 @@ QK_INLINE void q8_0_tile_rt(int64_t n, const uint8_t *w, size_t wstride, const i
             }
         }
     }
-    if (ib < nb) {
-        QK_UNROLL for (int r = 0; r < R; r++)
-            QK_UNROLL for (int t = 0; t < T; t++) {
-                __m256 one[4][4];
-                one[0][0] = acc[r][t];
-                q8_0_step(&x[r], 1, &a[t], 1, ib, (int)(nb - ib), one);
-                acc[r][t] = one[0][0];
-            }
-    }
-    QK_UNROLL for (int r = 0; r < R; r++)
-        QK_UNROLL for (int t = 0; t < T; t++) out[(size_t)t * ostride + (size_t)r] = hsum_ps(acc[r][t]);
+    QK_TILE_FINISH(q8_0_step);
 }
 
 QK_TILE_WALK(avx_q8_0_tile, q8_0_tile_rt)
