@@ -39,29 +39,10 @@ int digest_file_sha256(const char *path, uint8_t out[32]) {
     return KVS_OK;
 }
 
-/* n when path is named PREFIX-00001-of-NNNNN.gguf with 1 < n, prefix copied; else 0. */
-static uint32_t split_first_part(const char *path, char *prefix, size_t cap) {
-    static const char head[] = "-00001-of-";
-    size_t lp = strlen(path), tail = sizeof(head) - 1 + 5 + 5; /* "-00001-of-" NNNNN ".gguf" */
-    if (lp <= tail || lp - tail >= cap) return 0;
-    const char *t = path + lp - tail;
-    if (memcmp(t, head, sizeof(head) - 1) != 0 || strcmp(t + tail - 5, ".gguf") != 0) return 0;
-    uint32_t n = 0;
-    for (int i = 0; i < 5; i++) {
-        char c = t[sizeof(head) - 1 + i];
-        if (c < '0' || c > '9') return 0;
-        n = n * 10 + (uint32_t)(c - '0');
-    }
-    if (n < 2) return 0;
-    memcpy(prefix, path, lp - tail);
-    prefix[lp - tail] = '\0';
-    return n;
-}
-
 int digest_model_sha256(const char *path, uint8_t out[32]) {
     char prefix[4096], part[4096 + 32];
-    uint32_t n = split_first_part(path, prefix, sizeof(prefix));
-    if (n == 0) return digest_file_sha256(path, out);
+    uint32_t n = gguf_split_first_part(path, prefix, sizeof(prefix));
+    if (n < 2) return digest_file_sha256(path, out);
     if (sodium_init() < 0) return KVS_ERR_INTERNAL;
     crypto_hash_sha256_state st;
     crypto_hash_sha256_init(&st);

@@ -179,6 +179,9 @@ uint64_t gguf_set_mapped_data_bytes(const gguf_set *set);
  * KVS_ERR_NOMEM otherwise, and then no part is left on disk. */
 int gguf_split_write(const gguf_ctx *src, const uint32_t *part_of, uint32_t n_parts, const char *prefix, char *msg,
                      size_t msg_cap);
+/* N when path is named PREFIX-00001-of-NNNNN.gguf (N >= 1), with PREFIX copied into prefix;
+ * 0 when it is not so named or PREFIX does not fit in cap. */
+uint32_t gguf_split_first_part(const char *path, char *prefix, size_t cap);
 /* "PREFIX-%05u-of-%05u.gguf" for part i (0-based) of n into buf; false when it does not fit. */
 bool gguf_split_path(char *buf, size_t cap, const char *prefix, uint32_t i, uint32_t n);
 

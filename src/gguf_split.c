@@ -45,15 +45,27 @@ static int split_key(const gguf_ctx *g, const char *path, const char *key, uint3
     return KVS_OK;
 }
 
-/* The NAME of NAME-00001-of-NNNNN.gguf into prefix; false when path is not so named. */
+uint32_t gguf_split_first_part(const char *path, char *prefix, size_t cap) {
+    static const char head[] = "-00001-of-";
+    size_t lp = strlen(path), tail = sizeof(head) - 1 + 5 + 5; /* "-00001-of-" NNNNN ".gguf" */
+    if (lp <= tail || lp - tail >= cap) return 0;
+    const char *t = path + lp - tail;
+    if (memcmp(t, head, sizeof(head) - 1) != 0 || strcmp(t + tail - 5, ".gguf") != 0) return 0;
+    uint32_t n = 0;
+    for (int i = 0; i < 5; i++) {
+        char c = t[sizeof(head) - 1 + i];
+        if (c < '0' || c > '9') return 0;
+        n = n * 10 + (uint32_t)(c - '0');
+    }
+    if (n < 1) return 0;
+    memcpy(prefix, path, lp - tail);
+    prefix[lp - tail] = '\0';
+    return n;
+}
+
+/* The NAME of NAME-00001-of-NNNNN.gguf (n parts) into prefix; false when path is not so named. */
 static bool first_part_prefix(const char *path, uint32_t n, char *prefix, size_t cap) {
-    char tail[32];
-    snprintf(tail, sizeof(tail), "-00001-of-%05" PRIu32 ".gguf", n);
-    size_t lp = strlen(path), lt = strlen(tail);
-    if (lp <= lt || strcmp(path + lp - lt, tail) != 0 || lp - lt >= cap) return false;
-    memcpy(prefix, path, lp - lt);
-    prefix[lp - lt] = '\0';
-    return true;
+    return gguf_split_first_part(path, prefix, cap) == n;
 }
 
 static int open_parts(gguf_set *set, const char *path, uint32_t n, char *msg, size_t cap) {
