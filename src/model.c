@@ -2,6 +2,8 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <string.h>
 
 #include "quant.h"
@@ -210,6 +212,42 @@ static int bind_weight(gguf_set *files, const char *name, uint64_t n_in, uint64_
     return KVS_OK;
 }
 
+/* Adds p to the memory freed with the model; false (p not added) when out of memory. */
+static bool own(model *m, void *p) {
+    void **list = realloc(m->owned, (size_t)(m->n_owned + 1) * sizeof(void *));
+    if (!list) return false;
+    m->owned = list;
+    m->owned[m->n_owned++] = p;
+    return true;
+}
+
+/* Repacks matrix w into the r8 layout (quant.h) in owned memory when the CPU
+ * has an r8 kernel for its type and it has a multiple of 8 rows; the pages of
+ * the mapping that lie wholly inside the old rows are released, so it stays
+ * resident once. Returns KVS_OK (w unchanged when not repacked) or
+ * KVS_ERR_NOMEM (w unchanged). Not for a matrix whose rows are also read
+ * one by one (the embeddings). */
+static int repack_weight(model *m, ops_weight *w, char *msg, size_t cap) {
+    if (w->layout != OPS_ROWS || !quant_r8_preferred(w->type) || w->n_out % 8 != 0) return KVS_OK;
+    const size_t bytes = (size_t)w->n_out * w->row_bytes;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0 || !own(m, p)) {
+        free(p);
+        return kvs_fail(msg, cap, KVS_ERR_NOMEM, "out of memory repacking a %zu-byte matrix", bytes);
+    }
+    const uint8_t *src = w->data;
+    for (int64_t r = 0; r < w->n_out; r += 8)
+        quant_r8_pack(w->type, w->n_in, src + (size_t)r * w->row_bytes, w->row_bytes, (uint8_t *)p + (size_t)r * w->row_bytes);
+    long page = sysconf(_SC_PAGESIZE);
+    uintptr_t pg = page > 0 ? (uintptr_t)page : 4096, lo = ((uintptr_t)src + pg - 1) / pg * pg,
+              hi = ((uintptr_t)src + bytes) / pg * pg;
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED); /* advice only: the bytes stay valid */
+    w->data = p;
+    w->layout = OPS_R8;
+    m->n_repacked++;
+    return KVS_OK;
+}
+
 /* Finds a 1-D f32-able vector of n elements; converts non-f32 types into owned memory. */
 static int bind_vector(model *m, const char *name, uint64_t n, const float **out, char *msg, size_t cap) {
     const gguf_tensor *t = NULL;
@@ -228,14 +266,10 @@ static int bind_vector(model *m, const char *name, uint64_t n, const float **out
     if (!tr || !tr->compute || n % tr->block_elems)
         return kvs_fail(msg, cap, KVS_ERR_UNSUPPORTED, "tensor '%s' has a type kvshard cannot read as a vector", name);
     float *f = malloc(n * sizeof(float));
-    float **list = realloc(m->owned_floats, (size_t)(m->n_owned_floats + 1) * sizeof(float *));
-    if (!f || !list) {
+    if (!f || !own(m, f)) {
         free(f);
-        if (list) m->owned_floats = list;
         return kvs_fail(msg, cap, KVS_ERR_NOMEM, "out of memory converting '%s'", name);
     }
-    m->owned_floats = list;
-    m->owned_floats[m->n_owned_floats++] = f;
     quant_dequant_row(t->type, t->data, f, (int64_t)n);
     *out = f;
     return KVS_OK;
@@ -344,6 +378,13 @@ int model_load(const char *path, uint32_t first, uint32_t last, model **out, cha
             goto fail;
         }
     }
+    for (uint32_t l = 0; l < last - first; l++) {
+        model_layer *L = &m->layers[l];
+        ops_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t k = 0; k < sizeof(ws) / sizeof(ws[0]); k++)
+            if ((err = repack_weight(m, ws[k], msg, cap))) goto fail;
+    }
+    if (m->has_head && !tied && (err = repack_weight(m, &m->output, msg, cap))) goto fail;
     /* Derived once here rather than on every forward call. */
     for (uint32_t l = 0; l < last - first; l++) {
         const model_layer *L = &m->layers[l];
@@ -372,8 +413,8 @@ fail:
 
 void model_free(model *m) {
     if (!m) return;
-    for (int i = 0; i < m->n_owned_floats; i++) free(m->owned_floats[i]);
-    free(m->owned_floats);
+    for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
     free(m->rope_inv_freq);
     free(m->layers);
     gguf_set_close(m->files);

@@ -3,7 +3,10 @@
  * of a dense GGUF model of a family in the arch table (llama, qwen2), plus
  * token_embd when first == 0 and output_norm / output when last == n_layer.
  * Weight data stays in the read-only mapping: only the owned tensors are ever
- * touched, so resident weight memory follows the range. A split model
+ * touched, so resident weight memory follows the range. Where the CPU has an
+ * r8 kernel for a matrix's type (quant_r8_preferred), the loader repacks that
+ * matrix once into owned memory of the same size and drops its mapped pages
+ * (madvise), so the weights are resident once either way. A split model
  * (NAME-00001-of-0000N.gguf) is read through a gguf_set: the metadata of the
  * first part, and the tensor data of only the parts that hold owned tensors.
  * Knows nothing about sessions or the network.
@@ -68,8 +71,10 @@ struct model {
     size_t act_row_bytes;    /* largest quantized activation row any owned matrix needs, bytes */
     float *rope_inv_freq;    /* [n_rot / 2] rope frequencies per position: base^(-2i/n_rot) x
                               * rope_freq_scale / rope_freqs[i] (rope_freqs.weight, when present) */
-    float **owned_floats;    /* norm vectors converted to f32, freed with the model */
-    int n_owned_floats;
+    void **owned;            /* memory freed with the model: norm vectors converted to f32 and
+                                repacked (r8) weights */
+    int n_owned;
+    int n_repacked;          /* weights held in the r8 layout (quant.h), 0 when not repacked */
 };
 
 /* Reads the hyper-parameters (keys under `{general.architecture}.`) and

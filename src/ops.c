@@ -212,6 +212,15 @@ static void mm_quantize_task(void *p, int64_t i0, int64_t i1, int slot) {
 
 /* Rows [r0, r1) of one weight into y. */
 static void mm_dot_rows(const mm_task *t, const ops_weight *w, float *y, int64_t y_stride, int64_t r0, int64_t r1) {
+    if (w->layout == OPS_R8) { /* r0 and r1 are multiples of 8 (mm_run) */
+        for (int t0 = 0; t0 < t->n_tok; t0 += MM_TOK_TILE) {
+            int nt = t->n_tok - t0 < MM_TOK_TILE ? t->n_tok - t0 : MM_TOK_TILE;
+            quant_dot_r8(w->type, w->n_in, (const uint8_t *)w->data + (size_t)r0 * w->row_bytes, (int)((r1 - r0) / 8),
+                         t->act + (size_t)t0 * t->act_bytes, t->act_bytes, nt,
+                         y + (size_t)t0 * (size_t)y_stride + (size_t)r0, (size_t)y_stride);
+        }
+        return;
+    }
     if (t->tiled) {
         for (int t0 = 0; t0 < t->n_tok; t0 += MM_TOK_TILE) {
             int nt = t->n_tok - t0 < MM_TOK_TILE ? t->n_tok - t0 : MM_TOK_TILE;
@@ -257,7 +266,7 @@ static void mm_run(ops_pool *pool, mm_task *t) {
      * q4_0, whose pair-layout tile kernel is the cheaper one even for a single
      * token). Both give bit-identical results. */
     const int tile_min = quant_tile_min_tokens(w->type);
-    t->tiled = tile_min > 0 && t->n_tok >= tile_min;
+    t->tiled = w->layout == OPS_ROWS && tile_min > 0 && t->n_tok >= tile_min;
     ops_parallel_for(pool, t->n_tok, t->n_tok < 4 ? 4 : 1, mm_quantize_task, t);
     /* Few large contiguous row ranges per thread: the hardware prefetchers
      * stream a long run far better than many 16-row pieces (measured: 14 ->
@@ -280,7 +289,8 @@ void ops_matmul(ops_pool *pool, const ops_weight *w, const float *x, int n_tok, 
 void ops_matmul_group(ops_pool *pool, int n_w, const ops_weight *const *ws, const float *x, int n_tok,
                       float *const *ys, const int64_t *y_strides, void *act_scratch) {
     bool same = n_w >= 1 && n_w <= MM_MAX_GROUP;
-    for (int i = 1; same && i < n_w; i++) same = ws[i]->type == ws[0]->type && ws[i]->n_in == ws[0]->n_in;
+    for (int i = 1; same && i < n_w; i++)
+        same = ws[i]->type == ws[0]->type && ws[i]->n_in == ws[0]->n_in && ws[i]->layout == ws[0]->layout;
     if (!same) {
         for (int i = 0; i < n_w; i++) ops_matmul(pool, ws[i], x, n_tok, ys[i], y_strides[i], act_scratch);
         return;

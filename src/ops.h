@@ -38,8 +38,12 @@ typedef struct {
     int64_t n_in;      /* row length (elements), GGUF ne[0] */
     int64_t n_out;     /* rows, GGUF ne[1] */
     size_t row_bytes;  /* bytes per row */
-    const void *data;  /* n_out rows, row_bytes each */
+    const void *data;  /* n_out rows, row_bytes each (OPS_ROWS), or n_out / 8 r8 groups of
+                          8 x row_bytes each (OPS_R8, quant.h) */
+    int layout;        /* OPS_ROWS, or OPS_R8 (n_out a multiple of 8, quant_r8_supported(type)) */
 } ops_weight;
+
+enum { OPS_ROWS = 0, OPS_R8 = 1 };
 
 /* y[t][r] = dot(w row r, x[t]) for t < n_tok, r < n_out. x: n_tok x n_in f32
  * (row stride n_in); y: n_tok x n_out (row stride y_stride >= n_out).

@@ -253,3 +253,29 @@ void quant_dot_tile(uint32_t wtype, int64_t n, const void *w, size_t w_stride, i
         isa_tables[quant_isa_current()]->k[wtype].tile(n, w, w_stride, n_rows, act, act_stride, n_act, out,
                                                        out_stride);
 }
+
+/* --- r8 (row-interleaved) weights ------------------------------------------ */
+
+static atomic_bool r8_enabled = true;
+
+void quant_r8_set_enabled(bool on) { atomic_store(&r8_enabled, on); }
+
+bool quant_r8_preferred(uint32_t wtype) {
+    if (!quant_r8_supported(wtype) || !atomic_load(&r8_enabled)) return false;
+    for (int i = (int)quant_isa_current(); i > (int)QUANT_ISA_SCALAR; i--)
+        if (isa_tables[i]->k[wtype].r8) return true;
+    return false;
+}
+
+void quant_dot_r8(uint32_t wtype, int64_t n, const void *w, int n_groups, const void *act, size_t act_stride,
+                  int n_act, float *out, size_t out_stride) {
+    KVS_ASSERT(quant_r8_supported(wtype));
+    check_n(wtype, n);
+    if (n_groups <= 0 || n_act <= 0) return;
+    for (int i = (int)quant_isa_current(); i >= 0; i--)
+        if (isa_tables[i]->k[wtype].r8) {
+            isa_tables[i]->k[wtype].r8(n, w, n_groups, act, act_stride, n_act, out, out_stride);
+            return;
+        }
+    KVS_ASSERT(!"no r8 kernel");
+}

@@ -102,6 +102,38 @@ int quant_tile_min_tokens(uint32_t wtype);
 void quant_act_tile_layout(uint32_t wtype, void *act, int64_t n);
 void quant_dot_tile(uint32_t wtype, int64_t n, const void *w, size_t w_stride, int n_rows, const void *act,
                     size_t act_stride, int n_act, float *out, size_t out_stride);
+/* Row-interleaved ("r8") weights. For some types (q4_0) a matrix whose row
+ * count is a multiple of 8 can be repacked once, at load, into groups of eight
+ * rows whose blocks are interleaved so that one SIMD register holds the same
+ * four elements of all eight rows: a kernel then dots eight rows with one
+ * broadcast of the activations and no horizontal reduction. A group has the
+ * bytes of its eight rows (8 x row bytes), so the repacked matrix replaces the
+ * mapped one at the same size. The layout is the same under every ISA.
+ * quant_dot_r8 reads activation rows as quant_act_quantize makes them (no tile
+ * layout) and gives out[t * out_stride + 8 g + r] = the dot of row r of group g
+ * with activation row t, bit-identical whatever n_groups and n_act are and
+ * under the scalar reference too (the integer sums are exact and every ISA
+ * runs the same float steps). It rounds differently from quant_dot on the
+ * unpacked rows (one accumulator per row instead of quant_dot's lanes), within
+ * the same bound. */
+/* True when wtype has an r8 layout. */
+bool quant_r8_supported(uint32_t wtype);
+/* True when the current ISA has a SIMD r8 kernel for wtype, i.e. repacking pays,
+ * and repacking is enabled. */
+bool quant_r8_preferred(uint32_t wtype);
+/* Turns repacking on (the default) or off process-wide, for models loaded after
+ * the call (kvshard's --no-repack; tests that compare the two). */
+void quant_r8_set_enabled(bool on);
+/* Packs 8 rows (n elements of wtype each, row_stride bytes apart) into one group
+ * (8 x the row bytes at out; out must not overlap the rows). */
+void quant_r8_pack(uint32_t wtype, int64_t n, const void *rows, size_t row_stride, void *out);
+/* Unpacks one group back into 8 rows (the inverse of quant_r8_pack; for tests). */
+void quant_r8_unpack(uint32_t wtype, int64_t n, const void *group, void *rows, size_t row_stride);
+void quant_dot_r8(uint32_t wtype, int64_t n, const void *w, int n_groups, const void *act, size_t act_stride,
+                  int n_act, float *out, size_t out_stride);
+/* The same through the scalar reference kernel, for tests. */
+void quant_dot_r8_ref(uint32_t wtype, int64_t n, const void *w, int n_groups, const void *act,
+                      size_t act_stride, int n_act, float *out, size_t out_stride);
 /* Dequantizes n elements of wtype into y. */
 void quant_dequant_row(uint32_t wtype, const void *w, float *y, int64_t n);
 /* Reference quantizer (weights), for mkmodel and tests: f32, f16, bf16, q4_0,

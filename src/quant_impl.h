@@ -186,6 +186,17 @@ typedef struct {
 } act_q8x8;
 static_assert(sizeof(act_q8x8) == 8 * sizeof(act_q8), "act_q8x8 size");
 
+/* r8 layout of q4_0 (quant.h): block b of eight rows. qs[32 j + 4 r + i] holds
+ * row r's elements 8 j + i (low nibble) and 8 j + 4 + i (high nibble), j 0..3,
+ * i 0..3, so 32-byte chunk j masked gives every row's elements 8j..8j+3 in its
+ * i32 lane r and shifted gives 8j+4..8j+7: each pairs with one 4-byte broadcast
+ * of the activation block. A group of nb blocks is nb of these, in order. */
+typedef struct {
+    uint16_t d[8];   /* f16 scale of row r's block */
+    uint8_t qs[128];
+} block_q4_0x8;
+static_assert(sizeof(block_q4_0x8) == 8 * sizeof(block_q4_0), "q4_0x8 block size");
+
 typedef void (*quant_dot_multi_fn)(int64_t n, const void *w, const void *act, size_t act_stride,
                                    int n_act, float *out);
 typedef void (*quant_dot_tile_fn)(int64_t n, const void *w, size_t w_stride, int n_rows, const void *act,
@@ -193,6 +204,8 @@ typedef void (*quant_dot_tile_fn)(int64_t n, const void *w, size_t w_stride, int
 typedef void (*quant_dequant_fn)(const void *w, float *y, int64_t n);
 typedef void (*quant_act_fn)(const float *x, void *act, int64_t n);
 typedef void (*quant_layout_fn)(void *act, int64_t n);
+typedef void (*quant_dot_r8_fn)(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride,
+                                int n_act, float *out, size_t out_stride);
 
 typedef struct {
     quant_dot_multi_fn dot;     /* NULL: fall back */
@@ -201,6 +214,7 @@ typedef struct {
     quant_dot_tile_fn tile;     /* NULL: no tile kernel under this ISA (no fall back) */
     quant_layout_fn layout;     /* the tile layout when tile is set; NULL: design note 6's */
     int tile_min_tokens;        /* tile is the faster path from this many tokens; 0: from 5 */
+    quant_dot_r8_fn r8;         /* kernel over r8 groups (quant.h); NULL: fall back */
 } quant_kernels;
 
 typedef struct {
@@ -272,6 +286,14 @@ QUANT_LOWBIT_DOTS(avx512)
                                    size_t out_stride);
 QUANT_LOWBIT_TILES(avx2)
 QUANT_LOWBIT_TILES(avx512)
+
+/* r8 kernels (quant_r8_ref.c, quant_r8_avx2.c, quant_r8_avx512.c). */
+void quant_ref_r8_q4_0(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, int n_act,
+                       float *out, size_t out_stride);
+void quant_avx2_r8_q4_0(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, int n_act,
+                        float *out, size_t out_stride);
+void quant_avx512_r8_q4_0(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride,
+                          int n_act, float *out, size_t out_stride);
 
 void quant_ref_dequant_q2_k(const void *w, float *y, int64_t n);
 void quant_ref_dequant_q3_k(const void *w, float *y, int64_t n);

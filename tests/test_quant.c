@@ -448,6 +448,69 @@ static void test_kernel_path(void) {
     CHECK(quant_kernel_path(QUANT_Q8_K) == NULL);
 }
 
+/* r8 groups: pack/unpack round trip, every ISA's kernel bit-identical to the
+ * scalar reference for every group count and batch size, and each output
+ * within the dot bound of quant_dot_ref on the unpacked row. */
+static void test_r8(uint32_t type, int64_t n) {
+    enum { GROUPS = 3, ROWS = 8 * GROUPS, TOKS = 11 };
+    static float x[MAX_N], a[MAX_N], af[TOKS][MAX_N], yr[MAX_N];
+    static uint8_t w[ROWS][MAX_N], packed[ROWS * MAX_N], back[ROWS][MAX_N], act[TOKS * (MAX_N * 2 + 8)];
+    uint64_t rb = 0;
+    CHECK(quant_r8_supported(type));
+    CHECK(quant_row_bytes(type, (uint64_t)n, &rb));
+    for (int r = 0; r < ROWS; r++) {
+        fill_random(x, n, 1.0f + (float)r);
+        CHECK(quant_quantize_row(type, x, w[r], n));
+    }
+    for (int g = 0; g < GROUPS; g++) {
+        quant_r8_pack(type, n, w[8 * g], sizeof w[0], packed + (size_t)g * 8 * rb);
+        quant_r8_unpack(type, n, packed + (size_t)g * 8 * rb, back[8 * g], sizeof back[0]);
+    }
+    int rt_diff = 0;
+    for (int r = 0; r < ROWS; r++) rt_diff += memcmp(w[r], back[r], (size_t)rb) != 0;
+    CHECK_EQ_INT(rt_diff, 0);
+    size_t abytes = quant_act_row_bytes(type, n), stride = abytes + 8;
+    for (int t = 0; t < TOKS; t++) {
+        fill_random(af[t], n, 0.5f + (float)t);
+        if (t == 0) memset(af[t], 0, sizeof(float) * 32);
+        quant_act_quantize_ref(type, af[t], act + (size_t)t * stride, n);
+    }
+    static float ref[TOKS][ROWS];
+    quant_dot_r8_ref(type, n, packed, GROUPS, act, stride, TOKS, &ref[0][0], ROWS);
+    /* the reference against quant_dot_ref on the plain rows */
+    for (int r = 0; r < ROWS; r++) {
+        quant_dequant_row_ref(type, w[r], yr, n);
+        for (int t = 0; t < TOKS; t++) {
+            double abs_sum = 0;
+            for (int64_t i = 0; i < n; i++) abs_sum += fabs((double)yr[i] * af[t][i]);
+            CHECK_NEAR(ref[t][r], quant_dot_ref(type, n, w[r], act + (size_t)t * stride), 2e-5 * abs_sum + 1e-6);
+        }
+    }
+    (void)a;
+    for (int k = 0; k < n_isas; k++) {
+        CHECK(quant_isa_force(isas[k]));
+        static const int shapes[][2] = {{1, 1}, {1, 4}, {3, 11}, {2, 5}, {3, 3}, {1, 8}, {2, 2}};
+        for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
+            const int ng = shapes[sh][0], nt = shapes[sh][1];
+            float out[TOKS][ROWS + 3];
+            memset(out, 0xFF, sizeof out);
+            quant_dot_r8(type, n, packed, ng, act, stride, nt, &out[0][0], ROWS + 3);
+            int diff = 0;
+            for (int t = 0; t < nt; t++)
+                for (int r = 0; r < 8 * ng; r++) diff += memcmp(&out[t][r], &ref[t][r], 4) != 0;
+            if (diff)
+                fprintf(stderr, "%s/%s n=%lld r8 %d groups x %d tokens: %d outputs differ from the reference\n",
+                        quant_get_traits(type)->name, quant_isa_name(isas[k]), (long long)n, ng, nt, diff);
+            CHECK_EQ_INT(diff, 0);
+            int untouched = 0; /* nothing written past the groups */
+            for (int t = 0; t < nt; t++) untouched += out[t][8 * ng] != out[t][8 * ng] ? 1 : 0;
+            CHECK_EQ_INT(untouched, nt);
+        }
+    }
+    printf("  %-5s n=%-5lld r8 groups bit-identical to the reference on %d ISA(s)\n", quant_get_traits(type)->name,
+           (long long)n, n_isas);
+}
+
 int main(void) {
     enum quant_isa best = quant_isa_detect();
     for (int i = 0; i <= (int)best; i++) isas[n_isas++] = (enum quant_isa)i;
@@ -485,7 +548,9 @@ int main(void) {
     for (size_t i = 0; i < sizeof n_tile / sizeof n_tile[0]; i++) {
         test_tile(QUANT_Q4_0, n_tile[i]);
         test_tile(QUANT_Q8_0, n_tile[i]);
+        test_r8(QUANT_Q4_0, n_tile[i]);
     }
+    CHECK(!quant_r8_supported(QUANT_Q8_K) && !quant_r8_supported(QUANT_F32));
     static const int64_t n_ktile[] = {256, 768, 1024};
     for (size_t i = 0; i < sizeof n_ktile / sizeof n_ktile[0]; i++) {
         test_tile(QUANT_Q4_K, n_ktile[i]);

@@ -19,9 +19,10 @@
 
 static void bench_usage(FILE *f) {
     fprintf(f, "usage: kvshard bench -m MODEL [-t THREADS] [-p PROMPT_TOKENS] [-n DECODE_TOKENS] [--sessions N]\n"
-               "                     [--layers FIRST:LAST]\n"
+               "                     [--layers FIRST:LAST] [--no-repack]\n"
                "  --layers          bench one shard's range (hidden-state input/output where it lacks\n"
                "                    the embeddings/head); reports its resident memory (rss_bytes)\n"
+               "  --no-repack       keep the weights in the file's row layout (no r8 repacking)\n"
                "  prints one JSON object: prefill_tok_s, decode_tok_s, mem_bw_gbs, weight_bytes_per_token,\n"
                "  decode_roofline, model_sha256, threads, cpu, isa, kernels\n"
                "  (the kernel path per weight type), commit, ... (defaults -p 128 -n 32 --sessions 1)\n");
@@ -170,23 +171,28 @@ static void measure_kv_ops(const kv_params *shape, kv_op_costs *out) {
     kv_free(kv);
 }
 
-/* "kernels":{"q4_0":"avx2+tile",...}: the kernel path of each weight type the owned
- * matmuls use, in type-id order. */
+static void mark_used(const ops_weight *w, bool *used, bool *r8) {
+    if (w->type >= QUANT_TYPE_LIMIT) return;
+    used[w->type] = true;
+    if (w->layout == OPS_R8) r8[w->type] = true;
+}
+
+/* "kernels":{"q4_0":"avx2+tile+r8",...}: the kernel path of each weight type the owned
+ * matmuls use, in type-id order; "+r8" when some of its matrices are repacked. */
 static void kernel_paths(const model *m, char *out, size_t cap) {
-    bool used[QUANT_TYPE_LIMIT] = {false};
+    bool used[QUANT_TYPE_LIMIT] = {false}, r8[QUANT_TYPE_LIMIT] = {false};
     for (uint32_t l = 0; l < m->last - m->first; l++) {
         const model_layer *L = &m->layers[l];
         const ops_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
-            if (ws[i]->type < QUANT_TYPE_LIMIT) used[ws[i]->type] = true;
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) mark_used(ws[i], used, r8);
     }
-    if (m->has_head && m->output.type < QUANT_TYPE_LIMIT) used[m->output.type] = true;
+    if (m->has_head) mark_used(&m->output, used, r8);
     size_t len = (size_t)snprintf(out, cap, "{");
     for (int t = 0; t < QUANT_TYPE_LIMIT && len < cap; t++) {
         const char *path = used[t] ? quant_kernel_path((uint32_t)t) : NULL;
         if (path)
-            len += (size_t)snprintf(out + len, cap - len, "%s\"%s\":\"%s\"", len > 1 ? "," : "",
-                                    quant_get_traits((uint32_t)t)->name, path);
+            len += (size_t)snprintf(out + len, cap - len, "%s\"%s\":\"%s%s\"", len > 1 ? "," : "",
+                                    quant_get_traits((uint32_t)t)->name, path, r8[t] ? "+r8" : "");
     }
     if (len < cap) snprintf(out + len, cap - len, "}");
 }
@@ -204,6 +210,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "-n")) ok = args_int(argc, argv, &i, 1, 1 << 16, &n_decode);
         else if (!strcmp(a, "--sessions")) ok = args_int(argc, argv, &i, 1, 256, &n_sessions);
         else if (!strcmp(a, "--layers")) ok = args_str(argc, argv, &i, &layers);
+        else if (!strcmp(a, "--no-repack")) quant_r8_set_enabled(false);
         else { fprintf(stderr, "kvshard bench: unknown option '%s'\n", a); bench_usage(stderr); return 2; }
         if (!ok) return 2;
     }

@@ -1,0 +1,109 @@
+/*
+ * quant_r8_avx2 — the r8 (row-interleaved) q4_0 kernel under AVX2; compiled a
+ * second time as quant_r8_avx512.c with QUANT_R8_VNNI, where vpdpbusd makes
+ * each block's integer sum in place of maddubs + add + madd.
+ *
+ * Per block of eight rows: four 32-byte loads give, masked and shifted, eight
+ * registers whose i32 lane r holds four unsigned elements of row r (layout in
+ * quant_impl.h, block_q4_0x8). Each pairs with one 4-byte broadcast of the
+ * activation block, so the eight u8 x s8 products sum to row r's exact block
+ * sum P in lane r with no horizontal step: under plain AVX2 the eight maddubs
+ * add in i16 (|sum| <= 16 x 15 x 127 = 30480, no saturation) and one madd
+ * makes i32. Then the float steps of quant_r8_ref.c, one lane per row:
+ * t = fma(P, da, -8 s), acc = fma(t, dw, acc). The unpacked weights of a
+ * block serve up to four tokens. Same steps whatever the number of tokens:
+ * batch invariant, and bit-identical to the scalar reference.
+ */
+#include <immintrin.h>
+#include <string.h>
+
+#include "quant_impl.h"
+
+#define R8_INLINE static inline __attribute__((always_inline))
+#define R8_UNROLL _Pragma("GCC unroll 8")
+#define R8_TOKENS 4 /* tokens per pass over a group's blocks */
+#define R8_PREFETCH 2304 /* bytes ahead (16 blocks) the weights are prefetched */
+
+#ifdef QUANT_R8_VNNI
+#define R8_NAME(x) quant_avx512_##x
+#else
+#define R8_NAME(x) quant_avx2_##x
+#endif
+
+R8_INLINE __m256i bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* Lane r: the exact sum of row r's 32 products with activation block y. */
+R8_INLINE __m256i r8_block_sum(const __m256i lo[4], const __m256i hi[4], const int8_t *q) {
+#ifdef QUANT_R8_VNNI
+    __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), lo[0], bcast4(q));
+    s = _mm256_dpbusd_epi32(s, hi[0], bcast4(q + 4));
+    R8_UNROLL for (int j = 1; j < 4; j++) {
+        s = _mm256_dpbusd_epi32(s, lo[j], bcast4(q + 8 * j));
+        s = _mm256_dpbusd_epi32(s, hi[j], bcast4(q + 8 * j + 4));
+    }
+    return s;
+#else
+    __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo[0], bcast4(q)), _mm256_maddubs_epi16(hi[0], bcast4(q + 4)));
+    R8_UNROLL for (int j = 1; j < 4; j++) {
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(lo[j], bcast4(q + 8 * j)));
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[j], bcast4(q + 8 * j + 4)));
+    }
+    return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+#endif
+}
+
+/* One group (nb blocks) x T tokens (T compile-time after inlining). */
+R8_INLINE void r8_q4_0_group(int64_t nb, const block_q4_0x8 *g, const uint8_t *act, size_t astride, const int T,
+                             float *out, size_t ostride) {
+    const act_q8 *a[R8_TOKENS];
+    __m256 acc[R8_TOKENS];
+    R8_UNROLL for (int t = 0; t < T; t++) {
+        a[t] = (const act_q8 *)(act + (size_t)t * astride);
+        acc[t] = _mm256_setzero_ps();
+    }
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int64_t b = 0; b < nb; b++) {
+        /* A single core's DRAM stream runs ~1.3x faster with this on the EPYC
+         * (decode, weights far beyond L3: 11 -> 14 GB/s per core). */
+        _mm_prefetch((const char *)&g[b] + R8_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)&g[b] + R8_PREFETCH + 72, _MM_HINT_T0);
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d));
+        __m256i lo[4], hi[4];
+        R8_UNROLL for (int j = 0; j < 4; j++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(g[b].qs + 32 * j));
+            lo[j] = _mm256_and_si256(v, m4);
+            hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        }
+        R8_UNROLL for (int t = 0; t < T; t++) {
+            const act_q8 *y = a[t] + b;
+            const __m256 p = _mm256_cvtepi32_ps(r8_block_sum(lo, hi, y->qs));
+            const __m256 tt = _mm256_fmadd_ps(p, _mm256_set1_ps(y->d), _mm256_set1_ps(y->s * -8.0f));
+            acc[t] = _mm256_fmadd_ps(tt, dw, acc[t]);
+        }
+    }
+    R8_UNROLL for (int t = 0; t < T; t++) _mm256_storeu_ps(out + (size_t)t * ostride, acc[t]);
+}
+
+void R8_NAME(r8_q4_0)(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, int n_act,
+                      float *out, size_t out_stride) {
+    const int64_t nb = n / QK32;
+    const uint8_t *ab = (const uint8_t *)act;
+    for (int gi = 0; gi < n_groups; gi++) {
+        const block_q4_0x8 *g = (const block_q4_0x8 *)w + (size_t)gi * (size_t)nb;
+        float *o = out + 8 * (size_t)gi;
+        int t = 0;
+        for (; n_act - t >= R8_TOKENS; t += R8_TOKENS)
+            r8_q4_0_group(nb, g, ab + (size_t)t * act_stride, act_stride, R8_TOKENS, o + (size_t)t * out_stride,
+                          out_stride);
+        switch (n_act - t) {
+        case 3: r8_q4_0_group(nb, g, ab + (size_t)t * act_stride, act_stride, 3, o + (size_t)t * out_stride, out_stride); break;
+        case 2: r8_q4_0_group(nb, g, ab + (size_t)t * act_stride, act_stride, 2, o + (size_t)t * out_stride, out_stride); break;
+        case 1: r8_q4_0_group(nb, g, ab + (size_t)t * act_stride, act_stride, 1, o + (size_t)t * out_stride, out_stride); break;
+        default: break;
+        }
+    }
+}
