@@ -1000,10 +1000,10 @@ static void avx_f32_to_f16_row(const float *src, uint16_t *dst, int64_t n) {
 static void avx_dq_f16(const void *w, float *y, int64_t n) { avx_f16_to_f32_row((const uint16_t *)w, y, n); }
 
 #ifdef QUANT_AVX2_AS_VNNI
-#define QK_Q4_0_ENTRY [QUANT_Q4_0] = {avx_q4_0_multi, NULL, avx_act_q8, avx_q4_0_tile, NULL, 0, quant_avx512_r8_q4_0}
+#define QK_Q4_0_ENTRY [QUANT_Q4_0] = {avx_q4_0_multi, NULL, avx_act_q8, avx_q4_0_tile, NULL, 0, QK_LOWBIT(r8_q4_0)}
 #else
 #define QK_Q4_0_ENTRY [QUANT_Q4_0] = {avx_q4_0_multi, NULL, avx_act_q8, avx_q4_0_p8_tile, avx_q4_0_pair_layout, 1, \
-                                      quant_avx2_r8_q4_0}
+                                      QK_LOWBIT(r8_q4_0)}
 #endif
 
 /* The low-bit types' dots live in quant_lowbit_avx2.c (and, for VNNI, _avx512.c). */
@@ -1021,7 +1021,7 @@ static void avx_dq_f16(const void *w, float *y, int64_t n) { avx_f16_to_f32_row(
     [QUANT_Q4_1] = {avx_q4_1_multi, NULL, avx_act_q8},                     \
     [QUANT_Q5_0] = {avx_q5_0_multi, NULL, avx_act_q8},                     \
     [QUANT_Q5_1] = {avx_q5_1_multi, NULL, avx_act_q8},                     \
-    [QUANT_Q8_0] = {avx_q8_0_multi, NULL, avx_act_q8, avx_q8_0_tile},                     \
+    [QUANT_Q8_0] = {avx_q8_0_multi, NULL, avx_act_q8, avx_q8_0_tile, NULL, 0, QK_LOWBIT(r8_q8_0)}, \
     [QUANT_Q4_K] = {avx_q4_k_multi, NULL, avx_act_q8k, avx_q4_k_tile},                    \
     [QUANT_Q5_K] = {avx_q5_k_multi, NULL, avx_act_q8k},                    \
     [QUANT_Q6_K] = {avx_q6_k_multi, NULL, avx_act_q8k},                    \

@@ -197,6 +197,14 @@ typedef struct {
 } block_q4_0x8;
 static_assert(sizeof(block_q4_0x8) == 8 * sizeof(block_q4_0), "q4_0x8 block size");
 
+/* r8 layout of q8_0: qs[32 j + 4 r + i] = row r's element 4 j + i (j 0..7, i
+ * 0..3): 32-byte chunk j has every row's elements 4j..4j+3 in its lane r. */
+typedef struct {
+    uint16_t d[8];   /* f16 scale of row r's block */
+    int8_t qs[256];
+} block_q8_0x8;
+static_assert(sizeof(block_q8_0x8) == 8 * sizeof(block_q8_0), "q8_0x8 block size");
+
 typedef void (*quant_dot_multi_fn)(int64_t n, const void *w, const void *act, size_t act_stride,
                                    int n_act, float *out);
 typedef void (*quant_dot_tile_fn)(int64_t n, const void *w, size_t w_stride, int n_rows, const void *act,
@@ -287,13 +295,14 @@ QUANT_LOWBIT_DOTS(avx512)
 QUANT_LOWBIT_TILES(avx2)
 QUANT_LOWBIT_TILES(avx512)
 
-/* r8 kernels (quant_r8_ref.c, quant_r8_avx2.c, quant_r8_avx512.c). */
-void quant_ref_r8_q4_0(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, int n_act,
-                       float *out, size_t out_stride);
-void quant_avx2_r8_q4_0(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, int n_act,
-                        float *out, size_t out_stride);
-void quant_avx512_r8_q4_0(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride,
-                          int n_act, float *out, size_t out_stride);
+/* r8 kernels (quant_r8_ref.c, quant_r8_avx2.c, quant_r8_avx512.c), one per type with an r8 layout. */
+#define QUANT_R8_DECL(isa, type)                                                                     \
+    void quant_##isa##_r8_##type(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, \
+                                 int n_act, float *out, size_t out_stride);
+#define QUANT_R8_DECLS(isa) QUANT_R8_DECL(isa, q4_0) QUANT_R8_DECL(isa, q8_0)
+QUANT_R8_DECLS(ref)
+QUANT_R8_DECLS(avx2)
+QUANT_R8_DECLS(avx512)
 
 void quant_ref_dequant_q2_k(const void *w, float *y, int64_t n);
 void quant_ref_dequant_q3_k(const void *w, float *y, int64_t n);

@@ -88,22 +88,69 @@ R8_INLINE void r8_q4_0_group(int64_t nb, const block_q4_0x8 *g, const uint8_t *a
     R8_UNROLL for (int t = 0; t < T; t++) _mm256_storeu_ps(out + (size_t)t * ostride, acc[t]);
 }
 
-void R8_NAME(r8_q4_0)(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, int n_act,
-                      float *out, size_t out_stride) {
-    const int64_t nb = n / QK32;
-    const uint8_t *ab = (const uint8_t *)act;
-    for (int gi = 0; gi < n_groups; gi++) {
-        const block_q4_0x8 *g = (const block_q4_0x8 *)w + (size_t)gi * (size_t)nb;
-        float *o = out + 8 * (size_t)gi;
-        int t = 0;
-        for (; n_act - t >= R8_TOKENS; t += R8_TOKENS)
-            r8_q4_0_group(nb, g, ab + (size_t)t * act_stride, act_stride, R8_TOKENS, o + (size_t)t * out_stride,
-                          out_stride);
-        switch (n_act - t) {
-        case 3: r8_q4_0_group(nb, g, ab + (size_t)t * act_stride, act_stride, 3, o + (size_t)t * out_stride, out_stride); break;
-        case 2: r8_q4_0_group(nb, g, ab + (size_t)t * act_stride, act_stride, 2, o + (size_t)t * out_stride, out_stride); break;
-        case 1: r8_q4_0_group(nb, g, ab + (size_t)t * act_stride, act_stride, 1, o + (size_t)t * out_stride, out_stride); break;
-        default: break;
+/* q8_0, per block: eight registers of |w| (four elements of every row each),
+ * reused by every token; per token each pairs with sign(a, w) of one 4-byte
+ * broadcast, so maddubs never sees a negative unsigned side: each i16 pair sum
+ * is <= 2 x 128 x 127 (no saturation) and goes to i32 at once. Float steps of
+ * quant_r8_ref.c: acc = fma(P da, dw, acc). */
+R8_INLINE void r8_q8_0_group(int64_t nb, const block_q8_0x8 *g, const uint8_t *act, size_t astride, const int T,
+                             float *out, size_t ostride) {
+    const act_q8 *a[R8_TOKENS];
+    __m256 acc[R8_TOKENS];
+    R8_UNROLL for (int t = 0; t < T; t++) {
+        a[t] = (const act_q8 *)(act + (size_t)t * astride);
+        acc[t] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        _mm_prefetch((const char *)&g[b] + R8_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)&g[b] + R8_PREFETCH + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)&g[b] + R8_PREFETCH + 128, _MM_HINT_T0);
+        _mm_prefetch((const char *)&g[b] + R8_PREFETCH + 192, _MM_HINT_T0);
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d));
+        __m256i u[8];
+        R8_UNROLL for (int j = 0; j < 8; j++) u[j] = _mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)(g[b].qs + 32 * j)));
+        R8_UNROLL for (int t = 0; t < T; t++) {
+            const act_q8 *y = a[t] + b;
+            __m256i s = _mm256_setzero_si256();
+            R8_UNROLL for (int j = 0; j < 8; j++) {
+                const __m256i w = _mm256_loadu_si256((const __m256i *)(g[b].qs + 32 * j));
+                const __m256i v = _mm256_sign_epi8(bcast4(y->qs + 4 * j), w);
+#ifdef QUANT_R8_VNNI
+                s = _mm256_dpbusd_epi32(s, u[j], v);
+#else
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(u[j], v), _mm256_set1_epi16(1)));
+#endif
+            }
+            const __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(y->d));
+            acc[t] = _mm256_fmadd_ps(p, dw, acc[t]);
         }
     }
+    R8_UNROLL for (int t = 0; t < T; t++) _mm256_storeu_ps(out + (size_t)t * ostride, acc[t]);
 }
+
+/* The exported kernel of a type: every group, tokens four at a time, then the rest. */
+#define R8_KERNEL(type, block_t)                                                                            \
+    void R8_NAME(r8_##type)(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride,       \
+                            int n_act, float *out, size_t out_stride) {                                       \
+        const int64_t nb = n / QK32;                                                                          \
+        const uint8_t *ab = (const uint8_t *)act;                                                             \
+        for (int gi = 0; gi < n_groups; gi++) {                                                               \
+            const block_t *g = (const block_t *)w + (size_t)gi * (size_t)nb;                                  \
+            float *o = out + 8 * (size_t)gi;                                                                  \
+            int t = 0;                                                                                        \
+            for (; n_act - t >= R8_TOKENS; t += R8_TOKENS)                                                    \
+                r8_##type##_group(nb, g, ab + (size_t)t * act_stride, act_stride, R8_TOKENS,                  \
+                                  o + (size_t)t * out_stride, out_stride);                                    \
+            const uint8_t *at = ab + (size_t)t * act_stride;                                                  \
+            float *ot = o + (size_t)t * out_stride;                                                           \
+            switch (n_act - t) {                                                                              \
+            case 3: r8_##type##_group(nb, g, at, act_stride, 3, ot, out_stride); break;                       \
+            case 2: r8_##type##_group(nb, g, at, act_stride, 2, ot, out_stride); break;                       \
+            case 1: r8_##type##_group(nb, g, at, act_stride, 1, ot, out_stride); break;                       \
+            default: break;                                                                                   \
+            }                                                                                                 \
+        }                                                                                                     \
+    }
+
+R8_KERNEL(q4_0, block_q4_0x8)
+R8_KERNEL(q8_0, block_q8_0x8)

@@ -454,10 +454,10 @@ static void test_kernel_path(void) {
 static void test_r8(uint32_t type, int64_t n) {
     enum { GROUPS = 3, ROWS = 8 * GROUPS, TOKS = 11 };
     static float x[MAX_N], a[MAX_N], af[TOKS][MAX_N], yr[MAX_N];
-    static uint8_t w[ROWS][MAX_N], packed[ROWS * MAX_N], back[ROWS][MAX_N], act[TOKS * (MAX_N * 2 + 8)];
+    static uint8_t w[ROWS][MAX_N * 2], packed[ROWS * MAX_N * 2], back[ROWS][MAX_N * 2], act[TOKS * (MAX_N * 2 + 8)];
     uint64_t rb = 0;
     CHECK(quant_r8_supported(type));
-    CHECK(quant_row_bytes(type, (uint64_t)n, &rb));
+    CHECK(quant_row_bytes(type, (uint64_t)n, &rb) && rb <= sizeof w[0]);
     for (int r = 0; r < ROWS; r++) {
         fill_random(x, n, 1.0f + (float)r);
         CHECK(quant_quantize_row(type, x, w[r], n));
@@ -549,6 +549,7 @@ int main(void) {
         test_tile(QUANT_Q4_0, n_tile[i]);
         test_tile(QUANT_Q8_0, n_tile[i]);
         test_r8(QUANT_Q4_0, n_tile[i]);
+        test_r8(QUANT_Q8_0, n_tile[i]);
     }
     CHECK(!quant_r8_supported(QUANT_Q8_K) && !quant_r8_supported(QUANT_F32));
     static const int64_t n_ktile[] = {256, 768, 1024};
