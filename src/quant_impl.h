@@ -205,6 +205,23 @@ typedef struct {
 } block_q8_0x8;
 static_assert(sizeof(block_q8_0x8) == 8 * sizeof(block_q8_0), "q8_0x8 block size");
 
+/* r8 layout of q4_k: one super-block of eight rows. Scale/min j of row r is
+ * entry 8 j + r of 64 six-bit values each: the low four bits of entries k and
+ * k + 32 in the low / high nibble of byte k of sc_lo (m_lo), their top two bits
+ * in hi[k] (bits 0-1: scale k, 2-3: scale k + 32, 4-5: min k, 6-7: min k + 32).
+ * qs[128 j + 32 c + 4 r + i] holds row r's elements 32 j + 8 c + i (low nibble)
+ * and 32 j + 8 c + 4 + i (high), sub-block j 0..7, c 0..3, i 0..3: sub-block j
+ * is then four q4_0x8-style chunks. */
+typedef struct {
+    uint16_t d[8];       /* f16 scale of the scales, row r */
+    uint16_t dmin[8];    /* f16 scale of the mins, row r */
+    uint8_t sc_lo[32];
+    uint8_t m_lo[32];
+    uint8_t hi[32];
+    uint8_t qs[1024];
+} block_q4_kx8;
+static_assert(sizeof(block_q4_kx8) == 8 * sizeof(block_q4_k), "q4_kx8 block size");
+
 typedef void (*quant_dot_multi_fn)(int64_t n, const void *w, const void *act, size_t act_stride,
                                    int n_act, float *out);
 typedef void (*quant_dot_tile_fn)(int64_t n, const void *w, size_t w_stride, int n_rows, const void *act,
@@ -299,7 +316,7 @@ QUANT_LOWBIT_TILES(avx512)
 #define QUANT_R8_DECL(isa, type)                                                                     \
     void quant_##isa##_r8_##type(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, \
                                  int n_act, float *out, size_t out_stride);
-#define QUANT_R8_DECLS(isa) QUANT_R8_DECL(isa, q4_0) QUANT_R8_DECL(isa, q8_0)
+#define QUANT_R8_DECLS(isa) QUANT_R8_DECL(isa, q4_0) QUANT_R8_DECL(isa, q8_0) QUANT_R8_DECL(isa, q4_k)
 QUANT_R8_DECLS(ref)
 QUANT_R8_DECLS(avx2)
 QUANT_R8_DECLS(avx512)

@@ -128,11 +128,102 @@ R8_INLINE void r8_q8_0_group(int64_t nb, const block_q8_0x8 *g, const uint8_t *a
     R8_UNROLL for (int t = 0; t < T; t++) _mm256_storeu_ps(out + (size_t)t * ostride, acc[t]);
 }
 
+/* Lane r = row r's sum of 32 products of one q4_0x8-style sub-block with q,
+ * still as two i16 halves per lane (each <= 16 x 15 x 127). */
+R8_INLINE __m256i r8_sub_sum16(const __m256i lo[4], const __m256i hi[4], const int8_t *q) {
+    __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo[0], bcast4(q)), _mm256_maddubs_epi16(hi[0], bcast4(q + 4)));
+    R8_UNROLL for (int j = 1; j < 4; j++) {
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(lo[j], bcast4(q + 8 * j)));
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[j], bcast4(q + 8 * j + 4)));
+    }
+    return s;
+}
+
+/* q4_k, per super-block of eight rows: the 64 scales and 64 mins decoded once
+ * (lane r of sc32[j] = row r's scale j in both i16 halves; of mn32[p] = its
+ * mins 2p and 2p + 1), then per sub-block the q4_0-style sums, times the scale
+ * by one madd (exact: S1 <= 8 x 63 x 60960), and per token the mins against
+ * the activation's sub-block sums by four madds; float steps of
+ * quant_r8_ref.c. */
+R8_INLINE void r8_q4_k_scales(const block_q4_kx8 *g, __m256i sc32[8], __m256i mn32[4]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(0x03);
+    const __m256i l = _mm256_loadu_si256((const __m256i *)g->sc_lo), ml = _mm256_loadu_si256((const __m256i *)g->m_lo),
+                  h = _mm256_loadu_si256((const __m256i *)g->hi);
+    uint8_t sc[64], mn[64];
+    _mm256_storeu_si256((__m256i *)sc, _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4)));
+    _mm256_storeu_si256((__m256i *)(sc + 32),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 4), m4),
+                                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4)));
+    _mm256_storeu_si256((__m256i *)mn, _mm256_or_si256(_mm256_and_si256(ml, m4),
+                                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4)));
+    _mm256_storeu_si256((__m256i *)(mn + 32),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ml, 4), m4),
+                                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4)));
+    R8_UNROLL for (int j = 0; j < 8; j++) {
+        const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8 * j)));
+        sc32[j] = _mm256_or_si256(v, _mm256_slli_epi32(v, 16));
+    }
+    R8_UNROLL for (int p = 0; p < 4; p++) {
+        const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(mn + 16 * p)));
+        const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(mn + 16 * p + 8)));
+        mn32[p] = _mm256_or_si256(a, _mm256_slli_epi32(b, 16));
+    }
+}
+
+R8_INLINE void r8_q4_k_group(int64_t nb, const block_q4_kx8 *g, const uint8_t *act, size_t astride, const int T,
+                             float *out, size_t ostride) {
+    const block_q8_k *a[R8_TOKENS];
+    __m256 acc[R8_TOKENS];
+    R8_UNROLL for (int t = 0; t < T; t++) {
+        a[t] = (const block_q8_k *)(act + (size_t)t * astride);
+        acc[t] = _mm256_setzero_ps();
+    }
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i sc32[8], mn32[4], s1[R8_TOKENS];
+        r8_q4_k_scales(&g[b], sc32, mn32);
+        R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *qs = g[b].qs + 128 * j;
+            _mm_prefetch((const char *)qs + R8_PREFETCH, _MM_HINT_T0);
+            _mm_prefetch((const char *)qs + R8_PREFETCH + 64, _MM_HINT_T0);
+            __m256i lo[4], hi[4];
+            R8_UNROLL for (int c = 0; c < 4; c++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+                lo[c] = _mm256_and_si256(v, m4);
+                hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            }
+            R8_UNROLL for (int t = 0; t < T; t++) {
+#ifdef QUANT_R8_VNNI
+                s1[t] = _mm256_dpwssd_epi32(s1[t], r8_sub_sum16(lo, hi, a[t][b].qs + 32 * j), sc32[j]);
+#else
+                s1[t] = _mm256_add_epi32(s1[t], _mm256_madd_epi16(r8_sub_sum16(lo, hi, a[t][b].qs + 32 * j), sc32[j]));
+#endif
+            }
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].dmin));
+        R8_UNROLL for (int t = 0; t < T; t++) {
+            const block_q8_k *y = &a[t][b];
+            __m256i s2 = _mm256_setzero_si256();
+            R8_UNROLL for (int p = 0; p < 4; p++) {
+                const int16_t *bs = y->bsums + 4 * p;
+                const uint32_t pair = (uint16_t)(bs[0] + bs[1]) | (uint32_t)(uint16_t)(bs[2] + bs[3]) << 16;
+                s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(mn32[p], _mm256_set1_epi32((int32_t)pair)));
+            }
+            const __m256 da = _mm256_set1_ps(y->d);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1[t]), _mm256_mul_ps(d, da), acc[t]);
+            acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(s2), _mm256_mul_ps(dmin, da), acc[t]);
+        }
+    }
+    R8_UNROLL for (int t = 0; t < T; t++) _mm256_storeu_ps(out + (size_t)t * ostride, acc[t]);
+}
+
 /* The exported kernel of a type: every group, tokens four at a time, then the rest. */
-#define R8_KERNEL(type, block_t)                                                                            \
+#define R8_KERNEL(type, block_t, QB)                                                                          \
     void R8_NAME(r8_##type)(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride,       \
                             int n_act, float *out, size_t out_stride) {                                       \
-        const int64_t nb = n / QK32;                                                                          \
+        const int64_t nb = n / (QB);                                                                          \
         const uint8_t *ab = (const uint8_t *)act;                                                             \
         for (int gi = 0; gi < n_groups; gi++) {                                                               \
             const block_t *g = (const block_t *)w + (size_t)gi * (size_t)nb;                                  \
@@ -152,5 +243,6 @@ R8_INLINE void r8_q8_0_group(int64_t nb, const block_q8_0x8 *g, const uint8_t *a
         }                                                                                                     \
     }
 
-R8_KERNEL(q4_0, block_q4_0x8)
-R8_KERNEL(q8_0, block_q8_0x8)
+R8_KERNEL(q4_0, block_q4_0x8, QK32)
+R8_KERNEL(q8_0, block_q8_0x8, QK32)
+R8_KERNEL(q4_k, block_q4_kx8, QKK)

@@ -122,22 +122,139 @@ void quant_ref_r8_q8_0(int64_t n, const void *w, int n_groups, const void *act, 
     }
 }
 
-bool quant_r8_supported(uint32_t wtype) { return wtype == QUANT_Q4_0 || wtype == QUANT_Q8_0; }
+/* q4_k: row r's element e of a block, unsigned (0..15). */
+static int q4_k_nibble(const block_q4_k *b, int e) {
+    const int c = e / 64, w = e % 64;
+    return w < 32 ? b->qs[32 * c + w] & 0xF : b->qs[32 * c + w - 32] >> 4;
+}
+
+/* The six-bit scale (mins: m) of entry k (8 j + r) of a q4_kx8 block. */
+static int q4_kx8_entry(const block_q4_kx8 *g, int k, bool min) {
+    const uint8_t *lo = min ? g->m_lo : g->sc_lo;
+    const int hi_shift = (min ? 4 : 0) + (k < 32 ? 0 : 2);
+    const int low4 = k < 32 ? lo[k] & 0xF : lo[k - 32] >> 4;
+    return low4 | ((g->hi[k % 32] >> hi_shift) & 3) << 4;
+}
+
+static void pack_q4_k(int64_t n, const void *rows, size_t row_stride, void *out) {
+    const int64_t nb = n / QKK;
+    block_q4_kx8 *g = (block_q4_kx8 *)out;
+    for (int64_t b = 0; b < nb; b++) {
+        block_q4_kx8 o;
+        memset(&o, 0, sizeof o);
+        for (int r = 0; r < 8; r++) {
+            const block_q4_k *x = (const block_q4_k *)((const uint8_t *)rows + (size_t)r * row_stride) + b;
+            o.d[r] = x->d;
+            o.dmin[r] = x->dmin;
+            for (int j = 0; j < 8; j++) {
+                uint8_t sc, m;
+                quant_scale_min_k4(j, x->scales, &sc, &m);
+                const int k = 8 * j + r, sh = k < 32 ? 0 : 4;
+                o.sc_lo[k % 32] |= (uint8_t)((sc & 0xF) << sh);
+                o.m_lo[k % 32] |= (uint8_t)((m & 0xF) << sh);
+                o.hi[k % 32] |= (uint8_t)((sc >> 4) << (k < 32 ? 0 : 2) | (m >> 4) << (k < 32 ? 4 : 6));
+                for (int c = 0; c < 4; c++)
+                    for (int i = 0; i < 4; i++) {
+                        const int e = 32 * j + 8 * c + i;
+                        o.qs[128 * j + 32 * c + 4 * r + i] = (uint8_t)(q4_k_nibble(x, e) | q4_k_nibble(x, e + 4) << 4);
+                    }
+            }
+        }
+        memcpy(&g[b], &o, sizeof o);
+    }
+}
+
+static void unpack_q4_k(int64_t n, const void *group, void *rows, size_t row_stride) {
+    const int64_t nb = n / QKK;
+    const block_q4_kx8 *g = (const block_q4_kx8 *)group;
+    for (int64_t b = 0; b < nb; b++)
+        for (int r = 0; r < 8; r++) {
+            block_q4_k x;
+            memset(&x, 0, sizeof x);
+            x.d = g[b].d[r];
+            x.dmin = g[b].dmin[r];
+            for (int j = 0; j < 8; j++) { /* the inverse of quant_scale_min_k4 */
+                const int sc = q4_kx8_entry(&g[b], 8 * j + r, false), m = q4_kx8_entry(&g[b], 8 * j + r, true);
+                if (j < 4) {
+                    x.scales[j] |= (uint8_t)(sc & 63);
+                    x.scales[j + 4] |= (uint8_t)(m & 63);
+                } else {
+                    x.scales[j + 4] = (uint8_t)((sc & 0xF) | (m & 0xF) << 4);
+                    x.scales[j - 4] |= (uint8_t)((sc >> 4) << 6);
+                    x.scales[j] |= (uint8_t)((m >> 4) << 6);
+                }
+            }
+            for (int j = 0; j < 8; j++)
+                for (int c = 0; c < 4; c++)
+                    for (int i = 0; i < 4; i++) {
+                        const uint8_t v = g[b].qs[128 * j + 32 * c + 4 * r + i];
+                        const int e = 32 * j + 8 * c + i;
+                        const int e2 = e + 4;
+                        const int ce = e / 64, we = e % 64, ce2 = e2 / 64, we2 = e2 % 64;
+                        if (we < 32) x.qs[32 * ce + we] |= v & 0xF; else x.qs[32 * ce + we - 32] |= (uint8_t)((v & 0xF) << 4);
+                        if (we2 < 32) x.qs[32 * ce2 + we2] |= v >> 4; else x.qs[32 * ce2 + we2 - 32] |= (uint8_t)((v >> 4) << 4);
+                    }
+            memcpy((uint8_t *)rows + (size_t)r * row_stride + (size_t)b * sizeof x, &x, sizeof x);
+        }
+}
+
+/* The q4_k float steps per super-block: S1 = sum_j sc_j P_j, S2 = sum_j m_j bs_j
+ * (exact integers; bs_j the activation's sum over sub-block j),
+ * acc = fma(S1, d da, acc), acc = fma(S2, -(dmin da), acc). */
+void quant_ref_r8_q4_k(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, int n_act,
+                       float *out, size_t out_stride) {
+    const int64_t nb = n / QKK;
+    for (int gi = 0; gi < n_groups; gi++) {
+        const block_q4_kx8 *g = (const block_q4_kx8 *)w + (size_t)gi * (size_t)nb;
+        for (int t = 0; t < n_act; t++) {
+            const block_q8_k *a = (const block_q8_k *)((const uint8_t *)act + (size_t)t * act_stride);
+            for (int r = 0; r < 8; r++) {
+                float acc = 0.0f;
+                for (int64_t b = 0; b < nb; b++) {
+                    int32_t s1 = 0, s2 = 0;
+                    for (int j = 0; j < 8; j++) {
+                        int32_t p = 0;
+                        for (int c = 0; c < 4; c++)
+                            for (int i = 0; i < 4; i++) {
+                                const uint8_t v = g[b].qs[128 * j + 32 * c + 4 * r + i];
+                                const int e = 32 * j + 8 * c + i;
+                                p += (v & 0xF) * a[b].qs[e] + (v >> 4) * a[b].qs[e + 4];
+                            }
+                        s1 += q4_kx8_entry(&g[b], 8 * j + r, false) * p;
+                        s2 += q4_kx8_entry(&g[b], 8 * j + r, true) * (a[b].bsums[2 * j] + a[b].bsums[2 * j + 1]);
+                    }
+                    const float dd = quant_f16_to_f32(g[b].d[r]) * a[b].d, dm = quant_f16_to_f32(g[b].dmin[r]) * a[b].d;
+                    acc = fmaf((float)s1, dd, acc);
+                    acc = fmaf((float)s2, -dm, acc);
+                }
+                out[(size_t)t * out_stride + 8 * (size_t)gi + (size_t)r] = acc;
+            }
+        }
+    }
+}
+
+bool quant_r8_supported(uint32_t wtype) { return wtype == QUANT_Q4_0 || wtype == QUANT_Q8_0 || wtype == QUANT_Q4_K; }
+
+static void check_r8(uint32_t wtype, int64_t n) {
+    KVS_ASSERT(quant_r8_supported(wtype) && n >= 0 && n % (wtype == QUANT_Q4_K ? QKK : QK32) == 0);
+}
 
 void quant_r8_pack(uint32_t wtype, int64_t n, const void *rows, size_t row_stride, void *out) {
-    KVS_ASSERT(quant_r8_supported(wtype) && n >= 0 && n % QK32 == 0);
+    check_r8(wtype, n);
     if (wtype == QUANT_Q4_0) pack_q4_0(n, rows, row_stride, out);
-    else pack_q8_0(n, rows, row_stride, out);
+    else if (wtype == QUANT_Q8_0) pack_q8_0(n, rows, row_stride, out);
+    else pack_q4_k(n, rows, row_stride, out);
 }
 
 void quant_r8_unpack(uint32_t wtype, int64_t n, const void *group, void *rows, size_t row_stride) {
-    KVS_ASSERT(quant_r8_supported(wtype) && n >= 0 && n % QK32 == 0);
+    check_r8(wtype, n);
     if (wtype == QUANT_Q4_0) unpack_q4_0(n, group, rows, row_stride);
-    else unpack_q8_0(n, group, rows, row_stride);
+    else if (wtype == QUANT_Q8_0) unpack_q8_0(n, group, rows, row_stride);
+    else unpack_q4_k(n, group, rows, row_stride);
 }
 
 void quant_dot_r8_ref(uint32_t wtype, int64_t n, const void *w, int n_groups, const void *act,
                       size_t act_stride, int n_act, float *out, size_t out_stride) {
-    KVS_ASSERT(quant_r8_supported(wtype) && n >= 0 && n % QK32 == 0);
+    check_r8(wtype, n);
     quant_table_ref.k[wtype].r8(n, w, n_groups, act, act_stride, n_act, out, out_stride);
 }
