@@ -11,6 +11,7 @@
 # An anchor left unset is skipped (its columns say "-"). Other settings (defaults):
 #   KVSHARD=build/kvshard  SCRATCH=/tmp/kvshard-anchors (model files, logs; outside the repo)
 #   TYPES="q4_0 q8_0 q4_k"  ROUNDS=2  THREADS=2  PP=128  TG=32  SESSIONS="1 4 8" (empty: no batched part)
+#   IK_LLAMA_ARGS=""  (extra llama-bench arguments for ik_llama.cpp, e.g. "-rtr 1": its run-time repacking)
 #
 # Usage: bash scripts/bench-anchors.sh        (run from the repository root)
 set -euo pipefail
@@ -26,6 +27,7 @@ SESSIONS=${SESSIONS-1 4 8}
 LLAMA_BENCH=${LLAMA_BENCH:-}
 IK_LLAMA_BENCH=${IK_LLAMA_BENCH:-}
 LLAMA_BATCHED_BENCH=${LLAMA_BATCHED_BENCH:-}
+IK_LLAMA_ARGS=${IK_LLAMA_ARGS:-}
 
 die() { echo "bench-anchors: $*" >&2; exit 1; }
 [ -x "$KVSHARD" ] || die "no kvshard binary at '$KVSHARD' (build first or set KVSHARD)"
@@ -46,15 +48,17 @@ jnum() { sed -n "s/.*\"$1\":\([-0-9.eE+]*\).*/\1/p" "$2"; }
 jstr() { sed -n "s/.*\"$1\":\"\([^\"]*\)\".*/\1/p" "$2"; }
 # The "kernels" object of kvshard bench, braces and quotes dropped.
 jkern() { sed -n 's/.*"kernels":{\([^}]*\)}.*/\1/p' "$1" | tr -d '"'; }
-# avg_ts of llama-bench's jsonl line with n_prompt == $2 (pp) or n_gen == $3 (tg).
+# avg_ts of llama-bench's test with n_prompt == $2 (pp) or n_gen == $3 (tg), from its json or
+# jsonl output (llama.cpp writes jsonl; ik_llama.cpp's llama-bench only json): the fields are
+# split one per line and read in order, each test's avg_ts coming after its n_prompt / n_gen.
 lb_ts() {
-    awk -v pp="$2" -v tg="$3" '
+    tr ',{}' '\n\n\n' < "$1" | awk -v pp="$2" -v tg="$3" '
+        /"n_prompt"/ { np = $0; sub(/.*"n_prompt": */, "", np); sub(/[^0-9].*/, "", np) }
+        /"n_gen"/ { ng = $0; sub(/.*"n_gen": */, "", ng); sub(/[^0-9].*/, "", ng) }
         /"avg_ts"/ {
-            np = $0; sub(/.*"n_prompt": */, "", np); sub(/[^0-9].*/, "", np)
-            ng = $0; sub(/.*"n_gen": */, "", ng); sub(/[^0-9].*/, "", ng)
             ts = $0; sub(/.*"avg_ts": */, "", ts); sub(/[^0-9.].*/, "", ts)
             if ((pp > 0 && np == pp && ng == 0) || (tg > 0 && ng == tg && np == 0)) { print ts; exit }
-        }' "$1"
+        }'
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || a == "-" || b == "-" || b + 0 == 0) print "-"; else printf "%.2f", a / b }'; }
 or_dash() { if [ -n "$1" ]; then echo "$1"; else echo "-"; fi; }
@@ -86,9 +90,9 @@ run_kvshard() { # type round
     put kv "$1" "kernels" "$(jkern "$o")"
     put kv "$1" "commit" "$(jstr commit "$o")"
 }
-run_llama_bench() { # tag binary type round
-    local f="$scratch/tinyllama-$3.gguf" o="$log/$1-$3-r$4.jsonl"
-    "$2" -m "$f" -t "$THREADS" -p "$PP" -n "$TG" -r 1 -o jsonl > "$o" 2> "$log/$1-$3-r$4.err" || true
+run_llama_bench() { # tag binary type round output-format [extra args]
+    local f="$scratch/tinyllama-$3.gguf" o="$log/$1-$3-r$4.$5"
+    "$2" -m "$f" -t "$THREADS" -p "$PP" -n "$TG" -r 1 -o "$5" ${6:-} > "$o" 2> "$log/$1-$3-r$4.err" || true
     put "$1" "$3" "r$4.pp" "$(lb_ts "$o" "$PP" 0)"
     put "$1" "$3" "r$4.tg" "$(lb_ts "$o" 0 "$TG")"
 }
@@ -106,8 +110,8 @@ for ((r = 1; r <= ROUNDS; r++)); do
             echo "bench-anchors: round $r $t $e" >&2
             case $e in
             kv) run_kvshard "$t" "$r" ;;
-            lc) run_llama_bench lc "$LLAMA_BENCH" "$t" "$r" ;;
-            ik) run_llama_bench ik "$IK_LLAMA_BENCH" "$t" "$r" ;;
+            lc) run_llama_bench lc "$LLAMA_BENCH" "$t" "$r" jsonl ;;
+            ik) run_llama_bench ik "$IK_LLAMA_BENCH" "$t" "$r" json "$IK_LLAMA_ARGS" ;;
             esac
         done
     done

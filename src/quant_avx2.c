@@ -1024,7 +1024,7 @@ static void avx_dq_f16(const void *w, float *y, int64_t n) { avx_f16_to_f32_row(
     [QUANT_Q8_0] = {avx_q8_0_multi, NULL, avx_act_q8, avx_q8_0_tile, NULL, 0, QK_LOWBIT(r8_q8_0)}, \
     [QUANT_Q4_K] = {avx_q4_k_multi, NULL, avx_act_q8k, avx_q4_k_tile, NULL, 0, QK_LOWBIT(r8_q4_k)}, \
     [QUANT_Q5_K] = {avx_q5_k_multi, NULL, avx_act_q8k},                    \
-    [QUANT_Q6_K] = {avx_q6_k_multi, NULL, avx_act_q8k},                    \
+    [QUANT_Q6_K] = {avx_q6_k_multi, NULL, avx_act_q8k, NULL, NULL, 0, QK_LOWBIT(r8_q6_k)}, \
     [QUANT_Q2_K] = {QK_LOWBIT(dot_q2_k), NULL, avx_act_q8k, QK_LOWBIT(tile_q2_k)},               \
     [QUANT_Q3_K] = {QK_LOWBIT(dot_q3_k), NULL, avx_act_q8k, QK_LOWBIT(tile_q3_k)},               \
     [QUANT_IQ4_NL] = {QK_LOWBIT(dot_iq4_nl), NULL, avx_act_q8},            \

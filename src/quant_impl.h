@@ -222,6 +222,20 @@ typedef struct {
 } block_q4_kx8;
 static_assert(sizeof(block_q4_kx8) == 8 * sizeof(block_q4_k), "q4_kx8 block size");
 
+/* r8 layout of q6_k: one super-block of eight rows; u = q + 32 (0..63).
+ * ql[128 j + 32 c + 4 r + i]: low four bits of u of row r's elements
+ * 32 j + 8 c + i (low nibble) and 32 j + 8 c + 4 + i (high), as in q4_kx8;
+ * qh[64 j + 32 h + 4 r + i]: their top two bits, elements 32 j + 16 h + i
+ * (bits 0-1), + 4 (2-3), + 8 (4-5), + 12 (6-7). sc[8 g + r]: row r's scale of
+ * its 16-element group g. */
+typedef struct {
+    uint16_t d[8];       /* f16 super-block scale, row r */
+    int8_t sc[128];
+    uint8_t ql[1024];
+    uint8_t qh[512];
+} block_q6_kx8;
+static_assert(sizeof(block_q6_kx8) == 8 * sizeof(block_q6_k), "q6_kx8 block size");
+
 typedef void (*quant_dot_multi_fn)(int64_t n, const void *w, const void *act, size_t act_stride,
                                    int n_act, float *out);
 typedef void (*quant_dot_tile_fn)(int64_t n, const void *w, size_t w_stride, int n_rows, const void *act,
@@ -316,7 +330,8 @@ QUANT_LOWBIT_TILES(avx512)
 #define QUANT_R8_DECL(isa, type)                                                                     \
     void quant_##isa##_r8_##type(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, \
                                  int n_act, float *out, size_t out_stride);
-#define QUANT_R8_DECLS(isa) QUANT_R8_DECL(isa, q4_0) QUANT_R8_DECL(isa, q8_0) QUANT_R8_DECL(isa, q4_k)
+#define QUANT_R8_DECLS(isa) QUANT_R8_DECL(isa, q4_0) QUANT_R8_DECL(isa, q8_0) QUANT_R8_DECL(isa, q4_k) \
+    QUANT_R8_DECL(isa, q6_k)
 QUANT_R8_DECLS(ref)
 QUANT_R8_DECLS(avx2)
 QUANT_R8_DECLS(avx512)

@@ -219,6 +219,78 @@ R8_INLINE void r8_q4_k_group(int64_t nb, const block_q4_kx8 *g, const uint8_t *a
     R8_UNROLL for (int t = 0; t < T; t++) _mm256_storeu_ps(out + (size_t)t * ostride, acc[t]);
 }
 
+/* q6_k, per super-block of eight rows: lane r of sc16[g] = row r's scale of
+ * group g in both i16 halves, of scp[p] = its scales of groups 2p and 2p + 1.
+ * Per sub-block the 6-bit u = q + 32 are rebuilt from ql and qh; per 16-element
+ * group two maddubs add in i16 (|sum| <= 4 x 63 x 127) and one madd applies
+ * the scale; the -32 offset comes back as 32 sum_g sc_g bs_g (eight madds per
+ * token); float steps of quant_r8_ref.c. */
+R8_INLINE void r8_q6_k_scales(const block_q6_kx8 *g, __m256i sc16[16], __m256i scp[8]) {
+    const __m256i lo16 = _mm256_set1_epi32(0xFFFF);
+    R8_UNROLL for (int k = 0; k < 16; k++) {
+        const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(g->sc + 8 * k)));
+        sc16[k] = _mm256_or_si256(_mm256_and_si256(v, lo16), _mm256_slli_epi32(v, 16));
+    }
+    R8_UNROLL for (int p = 0; p < 8; p++) scp[p] = _mm256_or_si256(_mm256_and_si256(sc16[2 * p], lo16),
+                                                                 _mm256_andnot_si256(lo16, sc16[2 * p + 1]));
+}
+
+R8_INLINE void r8_q6_k_group(int64_t nb, const block_q6_kx8 *g, const uint8_t *act, size_t astride, const int T,
+                             float *out, size_t ostride) {
+    const block_q8_k *a[R8_TOKENS];
+    __m256 acc[R8_TOKENS];
+    R8_UNROLL for (int t = 0; t < T; t++) {
+        a[t] = (const block_q8_k *)(act + (size_t)t * astride);
+        acc[t] = _mm256_setzero_ps();
+    }
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(0x03);
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i sc16[16], scp[8], s1[R8_TOKENS];
+        r8_q6_k_scales(&g[b], sc16, scp);
+        R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *ql = g[b].ql + 128 * j, *qh = g[b].qh + 64 * j;
+            _mm_prefetch((const char *)ql + R8_PREFETCH, _MM_HINT_T0);
+            _mm_prefetch((const char *)ql + R8_PREFETCH + 64, _MM_HINT_T0);
+            _mm_prefetch((const char *)qh + R8_PREFETCH, _MM_HINT_T0);
+            R8_UNROLL for (int h = 0; h < 2; h++) {
+                const __m256i q0 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h)),
+                              q1 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32)),
+                              hb = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
+                const __m256i u0 = _mm256_or_si256(_mm256_and_si256(q0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m3), 4));
+                const __m256i u1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q0, 4), m4),
+                                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m3), 4));
+                const __m256i u2 = _mm256_or_si256(_mm256_and_si256(q1, m4),
+                                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m3), 4));
+                const __m256i u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q1, 4), m4),
+                                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m3), 4));
+                const __m256i sc = sc16[2 * j + h];
+                R8_UNROLL for (int t = 0; t < T; t++) {
+                    const int8_t *q = a[t][b].qs + 32 * j + 16 * h;
+                    const __m256i x = _mm256_add_epi16(_mm256_maddubs_epi16(u0, bcast4(q)), _mm256_maddubs_epi16(u1, bcast4(q + 4)));
+                    const __m256i y = _mm256_add_epi16(_mm256_maddubs_epi16(u2, bcast4(q + 8)),
+                                                       _mm256_maddubs_epi16(u3, bcast4(q + 12)));
+#ifdef QUANT_R8_VNNI
+                    s1[t] = _mm256_dpwssd_epi32(_mm256_dpwssd_epi32(s1[t], x, sc), y, sc);
+#else
+                    s1[t] = _mm256_add_epi32(s1[t], _mm256_add_epi32(_mm256_madd_epi16(x, sc), _mm256_madd_epi16(y, sc)));
+#endif
+                }
+            }
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d));
+        R8_UNROLL for (int t = 0; t < T; t++) {
+            const block_q8_k *y = &a[t][b];
+            __m256i s2 = _mm256_madd_epi16(scp[0], bcast4((const int8_t *)y->bsums));
+            R8_UNROLL for (int p = 1; p < 8; p++)
+                s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(scp[p], bcast4((const int8_t *)(y->bsums + 2 * p))));
+            const __m256i sum = _mm256_sub_epi32(s1[t], _mm256_slli_epi32(s2, 5));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(y->d)), acc[t]);
+        }
+    }
+    R8_UNROLL for (int t = 0; t < T; t++) _mm256_storeu_ps(out + (size_t)t * ostride, acc[t]);
+}
+
 /* The exported kernel of a type: every group, tokens four at a time, then the rest. */
 #define R8_KERNEL(type, block_t, QB)                                                                          \
     void R8_NAME(r8_##type)(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride,       \
@@ -246,3 +318,4 @@ R8_INLINE void r8_q4_k_group(int64_t nb, const block_q4_kx8 *g, const uint8_t *a
 R8_KERNEL(q4_0, block_q4_0x8, QK32)
 R8_KERNEL(q8_0, block_q8_0x8, QK32)
 R8_KERNEL(q4_k, block_q4_kx8, QKK)
+R8_KERNEL(q6_k, block_q6_kx8, QKK)

@@ -233,24 +233,122 @@ void quant_ref_r8_q4_k(int64_t n, const void *w, int n_groups, const void *act, 
     }
 }
 
-bool quant_r8_supported(uint32_t wtype) { return wtype == QUANT_Q4_0 || wtype == QUANT_Q8_0 || wtype == QUANT_Q4_K; }
+/* q6_k: u (0..63) of element e of a block, and its inverse (on a zeroed block). */
+static int q6_k_u(const block_q6_k *x, int e) {
+    const int half = e / 128, k = (e % 128) / 32, l = e % 32;
+    const uint8_t lo = x->ql[64 * half + l + 32 * (k & 1)];
+    return (k < 2 ? lo & 0xF : lo >> 4) | ((x->qh[32 * half + l] >> (2 * k)) & 3) << 4;
+}
+
+static void q6_k_set_u(block_q6_k *x, int e, int u) {
+    const int half = e / 128, k = (e % 128) / 32, l = e % 32;
+    x->ql[64 * half + l + 32 * (k & 1)] |= (uint8_t)((u & 0xF) << (k < 2 ? 0 : 4));
+    x->qh[32 * half + l] |= (uint8_t)((u >> 4) << (2 * k));
+}
+
+/* Position of row r's element e (0..255) in a q6_kx8 block: its ql byte and
+ * nibble, its qh byte and bit pair. */
+static void q6_kx8_pos(int r, int e, int *ql, int *ql_shift, int *qh, int *qh_shift) {
+    const int j = e / 32, w = e % 32, c = w / 8, i = w % 4, up = (w % 8) / 4;
+    *ql = 128 * j + 32 * c + 4 * r + i;
+    *ql_shift = 4 * up;
+    const int h = w / 16, part = (w % 16) / 4; /* 0: +0, 1: +4, 2: +8, 3: +12 */
+    *qh = 64 * j + 32 * h + 4 * r + i;
+    *qh_shift = 2 * part;
+}
+
+static void pack_q6_k(int64_t n, const void *rows, size_t row_stride, void *out) {
+    const int64_t nb = n / QKK;
+    block_q6_kx8 *g = (block_q6_kx8 *)out;
+    for (int64_t b = 0; b < nb; b++) {
+        block_q6_kx8 o;
+        memset(&o, 0, sizeof o);
+        for (int r = 0; r < 8; r++) {
+            const block_q6_k *x = (const block_q6_k *)((const uint8_t *)rows + (size_t)r * row_stride) + b;
+            o.d[r] = x->d;
+            for (int k = 0; k < 16; k++) o.sc[8 * k + r] = x->scales[k];
+            for (int e = 0; e < QKK; e++) {
+                int ql, qls, qh, qhs;
+                q6_kx8_pos(r, e, &ql, &qls, &qh, &qhs);
+                const int u = q6_k_u(x, e);
+                o.ql[ql] |= (uint8_t)((u & 0xF) << qls);
+                o.qh[qh] |= (uint8_t)((u >> 4) << qhs);
+            }
+        }
+        memcpy(&g[b], &o, sizeof o);
+    }
+}
+
+static int q6_kx8_u(const block_q6_kx8 *g, int r, int e) {
+    int ql, qls, qh, qhs;
+    q6_kx8_pos(r, e, &ql, &qls, &qh, &qhs);
+    return ((g->ql[ql] >> qls) & 0xF) | ((g->qh[qh] >> qhs) & 3) << 4;
+}
+
+static void unpack_q6_k(int64_t n, const void *group, void *rows, size_t row_stride) {
+    const int64_t nb = n / QKK;
+    const block_q6_kx8 *g = (const block_q6_kx8 *)group;
+    for (int64_t b = 0; b < nb; b++)
+        for (int r = 0; r < 8; r++) {
+            block_q6_k x;
+            memset(&x, 0, sizeof x);
+            x.d = g[b].d[r];
+            for (int k = 0; k < 16; k++) x.scales[k] = g[b].sc[8 * k + r];
+            for (int e = 0; e < QKK; e++) q6_k_set_u(&x, e, q6_kx8_u(&g[b], r, e));
+            memcpy((uint8_t *)rows + (size_t)r * row_stride + (size_t)b * sizeof x, &x, sizeof x);
+        }
+}
+
+/* The q6_k float steps per super-block: S = sum_g sc_g (sum_{e in g} u_e a_e -
+ * 32 bs_g) (exact; bs_g the activation's sum over group g), acc = fma(S, d da, acc). */
+void quant_ref_r8_q6_k(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, int n_act,
+                       float *out, size_t out_stride) {
+    const int64_t nb = n / QKK;
+    for (int gi = 0; gi < n_groups; gi++) {
+        const block_q6_kx8 *g = (const block_q6_kx8 *)w + (size_t)gi * (size_t)nb;
+        for (int t = 0; t < n_act; t++) {
+            const block_q8_k *a = (const block_q8_k *)((const uint8_t *)act + (size_t)t * act_stride);
+            for (int r = 0; r < 8; r++) {
+                float acc = 0.0f;
+                for (int64_t b = 0; b < nb; b++) {
+                    int32_t s1 = 0, s2 = 0;
+                    for (int k = 0; k < 16; k++) {
+                        int32_t p = 0;
+                        for (int e = 16 * k; e < 16 * k + 16; e++) p += q6_kx8_u(&g[b], r, e) * a[b].qs[e];
+                        s1 += g[b].sc[8 * k + r] * p;
+                        s2 += g[b].sc[8 * k + r] * a[b].bsums[k];
+                    }
+                    acc = fmaf((float)(s1 - 32 * s2), quant_f16_to_f32(g[b].d[r]) * a[b].d, acc);
+                }
+                out[(size_t)t * out_stride + 8 * (size_t)gi + (size_t)r] = acc;
+            }
+        }
+    }
+}
+
+bool quant_r8_supported(uint32_t wtype) {
+    return wtype == QUANT_Q4_0 || wtype == QUANT_Q8_0 || wtype == QUANT_Q4_K || wtype == QUANT_Q6_K;
+}
 
 static void check_r8(uint32_t wtype, int64_t n) {
-    KVS_ASSERT(quant_r8_supported(wtype) && n >= 0 && n % (wtype == QUANT_Q4_K ? QKK : QK32) == 0);
+    KVS_ASSERT(quant_r8_supported(wtype) && n >= 0 &&
+               n % (wtype == QUANT_Q4_K || wtype == QUANT_Q6_K ? QKK : QK32) == 0);
 }
 
 void quant_r8_pack(uint32_t wtype, int64_t n, const void *rows, size_t row_stride, void *out) {
     check_r8(wtype, n);
     if (wtype == QUANT_Q4_0) pack_q4_0(n, rows, row_stride, out);
     else if (wtype == QUANT_Q8_0) pack_q8_0(n, rows, row_stride, out);
-    else pack_q4_k(n, rows, row_stride, out);
+    else if (wtype == QUANT_Q4_K) pack_q4_k(n, rows, row_stride, out);
+    else pack_q6_k(n, rows, row_stride, out);
 }
 
 void quant_r8_unpack(uint32_t wtype, int64_t n, const void *group, void *rows, size_t row_stride) {
     check_r8(wtype, n);
     if (wtype == QUANT_Q4_0) unpack_q4_0(n, group, rows, row_stride);
     else if (wtype == QUANT_Q8_0) unpack_q8_0(n, group, rows, row_stride);
-    else unpack_q4_k(n, group, rows, row_stride);
+    else if (wtype == QUANT_Q4_K) unpack_q4_k(n, group, rows, row_stride);
+    else unpack_q6_k(n, group, rows, row_stride);
 }
 
 void quant_dot_r8_ref(uint32_t wtype, int64_t n, const void *w, int n_groups, const void *act,

@@ -559,6 +559,7 @@ int main(void) {
         test_tile(QUANT_Q3_K, n_ktile[i]);
         test_tile(QUANT_IQ4_XS, n_ktile[i]);
         test_r8(QUANT_Q4_K, n_ktile[i]);
+        test_r8(QUANT_Q6_K, n_ktile[i]);
     }
     quant_isa_force(best);
     return test_finish("test_quant", 1, 0);
