@@ -29,6 +29,8 @@ typedef struct {
     void *act;         /* matmul activation scratch */
     float *att_scratch; /* per thread: scores [group][max_pos] + k/v row */
     size_t att_scratch_per_thread;
+    const void **att_rows; /* per thread: the value rows of one head, [max_pos] */
+    size_t att_rows_per_thread;
     int layer;         /* local layer index being computed */
 } fwd_run_ctx;
 
@@ -123,28 +125,16 @@ static void attention_task(void *p, int64_t task0, int64_t task1, int slot) {
         kv_txn *txn = c->items[c->tok_item[t]].txn;
         const float *q = c->q + (size_t)t * (size_t)q_dim + (size_t)g * (size_t)group * (size_t)hd;
         float *scores = scratch; /* [group][n_pos] */
-        for (int j = 0; j < n_pos; j++) {
-            const uint8_t *kp = kv_txn_k(txn, c->layer, (uint32_t)j);
-            for (int h = 0; h < group; h++) {
-                const float *qh = q + (size_t)h * (size_t)hd;
-                float sc = f16 ? vec_dot_f32_f16(qh, (const uint16_t *)kp + (size_t)g * (size_t)hd, hd)
-                               : vec_dot_f32(qh, (const float *)kp + (size_t)g * (size_t)hd, hd);
-                scores[(size_t)h * (size_t)n_pos + (size_t)j] = sc * scale;
-            }
-        }
+        const size_t row_off = (size_t)g * (size_t)hd * (f16 ? sizeof(uint16_t) : sizeof(float));
+        for (int j = 0; j < n_pos; j++)
+            vec_scores(q, group, hd, (const uint8_t *)kv_txn_k(txn, c->layer, (uint32_t)j) + row_off, f16, scale,
+                       scores + j, (size_t)n_pos);
+        const void **rows = c->att_rows + (size_t)slot * c->att_rows_per_thread; /* this head's value rows */
+        for (int j = 0; j < n_pos; j++) rows[j] = (const uint8_t *)kv_txn_v(txn, c->layer, (uint32_t)j) + row_off;
         float *out = c->att + (size_t)t * (size_t)q_dim + (size_t)g * (size_t)group * (size_t)hd;
         for (int h = 0; h < group; h++) {
-            ops_softmax(scores + (size_t)h * (size_t)n_pos, n_pos);
-            memset(out + (size_t)h * (size_t)hd, 0, (size_t)hd * sizeof(float));
-        }
-        for (int j = 0; j < n_pos; j++) {
-            const uint8_t *vp = kv_txn_v(txn, c->layer, (uint32_t)j);
-            for (int h = 0; h < group; h++) {
-                float a = scores[(size_t)h * (size_t)n_pos + (size_t)j];
-                float *oh = out + (size_t)h * (size_t)hd;
-                if (f16) vec_axpy_f16(a, (const uint16_t *)vp + (size_t)g * (size_t)hd, oh, hd);
-                else vec_axpy_f32(a, (const float *)vp + (size_t)g * (size_t)hd, oh, hd);
-            }
+            vec_softmax(scores + (size_t)h * (size_t)n_pos, n_pos);
+            vec_wsum(scores + (size_t)h * (size_t)n_pos, n_pos, rows, f16, hd, out + (size_t)h * (size_t)hd);
         }
     }
 }
@@ -249,6 +239,8 @@ int fwd_run(const model *m, ops_pool *pool, const kv_state *kv, fwd_item *items,
     c.up = xmalloc_checked(T, ff * sizeof(float), &ok);
     c.act = xmalloc_checked(T, m->act_row_bytes, &ok);
     c.att_scratch = xmalloc_checked((size_t)nth, c.att_scratch_per_thread * sizeof(float), &ok);
+    c.att_rows_per_thread = (size_t)max_pos;
+    c.att_rows = xmalloc_checked((size_t)nth, c.att_rows_per_thread * sizeof(void *), &ok);
     int err = KVS_OK;
     if (!ok) {
         err = KVS_ERR_NOMEM;
@@ -292,6 +284,6 @@ int fwd_run(const model *m, ops_pool *pool, const kv_state *kv, fwd_item *items,
     }
 out:
     free(c.tok_item); free(c.tok_pos); free(c.x); free(c.xb); free(c.q); free(c.k); free(c.v);
-    free(c.att); free(c.gate); free(c.up); free(c.act); free(c.att_scratch);
+    free(c.att); free(c.gate); free(c.up); free(c.act); free(c.att_scratch); free(c.att_rows);
     return err;
 }

@@ -2,12 +2,13 @@
  * vecops — short float vector kernels for attention (dot of a query head with
  * a key row, accumulation of value rows), keys/values in f32 or f16. Chosen at
  * run time: AVX2+FMA+F16C when quant's dispatcher uses a SIMD ISA, else
- * scalar. Each result is reduced in one fixed order for a given ISA, so
- * attention stays batch invariant.
+ * scalar. Each result is reduced in one fixed order for a given ISA (per head
+ * and position, whatever the group or batch), so attention stays batch invariant.
  */
 #ifndef KVS_VECOPS_H
 #define KVS_VECOPS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 float vec_dot_f32(const float *a, const float *b, int n);
@@ -15,5 +16,19 @@ float vec_dot_f32_f16(const float *a, const uint16_t *b, int n); /* b: IEEE half
 /* y[i] += a * x[i] */
 void vec_axpy_f32(float a, const float *x, float *y, int n);
 void vec_axpy_f16(float a, const uint16_t *x, float *y, int n);
+
+/* Attention over a group of query heads sharing one key/value head (GQA).
+ * scores[h * stride] = scale * dot(q + h * hd, k, hd) for h < group: one key
+ * row (f32 or f16 per k_f16) against every head, the key converted once. */
+void vec_scores(const float *q, int group, int hd, const void *k, int k_f16, float scale, float *scores,
+                size_t stride);
+/* out[i] = sum over j in order of p[j] * rows[j][i], i < hd: the value rows
+ * (f32 or f16) weighted by one head's probabilities, bit-identical to n
+ * vec_axpy calls on a zeroed out. */
+void vec_wsum(const float *p, int n, const void *const *rows, int v_f16, int hd, float *out);
+/* x = softmax(x) over n elements, in place: exp by a degree-6 polynomial after
+ * range reduction (relative error ~2e-7, i.e. as good as expf for attention
+ * weights), sums in a fixed order. */
+void vec_softmax(float *x, int n);
 
 #endif /* KVS_VECOPS_H */

@@ -1,0 +1,128 @@
+/*
+ * vecops: the attention kernels under every ISA the CPU has against a double
+ * precision reference — scores of a group of heads against one key row, the
+ * weighted sum of value rows (bit-identical to one vec_axpy per row), and the
+ * softmax with its polynomial exp (accuracy, underflow, tails).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "quant.h"
+#include "test.h"
+#include "vecops.h"
+
+static uint64_t rng = 0x2545F4914F6CDD1Dull;
+static float frand(void) { /* [-1, 1) */
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)(rng >> 40) / (float)(1u << 23) - 1.0f;
+}
+
+enum { MAX_HD = 136, MAX_GROUP = 12, MAX_ROWS = 301 };
+
+static void test_scores(int group, int hd, int f16) {
+    static float q[MAX_GROUP * MAX_HD], kf[MAX_HD], got[MAX_GROUP * 3];
+    static uint16_t kh[MAX_HD];
+    for (int i = 0; i < group * hd; i++) q[i] = frand();
+    for (int i = 0; i < hd; i++) {
+        kh[i] = quant_f32_to_f16(frand() * 2.0f);
+        kf[i] = f16 ? quant_f16_to_f32(kh[i]) : frand() * 2.0f;
+    }
+    const float scale = 0.125f;
+    memset(got, 0, sizeof got);
+    vec_scores(q, group, hd, f16 ? (const void *)kh : (const void *)kf, f16, scale, got, 3);
+    for (int h = 0; h < group; h++) {
+        double want = 0, mag = 0;
+        for (int i = 0; i < hd; i++) {
+            want += (double)q[h * hd + i] * kf[i];
+            mag += fabs((double)q[h * hd + i] * kf[i]);
+        }
+        CHECK_NEAR(got[h * 3], want * scale, 1e-6 * mag + 1e-7);
+        CHECK(got[h * 3 + 1] == 0.0f); /* only every stride-th entry is written */
+    }
+}
+
+static void test_wsum(int n, int hd, int f16) {
+    static float p[MAX_ROWS], vf[MAX_ROWS][MAX_HD], got[MAX_HD], axpy[MAX_HD];
+    static uint16_t vh[MAX_ROWS][MAX_HD];
+    static const void *rows[MAX_ROWS];
+    for (int j = 0; j < n; j++) {
+        p[j] = frand() * 0.5f + 0.5f;
+        for (int i = 0; i < hd; i++) {
+            vh[j][i] = quant_f32_to_f16(frand());
+            vf[j][i] = f16 ? quant_f16_to_f32(vh[j][i]) : frand();
+        }
+        rows[j] = f16 ? (const void *)vh[j] : (const void *)vf[j];
+    }
+    vec_wsum(p, n, rows, f16, hd, got);
+    memset(axpy, 0, sizeof axpy);
+    for (int j = 0; j < n; j++) {
+        if (f16) vec_axpy_f16(p[j], vh[j], axpy, hd);
+        else vec_axpy_f32(p[j], vf[j], axpy, hd);
+    }
+    int diff = 0;
+    for (int i = 0; i < hd; i++) {
+        double want = 0, mag = 0;
+        for (int j = 0; j < n; j++) {
+            want += (double)p[j] * vf[j][i];
+            mag += fabs((double)p[j] * vf[j][i]);
+        }
+        CHECK_NEAR(got[i], want, 1e-6 * mag + 1e-7);
+        diff += memcmp(&got[i], &axpy[i], 4) != 0;
+    }
+    CHECK_EQ_INT(diff, 0);
+}
+
+static void test_softmax(int n, float spread) {
+    static float x[4096];
+    static double want[4096];
+    for (int i = 0; i < n; i++) x[i] = frand() * spread;
+    if (n > 3) x[3] = -1e30f; /* underflows to 0 */
+    static double slack[4096];
+    double max = -INFINITY, sum = 0;
+    for (int i = 0; i < n; i++) max = x[i] > max ? x[i] : max;
+    for (int i = 0; i < n; i++) {
+        sum += want[i] = exp((double)x[i] - max);
+        slack[i] = fabs((double)x[i] - max) * 6e-8; /* x - max is rounded to float first, as for expf */
+    }
+    vec_softmax(x, n);
+    double got_sum = 0, worst = 0;
+    for (int i = 0; i < n; i++) {
+        want[i] /= sum;
+        got_sum += x[i];
+        double rel = fabs(x[i] - want[i]) / (want[i] + 1e-30) - slack[i];
+        if (want[i] > 1e-30 && rel > worst) worst = rel;
+        CHECK(x[i] >= 0.0f && isfinite(x[i]));
+    }
+    if (worst >= 2e-6) printf("softmax n=%d spread %g: worst relative error %.3g\n", n, (double)spread, worst);
+    CHECK(worst < 2e-6);
+    CHECK_NEAR(got_sum, 1.0, 1e-5);
+    if (n > 3) CHECK(x[3] == 0.0f);
+}
+
+int main(void) {
+    enum quant_isa best = quant_isa_detect();
+    int checked = 0;
+    for (int isa = 0; isa <= (int)best; isa++) {
+        CHECK(quant_isa_force((enum quant_isa)isa));
+        static const int hds[] = {8, 64, 72, 128, 136};
+        static const int groups[] = {1, 3, 7, 8, 12};
+        for (size_t a = 0; a < sizeof hds / sizeof hds[0]; a++)
+            for (size_t b = 0; b < sizeof groups / sizeof groups[0]; b++)
+                for (int f16 = 0; f16 < 2; f16++) test_scores(groups[b], hds[a], f16);
+        static const int ns[] = {1, 2, 9, 300};
+        for (size_t a = 0; a < sizeof hds / sizeof hds[0]; a++)
+            for (size_t b = 0; b < sizeof ns / sizeof ns[0]; b++)
+                for (int f16 = 0; f16 < 2; f16++) test_wsum(ns[b], hds[a], f16);
+        static const int sn[] = {1, 7, 8, 33, 2049, 4096};
+        for (size_t a = 0; a < sizeof sn / sizeof sn[0]; a++) {
+            test_softmax(sn[a], 1.0f);
+            test_softmax(sn[a], 80.0f);
+        }
+        printf("test_vecops: %s checked\n", quant_isa_name((enum quant_isa)isa));
+        checked++;
+    }
+    quant_isa_force(best);
+    return test_finish("test_vecops", checked, 0);
+}
