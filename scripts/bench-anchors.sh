@@ -10,7 +10,7 @@
 #
 # An anchor left unset is skipped (its columns say "-"). Other settings (defaults):
 #   KVSHARD=build/kvshard  SCRATCH=/tmp/kvshard-anchors (model files, logs; outside the repo)
-#   TYPES="q4_0 q8_0 q4_k"  ROUNDS=2  THREADS=2  PP=128  TG=32  SESSIONS="1 4 8" (empty: no batched part)
+#   TYPES="q4_0 q8_0 q4_k q4_k_m"  ROUNDS=2  THREADS=2  PP=128  TG=32  SESSIONS="1 4 8" (empty: no batched part)
 #   IK_LLAMA_ARGS=""  (extra llama-bench arguments for ik_llama.cpp, e.g. "-rtr 1": its run-time repacking)
 #
 # Usage: bash scripts/bench-anchors.sh        (run from the repository root)
@@ -18,7 +18,7 @@ set -euo pipefail
 
 KVSHARD=${KVSHARD:-build/kvshard}
 SCRATCH=${SCRATCH:-/tmp/kvshard-anchors}
-TYPES=${TYPES:-q4_0 q8_0 q4_k}
+TYPES=${TYPES:-q4_0 q8_0 q4_k q4_k_m}
 ROUNDS=${ROUNDS:-2}
 THREADS=${THREADS:-2}
 PP=${PP:-128}

@@ -46,7 +46,7 @@ const mkmodel_shape *mkmodel_find_shape(const char *name) {
 const mkmodel_shape *mkmodel_shape_at(int i) { return i >= 0 && i < N_SHAPES ? &shapes[i] : NULL; }
 
 mkmodel_params mkmodel_default_params(void) {
-    mkmodel_params p = {"tiny", QUANT_F32, 1, 0, NULL, NULL};
+    mkmodel_params p = {.shape = "tiny", .type = QUANT_F32, .k_m = false, .seed = 1};
     return p;
 }
 
@@ -142,7 +142,10 @@ static void add(plan *p, const char *name, uint32_t type, uint64_t n_in, uint64_
     KVS_ASSERT(quant_row_bytes(t->type, n_in, &t->row_bytes));
 }
 
-static int make_plan(const mkmodel_shape *s, uint32_t type, plan *p) {
+/* llama.cpp's use_more_bits: the layers whose attn_v / ffn_down a _M mix widens. */
+static bool more_bits(uint32_t l, uint32_t n) { return l < n / 8 || l >= 7 * n / 8 || (l - n / 8) % 3 == 2; }
+
+static int make_plan(const mkmodel_shape *s, uint32_t type, bool k_m, plan *p) {
     p->n = 0;
     p->t = calloc((size_t)s->n_layer * 9 + 3, sizeof *p->t);
     if (!p->t) return KVS_ERR_NOMEM;
@@ -157,16 +160,17 @@ static int make_plan(const mkmodel_shape *s, uint32_t type, plan *p) {
         add(p, L("attn_norm.weight"), QUANT_F32, s->n_embd, 0, 1.0f, 0.05f);
         add(p, L("attn_q.weight"), type, s->n_embd, q_out, 0.0f, sd_embd);
         add(p, L("attn_k.weight"), type, s->n_embd, kv_out, 0.0f, sd_embd);
-        add(p, L("attn_v.weight"), type, s->n_embd, kv_out, 0.0f, sd_embd);
+        const uint32_t wide = k_m && more_bits(l, s->n_layer) ? QUANT_Q6_K : type;
+        add(p, L("attn_v.weight"), wide, s->n_embd, kv_out, 0.0f, sd_embd);
         add(p, L("attn_output.weight"), type, q_out, s->n_embd, 0.0f, sd_q);
         add(p, L("ffn_norm.weight"), QUANT_F32, s->n_embd, 0, 1.0f, 0.05f);
         add(p, L("ffn_gate.weight"), type, s->n_embd, s->n_ff, 0.0f, sd_embd);
         add(p, L("ffn_up.weight"), type, s->n_embd, s->n_ff, 0.0f, sd_embd);
-        add(p, L("ffn_down.weight"), type, s->n_ff, s->n_embd, 0.0f, sd_ff);
+        add(p, L("ffn_down.weight"), wide, s->n_ff, s->n_embd, 0.0f, sd_ff);
 #undef L
     }
     add(p, "output_norm.weight", QUANT_F32, s->n_embd, 0, 1.0f, 0.05f);
-    add(p, "output.weight", type, s->n_embd, s->n_vocab, 0.0f, 3.0f * sd_embd);
+    add(p, "output.weight", k_m ? QUANT_Q6_K : type, s->n_embd, s->n_vocab, 0.0f, 3.0f * sd_embd);
     return KVS_OK;
 }
 
@@ -232,14 +236,14 @@ out:
     return rc;
 }
 
-static int set_metadata(gguf_writer *w, const mkmodel_shape *s, uint32_t type, uint64_t seed) {
+static int set_metadata(gguf_writer *w, const mkmodel_shape *s, uint32_t type, bool k_m, uint64_t seed) {
     char name[96];
     const quant_traits *tr = quant_get_traits(type);
-    snprintf(name, sizeof name, "kvshard-mkmodel-%s-%s", s->name, tr ? tr->name : "?");
+    snprintf(name, sizeof name, "kvshard-mkmodel-%s-%s%s", s->name, tr ? tr->name : "?", k_m ? "_m" : "");
     int rc;
     if ((rc = gguf_writer_set_str(w, "general.architecture", "llama")) ||
         (rc = gguf_writer_set_str(w, "general.name", name)) ||
-        (rc = gguf_writer_set_u32(w, "general.file_type", file_type_of(type))) ||
+        (rc = gguf_writer_set_u32(w, "general.file_type", k_m ? 15 : file_type_of(type))) ||
         (rc = gguf_writer_set_u32(w, "general.quantization_version", 2)) ||
         (rc = gguf_writer_set_u64(w, "kvshard.mkmodel.seed", seed)) ||
         (rc = gguf_writer_set_u32(w, "llama.vocab_size", s->n_vocab)) ||
@@ -334,7 +338,9 @@ int mkmodel_write(const char *path, mkmodel_params params, char *msg, size_t msg
     plan pl = {0};
     gguf_writer *w = NULL;
     uint8_t *buf = NULL;
-    int rc = make_plan(s, params.type, &pl);
+    if (params.k_m && params.type != QUANT_Q4_K)
+        return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "the _M mix is made from q4_k only");
+    int rc = make_plan(s, params.type, params.k_m, &pl);
     if (rc) {
         rc = kvs_fail(msg, msg_cap, rc, "out of memory");
         goto out;
@@ -343,7 +349,7 @@ int mkmodel_write(const char *path, mkmodel_params params, char *msg, size_t msg
         rc = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
         goto out;
     }
-    if ((rc = set_metadata(w, s, params.type, params.seed))) {
+    if ((rc = set_metadata(w, s, params.type, params.k_m, params.seed))) {
         rc = kvs_fail(msg, msg_cap, rc, "setting metadata: %s", kvs_strerror(rc));
         goto out;
     }

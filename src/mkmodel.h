@@ -40,6 +40,9 @@ typedef struct {
     const char *shape;   /* shape name */
     uint32_t type;       /* quant type id for matrices: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k
                           * q4_k q5_k q6_k iq4_nl iq4_xs (quant_quantize_row: round to nearest) */
+    bool k_m;            /* with type q4_k: llama.cpp's Q4_K_M mix instead (q6_k for output.weight and
+                          * for attn_v / ffn_down of the first and last eighth of the layers and every
+                          * third between; file_type 15) */
     uint64_t seed;
     int n_threads;       /* 0: online CPUs, at most 8 */
     mkmodel_progress_fn progress; /* may be NULL */

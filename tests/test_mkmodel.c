@@ -302,6 +302,40 @@ static void test_cli(void) {
     n_run++;
 }
 
+/* The q4_k_m mix: q6_k where llama.cpp's use_more_bits puts it, q4_k elsewhere,
+ * file_type 15; and the mix is refused for other types. */
+static void test_k_m(void) {
+    char path[300];
+    snprintf(path, sizeof path, "%s/k_m.gguf", tmp_dir);
+    mkmodel_params p = mkmodel_default_params();
+    p.shape = "small"; /* 2 layers: layer 1 is the last eighth */
+    p.type = QUANT_Q4_K;
+    p.k_m = true;
+    char msg[KVS_MSG_MAX] = "";
+    CHECK_EQ_INT(mkmodel_write(path, p, msg, sizeof msg), KVS_OK);
+    gguf_ctx *g = NULL;
+    CHECK_EQ_INT(gguf_open(path, &g, msg, sizeof msg), KVS_OK);
+    if (g) {
+        static const struct { const char *name; uint32_t type; } want[] = {
+            {"output.weight", QUANT_Q6_K},          {"token_embd.weight", QUANT_Q4_K},
+            {"blk.0.attn_v.weight", QUANT_Q4_K},    {"blk.0.ffn_down.weight", QUANT_Q4_K},
+            {"blk.1.attn_v.weight", QUANT_Q6_K},    {"blk.1.ffn_down.weight", QUANT_Q6_K},
+            {"blk.1.attn_q.weight", QUANT_Q4_K},    {"blk.1.ffn_up.weight", QUANT_Q4_K},
+        };
+        for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+            const gguf_tensor *t = gguf_find_tensor(g, want[i].name);
+            CHECK(t != NULL);
+            if (t) CHECK_EQ_INT(t->type, want[i].type);
+        }
+        CHECK_EQ_INT(get_u32(g, "general.file_type"), 15);
+        gguf_close(g);
+    }
+    unlink(path);
+    p.type = QUANT_Q8_0;
+    CHECK_EQ_INT(mkmodel_write(path, p, msg, sizeof msg), KVS_ERR_INVALID_ARG);
+    n_run++;
+}
+
 int main(void) {
     snprintf(tmp_dir, sizeof tmp_dir, "/tmp/kvs_test_mkmodel_XXXXXX");
     if (!mkdtemp(tmp_dir)) {
@@ -310,6 +344,7 @@ int main(void) {
     }
     test_all_types();
     test_determinism();
+    test_k_m();
     test_cli();
     rmdir(tmp_dir);
     return test_finish("test_mkmodel", n_run, n_skipped);

@@ -21,7 +21,8 @@ static void mkmodel_usage(FILE *f) {
         fprintf(f, "\n    %-15s n_embd %u, %u layers, %u heads, %u kv heads, n_ff %u, vocab %u, ctx %u", s->name,
                 s->n_embd, s->n_layer, s->n_head, s->n_head_kv, s->n_ff, s->n_vocab, s->n_ctx);
     }
-    fprintf(f, "\n  types: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs\n"
+    fprintf(f, "\n  types: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs,\n"
+               "    q4_k_m (llama.cpp's mix: q4_k, with q6_k for output and some attn_v / ffn_down)\n"
                "    (a matrix whose rows don't fit the type's block size falls back to q8_0/f16;\n"
                "    quantization is plain round-to-nearest, not llama.cpp's search)\n"
                "  --seed S      default 1\n"
@@ -77,7 +78,8 @@ int cmd_mkmodel(int argc, char **argv) {
         mkmodel_usage(stderr);
         return 2;
     }
-    int t = quant_type_from_name(type);
+    const bool k_m = !strcmp(type, "q4_k_m");
+    int t = k_m ? QUANT_Q4_K : quant_type_from_name(type);
     if (t < 0 || !mkmodel_type_supported((uint32_t)t)) {
         fprintf(stderr, "kvshard mkmodel: unsupported type '%s'\n", type);
         mkmodel_usage(stderr);
@@ -85,6 +87,7 @@ int cmd_mkmodel(int argc, char **argv) {
     }
     p.shape = shape;
     p.type = (uint32_t)t;
+    p.k_m = k_m;
     progress_state ps = {kvs_now_ns()};
     if (!quiet) {
         p.progress = on_progress;
