@@ -122,18 +122,21 @@ void quant_ref_r8_q8_0(int64_t n, const void *w, int n_groups, const void *act, 
     }
 }
 
-/* q4_k: row r's element e of a block, unsigned (0..15). */
-static int q4_k_nibble(const block_q4_k *b, int e) {
-    const int c = e / 64, w = e % 64;
-    return w < 32 ? b->qs[32 * c + w] & 0xF : b->qs[32 * c + w - 32] >> 4;
-}
-
 /* The six-bit scale (mins: m) of entry k (8 j + r) of a q4_kx8 block. */
 static int q4_kx8_entry(const block_q4_kx8 *g, int k, bool min) {
     const uint8_t *lo = min ? g->m_lo : g->sc_lo;
     const int hi_shift = (min ? 4 : 0) + (k < 32 ? 0 : 2);
     const int low4 = k < 32 ? lo[k] & 0xF : lo[k - 32] >> 4;
     return low4 | ((g->hi[k % 32] >> hi_shift) & 3) << 4;
+}
+
+/* The 256 unsigned quants of a q4_k block, in element order. */
+static void q4_k_quants(const block_q4_k *x, uint8_t q[QKK]) {
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++) {
+            q[64 * c + l] = x->qs[32 * c + l] & 0xF;
+            q[64 * c + 32 + l] = x->qs[32 * c + l] >> 4;
+        }
 }
 
 static void pack_q4_k(int64_t n, const void *rows, size_t row_stride, void *out) {
@@ -144,6 +147,8 @@ static void pack_q4_k(int64_t n, const void *rows, size_t row_stride, void *out)
         memset(&o, 0, sizeof o);
         for (int r = 0; r < 8; r++) {
             const block_q4_k *x = (const block_q4_k *)((const uint8_t *)rows + (size_t)r * row_stride) + b;
+            uint8_t q[QKK];
+            q4_k_quants(x, q);
             o.d[r] = x->d;
             o.dmin[r] = x->dmin;
             for (int j = 0; j < 8; j++) {
@@ -156,7 +161,7 @@ static void pack_q4_k(int64_t n, const void *rows, size_t row_stride, void *out)
                 for (int c = 0; c < 4; c++)
                     for (int i = 0; i < 4; i++) {
                         const int e = 32 * j + 8 * c + i;
-                        o.qs[128 * j + 32 * c + 4 * r + i] = (uint8_t)(q4_k_nibble(x, e) | q4_k_nibble(x, e + 4) << 4);
+                        o.qs[128 * j + 32 * c + 4 * r + i] = (uint8_t)(q[e] | q[e + 4] << 4);
                     }
             }
         }
@@ -265,15 +270,23 @@ static void pack_q6_k(int64_t n, const void *rows, size_t row_stride, void *out)
         memset(&o, 0, sizeof o);
         for (int r = 0; r < 8; r++) {
             const block_q6_k *x = (const block_q6_k *)((const uint8_t *)rows + (size_t)r * row_stride) + b;
+            uint8_t u[QKK];
+            for (int e = 0; e < QKK; e++) u[e] = (uint8_t)q6_k_u(x, e);
             o.d[r] = x->d;
             for (int k = 0; k < 16; k++) o.sc[8 * k + r] = x->scales[k];
-            for (int e = 0; e < QKK; e++) {
-                int ql, qls, qh, qhs;
-                q6_kx8_pos(r, e, &ql, &qls, &qh, &qhs);
-                const int u = q6_k_u(x, e);
-                o.ql[ql] |= (uint8_t)((u & 0xF) << qls);
-                o.qh[qh] |= (uint8_t)((u >> 4) << qhs);
-            }
+            for (int j = 0; j < 8; j++)
+                for (int c = 0; c < 4; c++)
+                    for (int i = 0; i < 4; i++) {
+                        const int e = 32 * j + 8 * c + i;
+                        o.ql[128 * j + 32 * c + 4 * r + i] = (uint8_t)((u[e] & 0xF) | (u[e + 4] & 0xF) << 4);
+                    }
+            for (int j = 0; j < 8; j++)
+                for (int h = 0; h < 2; h++)
+                    for (int i = 0; i < 4; i++) {
+                        const int e = 32 * j + 16 * h + i;
+                        o.qh[64 * j + 32 * h + 4 * r + i] =
+                            (uint8_t)(u[e] >> 4 | (u[e + 4] >> 4) << 2 | (u[e + 8] >> 4) << 4 | (u[e + 12] >> 4) << 6);
+                    }
         }
         memcpy(&g[b], &o, sizeof o);
     }
