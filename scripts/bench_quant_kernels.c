@@ -2,7 +2,9 @@
  * bench_quant_kernels — time the dot kernels of some weight types on one core,
  * rows resident in cache (compute, not bandwidth): ns per weight row of 2048
  * elements for one token (decode) and per row-token for eight tokens
- * (prefill: quant_dot_multi, and quant_dot_tile where the type has one).
+ * (prefill: quant_dot_multi, and quant_dot_tile where the type has one), and
+ * for the types with an r8 layout the same rows repacked (quant_dot_r8, 1 and
+ * eight tokens).
  * Minimum over 40 repeats, so a shared machine's noise mostly drops out.
  *
  * Not part of the build. From the repository root, after building build/:
@@ -27,7 +29,7 @@ static double now_ns(void) {
 static float frand(void) { return (float)rand() / (float)RAND_MAX - 0.5f; }
 
 int main(void) {
-    static const uint32_t types[] = {QUANT_Q4_0, QUANT_Q4_K, QUANT_Q6_K, QUANT_Q2_K,
+    static const uint32_t types[] = {QUANT_Q4_0, QUANT_Q8_0, QUANT_Q4_K, QUANT_Q6_K, QUANT_Q2_K,
                                      QUANT_Q3_K, QUANT_IQ4_NL, QUANT_IQ4_XS};
     static float x[N], out[ROWS * T];
     srand(1);
@@ -37,8 +39,8 @@ int main(void) {
         uint64_t rb = 0;
         if (!quant_row_bytes(type, N, &rb)) return 1;
         const size_t ab = quant_act_row_bytes(type, N);
-        uint8_t *w = malloc(rb * ROWS), *act = malloc(ab * T), *tiled = malloc(ab * T);
-        if (!w || !act || !tiled) return 1;
+        uint8_t *w = malloc(rb * ROWS), *act = malloc(ab * T), *tiled = malloc(ab * T), *r8 = malloc(rb * ROWS);
+        if (!w || !act || !tiled || !r8) return 1;
         for (int r = 0; r < ROWS; r++) {
             for (int i = 0; i < N; i++) x[i] = frand();
             quant_quantize_row(type, x, w + (size_t)r * rb, N);
@@ -47,10 +49,11 @@ int main(void) {
             for (int i = 0; i < N; i++) x[i] = frand();
             quant_act_quantize(type, x, act + (size_t)t * ab, N);
         }
-        const bool tile = quant_has_tile(type);
+        const bool tile = quant_has_tile(type), packed = quant_r8_supported(type);
+        for (int r = 0; packed && r < ROWS; r += 8) quant_r8_pack(type, N, w + (size_t)r * rb, rb, r8 + (size_t)r * rb);
         memcpy(tiled, act, ab * T);
         for (int t = 0; tile && t < T; t++) quant_act_tile_layout(type, tiled + (size_t)t * ab, N);
-        double one = 1e30, multi = 1e30, til = 1e30;
+        double one = 1e30, multi = 1e30, til = 1e30, r8_one = 1e30, r8_multi = 1e30;
         for (int rep = 0; rep < REPEATS; rep++) {
             double t0 = now_ns();
             for (int r = 0; r < ROWS; r++) quant_dot_multi(type, N, w + (size_t)r * rb, act, ab, 1, out + r);
@@ -59,6 +62,12 @@ int main(void) {
             double t2 = now_ns();
             if (tile) quant_dot_tile(type, N, w, rb, ROWS, tiled, ab, T, out, ROWS);
             double t3 = now_ns();
+            if (packed) quant_dot_r8(type, N, r8, ROWS / 8, act, ab, 1, out, ROWS);
+            double t4 = now_ns();
+            if (packed) quant_dot_r8(type, N, r8, ROWS / 8, act, ab, T, out, ROWS);
+            double t5 = now_ns();
+            r8_one = t4 - t3 < r8_one ? t4 - t3 : r8_one;
+            r8_multi = t5 - t4 < r8_multi ? t5 - t4 : r8_multi;
             one = t1 - t0 < one ? t1 - t0 : one;
             multi = t2 - t1 < multi ? t2 - t1 : multi;
             til = t3 - t2 < til ? t3 - t2 : til;
@@ -66,10 +75,13 @@ int main(void) {
         printf("%-7s 1 token %6.1f ns/row   %d tokens: multi %6.1f", quant_get_traits(type)->name, one / ROWS, T,
                multi / (ROWS * T));
         if (tile) printf(", tile %6.1f", til / (ROWS * T));
-        printf(" ns/row-token\n");
+        printf(" ns/row-token");
+        if (packed) printf("   r8: 1 token %6.1f ns/row, %d tokens %6.1f ns/row-token", r8_one / ROWS, T, r8_multi / (ROWS * T));
+        printf("\n");
         free(w);
         free(act);
         free(tiled);
+        free(r8);
     }
     return 0;
 }

@@ -357,6 +357,7 @@ QK_INLINE __m256i dot_u8s8_acc(__m256i acc, __m256i u, __m256i s) {
 #endif
 }
 
+#ifdef QUANT_AVX2_AS_VNNI /* the transposed q4_0 tile: plain AVX2 uses the pair-layout kernel below */
 /* The eight transposed weight chunks of blocks x[0..8). */
 QK_INLINE void q4_0_w_chunks(const block_q4_0 *x, __m256i c[8]) {
     __m256i b[4];
@@ -372,6 +373,7 @@ QK_INLINE void q4_0_w_chunks(const block_q4_0 *x, __m256i c[8]) {
         c[i + 4] = _mm256_and_si256(_mm256_srli_epi16(d[i], 4), m4);
     }
 }
+#endif
 
 /* Walks n_rows x n_act in micro-tiles of QK_TILE_R rows (then 1) and QK_TILE_T tokens
  * (then 1), calling RT (an inline kernel specialized on its constant R and T). */
@@ -414,6 +416,7 @@ QK_INLINE void q4_0_w_chunks(const block_q4_0 *x, __m256i c[8]) {
             QK_UNROLL for (int t = 0; t < T; t++) out[(size_t)t * ostride + (size_t)r] = hsum_ps(acc[r][t]); \
     } while (0)
 
+#ifdef QUANT_AVX2_AS_VNNI
 /* out[t * ostride + r] for an R x T micro-tile, R and T compile-time. */
 QK_INLINE void q4_0_tile_rt(int64_t n, const uint8_t *w, size_t wstride, const int R, const uint8_t *act,
                             size_t astride, const int T, float *out, size_t ostride) {
@@ -446,7 +449,6 @@ QK_INLINE void q4_0_tile_rt(int64_t n, const uint8_t *w, size_t wstride, const i
 }
 
 /* Rows in micro-tiles of QK_TILE_R (then 1), tokens of QK_TILE_T (then fewer). */
-#ifdef QUANT_AVX2_AS_VNNI /* plain AVX2 uses the pair-layout kernel below */
 QK_TILE_WALK(avx_q4_0_tile, q4_0_tile_rt)
 #endif
 
@@ -1000,35 +1002,38 @@ static void avx_f32_to_f16_row(const float *src, uint16_t *dst, int64_t n) {
 static void avx_dq_f16(const void *w, float *y, int64_t n) { avx_f16_to_f32_row((const uint16_t *)w, y, n); }
 
 #ifdef QUANT_AVX2_AS_VNNI
-#define QK_Q4_0_ENTRY [QUANT_Q4_0] = {avx_q4_0_multi, NULL, avx_act_q8, avx_q4_0_tile, NULL, 0, QK_LOWBIT(r8_q4_0)}
+#define QK_Q4_0_ENTRY \
+    [QUANT_Q4_0] = {.dot = avx_q4_0_multi, .act = avx_act_q8, .tile = avx_q4_0_tile, .r8 = QK_LOWBIT(r8_q4_0)}
 #else
-#define QK_Q4_0_ENTRY [QUANT_Q4_0] = {avx_q4_0_multi, NULL, avx_act_q8, avx_q4_0_p8_tile, avx_q4_0_pair_layout, 1, \
-                                      QK_LOWBIT(r8_q4_0)}
+#define QK_Q4_0_ENTRY                                                                                      \
+    [QUANT_Q4_0] = {.dot = avx_q4_0_multi, .act = avx_act_q8, .tile = avx_q4_0_p8_tile,                  \
+                    .layout = avx_q4_0_pair_layout, .tile_min_tokens = 1, .r8 = QK_LOWBIT(r8_q4_0)}
 #endif
 
-/* The low-bit types' dots live in quant_lowbit_avx2.c (and, for VNNI, _avx512.c). */
+/* The low-bit types' dots live in quant_lowbit_avx2.c (and, for VNNI, _avx512.c);
+ * the r8 kernels in quant_r8_avx2.c (and _avx512.c). */
 #ifdef QUANT_AVX2_AS_VNNI
 #define QK_LOWBIT(name) quant_avx512_##name
 #else
 #define QK_LOWBIT(name) quant_avx2_##name
 #endif
 
-#define QK_AVX2_KERNELS                                                    \
-    [QUANT_F32] = {avx_f32_multi, NULL, avx_act_f32},                      \
-    [QUANT_F16] = {avx_f16_multi, avx_dq_f16, avx_act_f32},                \
-    [QUANT_BF16] = {avx_bf16_multi, NULL, avx_act_f32},                    \
-    QK_Q4_0_ENTRY,                                                         \
-    [QUANT_Q4_1] = {avx_q4_1_multi, NULL, avx_act_q8},                     \
-    [QUANT_Q5_0] = {avx_q5_0_multi, NULL, avx_act_q8},                     \
-    [QUANT_Q5_1] = {avx_q5_1_multi, NULL, avx_act_q8},                     \
-    [QUANT_Q8_0] = {avx_q8_0_multi, NULL, avx_act_q8, avx_q8_0_tile, NULL, 0, QK_LOWBIT(r8_q8_0)}, \
-    [QUANT_Q4_K] = {avx_q4_k_multi, NULL, avx_act_q8k, avx_q4_k_tile, NULL, 0, QK_LOWBIT(r8_q4_k)}, \
-    [QUANT_Q5_K] = {avx_q5_k_multi, NULL, avx_act_q8k},                    \
-    [QUANT_Q6_K] = {avx_q6_k_multi, NULL, avx_act_q8k, NULL, NULL, 0, QK_LOWBIT(r8_q6_k)}, \
-    [QUANT_Q2_K] = {QK_LOWBIT(dot_q2_k), NULL, avx_act_q8k, QK_LOWBIT(tile_q2_k)},               \
-    [QUANT_Q3_K] = {QK_LOWBIT(dot_q3_k), NULL, avx_act_q8k, QK_LOWBIT(tile_q3_k)},               \
-    [QUANT_IQ4_NL] = {QK_LOWBIT(dot_iq4_nl), NULL, avx_act_q8},            \
-    [QUANT_IQ4_XS] = {QK_LOWBIT(dot_iq4_xs), NULL, avx_act_q8k, QK_LOWBIT(tile_iq4_xs)}
+#define QK_AVX2_KERNELS                                                                                    \
+    [QUANT_F32] = {.dot = avx_f32_multi, .act = avx_act_f32},                                             \
+    [QUANT_F16] = {.dot = avx_f16_multi, .dequant = avx_dq_f16, .act = avx_act_f32},                      \
+    [QUANT_BF16] = {.dot = avx_bf16_multi, .act = avx_act_f32},                                           \
+    QK_Q4_0_ENTRY,                                                                                        \
+    [QUANT_Q4_1] = {.dot = avx_q4_1_multi, .act = avx_act_q8},                                            \
+    [QUANT_Q5_0] = {.dot = avx_q5_0_multi, .act = avx_act_q8},                                            \
+    [QUANT_Q5_1] = {.dot = avx_q5_1_multi, .act = avx_act_q8},                                            \
+    [QUANT_Q8_0] = {.dot = avx_q8_0_multi, .act = avx_act_q8, .tile = avx_q8_0_tile, .r8 = QK_LOWBIT(r8_q8_0)}, \
+    [QUANT_Q4_K] = {.dot = avx_q4_k_multi, .act = avx_act_q8k, .tile = avx_q4_k_tile, .r8 = QK_LOWBIT(r8_q4_k)}, \
+    [QUANT_Q5_K] = {.dot = avx_q5_k_multi, .act = avx_act_q8k},                                           \
+    [QUANT_Q6_K] = {.dot = avx_q6_k_multi, .act = avx_act_q8k, .r8 = QK_LOWBIT(r8_q6_k)},                 \
+    [QUANT_Q2_K] = {.dot = QK_LOWBIT(dot_q2_k), .act = avx_act_q8k, .tile = QK_LOWBIT(tile_q2_k)},        \
+    [QUANT_Q3_K] = {.dot = QK_LOWBIT(dot_q3_k), .act = avx_act_q8k, .tile = QK_LOWBIT(tile_q3_k)},        \
+    [QUANT_IQ4_NL] = {.dot = QK_LOWBIT(dot_iq4_nl), .act = avx_act_q8},                                   \
+    [QUANT_IQ4_XS] = {.dot = QK_LOWBIT(dot_iq4_xs), .act = avx_act_q8k, .tile = QK_LOWBIT(tile_iq4_xs)}
 
 #ifndef QUANT_AVX2_AS_VNNI
 const quant_isa_table quant_table_avx2 = {

@@ -39,6 +39,17 @@
  *     An ISA may use its own tile layout (quant_kernels.layout): plain AVX2
  *     q4_0 pairs blocks m and m+4 instead of transposing (quant_avx2.c), and
  *     takes the tile path from one token on (quant_kernels.tile_min_tokens).
+ *  7. r8 layout (quant.h; block_q4_0x8, block_q8_0x8, block_q4_kx8,
+ *     block_q6_kx8 below): groups of eight rows, interleaved so that i32 lane r
+ *     of a 32-byte chunk holds four elements of row r. A kernel broadcasts four
+ *     activation bytes, and lane r sums row r exactly — no horizontal step, no
+ *     weight transpose, one kernel for decode and prefill (quant_kernels.r8,
+ *     falling back like dot). Per (row, token) it runs the float steps of its
+ *     scalar reference in quant_r8_ref.c over the blocks in order, one
+ *     accumulator per row, so every ISA and batch gives the same bits as the
+ *     reference (not as quant_dot on the unpacked rows, which reduces in lanes).
+ *     A group has the bytes of its eight rows: repacking replaces a matrix at
+ *     its size; the six-bit q4_k scales and mins are re-encoded to fit.
  */
 #ifndef KVS_QUANT_IMPL_H
 #define KVS_QUANT_IMPL_H
