@@ -126,11 +126,17 @@ static void attention_task(void *p, int64_t task0, int64_t task1, int slot) {
         const float *q = c->q + (size_t)t * (size_t)q_dim + (size_t)g * (size_t)group * (size_t)hd;
         float *scores = scratch; /* [group][n_pos] */
         const size_t row_off = (size_t)g * (size_t)hd * (f16 ? sizeof(uint16_t) : sizeof(float));
-        for (int j = 0; j < n_pos; j++)
-            vec_scores(q, group, hd, (const uint8_t *)kv_txn_k(txn, c->layer, (uint32_t)j) + row_off, f16, scale,
-                       scores + j, (size_t)n_pos);
         const void **rows = c->att_rows + (size_t)slot * c->att_rows_per_thread; /* this head's value rows */
-        for (int j = 0; j < n_pos; j++) rows[j] = (const uint8_t *)kv_txn_v(txn, c->layer, (uint32_t)j) + row_off;
+        for (int j = 0; j < n_pos;) { /* a block's positions at a time: rows a fixed stride apart */
+            uint32_t run;
+            size_t stride;
+            const uint8_t *kr = (const uint8_t *)kv_txn_run(txn, c->layer, false, (uint32_t)j, &run, &stride) + row_off;
+            const uint8_t *vr = (const uint8_t *)kv_txn_run(txn, c->layer, true, (uint32_t)j, &run, &stride) + row_off;
+            const int nr = (int)run < n_pos - j ? (int)run : n_pos - j;
+            vec_scores(q, group, hd, kr, stride, nr, f16, scale, scores + j, (size_t)n_pos);
+            for (int i = 0; i < nr; i++) rows[j + i] = vr + (size_t)i * stride;
+            j += nr;
+        }
         float *out = c->att + (size_t)t * (size_t)q_dim + (size_t)g * (size_t)group * (size_t)hd;
         for (int h = 0; h < group; h++) {
             vec_softmax(scores + (size_t)h * (size_t)n_pos, n_pos);

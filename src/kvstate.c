@@ -764,6 +764,13 @@ void *kv_txn_v(const kv_txn *txn, int layer, uint32_t pos) {
     return block_slot(txn->kv, txn->table[pos / bt], layer, 1, pos % bt);
 }
 
+void *kv_txn_run(const kv_txn *txn, int layer, bool v, uint32_t pos, uint32_t *n_run, size_t *stride) {
+    uint32_t bt = (uint32_t)txn->kv->p.block_tokens;
+    *n_run = bt - pos % bt;
+    *stride = txn->kv->slot_bytes;
+    return block_slot(txn->kv, txn->table[pos / bt], layer, v ? 1 : 0, pos % bt);
+}
+
 bool kv_txn_cancelled(const kv_txn *txn) { return atomic_load_explicit(&txn->cancel, memory_order_relaxed); }
 
 int kv_cancel(kv_state *kv, const kv_sid *sid) {

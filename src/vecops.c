@@ -118,7 +118,7 @@ static inline float key_at(const void *k, int k_f16, int i) {
 }
 
 static void scores_ref(const float *q, int group, int hd, const void *k, int k_f16, float scale, float *scores,
-                       size_t stride) {
+                       size_t stride) { /* one key */
     for (int h = 0; h < group; h++) {
         float s = 0;
         for (int i = 0; i < hd; i++) s += q[(size_t)h * (size_t)hd + (size_t)i] * key_at(k, k_f16, i);
@@ -185,14 +185,17 @@ VEC_TARGET VEC_INLINE void scores_nh(const float *q, int hd, const void *k, cons
     default: scores_nh(qg, hd, k, F16, 8, scale, sg, stride); break;                                 \
     }
 
-/* hd a multiple of 8: eight heads at a time. */
-VEC_TARGET static void scores_avx2(const float *q, int group, int hd, const void *k, int k_f16, float scale,
-                                   float *scores, size_t stride) {
+/* hd a multiple of 8: every key, eight heads at a time. */
+VEC_TARGET static void scores_avx2(const float *q, int group, int hd, const uint8_t *kb, size_t k_stride, int n_keys,
+                                   int k_f16, float scale, float *scores, size_t stride) {
     for (int h0 = 0; h0 < group; h0 += 8) {
         const int nh = group - h0 < 8 ? group - h0 : 8;
         const float *qg = q + (size_t)h0 * (size_t)hd;
-        float *sg = scores + (size_t)h0 * stride;
-        if (k_f16) { SCORES_NH(1) } else { SCORES_NH(0) }
+        for (int j = 0; j < n_keys; j++) {
+            const void *k = kb + (size_t)j * k_stride;
+            float *sg = scores + (size_t)h0 * stride + (size_t)j;
+            if (k_f16) { SCORES_NH(1) } else { SCORES_NH(0) }
+        }
     }
 }
 
@@ -280,10 +283,12 @@ void vec_axpy_f16(float a, const uint16_t *x, float *y, int n) {
     else axpy_f16_ref(a, x, y, n);
 }
 
-void vec_scores(const float *q, int group, int hd, const void *k, int k_f16, float scale, float *scores,
-                size_t stride) {
-    if (use_simd() && hd % 8 == 0) scores_avx2(q, group, hd, k, k_f16, scale, scores, stride);
-    else scores_ref(q, group, hd, k, k_f16, scale, scores, stride);
+void vec_scores(const float *q, int group, int hd, const void *k, size_t k_stride, int n_keys, int k_f16,
+                float scale, float *scores, size_t stride) {
+    const uint8_t *kb = k;
+    if (use_simd() && hd % 8 == 0) scores_avx2(q, group, hd, kb, k_stride, n_keys, k_f16, scale, scores, stride);
+    else
+        for (int j = 0; j < n_keys; j++) scores_ref(q, group, hd, kb + (size_t)j * k_stride, k_f16, scale, scores + j, stride);
 }
 
 void vec_wsum(const float *p, int n, const void *const *rows, int v_f16, int hd, float *out) {

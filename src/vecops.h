@@ -18,10 +18,11 @@ void vec_axpy_f32(float a, const float *x, float *y, int n);
 void vec_axpy_f16(float a, const uint16_t *x, float *y, int n);
 
 /* Attention over a group of query heads sharing one key/value head (GQA).
- * scores[h * stride] = scale * dot(q + h * hd, k, hd) for h < group: one key
- * row (f32 or f16 per k_f16) against every head, the key converted once. */
-void vec_scores(const float *q, int group, int hd, const void *k, int k_f16, float scale, float *scores,
-                size_t stride);
+ * scores[h * stride + j] = scale * dot(q + h * hd, key j, hd) for h < group,
+ * j < n_keys: key j (f32 or f16 per k_f16) at k + j * k_stride bytes against
+ * every head, each key converted once. */
+void vec_scores(const float *q, int group, int hd, const void *k, size_t k_stride, int n_keys, int k_f16,
+                float scale, float *scores, size_t stride);
 /* out[i] = sum over j in order of p[j] * rows[j][i], i < hd: the value rows
  * (f32 or f16) weighted by one head's probabilities, bit-identical to n
  * vec_axpy calls on a zeroed out. */

@@ -31,7 +31,7 @@ static void test_scores(int group, int hd, int f16) {
     }
     const float scale = 0.125f;
     memset(got, 0, sizeof got);
-    vec_scores(q, group, hd, f16 ? (const void *)kh : (const void *)kf, f16, scale, got, 3);
+    vec_scores(q, group, hd, f16 ? (const void *)kh : (const void *)kf, 0, 1, f16, scale, got, 3);
     for (int h = 0; h < group; h++) {
         double want = 0, mag = 0;
         for (int i = 0; i < hd; i++) {
@@ -41,6 +41,25 @@ static void test_scores(int group, int hd, int f16) {
         CHECK_NEAR(got[h * 3], want * scale, 1e-6 * mag + 1e-7);
         CHECK(got[h * 3 + 1] == 0.0f); /* only every stride-th entry is written */
     }
+}
+
+/* Several keys a stride apart in one call equal one call per key, bit for bit. */
+static void test_scores_run(int group, int hd, int f16) {
+    enum { KEYS = 5, STRIDE = MAX_HD + 24 };
+    static float q[MAX_GROUP * MAX_HD], kf[KEYS][STRIDE], run[MAX_GROUP * KEYS], one[MAX_GROUP * KEYS];
+    static uint16_t kh[KEYS][STRIDE];
+    for (int i = 0; i < group * hd; i++) q[i] = frand();
+    for (int j = 0; j < KEYS; j++)
+        for (int i = 0; i < hd; i++) {
+            kf[j][i] = frand();
+            kh[j][i] = quant_f32_to_f16(kf[j][i]);
+        }
+    const void *k0 = f16 ? (const void *)kh : (const void *)kf;
+    const size_t ks = f16 ? sizeof kh[0] : sizeof kf[0];
+    vec_scores(q, group, hd, k0, ks, KEYS, f16, 0.5f, run, KEYS);
+    for (int j = 0; j < KEYS; j++)
+        vec_scores(q, group, hd, (const uint8_t *)k0 + (size_t)j * ks, 0, 1, f16, 0.5f, one + j, KEYS);
+    CHECK(memcmp(run, one, sizeof(float) * (size_t)(group * KEYS)) == 0);
 }
 
 static void test_wsum(int n, int hd, int f16) {
@@ -110,7 +129,10 @@ int main(void) {
         static const int groups[] = {1, 3, 7, 8, 12};
         for (size_t a = 0; a < sizeof hds / sizeof hds[0]; a++)
             for (size_t b = 0; b < sizeof groups / sizeof groups[0]; b++)
-                for (int f16 = 0; f16 < 2; f16++) test_scores(groups[b], hds[a], f16);
+                for (int f16 = 0; f16 < 2; f16++) {
+                    test_scores(groups[b], hds[a], f16);
+                    test_scores_run(groups[b], hds[a], f16);
+                }
         static const int ns[] = {1, 2, 9, 300};
         for (size_t a = 0; a < sizeof hds / sizeof hds[0]; a++)
             for (size_t b = 0; b < sizeof ns / sizeof ns[0]; b++)
