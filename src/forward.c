@@ -138,10 +138,8 @@ static void attention_task(void *p, int64_t task0, int64_t task1, int slot) {
             j += nr;
         }
         float *out = c->att + (size_t)t * (size_t)q_dim + (size_t)g * (size_t)group * (size_t)hd;
-        for (int h = 0; h < group; h++) {
-            vec_softmax(scores + (size_t)h * (size_t)n_pos, n_pos);
-            vec_wsum(scores + (size_t)h * (size_t)n_pos, n_pos, rows, f16, hd, out + (size_t)h * (size_t)hd);
-        }
+        for (int h = 0; h < group; h++) vec_softmax(scores + (size_t)h * (size_t)n_pos, n_pos);
+        vec_wsum_group(scores, (size_t)n_pos, group, n_pos, rows, f16, hd, out);
     }
 }
 

@@ -49,29 +49,16 @@ static void unpack_q4_0(int64_t n, const void *group, void *rows, size_t row_str
         }
 }
 
-void quant_ref_r8_q4_0(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, int n_act,
-                       float *out, size_t out_stride) {
-    const int64_t nb = n / QK32;
-    for (int gi = 0; gi < n_groups; gi++) {
-        const block_q4_0x8 *g = (const block_q4_0x8 *)w + (size_t)gi * (size_t)nb;
-        for (int t = 0; t < n_act; t++) {
-            const act_q8 *a = (const act_q8 *)((const uint8_t *)act + (size_t)t * act_stride);
-            for (int r = 0; r < 8; r++) {
-                float acc = 0.0f;
-                for (int64_t b = 0; b < nb; b++) {
-                    int32_t p = 0;
-                    for (int j = 0; j < 4; j++)
-                        for (int i = 0; i < 4; i++) {
-                            const uint8_t v = g[b].qs[32 * j + 4 * r + i];
-                            p += (v & 0xF) * a[b].qs[8 * j + i] + (v >> 4) * a[b].qs[8 * j + 4 + i];
-                        }
-                    const float tt = fmaf((float)p, a[b].d, a[b].s * -8.0f);
-                    acc = fmaf(tt, quant_f16_to_f32(g[b].d[r]), acc);
-                }
-                out[(size_t)t * out_stride + 8 * (size_t)gi + (size_t)r] = acc;
-            }
+/* Row r's block step: t = fma(P, da, -8 s), acc = fma(t, dw, acc). */
+static float step_q4_0(const block_q4_0x8 *g, const act_q8 *a, int r, float acc) {
+    int32_t p = 0;
+    for (int j = 0; j < 4; j++)
+        for (int i = 0; i < 4; i++) {
+            const uint8_t v = g->qs[32 * j + 4 * r + i];
+            p += (v & 0xF) * a->qs[8 * j + i] + (v >> 4) * a->qs[8 * j + 4 + i];
         }
-    }
+    const float tt = fmaf((float)p, a->d, a->s * -8.0f);
+    return fmaf(tt, quant_f16_to_f32(g->d[r]), acc);
 }
 
 /* q8_0: element e of row r sits at qs[32 (e / 4) + 4 r + e % 4]. */
@@ -101,25 +88,11 @@ static void unpack_q8_0(int64_t n, const void *group, void *rows, size_t row_str
         }
 }
 
-/* The q8_0 float steps: t = P * da (P the exact sum), acc = fma(t, dw, acc). */
-void quant_ref_r8_q8_0(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, int n_act,
-                       float *out, size_t out_stride) {
-    const int64_t nb = n / QK32;
-    for (int gi = 0; gi < n_groups; gi++) {
-        const block_q8_0x8 *g = (const block_q8_0x8 *)w + (size_t)gi * (size_t)nb;
-        for (int t = 0; t < n_act; t++) {
-            const act_q8 *a = (const act_q8 *)((const uint8_t *)act + (size_t)t * act_stride);
-            for (int r = 0; r < 8; r++) {
-                float acc = 0.0f;
-                for (int64_t b = 0; b < nb; b++) {
-                    int32_t p = 0;
-                    for (int e = 0; e < 32; e++) p += g[b].qs[32 * (e / 4) + 4 * r + e % 4] * a[b].qs[e];
-                    acc = fmaf((float)p * a[b].d, quant_f16_to_f32(g[b].d[r]), acc);
-                }
-                out[(size_t)t * out_stride + 8 * (size_t)gi + (size_t)r] = acc;
-            }
-        }
-    }
+/* Row r's block step: acc = fma(P da, dw, acc), P the exact sum. */
+static float step_q8_0(const block_q8_0x8 *g, const act_q8 *a, int r, float acc) {
+    int32_t p = 0;
+    for (int e = 0; e < 32; e++) p += g->qs[32 * (e / 4) + 4 * r + e % 4] * a->qs[e];
+    return fmaf((float)p * a->d, quant_f16_to_f32(g->d[r]), acc);
 }
 
 /* The six-bit scale (mins: m) of entry k (8 j + r) of a q4_kx8 block. */
@@ -203,39 +176,25 @@ static void unpack_q4_k(int64_t n, const void *group, void *rows, size_t row_str
         }
 }
 
-/* The q4_k float steps per super-block: S1 = sum_j sc_j P_j, S2 = sum_j m_j bs_j
- * (exact integers; bs_j the activation's sum over sub-block j),
+/* Row r's super-block step: S1 = sum_j sc_j P_j, S2 = sum_j m_j bs_j (exact
+ * integers; bs_j the activation's sum over sub-block j),
  * acc = fma(S1, d da, acc), acc = fma(S2, -(dmin da), acc). */
-void quant_ref_r8_q4_k(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, int n_act,
-                       float *out, size_t out_stride) {
-    const int64_t nb = n / QKK;
-    for (int gi = 0; gi < n_groups; gi++) {
-        const block_q4_kx8 *g = (const block_q4_kx8 *)w + (size_t)gi * (size_t)nb;
-        for (int t = 0; t < n_act; t++) {
-            const block_q8_k *a = (const block_q8_k *)((const uint8_t *)act + (size_t)t * act_stride);
-            for (int r = 0; r < 8; r++) {
-                float acc = 0.0f;
-                for (int64_t b = 0; b < nb; b++) {
-                    int32_t s1 = 0, s2 = 0;
-                    for (int j = 0; j < 8; j++) {
-                        int32_t p = 0;
-                        for (int c = 0; c < 4; c++)
-                            for (int i = 0; i < 4; i++) {
-                                const uint8_t v = g[b].qs[128 * j + 32 * c + 4 * r + i];
-                                const int e = 32 * j + 8 * c + i;
-                                p += (v & 0xF) * a[b].qs[e] + (v >> 4) * a[b].qs[e + 4];
-                            }
-                        s1 += q4_kx8_entry(&g[b], 8 * j + r, false) * p;
-                        s2 += q4_kx8_entry(&g[b], 8 * j + r, true) * (a[b].bsums[2 * j] + a[b].bsums[2 * j + 1]);
-                    }
-                    const float dd = quant_f16_to_f32(g[b].d[r]) * a[b].d, dm = quant_f16_to_f32(g[b].dmin[r]) * a[b].d;
-                    acc = fmaf((float)s1, dd, acc);
-                    acc = fmaf((float)s2, -dm, acc);
-                }
-                out[(size_t)t * out_stride + 8 * (size_t)gi + (size_t)r] = acc;
+static float step_q4_k(const block_q4_kx8 *g, const block_q8_k *a, int r, float acc) {
+    int32_t s1 = 0, s2 = 0;
+    for (int j = 0; j < 8; j++) {
+        int32_t p = 0;
+        for (int c = 0; c < 4; c++)
+            for (int i = 0; i < 4; i++) {
+                const uint8_t v = g->qs[128 * j + 32 * c + 4 * r + i];
+                const int e = 32 * j + 8 * c + i;
+                p += (v & 0xF) * a->qs[e] + (v >> 4) * a->qs[e + 4];
             }
-        }
+        s1 += q4_kx8_entry(g, 8 * j + r, false) * p;
+        s2 += q4_kx8_entry(g, 8 * j + r, true) * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
     }
+    const float dd = quant_f16_to_f32(g->d[r]) * a->d, dm = quant_f16_to_f32(g->dmin[r]) * a->d;
+    acc = fmaf((float)s1, dd, acc);
+    return fmaf((float)s2, -dm, acc);
 }
 
 /* q6_k: u (0..63) of element e of a block, and its inverse (on a zeroed block). */
@@ -312,32 +271,42 @@ static void unpack_q6_k(int64_t n, const void *group, void *rows, size_t row_str
         }
 }
 
-/* The q6_k float steps per super-block: S = sum_g sc_g (sum_{e in g} u_e a_e -
- * 32 bs_g) (exact; bs_g the activation's sum over group g), acc = fma(S, d da, acc). */
-void quant_ref_r8_q6_k(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, int n_act,
-                       float *out, size_t out_stride) {
-    const int64_t nb = n / QKK;
-    for (int gi = 0; gi < n_groups; gi++) {
-        const block_q6_kx8 *g = (const block_q6_kx8 *)w + (size_t)gi * (size_t)nb;
-        for (int t = 0; t < n_act; t++) {
-            const block_q8_k *a = (const block_q8_k *)((const uint8_t *)act + (size_t)t * act_stride);
-            for (int r = 0; r < 8; r++) {
-                float acc = 0.0f;
-                for (int64_t b = 0; b < nb; b++) {
-                    int32_t s1 = 0, s2 = 0;
-                    for (int k = 0; k < 16; k++) {
-                        int32_t p = 0;
-                        for (int e = 16 * k; e < 16 * k + 16; e++) p += q6_kx8_u(&g[b], r, e) * a[b].qs[e];
-                        s1 += g[b].sc[8 * k + r] * p;
-                        s2 += g[b].sc[8 * k + r] * a[b].bsums[k];
-                    }
-                    acc = fmaf((float)(s1 - 32 * s2), quant_f16_to_f32(g[b].d[r]) * a[b].d, acc);
-                }
-                out[(size_t)t * out_stride + 8 * (size_t)gi + (size_t)r] = acc;
-            }
-        }
+/* Row r's super-block step: S = sum_g sc_g (sum_{e in g} u_e a_e - 32 bs_g)
+ * (exact; bs_g the activation's sum over group g), acc = fma(S, d da, acc). */
+static float step_q6_k(const block_q6_kx8 *g, const block_q8_k *a, int r, float acc) {
+    int32_t s1 = 0, s2 = 0;
+    for (int k = 0; k < 16; k++) {
+        int32_t p = 0;
+        for (int e = 16 * k; e < 16 * k + 16; e++) p += q6_kx8_u(g, r, e) * a->qs[e];
+        s1 += g->sc[8 * k + r] * p;
+        s2 += g->sc[8 * k + r] * a->bsums[k];
     }
+    return fmaf((float)(s1 - 32 * s2), quant_f16_to_f32(g->d[r]) * a->d, acc);
 }
+
+/* The reference kernels: every (group, token, row), the type's step over the
+ * blocks in order from acc = 0. */
+#define R8_REF_KERNEL(type, block_t, act_t, QB)                                                           \
+    void quant_ref_r8_##type(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride,   \
+                             int n_act, float *out, size_t out_stride) {                                   \
+        const int64_t nb = n / (QB);                                                                       \
+        for (int gi = 0; gi < n_groups; gi++) {                                                            \
+            const block_t *g = (const block_t *)w + (size_t)gi * (size_t)nb;                               \
+            for (int t = 0; t < n_act; t++) {                                                              \
+                const act_t *a = (const act_t *)((const uint8_t *)act + (size_t)t * act_stride);           \
+                for (int r = 0; r < 8; r++) {                                                              \
+                    float acc = 0.0f;                                                                      \
+                    for (int64_t b = 0; b < nb; b++) acc = step_##type(&g[b], &a[b], r, acc);             \
+                    out[(size_t)t * out_stride + 8 * (size_t)gi + (size_t)r] = acc;                        \
+                }                                                                                          \
+            }                                                                                              \
+        }                                                                                                  \
+    }
+
+R8_REF_KERNEL(q4_0, block_q4_0x8, act_q8, QK32)
+R8_REF_KERNEL(q8_0, block_q8_0x8, act_q8, QK32)
+R8_REF_KERNEL(q4_k, block_q4_kx8, block_q8_k, QKK)
+R8_REF_KERNEL(q6_k, block_q6_kx8, block_q8_k, QKK)
 
 bool quant_r8_supported(uint32_t wtype) {
     return wtype == QUANT_Q4_0 || wtype == QUANT_Q8_0 || wtype == QUANT_Q4_K || wtype == QUANT_Q6_K;

@@ -223,6 +223,44 @@ VEC_TARGET static void wsum_avx2(const float *p, int n, const void *const *rows,
     }
 }
 
+/* Eight output elements c0.. of NH heads (1..8) over every row: one value
+ * load and conversion per row for all heads (NH, F16 compile-time). */
+VEC_TARGET VEC_INLINE void wsum_heads(const float *p, size_t ps, int n, const void *const *rows, const int F16, int c0,
+                                      const int NH, int hd, float *out) {
+    __m256 acc[8];
+    VEC_UNROLL for (int h = 0; h < NH; h++) acc[h] = _mm256_setzero_ps();
+    for (int j = 0; j < n; j++) {
+        const __m256 v = row8(rows[j], F16, c0);
+        VEC_UNROLL for (int h = 0; h < NH; h++)
+            acc[h] = _mm256_fmadd_ps(_mm256_set1_ps(p[(size_t)h * ps + (size_t)j]), v, acc[h]);
+    }
+    VEC_UNROLL for (int h = 0; h < NH; h++) _mm256_storeu_ps(out + (size_t)h * (size_t)hd + c0, acc[h]);
+}
+
+#define WSUM_NH(F16)                                                                                  \
+    switch (nh) {                                                                                     \
+    case 1: wsum_heads(pg, p_stride, n, rows, F16, c0, 1, hd, og); break;                             \
+    case 2: wsum_heads(pg, p_stride, n, rows, F16, c0, 2, hd, og); break;                             \
+    case 3: wsum_heads(pg, p_stride, n, rows, F16, c0, 3, hd, og); break;                             \
+    case 4: wsum_heads(pg, p_stride, n, rows, F16, c0, 4, hd, og); break;                             \
+    case 5: wsum_heads(pg, p_stride, n, rows, F16, c0, 5, hd, og); break;                             \
+    case 6: wsum_heads(pg, p_stride, n, rows, F16, c0, 6, hd, og); break;                             \
+    case 7: wsum_heads(pg, p_stride, n, rows, F16, c0, 7, hd, og); break;                             \
+    default: wsum_heads(pg, p_stride, n, rows, F16, c0, 8, hd, og); break;                            \
+    }
+
+VEC_TARGET static void wsum_group_avx2(const float *p, size_t p_stride, int group, int n, const void *const *rows,
+                                       int v_f16, int hd, float *out) {
+    for (int h0 = 0; h0 < group; h0 += 8) {
+        const int nh = group - h0 < 8 ? group - h0 : 8;
+        const float *pg = p + (size_t)h0 * p_stride;
+        float *og = out + (size_t)h0 * (size_t)hd;
+        for (int c0 = 0; c0 < hd; c0 += 8) {
+            if (v_f16) { WSUM_NH(1) } else { WSUM_NH(0) }
+        }
+    }
+}
+
 VEC_TARGET VEC_INLINE __m256 exp8(__m256 x) {
     const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_LO), _CMP_GE_OQ);
     x = _mm256_max_ps(x, _mm256_set1_ps(EXP_LO));
@@ -299,4 +337,12 @@ void vec_wsum(const float *p, int n, const void *const *rows, int v_f16, int hd,
 void vec_softmax(float *x, int n) {
     if (use_simd()) softmax_avx2(x, n);
     else softmax_ref(x, n);
+}
+
+void vec_wsum_group(const float *p, size_t p_stride, int group, int n, const void *const *rows, int v_f16, int hd,
+                    float *out) {
+    if (use_simd() && hd % 8 == 0) wsum_group_avx2(p, p_stride, group, n, rows, v_f16, hd, out);
+    else
+        for (int h = 0; h < group; h++)
+            wsum_ref(p + (size_t)h * p_stride, n, rows, v_f16, hd, out + (size_t)h * (size_t)hd);
 }

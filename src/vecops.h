@@ -27,6 +27,11 @@ void vec_scores(const float *q, int group, int hd, const void *k, size_t k_strid
  * (f32 or f16) weighted by one head's probabilities, bit-identical to n
  * vec_axpy calls on a zeroed out. */
 void vec_wsum(const float *p, int n, const void *const *rows, int v_f16, int hd, float *out);
+/* vec_wsum for every head of a GQA group at once: out[h * hd + i] = sum over j
+ * of p[h * p_stride + j] * rows[j][i], h < group — each value row converted
+ * once for all heads; bit-identical to vec_wsum per head. */
+void vec_wsum_group(const float *p, size_t p_stride, int group, int n, const void *const *rows, int v_f16, int hd,
+                    float *out);
 /* x = softmax(x) over n elements, in place: exp by a degree-6 polynomial after
  * range reduction (relative error ~2e-7, i.e. as good as expf for attention
  * weights), sums in a fixed order. */

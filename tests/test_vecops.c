@@ -91,6 +91,20 @@ static void test_wsum(int n, int hd, int f16) {
         diff += memcmp(&got[i], &axpy[i], 4) != 0;
     }
     CHECK_EQ_INT(diff, 0);
+    /* every head of a group at once: the same bits as one vec_wsum per head */
+    enum { G = 11 };
+    static float pg[G][MAX_ROWS], outg[G * MAX_HD], outh[MAX_HD];
+    for (int h = 0; h < G; h++)
+        for (int j = 0; j < n; j++) pg[h][j] = frand() * 0.5f + 0.5f;
+    for (int group = 1; group <= G; group += 3) {
+        vec_wsum_group(&pg[0][0], MAX_ROWS, group, n, rows, f16, hd, outg);
+        int gdiff = 0;
+        for (int h = 0; h < group; h++) {
+            vec_wsum(pg[h], n, rows, f16, hd, outh);
+            gdiff += memcmp(outh, outg + (size_t)h * (size_t)hd, sizeof(float) * (size_t)hd) != 0;
+        }
+        CHECK_EQ_INT(gdiff, 0);
+    }
 }
 
 static void test_softmax(int n, float spread) {
