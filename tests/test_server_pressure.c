@@ -520,10 +520,21 @@ static void test_cancel_in_batch(const char *model_path, engine *e) {
     flush(fd, &o);
     for (int i = 0; i < 2; i++) free(recv_reply(fd, nv, NULL).logits);
     /* The first step holding all three (X's prefill chunk, Y's and Z's decode) waits at the gate.
-     * Not left to arrival order: the scheduler is gated until the STATS reply shows the reader has
-     * queued all three and the scheduler waits at the gate; only then is the hold armed and the
-     * gate opened, so Y and Z cannot finish in a step of their own before X joins them. */
+     * Not left to arrival order: the hook runs after a step's requests are picked, so the
+     * scheduler is first parked at the gate in a step of its own (W, another session) while X, Y
+     * and Z are sent; once the STATS reply shows the reader has queued all three, the hold is
+     * armed and the gate opened: W's step ends and the next step picks X, Y and Z together
+     * (a step picked while they were still arriving could hold only some of them). */
+    int32_t tw[1];
+    fill_tokens(tw, 1, 53, nv);
     atomic_store(&sc.gated, true);
+    put_forward(&o, 10, sid_of(53), 1, 0, 1, tw, NULL);
+    flush(fd, &o);
+    for (int waited = 0; waited < 60000 && !atomic_load(&sc.at_gate); waited++) {
+        struct timespec ms = {0, 1000 * 1000};
+        nanosleep(&ms, NULL);
+    }
+    CHECK(atomic_load(&sc.at_gate)); /* parked in W's step */
     put_forward(&o, 3, sid_of(52), 1, 0, 100, tx, NULL);
     put_forward(&o, 4, sid_of(50), 1, 8, 1, ty + 8, NULL);
     put_forward(&o, 5, sid_of(51), 1, 8, 1, tz + 8, NULL);
@@ -532,11 +543,6 @@ static void test_cancel_in_batch(const char *model_path, engine *e) {
     reply st = recv_reply(fd, nv, NULL); /* the reader has queued all three */
     CHECK_EQ_INT(st.op, WIRE_OP_STATS_REPLY);
     free(st.logits);
-    for (int waited = 0; waited < 60000 && !atomic_load(&sc.at_gate); waited++) {
-        struct timespec ms = {0, 1000 * 1000};
-        nanosleep(&ms, NULL);
-    }
-    CHECK(atomic_load(&sc.at_gate));
     atomic_store(&sc.hold_at, 3);
     ungate(&sc);
     struct timespec until;
@@ -546,6 +552,10 @@ static void test_cancel_in_batch(const char *model_path, engine *e) {
     while ((w = sem_timedwait(&sc.held, &until)) != 0 && errno == EINTR) {
     }
     CHECK_EQ_INT(w, 0);
+    reply wr = recv_reply(fd, nv, NULL); /* W's step ended before the held one began */
+    CHECK_EQ_INT(wr.rid, 10);
+    CHECK_EQ_INT(wr.st.status, KVS_OK);
+    free(wr.logits);
     struct wire_cancel c = {.target_request_id = 3};
     uint8_t cb[16];
     size_t cl;
