@@ -350,19 +350,6 @@ void ops_rope_neox(float *x, int n_heads, int head_dim, int n_rot, int32_t pos, 
     }
 }
 
-void ops_softmax(float *x, int64_t n) {
-    float max = -INFINITY;
-    for (int64_t i = 0; i < n; i++)
-        if (x[i] > max) max = x[i];
-    double sum = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        x[i] = expf(x[i] - max);
-        sum += x[i];
-    }
-    float inv = (float)(1.0 / sum);
-    for (int64_t i = 0; i < n; i++) x[i] *= inv;
-}
-
 void ops_swiglu(float *gate, const float *up, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         float g = gate[i];

@@ -8,18 +8,6 @@
 
 /* ---- scalar ---- */
 
-static float dot_f32_ref(const float *a, const float *b, int n) {
-    float s = 0.0f;
-    for (int i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
-static float dot_f32_f16_ref(const float *a, const uint16_t *b, int n) {
-    float s = 0.0f;
-    for (int i = 0; i < n; i++) s += a[i] * quant_f16_to_f32(b[i]);
-    return s;
-}
-
 static void axpy_f32_ref(float a, const float *x, float *y, int n) {
     for (int i = 0; i < n; i++) y[i] += a * x[i];
 }
@@ -37,35 +25,6 @@ VEC_TARGET static float hsum8(__m256 v) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
-}
-
-VEC_TARGET static float dot_f32_avx2(const float *a, const float *b, int n) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
-    }
-    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    float s = hsum8(_mm256_add_ps(acc0, acc1));
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
-VEC_TARGET static float dot_f32_f16_avx2(const float *a, const uint16_t *b, int n) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m256 b0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + i)));
-        __m256 b1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + i + 8)));
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), b0, acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), b1, acc1);
-    }
-    for (; i + 8 <= n; i += 8)
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + i))), acc0);
-    float s = hsum8(_mm256_add_ps(acc0, acc1));
-    for (; i < n; i++) s += a[i] * _cvtsh_ss(b[i]);
-    return s;
 }
 
 VEC_TARGET static void axpy_f32_avx2(float a, const float *x, float *y, int n) {
@@ -199,30 +158,6 @@ VEC_TARGET static void scores_avx2(const float *q, int group, int hd, const uint
     }
 }
 
-/* out[c0 .. c0 + 8 NC) over every row, the accumulators in registers (NC, F16 compile-time). */
-VEC_TARGET VEC_INLINE void wsum_chunk(const float *p, int n, const void *const *rows, const int F16, int c0, const int NC,
-                                      float *out) {
-    __m256 acc[8];
-    VEC_UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
-    for (int j = 0; j < n; j++) {
-        const __m256 pj = _mm256_set1_ps(p[j]);
-        VEC_UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm256_fmadd_ps(pj, row8(rows[j], F16, c0 + 8 * c), acc[c]);
-    }
-    VEC_UNROLL for (int c = 0; c < NC; c++) _mm256_storeu_ps(out + c0 + 8 * c, acc[c]);
-}
-
-/* hd a multiple of 8: 64 output elements at a time (then 8). */
-VEC_TARGET static void wsum_avx2(const float *p, int n, const void *const *rows, int v_f16, int hd, float *out) {
-    int c0 = 0;
-    if (v_f16) {
-        for (; c0 + 64 <= hd; c0 += 64) wsum_chunk(p, n, rows, 1, c0, 8, out);
-        for (; c0 < hd; c0 += 8) wsum_chunk(p, n, rows, 1, c0, 1, out);
-    } else {
-        for (; c0 + 64 <= hd; c0 += 64) wsum_chunk(p, n, rows, 0, c0, 8, out);
-        for (; c0 < hd; c0 += 8) wsum_chunk(p, n, rows, 0, c0, 1, out);
-    }
-}
-
 /* Eight output elements c0.. of NH heads (1..8) over every row: one value
  * load and conversion per row for all heads (NH, F16 compile-time). */
 VEC_TARGET VEC_INLINE void wsum_heads(const float *p, size_t ps, int n, const void *const *rows, const int F16, int c0,
@@ -303,14 +238,6 @@ VEC_TARGET static void softmax_avx2(float *x, int n) {
 
 static inline int use_simd(void) { return quant_isa_current() != QUANT_ISA_SCALAR; }
 
-float vec_dot_f32(const float *a, const float *b, int n) {
-    return use_simd() ? dot_f32_avx2(a, b, n) : dot_f32_ref(a, b, n);
-}
-
-float vec_dot_f32_f16(const float *a, const uint16_t *b, int n) {
-    return use_simd() ? dot_f32_f16_avx2(a, b, n) : dot_f32_f16_ref(a, b, n);
-}
-
 void vec_axpy_f32(float a, const float *x, float *y, int n) {
     if (use_simd()) axpy_f32_avx2(a, x, y, n);
     else axpy_f32_ref(a, x, y, n);
@@ -327,11 +254,6 @@ void vec_scores(const float *q, int group, int hd, const void *k, size_t k_strid
     if (use_simd() && hd % 8 == 0) scores_avx2(q, group, hd, kb, k_stride, n_keys, k_f16, scale, scores, stride);
     else
         for (int j = 0; j < n_keys; j++) scores_ref(q, group, hd, kb + (size_t)j * k_stride, k_f16, scale, scores + j, stride);
-}
-
-void vec_wsum(const float *p, int n, const void *const *rows, int v_f16, int hd, float *out) {
-    if (use_simd() && hd % 8 == 0) wsum_avx2(p, n, rows, v_f16, hd, out);
-    else wsum_ref(p, n, rows, v_f16, hd, out);
 }
 
 void vec_softmax(float *x, int n) {

@@ -11,9 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-float vec_dot_f32(const float *a, const float *b, int n);
-float vec_dot_f32_f16(const float *a, const uint16_t *b, int n); /* b: IEEE half */
-/* y[i] += a * x[i] */
+/* y[i] += a * x[i]: the per-row step vec_wsum_group's sums are bit-identical to. */
 void vec_axpy_f32(float a, const float *x, float *y, int n);
 void vec_axpy_f16(float a, const uint16_t *x, float *y, int n);
 
@@ -23,13 +21,11 @@ void vec_axpy_f16(float a, const uint16_t *x, float *y, int n);
  * every head, each key converted once. */
 void vec_scores(const float *q, int group, int hd, const void *k, size_t k_stride, int n_keys, int k_f16,
                 float scale, float *scores, size_t stride);
-/* out[i] = sum over j in order of p[j] * rows[j][i], i < hd: the value rows
- * (f32 or f16) weighted by one head's probabilities, bit-identical to n
- * vec_axpy calls on a zeroed out. */
-void vec_wsum(const float *p, int n, const void *const *rows, int v_f16, int hd, float *out);
-/* vec_wsum for every head of a GQA group at once: out[h * hd + i] = sum over j
- * of p[h * p_stride + j] * rows[j][i], h < group — each value row converted
- * once for all heads; bit-identical to vec_wsum per head. */
+/* The value rows (f32 or f16) weighted by each head's probabilities, for every
+ * head of a GQA group at once: out[h * hd + i] = sum over j in order of
+ * p[h * p_stride + j] * rows[j][i], h < group, i < hd — each row converted once
+ * for all heads; per head bit-identical to n vec_axpy calls on a zeroed out,
+ * whatever the group size. */
 void vec_wsum_group(const float *p, size_t p_stride, int group, int n, const void *const *rows, int v_f16, int hd,
                     float *out);
 /* x = softmax(x) over n elements, in place: exp by a degree-6 polynomial after

@@ -453,7 +453,7 @@ static void test_kernel_path(void) {
  * within the dot bound of quant_dot_ref on the unpacked row. */
 static void test_r8(uint32_t type, int64_t n) {
     enum { GROUPS = 3, ROWS = 8 * GROUPS, TOKS = 11 };
-    static float x[MAX_N], a[MAX_N], af[TOKS][MAX_N], yr[MAX_N];
+    static float x[MAX_N], af[TOKS][MAX_N], yr[MAX_N];
     static uint8_t w[ROWS][MAX_N * 2], packed[ROWS * MAX_N * 2], back[ROWS][MAX_N * 2], act[TOKS * (MAX_N * 2 + 8)];
     uint64_t rb = 0;
     CHECK(quant_r8_supported(type));
@@ -486,7 +486,6 @@ static void test_r8(uint32_t type, int64_t n) {
             CHECK_NEAR(ref[t][r], quant_dot_ref(type, n, w[r], act + (size_t)t * stride), 2e-5 * abs_sum + 1e-6);
         }
     }
-    (void)a;
     for (int k = 0; k < n_isas; k++) {
         CHECK(quant_isa_force(isas[k]));
         static const int shapes[][2] = {{1, 1}, {1, 4}, {3, 11}, {2, 5}, {3, 3}, {1, 8}, {2, 2}};

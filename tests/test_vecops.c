@@ -74,7 +74,7 @@ static void test_wsum(int n, int hd, int f16) {
         }
         rows[j] = f16 ? (const void *)vh[j] : (const void *)vf[j];
     }
-    vec_wsum(p, n, rows, f16, hd, got);
+    vec_wsum_group(p, 0, 1, n, rows, f16, hd, got);
     memset(axpy, 0, sizeof axpy);
     for (int j = 0; j < n; j++) {
         if (f16) vec_axpy_f16(p[j], vh[j], axpy, hd);
@@ -91,7 +91,7 @@ static void test_wsum(int n, int hd, int f16) {
         diff += memcmp(&got[i], &axpy[i], 4) != 0;
     }
     CHECK_EQ_INT(diff, 0);
-    /* every head of a group at once: the same bits as one vec_wsum per head */
+    /* every head of a group at once: the same bits as each head alone */
     enum { G = 11 };
     static float pg[G][MAX_ROWS], outg[G * MAX_HD], outh[MAX_HD];
     for (int h = 0; h < G; h++)
@@ -100,7 +100,7 @@ static void test_wsum(int n, int hd, int f16) {
         vec_wsum_group(&pg[0][0], MAX_ROWS, group, n, rows, f16, hd, outg);
         int gdiff = 0;
         for (int h = 0; h < group; h++) {
-            vec_wsum(pg[h], n, rows, f16, hd, outh);
+            vec_wsum_group(pg[h], 0, 1, n, rows, f16, hd, outh);
             gdiff += memcmp(outh, outg + (size_t)h * (size_t)hd, sizeof(float) * (size_t)hd) != 0;
         }
         CHECK_EQ_INT(gdiff, 0);
