@@ -399,6 +399,19 @@ QK_INLINE void q4_0_w_chunks(const block_q4_0 *x, __m256i c[8]) {
         }                                                                                         \
     }
 
+/* The start of a q4_0 / q8_0 micro-tile: nb blocks per row, x[r] = weight row r,
+ * a[t] = activation row t, acc[r][t] = 0. Uses the tile's n, w, wstride, act,
+ * astride, R and T. */
+#define QK_TILE_START(block_t)                                                                    \
+    const int64_t nb = n / QK32;                                                                  \
+    const block_t *x[QK_TILE_R];                                                                  \
+    const act_q8 *a[QK_TILE_T];                                                                   \
+    __m256 acc[QK_TILE_R][QK_TILE_T];                                                             \
+    QK_UNROLL for (int r = 0; r < R; r++) x[r] = (const block_t *)(w + (size_t)r * wstride);      \
+    QK_UNROLL for (int t = 0; t < T; t++) a[t] = (const act_q8 *)(act + (size_t)t * astride);     \
+    QK_UNROLL for (int r = 0; r < R; r++)                                                         \
+        QK_UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps()
+
 /* The end of a q4_0 / q8_0 micro-tile: blocks past the last group of 8 go one (row, token) at a
  * time through the multi kernel's STEP (so the float sequence stays the multi kernel's), then
  * each accumulator is reduced into out[t * ostride + r]. Uses the tile's x, a, acc, R, T, ib, nb. */
@@ -420,14 +433,7 @@ QK_INLINE void q4_0_w_chunks(const block_q4_0 *x, __m256i c[8]) {
 /* out[t * ostride + r] for an R x T micro-tile, R and T compile-time. */
 QK_INLINE void q4_0_tile_rt(int64_t n, const uint8_t *w, size_t wstride, const int R, const uint8_t *act,
                             size_t astride, const int T, float *out, size_t ostride) {
-    const int64_t nb = n / QK32;
-    const block_q4_0 *x[QK_TILE_R];
-    const act_q8 *a[QK_TILE_T];
-    __m256 acc[QK_TILE_R][QK_TILE_T];
-    QK_UNROLL for (int r = 0; r < R; r++) x[r] = (const block_q4_0 *)(w + (size_t)r * wstride);
-    QK_UNROLL for (int t = 0; t < T; t++) a[t] = (const act_q8 *)(act + (size_t)t * astride);
-    QK_UNROLL for (int r = 0; r < R; r++)
-        QK_UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    QK_TILE_START(block_q4_0);
     int64_t ib = 0;
     for (; ib + 8 <= nb; ib += 8) {
         QK_UNROLL for (int r = 0; r < R; r++) {
@@ -497,14 +503,7 @@ QK_INLINE __m256i q4_0_pair_dot(__m256i lo, __m256i hi, const int8_t *qa, const 
 /* R x T micro-tile: QK_TILE_R x QK_TILE_T (AVX2: 1 x 4), as for the kernel above. */
 QK_INLINE void q4_0_p8_rt(int64_t n, const uint8_t *w, size_t wstride, const int R, const uint8_t *act,
                           size_t astride, const int T, float *out, size_t ostride) {
-    const int64_t nb = n / QK32;
-    const block_q4_0 *x[QK_TILE_R];
-    const act_q8 *a[QK_TILE_T];
-    __m256 acc[QK_TILE_R][QK_TILE_T];
-    QK_UNROLL for (int r = 0; r < R; r++) x[r] = (const block_q4_0 *)(w + (size_t)r * wstride);
-    QK_UNROLL for (int t = 0; t < T; t++) a[t] = (const act_q8 *)(act + (size_t)t * astride);
-    QK_UNROLL for (int r = 0; r < R; r++)
-        QK_UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    QK_TILE_START(block_q4_0);
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     int64_t ib = 0;
     for (; ib + 8 <= nb; ib += 8) {
@@ -624,14 +623,7 @@ QK_INLINE void q8_0_w_chunks(const block_q8_0 *x, __m256i c[8]) {
 
 QK_INLINE void q8_0_tile_rt(int64_t n, const uint8_t *w, size_t wstride, const int R, const uint8_t *act,
                             size_t astride, const int T, float *out, size_t ostride) {
-    const int64_t nb = n / QK32;
-    const block_q8_0 *x[QK_TILE_R];
-    const act_q8 *a[QK_TILE_T];
-    __m256 acc[QK_TILE_R][QK_TILE_T];
-    QK_UNROLL for (int r = 0; r < R; r++) x[r] = (const block_q8_0 *)(w + (size_t)r * wstride);
-    QK_UNROLL for (int t = 0; t < T; t++) a[t] = (const act_q8 *)(act + (size_t)t * astride);
-    QK_UNROLL for (int r = 0; r < R; r++)
-        QK_UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    QK_TILE_START(block_q8_0);
     int64_t ib = 0;
     for (; ib + 8 <= nb; ib += 8) {
         QK_UNROLL for (int r = 0; r < R; r++) {
