@@ -29,7 +29,7 @@ typedef struct {
     void *act;         /* matmul activation scratch */
     float *att_scratch; /* per thread: scores [group][max_pos] + k/v row */
     size_t att_scratch_per_thread;
-    const void **att_rows; /* per thread: the value rows of one head, [max_pos] */
+    const void **att_rows; /* per thread: the key then the value rows of one head, [2 * max_pos] */
     size_t att_rows_per_thread;
     int layer;         /* local layer index being computed */
 } fwd_run_ctx;
@@ -126,17 +126,21 @@ static void attention_task(void *p, int64_t task0, int64_t task1, int slot) {
         const float *q = c->q + (size_t)t * (size_t)q_dim + (size_t)g * (size_t)group * (size_t)hd;
         float *scores = scratch; /* [group][n_pos] */
         const size_t row_off = (size_t)g * (size_t)hd * (f16 ? sizeof(uint16_t) : sizeof(float));
-        const void **rows = c->att_rows + (size_t)slot * c->att_rows_per_thread; /* this head's value rows */
+        const void **keys = c->att_rows + (size_t)slot * c->att_rows_per_thread; /* this head's key rows */
+        const void **rows = keys + c->att_rows_per_thread / 2;                    /* and value rows */
         for (int j = 0; j < n_pos;) { /* a block's positions at a time: rows a fixed stride apart */
             uint32_t run;
             size_t stride;
             const uint8_t *kr = (const uint8_t *)kv_txn_run(txn, c->layer, false, (uint32_t)j, &run, &stride) + row_off;
             const uint8_t *vr = (const uint8_t *)kv_txn_run(txn, c->layer, true, (uint32_t)j, &run, &stride) + row_off;
             const int nr = (int)run < n_pos - j ? (int)run : n_pos - j;
-            vec_scores(q, group, hd, kr, stride, nr, f16, scale, scores + j, (size_t)n_pos);
-            for (int i = 0; i < nr; i++) rows[j + i] = vr + (size_t)i * stride;
+            for (int i = 0; i < nr; i++) {
+                keys[j + i] = kr + (size_t)i * stride;
+                rows[j + i] = vr + (size_t)i * stride;
+            }
             j += nr;
         }
+        vec_scores(q, group, hd, keys, n_pos, f16, scale, scores, (size_t)n_pos);
         float *out = c->att + (size_t)t * (size_t)q_dim + (size_t)g * (size_t)group * (size_t)hd;
         for (int h = 0; h < group; h++) vec_softmax(scores + (size_t)h * (size_t)n_pos, n_pos);
         vec_wsum_group(scores, (size_t)n_pos, group, n_pos, rows, f16, hd, out);
@@ -243,7 +247,7 @@ int fwd_run(const model *m, ops_pool *pool, const kv_state *kv, fwd_item *items,
     c.up = xmalloc_checked(T, ff * sizeof(float), &ok);
     c.act = xmalloc_checked(T, m->act_row_bytes, &ok);
     c.att_scratch = xmalloc_checked((size_t)nth, c.att_scratch_per_thread * sizeof(float), &ok);
-    c.att_rows_per_thread = (size_t)max_pos;
+    c.att_rows_per_thread = 2 * (size_t)max_pos;
     c.att_rows = xmalloc_checked((size_t)nth, c.att_rows_per_thread * sizeof(void *), &ok);
     int err = KVS_OK;
     if (!ok) {

@@ -4,7 +4,7 @@
  * NOTES ON THE DESIGN
  *
  * Storage. One arena of blocks_total blocks, reserved at creation (pages are
- * touched on first use). A block holds block_tokens positions of every local
+ * touched on first use; 2 MiB pages where the kernel gives them, kvs_map_big). A block holds block_tokens positions of every local
  * layer: layout [layer][K|V][slot][kv_dim], kv_dim = n_kv_heads * head_dim.
  * Free blocks sit on a stack of ids. A session's block table maps position p
  * to block table[p / block_tokens], slot p % block_tokens.
@@ -92,7 +92,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "quant.h"
 #include "util.h"
@@ -157,7 +156,7 @@ struct kv_state {
     kv_params p;
     size_t elem_bytes, kv_dim, slot_bytes, block_bytes;
     uint8_t *arena;
-    size_t arena_bytes;
+    size_t arena_bytes, arena_mapped; /* blocks_total * block_bytes; the length mapped (kvs_map_big) */
     uint32_t blocks_total;
     uint32_t *free_ids; /* stack */
     uint32_t n_free;
@@ -379,11 +378,11 @@ int kv_create(const kv_params *p, kv_state **out, char *msg, size_t msg_cap) {
     if (nb > UINT32_MAX - 1) nb = UINT32_MAX - 1;
     kv->blocks_total = (uint32_t)nb;
     kv->arena_bytes = (size_t)nb * kv->block_bytes;
-    kv->arena = mmap(NULL, kv->arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    kv->arena = kvs_map_big(kv->arena_bytes, true, &kv->arena_mapped);
     kv->free_ids = malloc((size_t)nb * sizeof(uint32_t));
     kv->tombs = calloc(kv->p.max_tombstones, sizeof(kv_tomb));
-    if (kv->arena == MAP_FAILED || !kv->free_ids || !kv->tombs) {
-        if (kv->arena != MAP_FAILED) munmap(kv->arena, kv->arena_bytes);
+    if (!kv->arena || !kv->free_ids || !kv->tombs) {
+        kvs_unmap_big(kv->arena, kv->arena_mapped);
         free(kv->free_ids);
         free(kv->tombs);
         size_t bb = kv->block_bytes;
@@ -427,7 +426,7 @@ void kv_free(kv_state *kv) {
             next = t->next;
             free(t);
         }
-    munmap(kv->arena, kv->arena_bytes);
+    kvs_unmap_big(kv->arena, kv->arena_mapped);
     free(kv->free_ids);
     free(kv->tombs);
     pthread_mutex_destroy(&kv->lock);

@@ -221,23 +221,23 @@ static bool own(model *m, void *p) {
     return true;
 }
 
-/* Repacks matrix w into the r8 layout (quant.h) in owned memory when the CPU
- * has an r8 kernel for its type and it has a multiple of 8 rows; the pages of
- * the mapping that lie wholly inside the old rows are released, so it stays
- * resident once. Returns KVS_OK (w unchanged when not repacked) or
- * KVS_ERR_NOMEM (w unchanged). Not for a matrix whose rows are also read
- * one by one (the embeddings). */
-static int repack_weight(model *m, ops_weight *w, char *msg, size_t cap) {
-    if (w->layout != OPS_ROWS || !quant_r8_preferred(w->type) || w->n_out % 8 != 0) return KVS_OK;
+/* True when the loader repacks w into the r8 layout (quant.h): the CPU has an
+ * r8 kernel for its type and it has a multiple of 8 rows. */
+static bool repacks(const ops_weight *w) {
+    return w->layout == OPS_ROWS && quant_r8_preferred(w->type) && w->n_out % 8 == 0;
+}
+
+/* Repacks matrix w (repacks(w)) into the next w's bytes of the model's repack
+ * arena at *at; the pages of the mapping that lie wholly inside the old rows
+ * are released, so it stays resident once. Not for a matrix whose rows are
+ * also read one by one (the embeddings). */
+static void repack_weight(model *m, ops_weight *w, size_t *at) {
     const size_t bytes = (size_t)w->n_out * w->row_bytes;
-    void *p = NULL;
-    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0 || !own(m, p)) {
-        free(p);
-        return kvs_fail(msg, cap, KVS_ERR_NOMEM, "out of memory repacking a %zu-byte matrix", bytes);
-    }
+    uint8_t *p = (uint8_t *)m->repacked + *at;
+    *at += (bytes + 63) / 64 * 64;
     const uint8_t *src = w->data;
     for (int64_t r = 0; r < w->n_out; r += 8)
-        quant_r8_pack(w->type, w->n_in, src + (size_t)r * w->row_bytes, w->row_bytes, (uint8_t *)p + (size_t)r * w->row_bytes);
+        quant_r8_pack(w->type, w->n_in, src + (size_t)r * w->row_bytes, w->row_bytes, p + (size_t)r * w->row_bytes);
     long page = sysconf(_SC_PAGESIZE);
     uintptr_t pg = page > 0 ? (uintptr_t)page : 4096, lo = ((uintptr_t)src + pg - 1) / pg * pg,
               hi = ((uintptr_t)src + bytes) / pg * pg;
@@ -245,6 +245,22 @@ static int repack_weight(model *m, ops_weight *w, char *msg, size_t cap) {
     w->data = p;
     w->layout = OPS_R8;
     m->n_repacked++;
+}
+
+/* Repacks every matrix of ws[0..n) the loader repacks into one arena (one
+ * mapping, in 2 MiB pages where the kernel gives them: a decode step walks all
+ * of it, and 4 KiB pages would cost a TLB miss every 4 KiB). KVS_OK or
+ * KVS_ERR_NOMEM (nothing repacked). */
+static int repack_weights(model *m, ops_weight *const *ws, int n, char *msg, size_t cap) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        if (repacks(ws[i])) total += ((size_t)ws[i]->n_out * ws[i]->row_bytes + 63) / 64 * 64;
+    if (total == 0) return KVS_OK;
+    if (!(m->repacked = kvs_map_big(total, false, &m->repacked_mapped)))
+        return kvs_fail(msg, cap, KVS_ERR_NOMEM, "out of memory repacking %zu bytes of weights", total);
+    size_t at = 0;
+    for (int i = 0; i < n; i++)
+        if (repacks(ws[i])) repack_weight(m, ws[i], &at);
     return KVS_OK;
 }
 
@@ -378,13 +394,24 @@ int model_load(const char *path, uint32_t first, uint32_t last, model **out, cha
             goto fail;
         }
     }
-    for (uint32_t l = 0; l < last - first; l++) {
-        model_layer *L = &m->layers[l];
-        ops_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t k = 0; k < sizeof(ws) / sizeof(ws[0]); k++)
-            if ((err = repack_weight(m, ws[k], msg, cap))) goto fail;
+    {
+        const int per_layer = 7;
+        ops_weight **ws = malloc(((size_t)(last - first) * per_layer + 1) * sizeof(*ws));
+        if (!ws) {
+            err = kvs_fail(msg, cap, KVS_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+        int n = 0;
+        for (uint32_t l = 0; l < last - first; l++) {
+            model_layer *L = &m->layers[l];
+            ops_weight *lw[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+            for (int k = 0; k < per_layer; k++) ws[n++] = lw[k];
+        }
+        if (m->has_head && !tied) ws[n++] = &m->output;
+        err = repack_weights(m, ws, n, msg, cap);
+        free(ws);
+        if (err) goto fail;
     }
-    if (m->has_head && !tied && (err = repack_weight(m, &m->output, msg, cap))) goto fail;
     /* Derived once here rather than on every forward call. */
     for (uint32_t l = 0; l < last - first; l++) {
         const model_layer *L = &m->layers[l];
@@ -415,6 +442,7 @@ void model_free(model *m) {
     if (!m) return;
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
+    kvs_unmap_big(m->repacked, m->repacked_mapped);
     free(m->rope_inv_freq);
     free(m->layers);
     gguf_set_close(m->files);

@@ -5,7 +5,8 @@
  * Weight data stays in the read-only mapping: only the owned tensors are ever
  * touched, so resident weight memory follows the range. Where the CPU has an
  * r8 kernel for a matrix's type (quant_r8_preferred), the loader repacks that
- * matrix once into owned memory of the same size and drops its mapped pages
+ * matrix once into owned memory of the same size (one arena for all of them,
+ * in 2 MiB pages where the kernel gives them) and drops its mapped pages
  * (madvise), so the weights are resident once either way. A split model
  * (NAME-00001-of-0000N.gguf) is read through a gguf_set: the metadata of the
  * first part, and the tensor data of only the parts that hold owned tensors.
@@ -71,10 +72,11 @@ struct model {
     size_t act_row_bytes;    /* largest quantized activation row any owned matrix needs, bytes */
     float *rope_inv_freq;    /* [n_rot / 2] rope frequencies per position: base^(-2i/n_rot) x
                               * rope_freq_scale / rope_freqs[i] (rope_freqs.weight, when present) */
-    void **owned;            /* memory freed with the model: norm vectors converted to f32 and
-                                repacked (r8) weights */
+    void **owned;            /* memory freed with the model: norm vectors converted to f32 */
     int n_owned;
     int n_repacked;          /* weights held in the r8 layout (quant.h), 0 when not repacked */
+    void *repacked;          /* those weights, one mapping (kvs_map_big), NULL when none */
+    size_t repacked_mapped;
 };
 
 /* Reads the hyper-parameters (keys under `{general.architecture}.`) and

@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <time.h>
 
 const char *kvs_strerror(int err) {
@@ -33,4 +34,21 @@ uint64_t kvs_now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void *kvs_map_big(size_t bytes, bool noreserve, size_t *mapped) {
+    const size_t huge = (size_t)2 << 20;
+    if (bytes == 0 || bytes > SIZE_MAX - huge) return NULL;
+    const size_t len = (bytes + huge - 1) / huge * huge;
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | (noreserve ? MAP_NORESERVE : 0), -1, 0);
+    if (p == MAP_FAILED) return NULL;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, len, MADV_HUGEPAGE); /* advice only: without it the pages are 4 KiB */
+#endif
+    *mapped = len;
+    return p;
+}
+
+void kvs_unmap_big(void *p, size_t mapped) {
+    if (p) munmap(p, mapped);
 }

@@ -55,6 +55,15 @@ static inline void kvs_wr_f32(void *p, float f) { uint32_t u; memcpy(&u, &f, 4);
     } while (0)
 _Noreturn void kvs_assert_fail(const char *file, int line, const char *what);
 
+/* Anonymous read-write memory for a large long-lived buffer (repacked weights,
+ * the KV arena): mmap of bytes rounded up to 2 MiB, advised MADV_HUGEPAGE so
+ * that, where the kernel's transparent huge pages are in "madvise" mode, it
+ * is backed by 2 MiB pages and a walk through it costs few TLB misses.
+ * noreserve: MAP_NORESERVE (pages touched on first use count, not the size).
+ * NULL when the mapping fails; *mapped gets the length to pass to kvs_unmap_big. */
+void *kvs_map_big(size_t bytes, bool noreserve, size_t *mapped);
+void kvs_unmap_big(void *p, size_t mapped);
+
 /* Monotonic time in nanoseconds. */
 uint64_t kvs_now_ns(void);
 

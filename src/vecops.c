@@ -108,89 +108,133 @@ VEC_TARGET static inline __attribute__((always_inline)) __m256 hsum8x8(const __m
 #define VEC_INLINE static inline __attribute__((always_inline))
 #define VEC_UNROLL _Pragma("GCC unroll 8")
 
-/* One key row against NH heads (1..8), F16 and NH compile-time after inlining
- * so that the key (64 elements at a time) and the accumulators stay in registers. */
-VEC_TARGET VEC_INLINE void scores_nh(const float *q, int hd, const void *k, const int F16, const int NH, float scale,
-                                     float *scores, size_t stride) {
+/* Software prefetch of rows [j, j + n) of a row list, row_bytes each, when
+ * they exist: a head's KV rows are a strided walk through blocks of interleaved
+ * heads scattered over the arena, which the hardware prefetchers follow poorly. */
+enum { KV_AHEAD = 32 };
+VEC_INLINE void prefetch_rows(const void *const *rows, int j, int n, int n_rows, size_t row_bytes) {
+    const int j1 = j + n < n_rows ? j + n : n_rows;
+    for (; j < j1; j++)
+        for (size_t b = 0; b < row_bytes; b += 64) _mm_prefetch((const char *)rows[j] + b, _MM_HINT_T0);
+}
+
+/* Scores of NK keys against NH heads, NH * NK <= 8, F16 / NH / NK compile-time
+ * after inlining: per 8-element slice each key is converted once and each
+ * head's query slice loaded once, so the 8 accumulators, the NK key slices and
+ * one query slice stay in registers. Accumulator h * NK + kk is (head h, key
+ * kk); every lane sums its slices in order and hsum8x8 reduces every
+ * accumulator by the same tree, so a score's bits do not depend on the tile it
+ * was computed in (group, number of keys, position). */
+VEC_TARGET VEC_INLINE void scores_tile(const float *q, int hd, const void *const *keys, const int F16, const int NH,
+                                       const int NK, float scale, float *scores, size_t stride) {
     __m256 acc[8];
-    VEC_UNROLL for (int h = 0; h < 8; h++) acc[h] = _mm256_setzero_ps();
-    int c0 = 0;
-    for (; c0 + 64 <= hd; c0 += 64) {
+    VEC_UNROLL for (int a = 0; a < 8; a++) acc[a] = _mm256_setzero_ps();
+    for (int c0 = 0; c0 < hd; c0 += 8) {
         __m256 kr[8];
-        VEC_UNROLL for (int c = 0; c < 8; c++) kr[c] = row8(k, F16, c0 + 8 * c);
-        VEC_UNROLL for (int h = 0; h < NH; h++)
-            VEC_UNROLL for (int c = 0; c < 8; c++)
-                acc[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)h * (size_t)hd + (size_t)(c0 + 8 * c)), kr[c], acc[h]);
-    }
-    for (; c0 < hd; c0 += 8) {
-        const __m256 kr = row8(k, F16, c0);
-        VEC_UNROLL for (int h = 0; h < NH; h++)
-            acc[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)h * (size_t)hd + (size_t)c0), kr, acc[h]);
+        VEC_UNROLL for (int kk = 0; kk < NK; kk++) kr[kk] = row8(keys[kk], F16, c0);
+        VEC_UNROLL for (int h = 0; h < NH; h++) {
+            const __m256 qv = _mm256_loadu_ps(q + (size_t)h * (size_t)hd + (size_t)c0);
+            VEC_UNROLL for (int kk = 0; kk < NK; kk++) acc[h * NK + kk] = _mm256_fmadd_ps(qv, kr[kk], acc[h * NK + kk]);
+        }
     }
     float out[8];
     _mm256_storeu_ps(out, _mm256_mul_ps(hsum8x8(acc), _mm256_set1_ps(scale)));
-    VEC_UNROLL for (int h = 0; h < NH; h++) scores[(size_t)h * stride] = out[h];
+    VEC_UNROLL for (int h = 0; h < NH; h++)
+        VEC_UNROLL for (int kk = 0; kk < NK; kk++) scores[(size_t)h * stride + (size_t)kk] = out[h * NK + kk];
+}
+
+/* Keys [j0, j1) against NH (1..4) heads: 8 / NH keys at a time, then one by one. */
+VEC_TARGET VEC_INLINE void scores_heads(const float *q, int hd, const void *const *keys, int j0, int j1, const int F16,
+                                        const int NH, float scale, float *scores, size_t stride) {
+    const int NK = NH == 1 ? 8 : NH == 2 ? 4 : 2;
+    int j = j0;
+    for (; j + NK <= j1; j += NK) scores_tile(q, hd, keys + j, F16, NH, NK, scale, scores + j, stride);
+    for (; j < j1; j++) scores_tile(q, hd, keys + j, F16, NH, 1, scale, scores + j, stride);
 }
 
 #define SCORES_NH(F16)                                                                               \
     switch (nh) {                                                                                    \
-    case 1: scores_nh(qg, hd, k, F16, 1, scale, sg, stride); break;                                  \
-    case 2: scores_nh(qg, hd, k, F16, 2, scale, sg, stride); break;                                  \
-    case 3: scores_nh(qg, hd, k, F16, 3, scale, sg, stride); break;                                  \
-    case 4: scores_nh(qg, hd, k, F16, 4, scale, sg, stride); break;                                  \
-    case 5: scores_nh(qg, hd, k, F16, 5, scale, sg, stride); break;                                  \
-    case 6: scores_nh(qg, hd, k, F16, 6, scale, sg, stride); break;                                  \
-    case 7: scores_nh(qg, hd, k, F16, 7, scale, sg, stride); break;                                  \
-    default: scores_nh(qg, hd, k, F16, 8, scale, sg, stride); break;                                 \
+    case 1: scores_heads(qg, hd, keys, j0, j1, F16, 1, scale, sg, stride); break;                    \
+    case 2: scores_heads(qg, hd, keys, j0, j1, F16, 2, scale, sg, stride); break;                    \
+    case 3: scores_heads(qg, hd, keys, j0, j1, F16, 3, scale, sg, stride); break;                    \
+    default: scores_heads(qg, hd, keys, j0, j1, F16, 4, scale, sg, stride); break;                   \
     }
 
-/* hd a multiple of 8: every key, eight heads at a time. */
-VEC_TARGET static void scores_avx2(const float *q, int group, int hd, const uint8_t *kb, size_t k_stride, int n_keys,
-                                   int k_f16, float scale, float *scores, size_t stride) {
-    for (int h0 = 0; h0 < group; h0 += 8) {
-        const int nh = group - h0 < 8 ? group - h0 : 8;
-        const float *qg = q + (size_t)h0 * (size_t)hd;
-        for (int j = 0; j < n_keys; j++) {
-            const void *k = kb + (size_t)j * k_stride;
-            float *sg = scores + (size_t)h0 * stride + (size_t)j;
+/* hd a multiple of 8: keys a block at a time (their rows stay in L1 while
+ * every tile of four heads passes over them, and the rows KV_AHEAD further on
+ * are prefetched), four heads at a time within a block. */
+enum { KV_BLOCK = 16 };
+VEC_TARGET static void scores_avx2(const float *q, int group, int hd, const void *const *keys, int n_keys, int k_f16,
+                                   float scale, float *scores, size_t stride) {
+    const size_t row_bytes = (size_t)hd * (k_f16 ? 2u : 4u);
+    prefetch_rows(keys, 0, KV_AHEAD, n_keys, row_bytes);
+    for (int j0 = 0; j0 < n_keys; j0 += KV_BLOCK) {
+        const int j1 = n_keys - j0 < KV_BLOCK ? n_keys : j0 + KV_BLOCK;
+        prefetch_rows(keys, j0 + KV_AHEAD, KV_BLOCK, n_keys, row_bytes);
+        for (int h0 = 0; h0 < group; h0 += 4) {
+            const int nh = group - h0 < 4 ? group - h0 : 4;
+            const float *qg = q + (size_t)h0 * (size_t)hd;
+            float *sg = scores + (size_t)h0 * stride;
             if (k_f16) { SCORES_NH(1) } else { SCORES_NH(0) }
         }
     }
 }
 
-/* Eight output elements c0.. of NH heads (1..8) over every row: one value
- * load and conversion per row for all heads (NH, F16 compile-time). */
-VEC_TARGET VEC_INLINE void wsum_heads(const float *p, size_t ps, int n, const void *const *rows, const int F16, int c0,
-                                      const int NH, int hd, float *out) {
+/* NC slices of eight output elements from c0, for NH heads (NH * NC <= 8), over
+ * rows [j0, j1): accumulators loaded from and stored back to out, so a long
+ * run of rows is taken a block at a time with the same per-element order (row
+ * j's product is added after row j - 1's, whatever the block, tile or group). */
+VEC_TARGET VEC_INLINE void wsum_tile(const float *p, size_t ps, int j0, int j1, const void *const *rows, const int F16,
+                                     int c0, const int NH, const int NC, int hd, float *out) {
     __m256 acc[8];
-    VEC_UNROLL for (int h = 0; h < NH; h++) acc[h] = _mm256_setzero_ps();
-    for (int j = 0; j < n; j++) {
-        const __m256 v = row8(rows[j], F16, c0);
-        VEC_UNROLL for (int h = 0; h < NH; h++)
-            acc[h] = _mm256_fmadd_ps(_mm256_set1_ps(p[(size_t)h * ps + (size_t)j]), v, acc[h]);
+    VEC_UNROLL for (int h = 0; h < NH; h++)
+        VEC_UNROLL for (int c = 0; c < NC; c++)
+            acc[h * NC + c] = _mm256_loadu_ps(out + (size_t)h * (size_t)hd + (size_t)(c0 + 8 * c));
+    for (int j = j0; j < j1; j++) {
+        __m256 v[8];
+        VEC_UNROLL for (int c = 0; c < NC; c++) v[c] = row8(rows[j], F16, c0 + 8 * c);
+        VEC_UNROLL for (int h = 0; h < NH; h++) {
+            const __m256 pv = _mm256_set1_ps(p[(size_t)h * ps + (size_t)j]);
+            VEC_UNROLL for (int c = 0; c < NC; c++) acc[h * NC + c] = _mm256_fmadd_ps(pv, v[c], acc[h * NC + c]);
+        }
     }
-    VEC_UNROLL for (int h = 0; h < NH; h++) _mm256_storeu_ps(out + (size_t)h * (size_t)hd + c0, acc[h]);
+    VEC_UNROLL for (int h = 0; h < NH; h++)
+        VEC_UNROLL for (int c = 0; c < NC; c++)
+            _mm256_storeu_ps(out + (size_t)h * (size_t)hd + (size_t)(c0 + 8 * c), acc[h * NC + c]);
+}
+
+/* NH (1..4) heads over rows [j0, j1): 8 / NH slices at a time while they fit, then one. */
+VEC_TARGET VEC_INLINE void wsum_heads(const float *p, size_t ps, int j0, int j1, const void *const *rows, const int F16,
+                                      const int NH, int hd, float *out) {
+    const int NC = NH == 1 ? 8 : NH == 2 ? 4 : 2;
+    int c0 = 0;
+    for (; c0 + 8 * NC <= hd; c0 += 8 * NC) wsum_tile(p, ps, j0, j1, rows, F16, c0, NH, NC, hd, out);
+    for (; c0 < hd; c0 += 8) wsum_tile(p, ps, j0, j1, rows, F16, c0, NH, 1, hd, out);
 }
 
 #define WSUM_NH(F16)                                                                                  \
     switch (nh) {                                                                                     \
-    case 1: wsum_heads(pg, p_stride, n, rows, F16, c0, 1, hd, og); break;                             \
-    case 2: wsum_heads(pg, p_stride, n, rows, F16, c0, 2, hd, og); break;                             \
-    case 3: wsum_heads(pg, p_stride, n, rows, F16, c0, 3, hd, og); break;                             \
-    case 4: wsum_heads(pg, p_stride, n, rows, F16, c0, 4, hd, og); break;                             \
-    case 5: wsum_heads(pg, p_stride, n, rows, F16, c0, 5, hd, og); break;                             \
-    case 6: wsum_heads(pg, p_stride, n, rows, F16, c0, 6, hd, og); break;                             \
-    case 7: wsum_heads(pg, p_stride, n, rows, F16, c0, 7, hd, og); break;                             \
-    default: wsum_heads(pg, p_stride, n, rows, F16, c0, 8, hd, og); break;                            \
+    case 1: wsum_heads(pg, p_stride, j0, j1, rows, F16, 1, hd, og); break;                            \
+    case 2: wsum_heads(pg, p_stride, j0, j1, rows, F16, 2, hd, og); break;                            \
+    case 3: wsum_heads(pg, p_stride, j0, j1, rows, F16, 3, hd, og); break;                            \
+    default: wsum_heads(pg, p_stride, j0, j1, rows, F16, 4, hd, og); break;                           \
     }
 
+/* Rows a block at a time (KV_BLOCK rows: their value slices and
+ * probabilities stay in L1 while every tile of heads and slices passes over
+ * them; the rows KV_AHEAD further on are prefetched), four heads at a time. */
 VEC_TARGET static void wsum_group_avx2(const float *p, size_t p_stride, int group, int n, const void *const *rows,
                                        int v_f16, int hd, float *out) {
-    for (int h0 = 0; h0 < group; h0 += 8) {
-        const int nh = group - h0 < 8 ? group - h0 : 8;
-        const float *pg = p + (size_t)h0 * p_stride;
-        float *og = out + (size_t)h0 * (size_t)hd;
-        for (int c0 = 0; c0 < hd; c0 += 8) {
+    const size_t row_bytes = (size_t)hd * (v_f16 ? 2u : 4u);
+    memset(out, 0, sizeof(float) * (size_t)group * (size_t)hd);
+    prefetch_rows(rows, 0, KV_AHEAD, n, row_bytes);
+    for (int j0 = 0; j0 < n; j0 += KV_BLOCK) {
+        const int j1 = n - j0 < KV_BLOCK ? n : j0 + KV_BLOCK;
+        prefetch_rows(rows, j0 + KV_AHEAD, KV_BLOCK, n, row_bytes);
+        for (int h0 = 0; h0 < group; h0 += 4) {
+            const int nh = group - h0 < 4 ? group - h0 : 4;
+            const float *pg = p + (size_t)h0 * p_stride;
+            float *og = out + (size_t)h0 * (size_t)hd;
             if (v_f16) { WSUM_NH(1) } else { WSUM_NH(0) }
         }
     }
@@ -248,12 +292,11 @@ void vec_axpy_f16(float a, const uint16_t *x, float *y, int n) {
     else axpy_f16_ref(a, x, y, n);
 }
 
-void vec_scores(const float *q, int group, int hd, const void *k, size_t k_stride, int n_keys, int k_f16,
-                float scale, float *scores, size_t stride) {
-    const uint8_t *kb = k;
-    if (use_simd() && hd % 8 == 0) scores_avx2(q, group, hd, kb, k_stride, n_keys, k_f16, scale, scores, stride);
+void vec_scores(const float *q, int group, int hd, const void *const *keys, int n_keys, int k_f16, float scale,
+                float *scores, size_t stride) {
+    if (use_simd() && hd % 8 == 0) scores_avx2(q, group, hd, keys, n_keys, k_f16, scale, scores, stride);
     else
-        for (int j = 0; j < n_keys; j++) scores_ref(q, group, hd, kb + (size_t)j * k_stride, k_f16, scale, scores + j, stride);
+        for (int j = 0; j < n_keys; j++) scores_ref(q, group, hd, keys[j], k_f16, scale, scores + j, stride);
 }
 
 void vec_softmax(float *x, int n) {

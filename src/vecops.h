@@ -16,11 +16,12 @@ void vec_axpy_f32(float a, const float *x, float *y, int n);
 void vec_axpy_f16(float a, const uint16_t *x, float *y, int n);
 
 /* Attention over a group of query heads sharing one key/value head (GQA).
- * scores[h * stride + j] = scale * dot(q + h * hd, key j, hd) for h < group,
- * j < n_keys: key j (f32 or f16 per k_f16) at k + j * k_stride bytes against
- * every head, each key converted once. */
-void vec_scores(const float *q, int group, int hd, const void *k, size_t k_stride, int n_keys, int k_f16,
-                float scale, float *scores, size_t stride);
+ * scores[h * stride + j] = scale * dot(q + h * hd, keys[j], hd) for h < group,
+ * j < n_keys, keys f32 or f16 per k_f16, each key converted once for every
+ * head; a score's bits depend only on its query head and key (not on group,
+ * n_keys or j). The rows n_keys ahead are prefetched as the walk goes. */
+void vec_scores(const float *q, int group, int hd, const void *const *keys, int n_keys, int k_f16, float scale,
+                float *scores, size_t stride);
 /* The value rows (f32 or f16) weighted by each head's probabilities, for every
  * head of a GQA group at once: out[h * hd + i] = sum over j in order of
  * p[h * p_stride + j] * rows[j][i], h < group, i < hd — each row converted once

@@ -31,7 +31,8 @@ static void test_scores(int group, int hd, int f16) {
     }
     const float scale = 0.125f;
     memset(got, 0, sizeof got);
-    vec_scores(q, group, hd, f16 ? (const void *)kh : (const void *)kf, 0, 1, f16, scale, got, 3);
+    const void *key = f16 ? (const void *)kh : (const void *)kf;
+    vec_scores(q, group, hd, &key, 1, f16, scale, got, 3);
     for (int h = 0; h < group; h++) {
         double want = 0, mag = 0;
         for (int i = 0; i < hd; i++) {
@@ -43,23 +44,28 @@ static void test_scores(int group, int hd, int f16) {
     }
 }
 
-/* Several keys a stride apart in one call equal one call per key, bit for bit. */
+/* Many keys in one call (blocks, tiles and their tails) equal one call per
+ * key, and a group's scores equal each head's alone, bit for bit. */
 static void test_scores_run(int group, int hd, int f16) {
-    enum { KEYS = 5, STRIDE = MAX_HD + 24 };
-    static float q[MAX_GROUP * MAX_HD], kf[KEYS][STRIDE], run[MAX_GROUP * KEYS], one[MAX_GROUP * KEYS];
-    static uint16_t kh[KEYS][STRIDE];
+    enum { KEYS = 37 };
+    static float q[MAX_GROUP * MAX_HD], kf[KEYS][MAX_HD], run[MAX_GROUP * KEYS], one[MAX_GROUP * KEYS],
+        head[MAX_GROUP * KEYS];
+    static uint16_t kh[KEYS][MAX_HD];
+    static const void *keys[KEYS];
     for (int i = 0; i < group * hd; i++) q[i] = frand();
-    for (int j = 0; j < KEYS; j++)
+    for (int j = 0; j < KEYS; j++) {
         for (int i = 0; i < hd; i++) {
             kf[j][i] = frand();
             kh[j][i] = quant_f32_to_f16(kf[j][i]);
         }
-    const void *k0 = f16 ? (const void *)kh : (const void *)kf;
-    const size_t ks = f16 ? sizeof kh[0] : sizeof kf[0];
-    vec_scores(q, group, hd, k0, ks, KEYS, f16, 0.5f, run, KEYS);
-    for (int j = 0; j < KEYS; j++)
-        vec_scores(q, group, hd, (const uint8_t *)k0 + (size_t)j * ks, 0, 1, f16, 0.5f, one + j, KEYS);
+        const int r = (j * 11) % KEYS; /* rows in no particular order, as KV blocks are */
+        keys[j] = f16 ? (const void *)kh[r] : (const void *)kf[r];
+    }
+    vec_scores(q, group, hd, keys, KEYS, f16, 0.5f, run, KEYS);
+    for (int j = 0; j < KEYS; j++) vec_scores(q, group, hd, keys + j, 1, f16, 0.5f, one + j, KEYS);
+    for (int h = 0; h < group; h++) vec_scores(q + h * hd, 1, hd, keys, KEYS, f16, 0.5f, head + h * KEYS, KEYS);
     CHECK(memcmp(run, one, sizeof(float) * (size_t)(group * KEYS)) == 0);
+    CHECK(memcmp(run, head, sizeof(float) * (size_t)(group * KEYS)) == 0);
 }
 
 static void test_wsum(int n, int hd, int f16) {
