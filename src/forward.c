@@ -96,14 +96,18 @@ static void rope_store_task(void *p, int64_t t0, int64_t t1, int slot) {
         rope(q, (int)hp->n_head, (int)hp->head_dim, (int)hp->n_rot, c->tok_pos[t], c->m->rope_inv_freq);
         rope(k, (int)hp->n_head_kv, (int)hp->head_dim, (int)hp->n_rot, c->tok_pos[t], c->m->rope_inv_freq);
         kv_txn *txn = c->items[c->tok_item[t]].txn;
-        void *kd = kv_txn_k(txn, c->layer, (uint32_t)c->tok_pos[t]);
-        void *vd = kv_txn_v(txn, c->layer, (uint32_t)c->tok_pos[t]);
-        if (f16) {
-            quant_f32_to_f16_row(k, kd, kv_dim);
-            quant_f32_to_f16_row(v, vd, kv_dim);
-        } else {
-            memcpy(kd, k, (size_t)kv_dim * sizeof(float));
-            memcpy(vd, v, (size_t)kv_dim * sizeof(float));
+        const int hd = (int)hp->head_dim;
+        for (int h = 0; h < (int)hp->n_head_kv; h++) { /* one row per kv head */
+            void *kd = kv_txn_k(txn, c->layer, (uint32_t)c->tok_pos[t], h);
+            void *vd = kv_txn_v(txn, c->layer, (uint32_t)c->tok_pos[t], h);
+            const float *kh = k + (size_t)h * (size_t)hd, *vh = v + (size_t)h * (size_t)hd;
+            if (f16) {
+                quant_f32_to_f16_row(kh, kd, hd);
+                quant_f32_to_f16_row(vh, vd, hd);
+            } else {
+                memcpy(kd, kh, (size_t)hd * sizeof(float));
+                memcpy(vd, vh, (size_t)hd * sizeof(float));
+            }
         }
     }
 }
@@ -125,14 +129,13 @@ static void attention_task(void *p, int64_t task0, int64_t task1, int slot) {
         kv_txn *txn = c->items[c->tok_item[t]].txn;
         const float *q = c->q + (size_t)t * (size_t)q_dim + (size_t)g * (size_t)group * (size_t)hd;
         float *scores = scratch; /* [group][n_pos] */
-        const size_t row_off = (size_t)g * (size_t)hd * (f16 ? sizeof(uint16_t) : sizeof(float));
         const void **keys = c->att_rows + (size_t)slot * c->att_rows_per_thread; /* this head's key rows */
         const void **rows = keys + c->att_rows_per_thread / 2;                    /* and value rows */
         for (int j = 0; j < n_pos;) { /* a block's positions at a time: rows a fixed stride apart */
             uint32_t run;
             size_t stride;
-            const uint8_t *kr = (const uint8_t *)kv_txn_run(txn, c->layer, false, (uint32_t)j, &run, &stride) + row_off;
-            const uint8_t *vr = (const uint8_t *)kv_txn_run(txn, c->layer, true, (uint32_t)j, &run, &stride) + row_off;
+            const uint8_t *kr = kv_txn_run(txn, c->layer, false, (uint32_t)j, g, &run, &stride);
+            const uint8_t *vr = kv_txn_run(txn, c->layer, true, (uint32_t)j, g, &run, &stride);
             const int nr = (int)run < n_pos - j ? (int)run : n_pos - j;
             for (int i = 0; i < nr; i++) {
                 keys[j + i] = kr + (size_t)i * stride;

@@ -5,7 +5,8 @@
  *
  * Storage. One arena of blocks_total blocks, reserved at creation (pages are
  * touched on first use; 2 MiB pages where the kernel gives them, kvs_map_big). A block holds block_tokens positions of every local
- * layer: layout [layer][K|V][slot][kv_dim], kv_dim = n_kv_heads * head_dim.
+ * layer: layout [layer][K|V][kv head][slot][head_dim], so one head's rows of a
+ * layer are contiguous within a block (attention walks a head at a time).
  * Free blocks sit on a stack of ids. A session's block table maps position p
  * to block table[p / block_tokens], slot p % block_tokens.
  *
@@ -154,7 +155,7 @@ typedef struct {
 
 struct kv_state {
     kv_params p;
-    size_t elem_bytes, kv_dim, slot_bytes, block_bytes;
+    size_t elem_bytes, head_bytes, block_bytes; /* head_bytes: one row of one head */
     uint8_t *arena;
     size_t arena_bytes, arena_mapped; /* blocks_total * block_bytes; the length mapped (kvs_map_big) */
     uint32_t blocks_total;
@@ -365,8 +366,7 @@ int kv_create(const kv_params *p, kv_state **out, char *msg, size_t msg_cap) {
     if (kv->p.max_tombstones == 0) kv->p.max_tombstones = KV_TOMB_DEFAULT;
     if (kv->p.tombstone_ttl_ns == 0) kv->p.tombstone_ttl_ns = KV_TOMB_TTL_DEFAULT_NS;
     kv->elem_bytes = p->kv_type == QUANT_F16 ? 2 : 4;
-    kv->kv_dim = (size_t)p->n_kv_heads * (size_t)p->head_dim;
-    kv->slot_bytes = kv->kv_dim * kv->elem_bytes;
+    kv->head_bytes = (size_t)p->head_dim * kv->elem_bytes;
     kv->block_bytes = kv_params_block_bytes(p);
     uint64_t nb = p->budget_bytes / kv->block_bytes;
     if (nb == 0) {
@@ -534,9 +534,10 @@ static int kv_make_room(kv_state *kv, kv_tenant *t, uint32_t need, bool new_sess
     return err;
 }
 
-static void *block_slot(const kv_state *kv, uint32_t block, int layer, int kind, uint32_t slot) {
+static void *block_slot(const kv_state *kv, uint32_t block, int layer, int kind, int head, uint32_t slot) {
     size_t off = (size_t)block * kv->block_bytes +
-                 (((size_t)layer * 2 + (size_t)kind) * (size_t)kv->p.block_tokens + slot) * kv->slot_bytes;
+                 (((((size_t)layer * 2 + (size_t)kind) * (size_t)kv->p.n_kv_heads + (size_t)head) *
+                   (size_t)kv->p.block_tokens) + slot) * kv->head_bytes;
     return kv->arena + off;
 }
 
@@ -655,7 +656,8 @@ int kv_begin_tenant(kv_state *kv, uint64_t tenant, const kv_sid *sid, uint64_t e
         uint32_t src = s->blocks[n_full], dst = table[n_full];
         for (int l = 0; l < kv->p.n_layers; l++)
             for (int kind = 0; kind < 2; kind++)
-                memcpy(block_slot(kv, dst, l, kind, 0), block_slot(kv, src, l, kind, 0), partial * kv->slot_bytes);
+                for (int h = 0; h < kv->p.n_kv_heads; h++)
+                    memcpy(block_slot(kv, dst, l, kind, h, 0), block_slot(kv, src, l, kind, h, 0), partial * kv->head_bytes);
     }
     if (!s) {
         s = fresh_s;
@@ -753,21 +755,21 @@ void kv_abort(kv_state *kv, kv_txn *txn, bool cancelled) {
 uint32_t kv_txn_start(const kv_txn *txn) { return txn->start; }
 uint32_t kv_txn_end(const kv_txn *txn) { return txn->end; }
 
-void *kv_txn_k(const kv_txn *txn, int layer, uint32_t pos) {
+void *kv_txn_k(const kv_txn *txn, int layer, uint32_t pos, int head) {
     uint32_t bt = (uint32_t)txn->kv->p.block_tokens;
-    return block_slot(txn->kv, txn->table[pos / bt], layer, 0, pos % bt);
+    return block_slot(txn->kv, txn->table[pos / bt], layer, 0, head, pos % bt);
 }
 
-void *kv_txn_v(const kv_txn *txn, int layer, uint32_t pos) {
+void *kv_txn_v(const kv_txn *txn, int layer, uint32_t pos, int head) {
     uint32_t bt = (uint32_t)txn->kv->p.block_tokens;
-    return block_slot(txn->kv, txn->table[pos / bt], layer, 1, pos % bt);
+    return block_slot(txn->kv, txn->table[pos / bt], layer, 1, head, pos % bt);
 }
 
-void *kv_txn_run(const kv_txn *txn, int layer, bool v, uint32_t pos, uint32_t *n_run, size_t *stride) {
+void *kv_txn_run(const kv_txn *txn, int layer, bool v, uint32_t pos, int head, uint32_t *n_run, size_t *stride) {
     uint32_t bt = (uint32_t)txn->kv->p.block_tokens;
     *n_run = bt - pos % bt;
-    *stride = txn->kv->slot_bytes;
-    return block_slot(txn->kv, txn->table[pos / bt], layer, v ? 1 : 0, pos % bt);
+    *stride = txn->kv->head_bytes;
+    return block_slot(txn->kv, txn->table[pos / bt], layer, v ? 1 : 0, head, pos % bt);
 }
 
 bool kv_txn_cancelled(const kv_txn *txn) { return atomic_load_explicit(&txn->cancel, memory_order_relaxed); }

@@ -123,16 +123,17 @@ void kv_commit(kv_state *kv, kv_txn *txn, kv_reply *rep);
  * selects which counter is bumped. */
 void kv_abort(kv_state *kv, kv_txn *txn, bool cancelled);
 
-/* Transaction view, valid until commit/abort. K/V rows of kv_dim elements of kv_type. */
+/* Transaction view, valid until commit/abort. A K or V row holds head_dim
+ * elements of kv_type for one kv head (head < n_kv_heads) at one position. */
 uint32_t kv_txn_start(const kv_txn *txn);
 uint32_t kv_txn_end(const kv_txn *txn); /* start + n */
-void *kv_txn_k(const kv_txn *txn, int layer, uint32_t pos); /* pos < end */
-void *kv_txn_v(const kv_txn *txn, int layer, uint32_t pos);
-/* The run of K (v false) or V rows from pos to the end of pos's block: returns
- * the row of pos; rows pos .. pos + *n_run - 1 follow it *stride bytes apart
- * (pos < end; the caller stops at end). For walking many positions without a
- * lookup per row. */
-void *kv_txn_run(const kv_txn *txn, int layer, bool v, uint32_t pos, uint32_t *n_run, size_t *stride);
+void *kv_txn_k(const kv_txn *txn, int layer, uint32_t pos, int head); /* pos < end */
+void *kv_txn_v(const kv_txn *txn, int layer, uint32_t pos, int head);
+/* The run of one head's K (v false) or V rows from pos to the end of pos's
+ * block: returns the row of pos; rows pos .. pos + *n_run - 1 follow it
+ * *stride bytes apart (pos < end; the caller stops at end). For walking many
+ * positions without a lookup per row. */
+void *kv_txn_run(const kv_txn *txn, int layer, bool v, uint32_t pos, int head, uint32_t *n_run, size_t *stride);
 bool kv_txn_cancelled(const kv_txn *txn);
 /* Requests cancellation of the session's in-flight append (if any):
  * KVS_OK when one was flagged, KVS_ERR_NOT_FOUND otherwise. */

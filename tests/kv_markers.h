@@ -21,19 +21,30 @@ static inline uint64_t fake_now(void *ctx) { return ((fake_clock *)ctx)->now; }
 /* The pool's shape as the markers see it. */
 typedef struct {
     int n_layers;
-    int n_floats; /* per position and layer in K (and in V): n_kv_heads * head_dim */
+    int n_heads, head_dim; /* the pool's kv heads and elements per head (f32) */
 } marker_shape;
 
-/* Writes marker + p into positions [start, end) of t, every layer's K and V. */
-static inline void markers_fill(kv_txn *t, marker_shape sh, float marker) {
-    for (uint32_t p = kv_txn_start(t); p < kv_txn_end(t); p++)
-        for (int l = 0; l < sh.n_layers; l++) {
-            float *k = kv_txn_k(t, l, p), *v = kv_txn_v(t, l, p);
-            for (int e = 0; e < sh.n_floats; e++) k[e] = v[e] = marker + (float)p;
-        }
+/* The marker of element e of head h at position p, distinct per head and
+ * element (exact in f32 for markers and positions below 2^14, head_dim < 32);
+ * V holds it + 1/8, so K, V, heads and elements cannot stand in for each other. */
+static inline float marker_at(float marker, uint32_t p, int h, int e) {
+    return marker + (float)p + 0.25f * (float)h + (float)e / 256.0f;
 }
 
-/* True when positions [0, n) of the session hold marker + p (read through a txn that would add
+/* Writes marker + p (per head and element, marker_at) into positions [start, end) of t, every layer's K and V. */
+static inline void markers_fill(kv_txn *t, marker_shape sh, float marker) {
+    for (uint32_t p = kv_txn_start(t); p < kv_txn_end(t); p++)
+        for (int l = 0; l < sh.n_layers; l++)
+            for (int h = 0; h < sh.n_heads; h++) {
+                float *k = kv_txn_k(t, l, p, h), *v = kv_txn_v(t, l, p, h);
+                for (int e = 0; e < sh.head_dim; e++) {
+                    k[e] = marker_at(marker, p, h, e);
+                    v[e] = k[e] + 0.125f;
+                }
+            }
+}
+
+/* True when positions [0, n) of the session hold marker + p (marker_at) (read through a txn that would add
  * position n, then aborted; false when that txn cannot begin). */
 static inline bool markers_hold(kv_state *kv, marker_shape sh, kv_sid sid, uint64_t epoch, uint32_t n, float marker) {
     kv_txn *t = NULL;
@@ -41,10 +52,12 @@ static inline bool markers_hold(kv_state *kv, marker_shape sh, kv_sid sid, uint6
     if (kv_begin(kv, &sid, epoch, n, 1, NULL, &t, &r) != KVS_OK) return false;
     bool ok = true;
     for (uint32_t p = 0; p < n; p++)
-        for (int l = 0; l < sh.n_layers; l++) {
-            const float *k = kv_txn_k(t, l, p), *v = kv_txn_v(t, l, p);
-            for (int e = 0; e < sh.n_floats; e++) ok = ok && k[e] == marker + (float)p && v[e] == marker + (float)p;
-        }
+        for (int l = 0; l < sh.n_layers; l++)
+            for (int h = 0; h < sh.n_heads; h++) {
+                const float *k = kv_txn_k(t, l, p, h), *v = kv_txn_v(t, l, p, h);
+                for (int e = 0; e < sh.head_dim; e++)
+                    ok = ok && k[e] == marker_at(marker, p, h, e) && v[e] == marker_at(marker, p, h, e) + 0.125f;
+            }
     kv_abort(kv, t, false);
     return ok;
 }

@@ -38,7 +38,7 @@ static kv_state *make_kv(uint32_t blocks, fake_clock *clk, uint64_t ttl_ns) {
     return kv;
 }
 
-static const marker_shape SHAPE = {.n_layers = 2, .n_floats = 8};
+static const marker_shape SHAPE = {.n_layers = 2, .n_heads = 2, .head_dim = 4};
 
 static void fill(kv_txn *t, float marker) { markers_fill(t, SHAPE, marker); }
 

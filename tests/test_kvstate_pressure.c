@@ -42,7 +42,7 @@ static kv_state *make_pool(const kv_params *p) {
     return kv;
 }
 
-static const marker_shape SHAPE = {.n_layers = 1, .n_floats = 2};
+static const marker_shape SHAPE = {.n_layers = 1, .n_heads = 1, .head_dim = 2};
 
 static void fill(kv_txn *t, float marker) { markers_fill(t, SHAPE, marker); }
 

@@ -43,7 +43,7 @@ static int append(kv_state *kv, uint64_t tenant, kv_sid sid, uint32_t start, uin
     kv_txn *t = NULL;
     int err = kv_begin_tenant(kv, tenant, &sid, 1, start, n, NULL, &t, r);
     if (err) return err;
-    for (uint32_t p = start; p < start + n; p++) ((float *)kv_txn_k(t, 0, p))[0] = (float)p;
+    for (uint32_t p = start; p < start + n; p++) ((float *)kv_txn_k(t, 0, p, 0))[0] = (float)p;
     kv_commit(kv, t, r);
     return KVS_OK;
 }

@@ -19,10 +19,13 @@
 
 static void bench_usage(FILE *f) {
     fprintf(f, "usage: kvshard bench -m MODEL [-t THREADS] [-p PROMPT_TOKENS] [-n DECODE_TOKENS] [--sessions N]\n"
-               "                     [--layers FIRST:LAST] [--no-repack]\n"
+               "                     [--layers FIRST:LAST] [--no-repack] [--depth D]\n"
                "  --layers          bench one shard's range (hidden-state input/output where it lacks\n"
                "                    the embeddings/head); reports its resident memory (rss_bytes)\n"
                "  --no-repack       keep the weights in the file's row layout (no r8 repacking)\n"
+               "  --depth D         also decode a second session after a D-token prompt, alternating\n"
+               "                    with the first four steps at a time (both under the same machine\n"
+               "                    state): adds decode_depth_tok_s and depth_slowdown (one session)\n"
                "  prints one JSON object: prefill_tok_s, decode_tok_s, mem_bw_gbs, weight_bytes_per_token,\n"
                "  decode_roofline, model_sha256, threads, cpu, isa, kernels\n"
                "  (the kernel path per weight type), commit, ... (defaults -p 128 -n 32 --sessions 1)\n");
@@ -199,7 +202,7 @@ static void kernel_paths(const model *m, char *out, size_t cap) {
 
 int cmd_bench(int argc, char **argv) {
     const char *path = NULL, *layers = NULL;
-    long threads = 0, n_prompt = 128, n_decode = 32, n_sessions = 1;
+    long threads = 0, n_prompt = 128, n_decode = 32, n_sessions = 1, depth = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool ok = true;
@@ -210,11 +213,13 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "-n")) ok = args_int(argc, argv, &i, 1, 1 << 16, &n_decode);
         else if (!strcmp(a, "--sessions")) ok = args_int(argc, argv, &i, 1, 256, &n_sessions);
         else if (!strcmp(a, "--layers")) ok = args_str(argc, argv, &i, &layers);
+        else if (!strcmp(a, "--depth")) ok = args_int(argc, argv, &i, 1, 1 << 16, &depth);
         else if (!strcmp(a, "--no-repack")) quant_r8_set_enabled(false);
         else { fprintf(stderr, "kvshard bench: unknown option '%s'\n", a); bench_usage(stderr); return 2; }
         if (!ok) return 2;
     }
     if (!path) { fprintf(stderr, "kvshard bench: -m MODEL is required\n"); bench_usage(stderr); return 2; }
+    if (depth && n_sessions != 1) { fprintf(stderr, "kvshard bench: --depth measures one session (no --sessions)\n"); return 2; }
     unsigned first = 0, last = 0;
     if (layers && (sscanf(layers, "%u:%u", &first, &last) != 2 || last <= first)) {
         fprintf(stderr, "kvshard bench: --layers wants FIRST:LAST with FIRST < LAST, got '%s'\n", layers);
@@ -227,14 +232,15 @@ int cmd_bench(int argc, char **argv) {
     ep.first = first;
     ep.last = last;
     /* Every session's prompt + decode, plus a block of slack each. */
-    ep.kv_positions = (uint32_t)(n_prompt + n_decode);
-    ep.kv_sessions = (uint32_t)n_sessions;
+    const long n_toks = depth > n_prompt ? depth : n_prompt; /* prompt tokens made */
+    ep.kv_positions = (uint32_t)(n_toks + n_decode);
+    ep.kv_sessions = (uint32_t)(n_sessions + (depth ? 1 : 0));
     engine *e = NULL;
     int err;
     if ((err = engine_open(&ep, &e, msg, sizeof(msg)))) { fprintf(stderr, "kvshard bench: %s: %s\n", path, msg); return 1; }
     const model *m = e->m;
-    if (n_prompt + n_decode > (long)m->hp.n_ctx) {
-        fprintf(stderr, "kvshard bench: -p + -n exceed the context %u\n", m->hp.n_ctx);
+    if (n_toks + n_decode > (long)m->hp.n_ctx) {
+        fprintf(stderr, "kvshard bench: -p (or --depth) + -n exceed the context %u\n", m->hp.n_ctx);
         engine_close(e);
         return 2;
     }
@@ -245,9 +251,10 @@ int cmd_bench(int argc, char **argv) {
     /* Per session output: logits of the last row, or hidden states of every prompt row. */
     size_t out_per = m->has_head ? (size_t)nv : (size_t)n_prompt * d;
     fwd_out_mode out_mode = m->has_head ? FWD_OUT_LOGITS_LAST : FWD_OUT_HIDDEN;
-    int32_t *toks = malloc((size_t)n_prompt * sizeof(int32_t));
-    float *hidden = m->has_embd ? NULL : malloc((size_t)n_prompt * d * sizeof(float));
-    float *logits = malloc((size_t)n_sessions * out_per * sizeof(float));
+    int32_t *toks = malloc((size_t)n_toks * sizeof(int32_t));
+    float *hidden = m->has_embd ? NULL : malloc((size_t)n_toks * d * sizeof(float));
+    float *logits = malloc(((size_t)n_sessions * out_per + (depth ? (m->has_head ? (size_t)nv : (size_t)depth * d) : 0)) *
+                           sizeof(float));
     engine_req *reqs = calloc((size_t)n_sessions, sizeof(engine_req));
     int32_t *next = calloc((size_t)n_sessions, sizeof(int32_t));
     if (!toks || !logits || !reqs || !next || (!m->has_embd && !hidden)) {
@@ -255,12 +262,12 @@ int cmd_bench(int argc, char **argv) {
         return 1;
     }
     uint64_t rng = 0x9E3779B97F4A7C15ull;
-    for (long i = 0; i < n_prompt; i++) {
+    for (long i = 0; i < n_toks; i++) {
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
         toks[i] = (int32_t)((rng >> 33) % (uint64_t)nv);
     }
     /* A range without the embeddings gets hidden states of O(1) values. */
-    for (size_t i = 0; hidden && i < (size_t)n_prompt * d; i++) {
+    for (size_t i = 0; hidden && i < (size_t)n_toks * d; i++) {
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
         hidden[i] = (float)((double)(rng >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
     }
@@ -290,9 +297,32 @@ int cmd_bench(int argc, char **argv) {
         prefill_s += (double)(kvs_now_ns() - t0) / 1e9;
         if (r->status) { fprintf(stderr, "kvshard bench: prefill failed: %s\n", kvs_strerror(r->status)); return 1; }
     }
-    fprintf(stderr, "bench: decode %ld steps x %ld session(s)\n", n_decode, n_sessions);
-    uint64_t t0 = kvs_now_ns();
+    /* --depth: the deep session, prefilled here (not part of prefill_tok_s). */
+    engine_req deep = {.epoch = 1, .n = (uint32_t)depth, .tokens = toks, .hidden = hidden, .out_mode = out_mode,
+                       .out = logits + (size_t)n_sessions * out_per};
+    memcpy(deep.sid.bytes, "bench-depth-0000", 16);
+    if (depth) {
+        fprintf(stderr, "bench: prefill %ld tokens (the --depth session)\n", depth);
+        engine_step(e, &deep, 1);
+        if (deep.status) { fprintf(stderr, "kvshard bench: prefill failed: %s\n", kvs_strerror(deep.status)); return 1; }
+    }
+    fprintf(stderr, "bench: decode %ld steps x %ld session(s)%s\n", n_decode, n_sessions,
+            depth ? ", alternating with the --depth session" : "");
+    double decode_s = 0, depth_s = 0;
+    int32_t deep_next = 0;
     for (long step = 0; step < n_decode; step++) {
+        if (depth && step % 4 == 0) /* four steps of the deep session, then four of the others */
+            for (long k = step; k < step + 4 && k < n_decode; k++) {
+                deep.start_pos += deep.n;
+                deep.n = 1;
+                deep_next = (int32_t)((toks[k % n_toks] + k + 1) % nv);
+                deep.tokens = &deep_next;
+                deep.hidden = hidden ? hidden + (size_t)(k % n_toks) * d : NULL;
+                uint64_t t1 = kvs_now_ns();
+                engine_step(e, &deep, 1);
+                depth_s += (double)(kvs_now_ns() - t1) / 1e9;
+                if (deep.status) { fprintf(stderr, "kvshard bench: decode failed: %s\n", kvs_strerror(deep.status)); return 1; }
+            }
         for (long s = 0; s < n_sessions; s++) {
             engine_req *r = &reqs[s];
             r->start_pos += r->n;
@@ -301,11 +331,12 @@ int cmd_bench(int argc, char **argv) {
             r->tokens = &next[s];
             r->hidden = hidden ? hidden + (size_t)((step + s) % n_prompt) * d : NULL;
         }
+        uint64_t t0 = kvs_now_ns();
         engine_step(e, reqs, (int)n_sessions);
+        decode_s += (double)(kvs_now_ns() - t0) / 1e9;
         for (long s = 0; s < n_sessions; s++)
             if (reqs[s].status) { fprintf(stderr, "kvshard bench: decode failed: %s\n", kvs_strerror(reqs[s].status)); return 1; }
     }
-    double decode_s = (double)(kvs_now_ns() - t0) / 1e9;
     uint64_t rss = rss_bytes(); /* before the bandwidth probe allocates its buffer */
     fprintf(stderr, "bench: measuring memory bandwidth\n");
     double bw = measure_bw_gbs(e->pool);
@@ -326,8 +357,12 @@ int cmd_bench(int argc, char **argv) {
     /* DESIGN §2: block_bytes = block_tokens x n_local_layers x 2 x n_kv_heads x head_dim x sizeof(kv).
      * Held bytes over the exact need must stay under one block per session. */
     uint64_t positions = (uint64_t)(n_prompt + n_decode);
-    uint64_t kv_need = (uint64_t)n_sessions * positions * kv_tok;
+    uint64_t kv_need = ((uint64_t)n_sessions * positions + (depth ? (uint64_t)(depth + n_decode) : 0)) * kv_tok;
     uint64_t kv_waste = ks.bytes_used - kv_need;
+    char depth_json[160] = "";
+    if (depth)
+        snprintf(depth_json, sizeof(depth_json), ",\"depth\":%ld,\"decode_depth_tok_s\":%.2f,\"depth_slowdown\":%.3f", depth,
+                 (double)n_decode / depth_s, depth_s / decode_s);
     kv_op_costs ops = {0};
     measure_kv_ops(kv_get_params(e->kv), &ops);
     printf("{\"model\":\"%s\",\"model_sha256\":\"%s\",\"threads\":%d,\"cpu\":\"%s\",\"isa\":\"%s\",\"kernels\":%s,\"commit\":\"%s\","
@@ -337,14 +372,14 @@ int cmd_bench(int argc, char **argv) {
            "\"mem_bw_gbs\":%.2f,\"weight_bytes_per_token\":%llu,\"decode_floor_ms\":%.3f,\"decode_roofline\":%.3f,"
            "\"kv_bytes_per_token\":%llu,\"kv_block_bytes\":%llu,\"kv_bytes_used\":%llu,\"kv_bytes_needed\":%llu,"
            "\"kv_waste_bytes\":%llu,\"kv_waste_under_one_block_per_session\":%s,"
-           "\"kv_open_us\":%.3f,\"kv_release_us\":%.3f,\"kv_open_evict_us\":%.3f}\n",
+           "\"kv_open_us\":%.3f,\"kv_release_us\":%.3f,\"kv_open_evict_us\":%.3f%s}\n",
            path, sha, ops_pool_threads(e->pool), cpu, quant_isa_name(quant_isa_current()), kernels, KVS_COMMIT, m->first, m->last,
            (unsigned long long)m->weight_bytes, (unsigned long long)rss, n_prompt, n_decode,
            n_sessions, (double)(n_prompt * n_sessions) / prefill_s, decode_tok_s, step_s * 1e3, bw,
            (unsigned long long)wbytes, floor_s * 1e3, floor_s / step_s, (unsigned long long)kv_tok,
            (unsigned long long)ks.block_bytes, (unsigned long long)ks.bytes_used, (unsigned long long)kv_need,
-           (unsigned long long)kv_waste, kv_waste < (uint64_t)n_sessions * ks.block_bytes ? "true" : "false",
-           ops.open_us, ops.release_us, ops.open_evict_us);
+           (unsigned long long)kv_waste, kv_waste < (uint64_t)(n_sessions + (depth ? 1 : 0)) * ks.block_bytes ? "true" : "false",
+           ops.open_us, ops.release_us, ops.open_evict_us, depth_json);
     free(toks);
     free(hidden);
     free(logits);
