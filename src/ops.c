@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "quant.h"
+#include "vecops.h"
 #include "util.h"
 
 /* ------------------------------------------------------------------------ */
@@ -350,9 +351,4 @@ void ops_rope_neox(float *x, int n_heads, int head_dim, int n_rot, int32_t pos, 
     }
 }
 
-void ops_swiglu(float *gate, const float *up, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        float g = gate[i];
-        gate[i] = g / (1.0f + expf(-g)) * up[i];
-    }
-}
+void ops_swiglu(float *gate, const float *up, int64_t n) { vec_swiglu(gate, up, n); }

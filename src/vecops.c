@@ -71,6 +71,15 @@ static void softmax_ref(float *x, int n) {
     for (int i = 0; i < n; i++) x[i] *= inv;
 }
 
+/* silu(g) * u with e = exp(-|g|) in (0, 1] (no overflow for any g):
+ * sigmoid(g) = 1 / (1 + e) for g >= 0, e / (1 + e) below. */
+static void swiglu_ref(float *gate, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float g = gate[i], e = exp_ref(-fabsf(g)), r = 1.0f / (1.0f + e);
+        gate[i] = g * (g >= 0.0f ? r : e * r) * up[i];
+    }
+}
+
 /* Key element i as f32. */
 static inline float key_at(const void *k, int k_f16, int i) {
     return k_f16 ? quant_f16_to_f32(((const uint16_t *)k)[i]) : ((const float *)k)[i];
@@ -278,6 +287,19 @@ VEC_TARGET static void softmax_avx2(float *x, int n) {
     for (; i < n; i++) x[i] *= 1.0f / sum;
 }
 
+VEC_TARGET static void swiglu_avx2(float *gate, const float *up, int64_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + i);
+        const __m256 e = exp8(_mm256_or_ps(g, sign)); /* exp(-|g|) */
+        const __m256 r = _mm256_div_ps(one, _mm256_add_ps(one, e));
+        const __m256 s = _mm256_blendv_ps(r, _mm256_mul_ps(e, r), g); /* sign bit of g set: e / (1 + e) */
+        _mm256_storeu_ps(gate + i, _mm256_mul_ps(_mm256_mul_ps(g, s), _mm256_loadu_ps(up + i)));
+    }
+    if (i < n) swiglu_ref(gate + i, up + i, n - i);
+}
+
 /* ---- dispatch: follows quant's choice so a test that forces scalar gets scalar here too ---- */
 
 static inline int use_simd(void) { return quant_isa_current() != QUANT_ISA_SCALAR; }
@@ -310,4 +332,9 @@ void vec_wsum_group(const float *p, size_t p_stride, int group, int n, const voi
     else
         for (int h = 0; h < group; h++)
             wsum_ref(p + (size_t)h * p_stride, n, rows, v_f16, hd, out + (size_t)h * (size_t)hd);
+}
+
+void vec_swiglu(float *gate, const float *up, int64_t n) {
+    if (use_simd()) swiglu_avx2(gate, up, n);
+    else swiglu_ref(gate, up, n);
 }

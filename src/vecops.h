@@ -1,6 +1,7 @@
 /*
  * vecops — short float vector kernels for attention (dot of a query head with
- * a key row, accumulation of value rows), keys/values in f32 or f16. Chosen at
+ * a key row, accumulation of value rows), keys/values in f32 or f16, and the
+ * SwiGLU of the feed-forward. Chosen at
  * run time: AVX2+FMA+F16C when quant's dispatcher uses a SIMD ISA, else
  * scalar. Each result is reduced in one fixed order for a given ISA (per head
  * and position, whatever the group or batch), so attention stays batch invariant.
@@ -33,5 +34,9 @@ void vec_wsum_group(const float *p, size_t p_stride, int group, int n, const voi
  * range reduction (relative error ~2e-7, i.e. as good as expf for attention
  * weights), sums in a fixed order. */
 void vec_softmax(float *x, int n);
+
+/* gate[i] = silu(gate[i]) * up[i] = gate[i] * sigmoid(gate[i]) * up[i], with
+ * the softmax's exp of -|gate[i]| (never overflows; relative error ~3e-7). */
+void vec_swiglu(float *gate, const float *up, int64_t n);
 
 #endif /* KVS_VECOPS_H */

@@ -140,6 +140,24 @@ static void test_softmax(int n, float spread) {
     if (n > 3) CHECK(x[3] == 0.0f);
 }
 
+/* silu(g) * u against double precision, including tails where exp(-g)
+ * overflows float (g << 0) and vector tails (n not a multiple of 8). */
+static void test_swiglu(int n) {
+    static float g[1031], u[1031];
+    for (int i = 0; i < n; i++) {
+        g[i] = frand() * 12.0f;
+        u[i] = frand() * 3.0f;
+    }
+    static const float edge[] = {0.0f, -0.0f, 1e-8f, -1e-8f, 88.5f, -88.5f, 100.0f, -100.0f, -200.0f, 3e4f};
+    for (int i = 0; i < n && i < (int)(sizeof edge / sizeof edge[0]); i++) g[(i * 7) % n] = edge[i];
+    static float want[1031];
+    for (int i = 0; i < n; i++) want[i] = (float)((double)g[i] / (1.0 + exp(-(double)g[i])) * (double)u[i]);
+    vec_swiglu(g, u, n);
+    int bad = 0;
+    for (int i = 0; i < n; i++) bad += !(fabs((double)g[i] - want[i]) <= 1e-6 * fabs(want[i]) + 1e-30) || !isfinite(g[i]);
+    CHECK_EQ_INT(bad, 0);
+}
+
 int main(void) {
     enum quant_isa best = quant_isa_detect();
     int checked = 0;
@@ -162,6 +180,8 @@ int main(void) {
             test_softmax(sn[a], 1.0f);
             test_softmax(sn[a], 80.0f);
         }
+        static const int wn[] = {1, 7, 8, 13, 1031};
+        for (size_t a = 0; a < sizeof wn / sizeof wn[0]; a++) test_swiglu(wn[a]);
         printf("test_vecops: %s checked\n", quant_isa_name((enum quant_isa)isa));
         checked++;
     }
