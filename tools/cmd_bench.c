@@ -24,8 +24,8 @@ static void bench_usage(FILE *f) {
                "                    the embeddings/head); reports its resident memory (rss_bytes)\n"
                "  --no-repack       keep the weights in the file's row layout (no r8 repacking)\n"
                "  --depth D         also decode a second session after a D-token prompt, alternating\n"
-               "                    with the first four steps at a time (both under the same machine\n"
-               "                    state): adds decode_depth_tok_s and depth_slowdown (one session)\n"
+               "                    with the first step by step (both under the same machine state):\n"
+               "                    adds decode_depth_tok_s and depth_slowdown (one session)\n"
                "  prints one JSON object: prefill_tok_s, decode_tok_s, mem_bw_gbs, weight_bytes_per_token,\n"
                "  decode_roofline, model_sha256, threads, cpu, isa, kernels\n"
                "  (the kernel path per weight type), commit, ... (defaults -p 128 -n 32 --sessions 1)\n");
@@ -311,18 +311,17 @@ int cmd_bench(int argc, char **argv) {
     double decode_s = 0, depth_s = 0;
     int32_t deep_next = 0;
     for (long step = 0; step < n_decode; step++) {
-        if (depth && step % 4 == 0) /* four steps of the deep session, then four of the others */
-            for (long k = step; k < step + 4 && k < n_decode; k++) {
-                deep.start_pos += deep.n;
-                deep.n = 1;
-                deep_next = (int32_t)((toks[k % n_toks] + k + 1) % nv);
-                deep.tokens = &deep_next;
-                deep.hidden = hidden ? hidden + (size_t)(k % n_toks) * d : NULL;
-                uint64_t t1 = kvs_now_ns();
-                engine_step(e, &deep, 1);
-                depth_s += (double)(kvs_now_ns() - t1) / 1e9;
-                if (deep.status) { fprintf(stderr, "kvshard bench: decode failed: %s\n", kvs_strerror(deep.status)); return 1; }
-            }
+        if (depth) { /* a step of the deep session, then one of the others */
+            deep.start_pos += deep.n;
+            deep.n = 1;
+            deep_next = (int32_t)((toks[step % n_toks] + step + 1) % nv);
+            deep.tokens = &deep_next;
+            deep.hidden = hidden ? hidden + (size_t)(step % n_toks) * d : NULL;
+            uint64_t t1 = kvs_now_ns();
+            engine_step(e, &deep, 1);
+            depth_s += (double)(kvs_now_ns() - t1) / 1e9;
+            if (deep.status) { fprintf(stderr, "kvshard bench: decode failed: %s\n", kvs_strerror(deep.status)); return 1; }
+        }
         for (long s = 0; s < n_sessions; s++) {
             engine_req *r = &reqs[s];
             r->start_pos += r->n;
