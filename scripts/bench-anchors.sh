@@ -12,6 +12,9 @@
 #   KVSHARD=build/kvshard  SCRATCH=/tmp/kvshard-anchors (model files, logs; outside the repo)
 #   TYPES="q4_0 q8_0 q4_k q4_k_m"  ROUNDS=2  THREADS=2  PP=128  TG=32  SESSIONS="1 4 8" (empty: no batched part)
 #   IK_LLAMA_ARGS=""  (extra llama-bench arguments for ik_llama.cpp, e.g. "-rtr 1": its run-time repacking)
+#   DEPTH=2016 (empty: no depth part): decode after DEPTH positions against after PP, per type —
+#   kvshard bench --depth (both sessions in one process, alternating step by step) and, when
+#   LLAMA_BATCHED_BENCH is set, llama.cpp's S_TG at -npp PP and -npp DEPTH (-npl 1)
 #
 # Usage: bash scripts/bench-anchors.sh        (run from the repository root)
 set -euo pipefail
@@ -24,6 +27,7 @@ THREADS=${THREADS:-2}
 PP=${PP:-128}
 TG=${TG:-32}
 SESSIONS=${SESSIONS-1 4 8}
+DEPTH=${DEPTH-2016}
 LLAMA_BENCH=${LLAMA_BENCH:-}
 IK_LLAMA_BENCH=${IK_LLAMA_BENCH:-}
 LLAMA_BATCHED_BENCH=${LLAMA_BATCHED_BENCH:-}
@@ -138,6 +142,27 @@ for ((r = 1; r <= ROUNDS && ${#SESSIONS} > 0; r++)); do
     done
 done
 
+# Decode at DEPTH positions against PP: kvshard bench --depth, and llama-batched-bench's S_TG.
+for ((r = 1; r <= ROUNDS && ${#DEPTH} > 0; r++)); do
+    for t in $TYPES; do
+        f="$scratch/tinyllama-$t.gguf"
+        echo "bench-anchors: round $r depth $t" >&2
+        o="$log/kvshard-depth-$t-r$r.json"
+        "$KVSHARD" bench -m "$f" -t "$THREADS" -p "$PP" -n "$TG" --depth "$DEPTH" > "$o" 2> /dev/null || true
+        put kv "$t" "r$r.dtg0" "$(jnum decode_tok_s "$o")"
+        put kv "$t" "r$r.dtg" "$(jnum decode_depth_tok_s "$o")"
+        put kv "$t" "r$r.dslow" "$(jnum depth_slowdown "$o")"
+        if [ -n "$LLAMA_BATCHED_BENCH" ]; then
+            for np in "$PP" "$DEPTH"; do
+                o="$log/lc-depth-$t-$np-r$r.md"
+                "$LLAMA_BATCHED_BENCH" -m "$f" -t "$THREADS" -c $((DEPTH + TG + 256)) -b 2048 -ub 512 \
+                    -npp "$np" -ntg "$TG" -npl 1 > "$o" 2> /dev/null || true
+                put lc "$t" "r$r.d$np" "$(awk -F'|' 'NF > 9 && $4 + 0 == 1 && $2 ~ /[0-9]/ { gsub(/ /, "", $9); print $9; exit }' "$o")"
+            done
+        fi
+    done
+done
+
 # ---- the table ----
 echo
 echo "kvshard $(get kv "${TYPES%% *}" commit), $THREADS threads, pp$PP / tg$TG, $ROUNDS alternating round(s);" \
@@ -166,6 +191,21 @@ if [ ${#SESSIONS} -gt 0 ]; then
         for s in $SESSIONS; do
             a=$(or_dash "$(get kv batched "r$r.s$s")"); b=$(or_dash "$(get lc batched "r$r.s$s")")
             echo "| $r | $s | $a | $b | $(ratio "$a" "$b") |"
+        done
+    done
+fi
+if [ ${#DEPTH} -gt 0 ]; then
+    echo
+    echo "Decode after $DEPTH positions against after $PP, tok/s (kvshard bench --depth $DEPTH: one process, step by step;" \
+         "llama.cpp: llama-batched-bench -npl 1, S_TG):"
+    echo
+    echo "| type | round | kvshard at $PP / at $DEPTH | kvshard slowdown | llama.cpp at $PP / at $DEPTH | llama.cpp slowdown |"
+    echo "|---|---|---|---|---|---|"
+    for t in $TYPES; do
+        for ((r = 1; r <= ROUNDS; r++)); do
+            a=$(or_dash "$(get lc "$t" "r$r.d$PP")"); b=$(or_dash "$(get lc "$t" "r$r.d$DEPTH")")
+            echo "| $t | $r | $(or_dash "$(get kv "$t" "r$r.dtg0")") / $(or_dash "$(get kv "$t" "r$r.dtg")") |" \
+                 "$(or_dash "$(get kv "$t" "r$r.dslow")") | $a / $b | $(ratio "$a" "$b") |"
         done
     done
 fi
