@@ -95,34 +95,39 @@ R8_INLINE void r8_q4_0_group(int64_t nb, const block_q4_0x8 *g, const uint8_t *a
 }
 
 /* q8_0, per block: eight 32-byte chunks (four elements of every row each);
- * per token |w| of each pairs with sign(a, w) of one 4-byte broadcast, so
- * maddubs never sees a negative unsigned side: each i16 pair sum is
- * <= 2 x 128 x 127 (no saturation) and goes to i32 at once. Float steps of
- * quant_r8_ref.c: acc = fma(P da, dw, acc). */
+ * each chunk's |w| is taken once and meets every token's sign(a, w) of one
+ * 4-byte broadcast, so maddubs never sees a negative unsigned side: each i16
+ * pair sum is <= 2 x 128 x 127 (no saturation) and goes to i32 at once
+ * (s[t], exact, so the order of chunks and tokens does not matter). Float
+ * steps of quant_r8_ref.c: acc = fma(P da, dw, acc). */
 R8_INLINE void r8_q8_0_group(int64_t nb, const block_q8_0x8 *g, const uint8_t *act, size_t astride, const int T,
                              float *out, size_t ostride) {
     R8_GROUP_BEGIN(act_q8);
+#ifndef QUANT_R8_VNNI
+    const __m256i ones = _mm256_set1_epi16(1);
+#endif
     for (int64_t b = 0; b < nb; b++) {
         _mm_prefetch((const char *)&g[b] + R8_PREFETCH, _MM_HINT_T0);
         _mm_prefetch((const char *)&g[b] + R8_PREFETCH + 64, _MM_HINT_T0);
         _mm_prefetch((const char *)&g[b] + R8_PREFETCH + 128, _MM_HINT_T0);
         _mm_prefetch((const char *)&g[b] + R8_PREFETCH + 192, _MM_HINT_T0);
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d));
-        R8_UNROLL for (int t = 0; t < T; t++) {
-            const act_q8 *y = a[t] + b;
-            __m256i s = _mm256_setzero_si256();
-            R8_UNROLL for (int j = 0; j < 8; j++) {
-                /* |w| again per token rather than kept: eight more live registers
-                 * spill (measured ~8 % slower on the EPYC) */
-                const __m256i w = _mm256_loadu_si256((const __m256i *)(g[b].qs + 32 * j));
-                const __m256i u = _mm256_abs_epi8(w), v = _mm256_sign_epi8(bcast4(y->qs + 4 * j), w);
+        __m256i s[R8_TOKENS];
+        R8_UNROLL for (int t = 0; t < T; t++) s[t] = _mm256_setzero_si256();
+        R8_UNROLL for (int j = 0; j < 8; j++) {
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(g[b].qs + 32 * j));
+            const __m256i u = _mm256_abs_epi8(w);
+            R8_UNROLL for (int t = 0; t < T; t++) {
+                const __m256i v = _mm256_sign_epi8(bcast4(a[t][b].qs + 4 * j), w);
 #ifdef QUANT_R8_VNNI
-                s = _mm256_dpbusd_epi32(s, u, v);
+                s[t] = _mm256_dpbusd_epi32(s[t], u, v);
 #else
-                s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), _mm256_set1_epi16(1)));
+                s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), ones));
 #endif
             }
-            const __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(y->d));
+        }
+        R8_UNROLL for (int t = 0; t < T; t++) {
+            const __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(s[t]), _mm256_set1_ps(a[t][b].d));
             acc[t] = _mm256_fmadd_ps(p, dw, acc[t]);
         }
     }

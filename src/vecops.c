@@ -138,7 +138,7 @@ VEC_TARGET VEC_INLINE void scores_tile(const float *q, int hd, const void *const
                                        const int NK, float scale, float *scores, size_t stride) {
     __m256 acc[8];
     VEC_UNROLL for (int a = 0; a < 8; a++) acc[a] = _mm256_setzero_ps();
-    for (int c0 = 0; c0 < hd; c0 += 8) {
+    VEC_UNROLL for (int c0 = 0; c0 < hd; c0 += 8) {
         __m256 kr[8];
         VEC_UNROLL for (int kk = 0; kk < NK; kk++) kr[kk] = row8(keys[kk], F16, c0);
         VEC_UNROLL for (int h = 0; h < NH; h++) {
@@ -173,8 +173,8 @@ VEC_TARGET VEC_INLINE void scores_heads(const float *q, int hd, const void *cons
  * every tile of four heads passes over them, and the rows KV_AHEAD further on
  * are prefetched), four heads at a time within a block. */
 enum { KV_BLOCK = 16 };
-VEC_TARGET static void scores_avx2(const float *q, int group, int hd, const void *const *keys, int n_keys, int k_f16,
-                                   float scale, float *scores, size_t stride) {
+VEC_TARGET VEC_INLINE void scores_body(const float *q, int group, const int hd, const void *const *keys, int n_keys,
+                                       int k_f16, float scale, float *scores, size_t stride) {
     const size_t row_bytes = (size_t)hd * (k_f16 ? 2u : 4u);
     prefetch_rows(keys, 0, KV_AHEAD, n_keys, row_bytes);
     for (int j0 = 0; j0 < n_keys; j0 += KV_BLOCK) {
@@ -232,8 +232,8 @@ VEC_TARGET VEC_INLINE void wsum_heads(const float *p, size_t ps, int j0, int j1,
 /* Rows a block at a time (KV_BLOCK rows: their value slices and
  * probabilities stay in L1 while every tile of heads and slices passes over
  * them; the rows KV_AHEAD further on are prefetched), four heads at a time. */
-VEC_TARGET static void wsum_group_avx2(const float *p, size_t p_stride, int group, int n, const void *const *rows,
-                                       int v_f16, int hd, float *out) {
+VEC_TARGET VEC_INLINE void wsum_body(const float *p, size_t p_stride, int group, int n, const void *const *rows,
+                                     int v_f16, const int hd, float *out) {
     const size_t row_bytes = (size_t)hd * (v_f16 ? 2u : 4u);
     memset(out, 0, sizeof(float) * (size_t)group * (size_t)hd);
     prefetch_rows(rows, 0, KV_AHEAD, n, row_bytes);
@@ -247,6 +247,21 @@ VEC_TARGET static void wsum_group_avx2(const float *p, size_t p_stride, int grou
             if (v_f16) { WSUM_NH(1) } else { WSUM_NH(0) }
         }
     }
+}
+
+/* The common head sizes as constants, so every slice loop unrolls. */
+VEC_TARGET static void scores_avx2(const float *q, int group, int hd, const void *const *keys, int n_keys, int k_f16,
+                                   float scale, float *scores, size_t stride) {
+    if (hd == 64) scores_body(q, group, 64, keys, n_keys, k_f16, scale, scores, stride);
+    else if (hd == 128) scores_body(q, group, 128, keys, n_keys, k_f16, scale, scores, stride);
+    else scores_body(q, group, hd, keys, n_keys, k_f16, scale, scores, stride);
+}
+
+VEC_TARGET static void wsum_group_avx2(const float *p, size_t p_stride, int group, int n, const void *const *rows,
+                                       int v_f16, int hd, float *out) {
+    if (hd == 64) wsum_body(p, p_stride, group, n, rows, v_f16, 64, out);
+    else if (hd == 128) wsum_body(p, p_stride, group, n, rows, v_f16, 128, out);
+    else wsum_body(p, p_stride, group, n, rows, v_f16, hd, out);
 }
 
 VEC_TARGET VEC_INLINE __m256 exp8(__m256 x) {
