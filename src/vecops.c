@@ -169,24 +169,28 @@ VEC_TARGET VEC_INLINE void scores_heads(const float *q, int hd, const void *cons
     default: scores_heads(qg, hd, keys, j0, j1, F16, 4, scale, sg, stride); break;                   \
     }
 
-/* hd a multiple of 8: keys a block at a time (their rows stay in L1 while
- * every tile of four heads passes over them, and the rows KV_AHEAD further on
- * are prefetched), four heads at a time within a block. */
+/* The walk of scores and weighted sums: rows [j0, j1) a block of KV_BLOCK at
+ * a time (they stay in L1 while every tile of four heads passes over them),
+ * the rows KV_AHEAD further on prefetched, and within a block the heads
+ * [h0, h0 + nh) four at a time. */
 enum { KV_BLOCK = 16 };
+#define KV_WALK_BEGIN(rows, n, row_bytes)                                                     \
+    prefetch_rows(rows, 0, KV_AHEAD, n, row_bytes);                                           \
+    for (int j0 = 0; j0 < (n); j0 += KV_BLOCK) {                                              \
+        const int j1 = (n) - j0 < KV_BLOCK ? (n) : j0 + KV_BLOCK;                             \
+        prefetch_rows(rows, j0 + KV_AHEAD, KV_BLOCK, n, row_bytes);                           \
+        for (int h0 = 0; h0 < group; h0 += 4) {                                               \
+            const int nh = group - h0 < 4 ? group - h0 : 4;
+#define KV_WALK_END() }}
+
+/* hd a multiple of 8: keys a block at a time, four heads at a time within a block. */
 VEC_TARGET VEC_INLINE void scores_body(const float *q, int group, const int hd, const void *const *keys, int n_keys,
                                        int k_f16, float scale, float *scores, size_t stride) {
-    const size_t row_bytes = (size_t)hd * (k_f16 ? 2u : 4u);
-    prefetch_rows(keys, 0, KV_AHEAD, n_keys, row_bytes);
-    for (int j0 = 0; j0 < n_keys; j0 += KV_BLOCK) {
-        const int j1 = n_keys - j0 < KV_BLOCK ? n_keys : j0 + KV_BLOCK;
-        prefetch_rows(keys, j0 + KV_AHEAD, KV_BLOCK, n_keys, row_bytes);
-        for (int h0 = 0; h0 < group; h0 += 4) {
-            const int nh = group - h0 < 4 ? group - h0 : 4;
-            const float *qg = q + (size_t)h0 * (size_t)hd;
-            float *sg = scores + (size_t)h0 * stride;
-            if (k_f16) { SCORES_NH(1) } else { SCORES_NH(0) }
-        }
-    }
+    KV_WALK_BEGIN(keys, n_keys, (size_t)hd * (k_f16 ? 2u : 4u))
+        const float *qg = q + (size_t)h0 * (size_t)hd;
+        float *sg = scores + (size_t)h0 * stride;
+        if (k_f16) { SCORES_NH(1) } else { SCORES_NH(0) }
+    KV_WALK_END()
 }
 
 /* NC slices of eight output elements from c0, for NH heads (NH * NC <= 8), over
@@ -229,24 +233,16 @@ VEC_TARGET VEC_INLINE void wsum_heads(const float *p, size_t ps, int j0, int j1,
     default: wsum_heads(pg, p_stride, j0, j1, rows, F16, 4, hd, og); break;                           \
     }
 
-/* Rows a block at a time (KV_BLOCK rows: their value slices and
- * probabilities stay in L1 while every tile of heads and slices passes over
- * them; the rows KV_AHEAD further on are prefetched), four heads at a time. */
+/* Rows a block at a time (their value slices and probabilities stay in L1),
+ * four heads at a time. */
 VEC_TARGET VEC_INLINE void wsum_body(const float *p, size_t p_stride, int group, int n, const void *const *rows,
                                      int v_f16, const int hd, float *out) {
-    const size_t row_bytes = (size_t)hd * (v_f16 ? 2u : 4u);
     memset(out, 0, sizeof(float) * (size_t)group * (size_t)hd);
-    prefetch_rows(rows, 0, KV_AHEAD, n, row_bytes);
-    for (int j0 = 0; j0 < n; j0 += KV_BLOCK) {
-        const int j1 = n - j0 < KV_BLOCK ? n : j0 + KV_BLOCK;
-        prefetch_rows(rows, j0 + KV_AHEAD, KV_BLOCK, n, row_bytes);
-        for (int h0 = 0; h0 < group; h0 += 4) {
-            const int nh = group - h0 < 4 ? group - h0 : 4;
-            const float *pg = p + (size_t)h0 * p_stride;
-            float *og = out + (size_t)h0 * (size_t)hd;
-            if (v_f16) { WSUM_NH(1) } else { WSUM_NH(0) }
-        }
-    }
+    KV_WALK_BEGIN(rows, n, (size_t)hd * (v_f16 ? 2u : 4u))
+        const float *pg = p + (size_t)h0 * p_stride;
+        float *og = out + (size_t)h0 * (size_t)hd;
+        if (v_f16) { WSUM_NH(1) } else { WSUM_NH(0) }
+    KV_WALK_END()
 }
 
 /* The common head sizes as constants, so every slice loop unrolls. */
