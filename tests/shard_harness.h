@@ -12,6 +12,7 @@
 #include <semaphore.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <time.h>
 
 #include "netio.h"
 #include "server.h"
@@ -23,14 +24,27 @@ typedef struct {
     pthread_t th;      /* runs srv_run */
     sem_t gate;        /* the before_batch hook waits here while gated */
     atomic_bool gated; /* true: every step waits for one sem_post of gate */
+    atomic_int held;   /* steps that have reached the closed gate (their requests picked) */
 } test_shard;
 
 static inline void test_shard_hook(void *ctx, int n) {
     (void)n;
     test_shard *sh = ctx;
-    if (atomic_load(&sh->gated))
+    if (atomic_load(&sh->gated)) {
+        atomic_fetch_add(&sh->held, 1);
         while (sem_wait(&sh->gate) != 0 && errno == EINTR) {
         }
+    }
+}
+
+/* Waits (bounded: 60 s) until n steps in all have reached the closed gate; false on timeout.
+ * A step reaches the hook after its requests are picked, so at that point they are in it. */
+static inline bool test_shard_wait_held(test_shard *sh, int n) {
+    for (int i = 0; i < 60000 && atomic_load(&sh->held) < n; i++) {
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return atomic_load(&sh->held) >= n;
 }
 
 static inline void *test_shard_main(void *p) {
@@ -49,6 +63,7 @@ static inline void test_quiet_log(void *ctx, const char *line) {
 static inline int test_shard_start(test_shard *sh, srv_params p) {
     sem_init(&sh->gate, 0, 0);
     atomic_init(&sh->gated, false);
+    atomic_init(&sh->held, 0);
     p.before_batch = test_shard_hook;
     p.hook_ctx = sh;
     char msg[KVS_MSG_MAX] = "";

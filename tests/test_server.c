@@ -330,9 +330,14 @@ static void test_cancel(test_shard *sc) {
     send_forward(fd, 1, sid, 1, 0, 10, toks, WIRE_OUT_LOGITS_LAST);
     CHECK_EQ_INT(recv_forward(fd, &b, &r, NULL), KVS_OK);
     CHECK_EQ_INT(r.st.status, KVS_OK);
+    const int held0 = atomic_load(&sc->held);
     atomic_store(&sc->gated, true);
     send_forward(fd, 2, sid, 1, 10, 90, toks + 10, WIRE_OUT_LOGITS_LAST);
-    sem_post(&sc->gate); /* let one chunk through */
+    CHECK(test_shard_wait_held(sc, held0 + 1)); /* the first chunk's step holds it */
+    sem_post(&sc->gate);                        /* let that chunk through */
+    /* Cancel only once the next chunk's step holds the request: a CANCEL that arrived between
+     * two steps would find it queued and answer its FORWARD first. */
+    CHECK(test_shard_wait_held(sc, held0 + 2));
     struct wire_cancel c = {.target_request_id = 2};
     uint8_t cb[16];
     size_t cl;
