@@ -18,16 +18,16 @@ void vec_axpy_f16(float a, const uint16_t *x, float *y, int n);
 
 /* Attention over a group of query heads sharing one key/value head (GQA).
  * scores[h * stride + j] = scale * dot(q + h * hd, keys[j], hd) for h < group,
- * j < n_keys, keys f32 or f16 per k_f16, each key converted once for every
- * head; a score's bits depend only on its query head and key (not on group,
- * n_keys or j). The rows n_keys ahead are prefetched as the walk goes. */
+ * j < n_keys, keys f32 or f16 per k_f16, each key converted once per tile of
+ * up to four heads; a score's bits depend only on its query head and key (not
+ * on group, n_keys or j). Rows are prefetched 32 ahead of the walk. */
 void vec_scores(const float *q, int group, int hd, const void *const *keys, int n_keys, int k_f16, float scale,
                 float *scores, size_t stride);
 /* The value rows (f32 or f16) weighted by each head's probabilities, for every
  * head of a GQA group at once: out[h * hd + i] = sum over j in order of
  * p[h * p_stride + j] * rows[j][i], h < group, i < hd — each row converted once
- * for all heads; per head bit-identical to n vec_axpy calls on a zeroed out,
- * whatever the group size. */
+ * per tile of up to four heads, prefetched 32 rows ahead; per head
+ * bit-identical to n vec_axpy calls on a zeroed out, whatever the group size. */
 void vec_wsum_group(const float *p, size_t p_stride, int group, int n, const void *const *rows, int v_f16, int hd,
                     float *out);
 /* x = softmax(x) over n elements, in place: exp by a degree-6 polynomial after
