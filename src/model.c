@@ -247,20 +247,30 @@ static void repack_weight(model *m, ops_weight *w, size_t *at) {
     m->n_repacked++;
 }
 
-/* Repacks every matrix of ws[0..n) the loader repacks into one arena (one
+/* Matrix i of those the loader may repack: the owned layers' (i < layers x
+ * MODEL_LAYER_MATRICES), then the output when it is not tied; NULL past them. */
+static ops_weight *repack_candidate(model *m, bool tied, int i) {
+    const int n_layer = (int)(m->last - m->first) * MODEL_LAYER_MATRICES;
+    if (i < n_layer) /* model_layer_matrix reads; m is the loader's own */
+        return (ops_weight *)model_layer_matrix(&m->layers[i / MODEL_LAYER_MATRICES], i % MODEL_LAYER_MATRICES);
+    return i == n_layer && m->has_head && !tied ? &m->output : NULL;
+}
+
+/* Repacks every candidate matrix the loader repacks into one arena (one
  * mapping, in 2 MiB pages where the kernel gives them: a decode step walks all
  * of it, and 4 KiB pages would cost a TLB miss every 4 KiB). KVS_OK or
  * KVS_ERR_NOMEM (nothing repacked). */
-static int repack_weights(model *m, ops_weight *const *ws, int n, char *msg, size_t cap) {
+static int repack_weights(model *m, bool tied, char *msg, size_t cap) {
     size_t total = 0;
-    for (int i = 0; i < n; i++)
-        if (repacks(ws[i])) total += ((size_t)ws[i]->n_out * ws[i]->row_bytes + 63) / 64 * 64;
+    ops_weight *w;
+    for (int i = 0; (w = repack_candidate(m, tied, i)); i++)
+        if (repacks(w)) total += ((size_t)w->n_out * w->row_bytes + 63) / 64 * 64;
     if (total == 0) return KVS_OK;
     if (!(m->repacked = kvs_map_big(total, false, &m->repacked_mapped)))
         return kvs_fail(msg, cap, KVS_ERR_NOMEM, "out of memory repacking %zu bytes of weights", total);
     size_t at = 0;
-    for (int i = 0; i < n; i++)
-        if (repacks(ws[i])) repack_weight(m, ws[i], &at);
+    for (int i = 0; (w = repack_candidate(m, tied, i)); i++)
+        if (repacks(w)) repack_weight(m, w, &at);
     return KVS_OK;
 }
 
@@ -394,33 +404,13 @@ int model_load(const char *path, uint32_t first, uint32_t last, model **out, cha
             goto fail;
         }
     }
-    {
-        const int per_layer = 7;
-        ops_weight **ws = malloc(((size_t)(last - first) * per_layer + 1) * sizeof(*ws));
-        if (!ws) {
-            err = kvs_fail(msg, cap, KVS_ERR_NOMEM, "out of memory");
-            goto fail;
-        }
-        int n = 0;
-        for (uint32_t l = 0; l < last - first; l++) {
-            model_layer *L = &m->layers[l];
-            ops_weight *lw[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-            for (int k = 0; k < per_layer; k++) ws[n++] = lw[k];
-        }
-        if (m->has_head && !tied) ws[n++] = &m->output;
-        err = repack_weights(m, ws, n, msg, cap);
-        free(ws);
-        if (err) goto fail;
-    }
+    if ((err = repack_weights(m, tied, msg, cap))) goto fail;
     /* Derived once here rather than on every forward call. */
-    for (uint32_t l = 0; l < last - first; l++) {
-        const model_layer *L = &m->layers[l];
-        const ops_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t k = 0; k < sizeof(ws) / sizeof(ws[0]); k++) {
-            size_t b = ops_matmul_scratch_bytes(ws[k], 1);
+    for (uint32_t l = 0; l < last - first; l++)
+        for (int k = 0; k < MODEL_LAYER_MATRICES; k++) {
+            size_t b = ops_matmul_scratch_bytes(model_layer_matrix(&m->layers[l], k), 1);
             if (b > m->act_row_bytes) m->act_row_bytes = b;
         }
-    }
     if (m->has_head && ops_matmul_scratch_bytes(&m->output, 1) > m->act_row_bytes)
         m->act_row_bytes = ops_matmul_scratch_bytes(&m->output, 1);
     const float *factors = NULL;

@@ -56,6 +56,13 @@ typedef struct {
     const float *bo;        /* [n_embd] attention output bias, or NULL */
 } model_layer;
 
+/* The matrices of a layer, k < MODEL_LAYER_MATRICES: wq, wk, wv, wo, w_gate, w_up, w_down. */
+enum { MODEL_LAYER_MATRICES = 7 };
+static inline const ops_weight *model_layer_matrix(const model_layer *L, int k) {
+    const ops_weight *ws[MODEL_LAYER_MATRICES] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+    return ws[k];
+}
+
 typedef struct model model;
 
 struct model {

@@ -184,11 +184,8 @@ static void mark_used(const ops_weight *w, bool *used, bool *r8) {
  * matmuls use, in type-id order; "+r8" when some of its matrices are repacked. */
 static void kernel_paths(const model *m, char *out, size_t cap) {
     bool used[QUANT_TYPE_LIMIT] = {false}, r8[QUANT_TYPE_LIMIT] = {false};
-    for (uint32_t l = 0; l < m->last - m->first; l++) {
-        const model_layer *L = &m->layers[l];
-        const ops_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) mark_used(ws[i], used, r8);
-    }
+    for (uint32_t l = 0; l < m->last - m->first; l++)
+        for (int k = 0; k < MODEL_LAYER_MATRICES; k++) mark_used(model_layer_matrix(&m->layers[l], k), used, r8);
     if (m->has_head) mark_used(&m->output, used, r8);
     size_t len = (size_t)snprintf(out, cap, "{");
     for (int t = 0; t < QUANT_TYPE_LIMIT && len < cap; t++) {
@@ -198,6 +195,16 @@ static void kernel_paths(const model *m, char *out, size_t cap) {
                                     quant_get_traits((uint32_t)t)->name, path, r8[t] ? "+r8" : "");
     }
     if (len < cap) snprintf(out + len, cap - len, "}");
+}
+
+/* Turns r into the next one-token decode step of its session: token tok (kept
+ * in *slot) or, for a range without the embeddings, the hidden row hidden_row. */
+static void decode_next(engine_req *r, int32_t *slot, int32_t tok, const float *hidden_row) {
+    r->start_pos += r->n;
+    r->n = 1;
+    *slot = tok;
+    r->tokens = slot;
+    r->hidden = hidden_row;
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -312,23 +319,16 @@ int cmd_bench(int argc, char **argv) {
     int32_t deep_next = 0;
     for (long step = 0; step < n_decode; step++) {
         if (depth) { /* a step of the deep session, then one of the others */
-            deep.start_pos += deep.n;
-            deep.n = 1;
-            deep_next = (int32_t)((toks[step % n_toks] + step + 1) % nv);
-            deep.tokens = &deep_next;
-            deep.hidden = hidden ? hidden + (size_t)(step % n_toks) * d : NULL;
+            decode_next(&deep, &deep_next, (int32_t)((toks[step % n_toks] + step + 1) % nv),
+                        hidden ? hidden + (size_t)(step % n_toks) * d : NULL);
             uint64_t t1 = kvs_now_ns();
             engine_step(e, &deep, 1);
             depth_s += (double)(kvs_now_ns() - t1) / 1e9;
             if (deep.status) { fprintf(stderr, "kvshard bench: decode failed: %s\n", kvs_strerror(deep.status)); return 1; }
         }
         for (long s = 0; s < n_sessions; s++) {
-            engine_req *r = &reqs[s];
-            r->start_pos += r->n;
-            r->n = 1;
-            next[s] = (int32_t)((toks[(step + s) % n_prompt] + step) % nv);
-            r->tokens = &next[s];
-            r->hidden = hidden ? hidden + (size_t)((step + s) % n_prompt) * d : NULL;
+            decode_next(&reqs[s], &next[s], (int32_t)((toks[(step + s) % n_prompt] + step) % nv),
+                        hidden ? hidden + (size_t)((step + s) % n_prompt) * d : NULL);
         }
         uint64_t t0 = kvs_now_ns();
         engine_step(e, reqs, (int)n_sessions);
