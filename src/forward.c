@@ -69,7 +69,7 @@ static void swiglu_task(void *p, int64_t t0, int64_t t1, int slot) {
     (void)slot;
     fwd_run_ctx *c = p;
     int64_t f = c->m->hp.n_ff;
-    for (int64_t t = t0; t < t1; t++) ops_swiglu(c->gate + (size_t)t * f, c->up + (size_t)t * f, f);
+    for (int64_t t = t0; t < t1; t++) vec_swiglu(c->gate + (size_t)t * f, c->up + (size_t)t * f, f);
 }
 
 static void add_bias(float *x, const float *b, int n) {

@@ -7,7 +7,6 @@
 #include <stdlib.h>
 
 #include "quant.h"
-#include "vecops.h"
 #include "util.h"
 
 /* ------------------------------------------------------------------------ */
@@ -350,5 +349,3 @@ void ops_rope_neox(float *x, int n_heads, int head_dim, int n_rot, int32_t pos, 
         }
     }
 }
-
-void ops_swiglu(float *gate, const float *up, int64_t n) { vec_swiglu(gate, up, n); }

@@ -70,7 +70,5 @@ void ops_rope_neox(float *x, int n_heads, int head_dim, int n_rot, int32_t pos, 
  * double before the one rounding to float. freq_scale: linear rope scaling (1:
  * none); factors: rope_freqs.weight divisors (Llama 3.1+), or NULL for none. */
 void ops_rope_freqs(float *inv_freq, int n_rot, float base, float freq_scale, const float *factors);
-/* gate[i] = silu(gate[i]) * up[i]. */
-void ops_swiglu(float *gate, const float *up, int64_t n);
 
 #endif /* KVS_OPS_H */
