@@ -118,8 +118,8 @@ VEC_TARGET static inline __attribute__((always_inline)) __m256 hsum8x8(const __m
 #define VEC_UNROLL _Pragma("GCC unroll 8")
 
 /* Software prefetch of rows [j, j + n) of a row list, row_bytes each, when
- * they exist: a head's KV rows are a strided walk through blocks of interleaved
- * heads scattered over the arena, which the hardware prefetchers follow poorly. */
+ * they exist: a head's KV rows are short contiguous runs (one per KV block)
+ * scattered over the arena, which the hardware prefetchers follow poorly. */
 enum { KV_AHEAD = 32 };
 VEC_INLINE void prefetch_rows(const void *const *rows, int j, int n, int n_rows, size_t row_bytes) {
     const int j1 = j + n < n_rows ? j + n : n_rows;
@@ -152,10 +152,13 @@ VEC_TARGET VEC_INLINE void scores_tile(const float *q, int hd, const void *const
         VEC_UNROLL for (int kk = 0; kk < NK; kk++) scores[(size_t)h * stride + (size_t)kk] = out[h * NK + kk];
 }
 
-/* Keys [j0, j1) against NH (1..4) heads: 8 / NH keys at a time, then one by one. */
+/* The other side of a tile of NH (1..4) heads with 8 accumulators: 8, 4, 2, 2. */
+VEC_INLINE int tile_width(const int NH) { return NH == 1 ? 8 : NH == 2 ? 4 : 2; }
+
+/* Keys [j0, j1) against NH (1..4) heads: tile_width(NH) keys at a time, then one by one. */
 VEC_TARGET VEC_INLINE void scores_heads(const float *q, int hd, const void *const *keys, int j0, int j1, const int F16,
                                         const int NH, float scale, float *scores, size_t stride) {
-    const int NK = NH == 1 ? 8 : NH == 2 ? 4 : 2;
+    const int NK = tile_width(NH);
     int j = j0;
     for (; j + NK <= j1; j += NK) scores_tile(q, hd, keys + j, F16, NH, NK, scale, scores + j, stride);
     for (; j < j1; j++) scores_tile(q, hd, keys + j, F16, NH, 1, scale, scores + j, stride);
@@ -216,10 +219,10 @@ VEC_TARGET VEC_INLINE void wsum_tile(const float *p, size_t ps, int j0, int j1, 
             _mm256_storeu_ps(out + (size_t)h * (size_t)hd + (size_t)(c0 + 8 * c), acc[h * NC + c]);
 }
 
-/* NH (1..4) heads over rows [j0, j1): 8 / NH slices at a time while they fit, then one. */
+/* NH (1..4) heads over rows [j0, j1): tile_width(NH) slices at a time while they fit, then one. */
 VEC_TARGET VEC_INLINE void wsum_heads(const float *p, size_t ps, int j0, int j1, const void *const *rows, const int F16,
                                       const int NH, int hd, float *out) {
-    const int NC = NH == 1 ? 8 : NH == 2 ? 4 : 2;
+    const int NC = tile_width(NH);
     int c0 = 0;
     for (; c0 + 8 * NC <= hd; c0 += 8 * NC) wsum_tile(p, ps, j0, j1, rows, F16, c0, NH, NC, hd, out);
     for (; c0 < hd; c0 += 8) wsum_tile(p, ps, j0, j1, rows, F16, c0, NH, 1, hd, out);
