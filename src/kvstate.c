@@ -4,9 +4,10 @@
  * NOTES ON THE DESIGN
  *
  * Storage. One arena of blocks_total blocks, reserved at creation (pages are
- * touched on first use; 2 MiB pages where the kernel gives them, kvs_map_big). A block holds block_tokens positions of every local
- * layer: layout [layer][K|V][kv head][slot][head_dim], so one head's rows of a
- * layer are contiguous within a block (attention walks a head at a time).
+ * touched on first use; 2 MiB pages where the kernel gives them, kvs_map_big).
+ * A block holds block_tokens positions of every local layer: layout
+ * [layer][K|V][kv head][slot][head_dim], so one head's rows of a layer are
+ * contiguous within a block (attention walks a head at a time).
  * Free blocks sit on a stack of ids. A session's block table maps position p
  * to block table[p / block_tokens], slot p % block_tokens.
  *
@@ -755,21 +756,19 @@ void kv_abort(kv_state *kv, kv_txn *txn, bool cancelled) {
 uint32_t kv_txn_start(const kv_txn *txn) { return txn->start; }
 uint32_t kv_txn_end(const kv_txn *txn) { return txn->end; }
 
-void *kv_txn_k(const kv_txn *txn, int layer, uint32_t pos, int head) {
+/* The row of (layer, K or V, head) at pos in txn's table. */
+static void *txn_row(const kv_txn *txn, int layer, int kind, uint32_t pos, int head) {
     uint32_t bt = (uint32_t)txn->kv->p.block_tokens;
-    return block_slot(txn->kv, txn->table[pos / bt], layer, 0, head, pos % bt);
+    return block_slot(txn->kv, txn->table[pos / bt], layer, kind, head, pos % bt);
 }
 
-void *kv_txn_v(const kv_txn *txn, int layer, uint32_t pos, int head) {
-    uint32_t bt = (uint32_t)txn->kv->p.block_tokens;
-    return block_slot(txn->kv, txn->table[pos / bt], layer, 1, head, pos % bt);
-}
+void *kv_txn_k(const kv_txn *txn, int layer, uint32_t pos, int head) { return txn_row(txn, layer, 0, pos, head); }
+void *kv_txn_v(const kv_txn *txn, int layer, uint32_t pos, int head) { return txn_row(txn, layer, 1, pos, head); }
 
 void *kv_txn_run(const kv_txn *txn, int layer, bool v, uint32_t pos, int head, uint32_t *n_run, size_t *stride) {
-    uint32_t bt = (uint32_t)txn->kv->p.block_tokens;
-    *n_run = bt - pos % bt;
+    *n_run = (uint32_t)txn->kv->p.block_tokens - pos % (uint32_t)txn->kv->p.block_tokens;
     *stride = txn->kv->head_bytes;
-    return block_slot(txn->kv, txn->table[pos / bt], layer, v ? 1 : 0, head, pos % bt);
+    return txn_row(txn, layer, v ? 1 : 0, pos, head);
 }
 
 bool kv_txn_cancelled(const kv_txn *txn) { return atomic_load_explicit(&txn->cancel, memory_order_relaxed); }
