@@ -94,6 +94,20 @@ R8_INLINE void r8_q4_0_group(int64_t nb, const block_q4_0x8 *g, const uint8_t *a
     R8_GROUP_END();
 }
 
+/* Chunk j of block b: |w| once, then every token's products into s[t]. */
+#ifdef QUANT_R8_VNNI
+#define R8_Q8_0_DOT(s, u, v) _mm256_dpbusd_epi32(s, u, v)
+#else
+#define R8_Q8_0_DOT(s, u, v) _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), ones))
+#endif
+#define R8_Q8_0_CHUNK(j)                                                                       \
+    do {                                                                                       \
+        const __m256i w = _mm256_loadu_si256((const __m256i *)(g[b].qs + 32 * (j)));           \
+        const __m256i u = _mm256_abs_epi8(w);                                                  \
+        R8_UNROLL for (int t = 0; t < T; t++)                                                  \
+            s[t] = R8_Q8_0_DOT(s[t], u, _mm256_sign_epi8(bcast4(a[t][b].qs + 4 * (j)), w));    \
+    } while (0)
+
 /* q8_0, per block: eight 32-byte chunks (four elements of every row each);
  * each chunk's |w| is taken once and meets every token's sign(a, w) of one
  * 4-byte broadcast, so maddubs never sees a negative unsigned side: each i16
@@ -114,17 +128,13 @@ R8_INLINE void r8_q8_0_group(int64_t nb, const block_q8_0x8 *g, const uint8_t *a
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d));
         __m256i s[R8_TOKENS];
         R8_UNROLL for (int t = 0; t < T; t++) s[t] = _mm256_setzero_si256();
-        R8_UNROLL for (int j = 0; j < 8; j++) {
-            const __m256i w = _mm256_loadu_si256((const __m256i *)(g[b].qs + 32 * j));
-            const __m256i u = _mm256_abs_epi8(w);
-            R8_UNROLL for (int t = 0; t < T; t++) {
-                const __m256i v = _mm256_sign_epi8(bcast4(a[t][b].qs + 4 * j), w);
-#ifdef QUANT_R8_VNNI
-                s[t] = _mm256_dpbusd_epi32(s[t], u, v);
-#else
-                s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), ones));
-#endif
-            }
+        /* With four tokens a fully unrolled chunk loop spills (gcc keeps every
+         * chunk's products live); rolled, the pass runs ~4 % faster on one core.
+         * One token keeps the unrolled form, which is faster there. */
+        if (T >= R8_TOKENS) {
+            _Pragma("GCC unroll 1") for (int j = 0; j < 8; j++) R8_Q8_0_CHUNK(j);
+        } else {
+            R8_UNROLL for (int j = 0; j < 8; j++) R8_Q8_0_CHUNK(j);
         }
         R8_UNROLL for (int t = 0; t < T; t++) {
             const __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(s[t]), _mm256_set1_ps(a[t][b].d));
