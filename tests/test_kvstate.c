@@ -369,6 +369,57 @@ static void test_threads(void) {
     kv_free(kv);
 }
 
+/* A pool of several arena chunks (kvstate.c: one head's rows of a layer run on over
+ * KV_RUN_BYTES = 32 KiB; rows of 16 f32 x 128 positions per block make 8 KiB, so 4 block ids
+ * per chunk, and 10 blocks make 3 chunks, the last one short). Sessions whose blocks cross
+ * chunk boundaries hold their own markers in every head, element, layer and K/V; released
+ * blocks come back in their order; a rewind copies a partial block of chunk 0 into chunk 1. */
+static bool ids_are(kv_state *kv, kv_sid sid, const uint32_t *want, uint32_t n) {
+    uint32_t ids[16];
+    if (kv_debug_blocks(kv, &sid, ids, 16) != n) return false;
+    for (uint32_t i = 0; i < n; i++)
+        if (ids[i] != want[i]) return false;
+    return true;
+}
+
+static void test_chunks(void) {
+    kv_params p = kv_default_params();
+    p.n_layers = 2;
+    p.n_kv_heads = 2;
+    p.head_dim = 16;
+    p.block_tokens = 128;
+    p.kv_type = QUANT_F32;
+    const uint64_t bb = 128ull * 2 * 2 * 2 * 16 * 4; /* 64 KiB */
+    p.budget_bytes = 10 * bb;
+    kv_state *kv = NULL;
+    char msg[KVS_MSG_MAX];
+    CHECK_EQ_INT(kv_create(&p, &kv, msg, sizeof(msg)), KVS_OK);
+    CHECK_EQ_INT(kv_block_bytes(kv), bb);
+    const marker_shape sh = {.n_layers = 2, .n_heads = 2, .head_dim = 16};
+    kv_sid a = sid_of(40), b = sid_of(41), c = sid_of(42);
+    kv_reply r;
+    CHECK_EQ_INT(markers_append(kv, sh, a, 1, 0, 300, NULL, 1000, &r), KVS_OK);
+    CHECK_EQ_INT(markers_append(kv, sh, b, 1, 0, 500, NULL, 3000, &r), KVS_OK);
+    CHECK_EQ_INT(markers_append(kv, sh, a, 1, 300, 400, NULL, 1000, &r), KVS_OK); /* the pool is full */
+    CHECK(ids_are(kv, a, (const uint32_t[]){0, 1, 2, 7, 8, 9}, 6));
+    CHECK(ids_are(kv, b, (const uint32_t[]){3, 4, 5, 6}, 4));
+    CHECK(markers_hold(kv, sh, b, 1, 500, 3000));
+    CHECK_EQ_INT(kv_release(kv, &b, 1, &r), KVS_OK);
+    CHECK_EQ_INT(markers_append(kv, sh, c, 1, 0, 200, NULL, 5000, &r), KVS_OK);
+    CHECK(ids_are(kv, c, (const uint32_t[]){3, 4}, 2)); /* b's first two, in their order */
+    CHECK(markers_hold(kv, sh, a, 1, 700, 1000));
+    /* a back to 200 positions, then 100 more: block 1 (chunk 0) still holds live rows past 200,
+     * so its first 72 rows go to a fresh block, 5 (chunk 1). */
+    CHECK_EQ_INT(markers_append(kv, sh, a, 1, 200, 100, NULL, 1000, &r), KVS_OK);
+    CHECK(ids_are(kv, a, (const uint32_t[]){0, 5, 6}, 3));
+    CHECK(markers_hold(kv, sh, a, 1, 300, 1000));
+    CHECK(markers_hold(kv, sh, c, 1, 200, 5000));
+    kv_stats st;
+    kv_get_stats(kv, &st);
+    CHECK_EQ_INT(st.blocks_free, 5);
+    kv_free(kv);
+}
+
 int main(void) {
     test_append_rules();
     test_truncate_release();
@@ -378,5 +429,6 @@ int main(void) {
     test_ttl();
     test_alloc_failure();
     test_threads();
+    test_chunks();
     return test_finish("test_kvstate", 1, 0);
 }
