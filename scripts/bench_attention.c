@@ -2,21 +2,28 @@
  * bench_attention — time the attention kernels of one decode step on one
  * core: for every kv head of a layer, vec_scores (a GQA group of query heads
  * against n keys), vec_softmax per head and vec_wsum_group over the n value
- * rows, with the keys and values laid out as kvstate lays them out (blocks of
- * 16 positions, one head's rows contiguous in a block, blocks in shuffled
- * order). Default shape: TinyLlama-1.1B (8 query heads per kv head, 4 kv
- * heads, head_dim 64, f16 KV). Minimum over the repeats, ms per layer.
- * With LAYERS > 1 the KV of that many layers is walked (more than the caches
+ * rows, with the keys and values laid out as kvstate lays them out, blocks of
+ * 16 positions [block][layer][K|V][kv head][slot][head_dim] (LAYOUT
+ * "blocks"), or in arena chunks of 16 blocks laid out
+ * [layer][K|V][kv head][block][slot][head_dim] ("chunks", a layout tried and
+ * dropped, BENCHMARKS.md); the session's blocks in order (ORDER "in-order",
+ * a fresh pool) or shuffled ("shuffled", a pool long in use). The arena is on
+ * 2 MiB pages where the kernel gives them (MADV_HUGEPAGE), as kvstate's is.
+ * Default shape: TinyLlama-1.1B (8 query heads per kv head, 4 kv heads,
+ * head_dim 64, f16 KV). Minimum over the repeats, ms per layer. With
+ * LAYERS > 1 the KV of that many layers is walked (more than the caches
  * hold), so memory counts as well as arithmetic.
  *
  * Not part of the build. From the repository root, after building build/:
  *   cc -O2 -Isrc -Iinclude scripts/bench_attention.c build/libkvshard_core.a -lm -lpthread \
- *      -o build/bench_attention && build/bench_attention [N_POS [LAYERS]]
+ *      -o build/bench_attention && build/bench_attention [N_POS [LAYERS [blocks|chunks [in-order|shuffled]]]]
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/mman.h>
 
 #include "quant.h"
 #include "vecops.h"
@@ -29,31 +36,43 @@ static double now_s(void) {
 
 int main(int argc, char **argv) {
     const int n = argc > 1 ? atoi(argv[1]) : 2016, layers = argc > 2 ? atoi(argv[2]) : 1;
-    enum { HD = 64, GROUP = 8, NKV = 4, BT = 16 };
-    if (n < 1 || layers < 1) { fprintf(stderr, "usage: bench_attention [N_POS >= 1 [LAYERS >= 1]]\n"); return 2; }
-    const int nb = (n + BT - 1) / BT;
+    const char *layout = argc > 3 ? argv[3] : "blocks", *order = argc > 4 ? argv[4] : "in-order";
+    enum { HD = 64, GROUP = 8, NKV = 4, BT = 16, CHUNK = 16 };
+    const bool chunks = !strcmp(layout, "chunks"), shuffled = !strcmp(order, "shuffled");
+    if (n < 1 || layers < 1 || (!chunks && strcmp(layout, "blocks")) || (!shuffled && strcmp(order, "in-order"))) {
+        fprintf(stderr, "usage: bench_attention [N_POS >= 1 [LAYERS >= 1 [blocks|chunks [in-order|shuffled]]]]\n");
+        return 2;
+    }
+    const int nb = (n + BT - 1) / BT, n_chunks = (nb + CHUNK - 1) / CHUNK;
     const size_t row = HD * sizeof(uint16_t), block = (size_t)BT * (size_t)layers * 2 * NKV * row;
-    uint16_t *arena = malloc(block * (size_t)nb);
+    const size_t huge = 2u << 20, bytes = ((size_t)n_chunks * CHUNK * block + huge - 1) / huge * huge;
+    uint16_t *arena = NULL;
+    if (posix_memalign((void **)&arena, huge, bytes)) arena = NULL;
+    if (arena) madvise(arena, bytes, MADV_HUGEPAGE);
     int *perm = malloc(sizeof(int) * (size_t)nb);
     float *q = malloc(sizeof(float) * GROUP * HD), *sc = malloc(sizeof(float) * GROUP * (size_t)n), out[GROUP * HD];
     const void **keys = malloc(sizeof(void *) * (size_t)n), **vals = malloc(sizeof(void *) * (size_t)n);
     if (!arena || !perm || !q || !sc || !keys || !vals) { fprintf(stderr, "out of memory\n"); return 1; }
-    for (size_t i = 0; i < block * (size_t)nb / sizeof(uint16_t); i++)
-        arena[i] = quant_f32_to_f16((float)((int)(i % 13) - 6) * 0.01f);
+    for (size_t i = 0; i < bytes / sizeof(uint16_t); i++) arena[i] = quant_f32_to_f16((float)((int)(i % 13) - 6) * 0.01f);
     for (int i = 0; i < GROUP * HD; i++) q[i] = (float)(i % 7 - 3) * 0.1f;
     for (int i = 0; i < nb; i++) perm[i] = i;
     srand(1);
-    for (int i = nb - 1; i > 0; i--) { int r = rand() % (i + 1), t = perm[i]; perm[i] = perm[r]; perm[r] = t; }
+    for (int i = nb - 1; shuffled && i > 0; i--) { int r = rand() % (i + 1), t = perm[i]; perm[i] = perm[r]; perm[r] = t; }
+    /* The row of (layer, K|V, head) at slot of block id b, in either layout. */
+#define ROW_AT(b, l, kind, g, slot)                                                                              \
+    (chunks ? (const uint8_t *)arena + (size_t)((b) / CHUNK) * CHUNK * block +                                   \
+                  ((((size_t)(l) * 2 + (kind)) * NKV + (size_t)(g)) * CHUNK + (size_t)((b) % CHUNK)) * BT * row + \
+                  (size_t)(slot) * row                                                                           \
+            : (const uint8_t *)arena + (size_t)(b) * block + ((((size_t)(l) * 2 + (kind)) * NKV + (size_t)(g)) * BT + (size_t)(slot)) * row)
     double best[3] = {1e9, 1e9, 1e9};
     const int reps = layers == 1 ? 200 : 10;
     for (int rep = 0; rep < reps; rep++) {
         double t[3] = {0, 0, 0};
         for (int l = 0; l < layers; l++)
             for (int g = 0; g < NKV; g++) {
-                for (int j = 0; j < n; j++) { /* [block][layer][K|V][head][slot][hd] */
-                    const uint8_t *b = (const uint8_t *)arena + (size_t)perm[j / BT] * block;
-                    keys[j] = b + ((((size_t)l * 2 + 0) * NKV + (size_t)g) * BT + (size_t)(j % BT)) * row;
-                    vals[j] = b + ((((size_t)l * 2 + 1) * NKV + (size_t)g) * BT + (size_t)(j % BT)) * row;
+                for (int j = 0; j < n; j++) {
+                    keys[j] = ROW_AT(perm[j / BT], l, 0, g, j % BT);
+                    vals[j] = ROW_AT(perm[j / BT], l, 1, g, j % BT);
                 }
                 double t0 = now_s();
                 vec_scores(q, GROUP, HD, keys, n, 1, 0.125f, sc, (size_t)n);
@@ -66,9 +85,10 @@ int main(int argc, char **argv) {
             }
         for (int k = 0; k < 3; k++) best[k] = t[k] < best[k] ? t[k] : best[k];
     }
-    printf("isa %s, %d positions, %d layer(s) of %d kv heads x %d query heads, head_dim %d, f16 KV; ms per layer:\n"
+    printf("isa %s, %d positions, %d layer(s) of %d kv heads x %d query heads, head_dim %d, f16 KV, %s layout, "
+           "blocks %s; ms per layer:\n"
            "scores %.4f  softmax %.4f  weighted sums %.4f  (total %.4f; out[3] = %g)\n",
-           quant_isa_name(quant_isa_current()), n, layers, NKV, GROUP, HD, best[0] * 1e3 / layers, best[1] * 1e3 / layers,
+           quant_isa_name(quant_isa_current()), n, layers, NKV, GROUP, HD, layout, order, best[0] * 1e3 / layers, best[1] * 1e3 / layers,
            best[2] * 1e3 / layers, (best[0] + best[1] + best[2]) * 1e3 / layers, (double)out[3]);
     free(arena); free(perm); free(q); free(sc); free(keys); free(vals);
     return 0;

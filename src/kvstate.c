@@ -5,14 +5,9 @@
  *
  * Storage. One arena of blocks_total blocks, reserved at creation (pages are
  * touched on first use; 2 MiB pages where the kernel gives them, kvs_map_big).
- * A block holds block_tokens positions of every local layer. The arena is cut
- * into chunks of chunk_blocks consecutive block ids, laid out
- * [chunk][layer][K|V][kv head][block in chunk][slot][head_dim]: one head's
- * rows of a layer are contiguous within a block (attention walks a head at a
- * time), and so are those of consecutive block ids of a chunk, which a fresh
- * pool hands out in order, so a session's K (or V) rows of one head run on
- * for up to KV_RUN_BYTES, where the hardware prefetchers follow them. The
- * last chunk is padded (address space only: untouched pages stay unmapped).
+ * A block holds block_tokens positions of every local layer: layout
+ * [layer][K|V][kv head][slot][head_dim], so one head's rows of a layer are
+ * contiguous within a block (attention walks a head at a time).
  * Free blocks sit on a stack of ids. A session's block table maps position p
  * to block table[p / block_tokens], slot p % block_tokens.
  *
@@ -108,7 +103,6 @@
 #define KV_SWEEP_PER_BEGIN 4
 #define KV_TOMB_DEFAULT 4096u
 #define KV_TOMB_TTL_DEFAULT_NS (600ull * 1000000000ull)
-#define KV_RUN_BYTES (32u * 1024u) /* how far one head's rows of a layer run on within a chunk */
 
 typedef struct kv_session kv_session;
 typedef struct kv_tenant kv_tenant;
@@ -163,10 +157,8 @@ typedef struct {
 struct kv_state {
     kv_params p;
     size_t elem_bytes, head_bytes, block_bytes; /* head_bytes: one row of one head */
-    uint32_t chunk_blocks;                      /* block ids per arena chunk */
-    size_t run_bytes;                           /* chunk_blocks * block_tokens * head_bytes */
     uint8_t *arena;
-    size_t arena_bytes, arena_mapped; /* whole chunks of block_bytes blocks; the length mapped (kvs_map_big) */
+    size_t arena_bytes, arena_mapped; /* blocks_total * block_bytes; the length mapped (kvs_map_big) */
     uint32_t blocks_total;
     uint32_t *free_ids; /* stack */
     uint32_t n_free;
@@ -262,8 +254,8 @@ static void tenant_release(kv_state *kv, kv_tenant *t) {
 }
 
 /* Returns n blocks of tenant t's to the pool, the last first, so that the
- * next session to take them gets them back in their order (a session's rows
- * then run on in the arena as they did). */
+ * next session to take them gets them back in their order (a fresh pool hands
+ * out blocks in order: a session's blocks stay in the order they had). */
 static void kv_free_blocks(kv_state *kv, kv_tenant *t, const uint32_t *ids, uint32_t n) {
     KVS_ASSERT(t->n_blocks >= n);
     t->n_blocks -= n;
@@ -388,12 +380,7 @@ int kv_create(const kv_params *p, kv_state **out, char *msg, size_t msg_cap) {
     }
     if (nb > UINT32_MAX - 1) nb = UINT32_MAX - 1;
     kv->blocks_total = (uint32_t)nb;
-    const size_t head_run = (size_t)p->block_tokens * kv->head_bytes;
-    kv->chunk_blocks = head_run >= KV_RUN_BYTES ? 1 : (uint32_t)(KV_RUN_BYTES / head_run);
-    if (kv->chunk_blocks > kv->blocks_total) kv->chunk_blocks = kv->blocks_total;
-    kv->run_bytes = (size_t)kv->chunk_blocks * head_run;
-    const size_t n_chunks = ((size_t)nb + kv->chunk_blocks - 1) / kv->chunk_blocks;
-    kv->arena_bytes = n_chunks * kv->chunk_blocks * kv->block_bytes;
+    kv->arena_bytes = (size_t)nb * kv->block_bytes;
     kv->arena = kvs_map_big(kv->arena_bytes, true, &kv->arena_mapped);
     kv->free_ids = malloc((size_t)nb * sizeof(uint32_t));
     kv->tombs = calloc(kv->p.max_tombstones, sizeof(kv_tomb));
@@ -551,10 +538,9 @@ static int kv_make_room(kv_state *kv, kv_tenant *t, uint32_t need, bool new_sess
 }
 
 static void *block_slot(const kv_state *kv, uint32_t block, int layer, int kind, int head, uint32_t slot) {
-    const uint32_t chunk = block / kv->chunk_blocks, in_chunk = block % kv->chunk_blocks;
-    const size_t plane = ((size_t)layer * 2 + (size_t)kind) * (size_t)kv->p.n_kv_heads + (size_t)head;
-    const size_t off = (size_t)chunk * kv->chunk_blocks * kv->block_bytes + plane * kv->run_bytes +
-                       ((size_t)in_chunk * (size_t)kv->p.block_tokens + slot) * kv->head_bytes;
+    size_t off = (size_t)block * kv->block_bytes +
+                 (((((size_t)layer * 2 + (size_t)kind) * (size_t)kv->p.n_kv_heads + (size_t)head) *
+                   (size_t)kv->p.block_tokens) + slot) * kv->head_bytes;
     return kv->arena + off;
 }
 

@@ -369,11 +369,10 @@ static void test_threads(void) {
     kv_free(kv);
 }
 
-/* A pool of several arena chunks (kvstate.c: one head's rows of a layer run on over
- * KV_RUN_BYTES = 32 KiB; rows of 16 f32 x 128 positions per block make 8 KiB, so 4 block ids
- * per chunk, and 10 blocks make 3 chunks, the last one short). Sessions whose blocks cross
- * chunk boundaries hold their own markers in every head, element, layer and K/V; released
- * blocks come back in their order; a rewind copies a partial block of chunk 0 into chunk 1. */
+/* Ten blocks of 128 positions (16 f32 per head row): sessions of several blocks each hold their
+ * own markers in every head, element, layer and K/V; released blocks come back in their order
+ * (the last one freed first), so a session that takes them gets consecutive ids as from a fresh
+ * pool; a rewind copies the first rows of a partial block into a fresh one. */
 static bool ids_are(kv_state *kv, kv_sid sid, const uint32_t *want, uint32_t n) {
     uint32_t ids[16];
     if (kv_debug_blocks(kv, &sid, ids, 16) != n) return false;
@@ -382,7 +381,7 @@ static bool ids_are(kv_state *kv, kv_sid sid, const uint32_t *want, uint32_t n) 
     return true;
 }
 
-static void test_chunks(void) {
+static void test_block_order(void) {
     kv_params p = kv_default_params();
     p.n_layers = 2;
     p.n_kv_heads = 2;
@@ -408,8 +407,8 @@ static void test_chunks(void) {
     CHECK_EQ_INT(markers_append(kv, sh, c, 1, 0, 200, NULL, 5000, &r), KVS_OK);
     CHECK(ids_are(kv, c, (const uint32_t[]){3, 4}, 2)); /* b's first two, in their order */
     CHECK(markers_hold(kv, sh, a, 1, 700, 1000));
-    /* a back to 200 positions, then 100 more: block 1 (chunk 0) still holds live rows past 200,
-     * so its first 72 rows go to a fresh block, 5 (chunk 1). */
+    /* a back to 200 positions, then 100 more: block 1 still holds live rows past 200, so its
+     * first 72 rows go to a fresh block, 5. */
     CHECK_EQ_INT(markers_append(kv, sh, a, 1, 200, 100, NULL, 1000, &r), KVS_OK);
     CHECK(ids_are(kv, a, (const uint32_t[]){0, 5, 6}, 3));
     CHECK(markers_hold(kv, sh, a, 1, 300, 1000));
@@ -429,6 +428,6 @@ int main(void) {
     test_ttl();
     test_alloc_failure();
     test_threads();
-    test_chunks();
+    test_block_order();
     return test_finish("test_kvstate", 1, 0);
 }
