@@ -94,7 +94,8 @@ R8_INLINE void r8_q4_0_group(int64_t nb, const block_q4_0x8 *g, const uint8_t *a
     R8_GROUP_END();
 }
 
-/* Chunk j of block b: |w| once, then every token's products into s[t]. */
+/* Chunk j of block b of G groups: each group's |w| once, then every token's
+ * 4-byte broadcast meets every group's chunk, its products into s[k][t]. */
 #ifdef QUANT_R8_VNNI
 #define R8_Q8_0_DOT(s, u, v) _mm256_dpbusd_epi32(s, u, v)
 #else
@@ -102,46 +103,63 @@ R8_INLINE void r8_q4_0_group(int64_t nb, const block_q4_0x8 *g, const uint8_t *a
 #endif
 #define R8_Q8_0_CHUNK(j)                                                                       \
     do {                                                                                       \
-        const __m256i w = _mm256_loadu_si256((const __m256i *)(g[b].qs + 32 * (j)));           \
-        const __m256i u = _mm256_abs_epi8(w);                                                  \
-        R8_UNROLL for (int t = 0; t < T; t++)                                                  \
-            s[t] = R8_Q8_0_DOT(s[t], u, _mm256_sign_epi8(bcast4(a[t][b].qs + 4 * (j)), w));    \
+        __m256i w[2], u[2];                                                                    \
+        R8_UNROLL for (int k = 0; k < G; k++) {                                                \
+            w[k] = _mm256_loadu_si256((const __m256i *)(g[k * nb + b].qs + 32 * (j)));         \
+            u[k] = _mm256_abs_epi8(w[k]);                                                      \
+        }                                                                                      \
+        R8_UNROLL for (int t = 0; t < T; t++) {                                                \
+            const __m256i v = bcast4(a[t][b].qs + 4 * (j));                                    \
+            R8_UNROLL for (int k = 0; k < G; k++)                                              \
+                s[k][t] = R8_Q8_0_DOT(s[k][t], u[k], _mm256_sign_epi8(v, w[k]));               \
+        }                                                                                      \
     } while (0)
 
 /* q8_0, per block: eight 32-byte chunks (four elements of every row each);
  * each chunk's |w| is taken once and meets every token's sign(a, w) of one
  * 4-byte broadcast, so maddubs never sees a negative unsigned side: each i16
  * pair sum is <= 2 x 128 x 127 (no saturation) and goes to i32 at once
- * (s[t], exact, so the order of chunks and tokens does not matter). Float
- * steps of quant_r8_ref.c: acc = fma(P da, dw, acc). */
-R8_INLINE void r8_q8_0_group(int64_t nb, const block_q8_0x8 *g, const uint8_t *act, size_t astride, const int T,
-                             float *out, size_t ostride) {
-    R8_GROUP_BEGIN(act_q8);
+ * (s[k][t], exact, so the order of chunks, groups and tokens does not
+ * matter). G (1 or 2) groups of eight rows at a time, group k at g + k nb and
+ * its sums at out + 8 k: a broadcast serves both groups (one core, in cache:
+ * ~5 % less per row-token than one group). Float steps of quant_r8_ref.c:
+ * acc = fma(P da, dw, acc). */
+R8_INLINE void r8_q8_0_groups(int64_t nb, const block_q8_0x8 *g, const int G, const uint8_t *act, size_t astride,
+                              const int T, float *out, size_t ostride) {
+    const act_q8 *a[R8_TOKENS];
+    __m256 acc[2][R8_TOKENS];
+    R8_UNROLL for (int t = 0; t < T; t++) {
+        a[t] = (const act_q8 *)(act + (size_t)t * astride);
+        R8_UNROLL for (int k = 0; k < G; k++) acc[k][t] = _mm256_setzero_ps();
+    }
 #ifndef QUANT_R8_VNNI
     const __m256i ones = _mm256_set1_epi16(1);
 #endif
     for (int64_t b = 0; b < nb; b++) {
-        _mm_prefetch((const char *)&g[b] + R8_PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)&g[b] + R8_PREFETCH + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)&g[b] + R8_PREFETCH + 128, _MM_HINT_T0);
-        _mm_prefetch((const char *)&g[b] + R8_PREFETCH + 192, _MM_HINT_T0);
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d));
-        __m256i s[R8_TOKENS];
-        R8_UNROLL for (int t = 0; t < T; t++) s[t] = _mm256_setzero_si256();
+        R8_UNROLL for (int k = 0; k < G; k++) {
+            const char *gb = (const char *)&g[k * nb + b];
+            R8_UNROLL for (int c = 0; c < 4; c++) _mm_prefetch(gb + R8_PREFETCH + 64 * c, _MM_HINT_T0);
+        }
+        __m256i s[2][R8_TOKENS];
+        R8_UNROLL for (int k = 0; k < G; k++) R8_UNROLL for (int t = 0; t < T; t++) s[k][t] = _mm256_setzero_si256();
         /* With four tokens a fully unrolled chunk loop spills (gcc keeps every
          * chunk's products live); rolled, the pass runs ~4 % faster on one core.
-         * One token keeps the unrolled form, which is faster there. */
+         * Fewer tokens keep the unrolled form, which is faster there. */
         if (T >= R8_TOKENS) {
             _Pragma("GCC unroll 1") for (int j = 0; j < 8; j++) R8_Q8_0_CHUNK(j);
         } else {
             R8_UNROLL for (int j = 0; j < 8; j++) R8_Q8_0_CHUNK(j);
         }
-        R8_UNROLL for (int t = 0; t < T; t++) {
-            const __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(s[t]), _mm256_set1_ps(a[t][b].d));
-            acc[t] = _mm256_fmadd_ps(p, dw, acc[t]);
+        R8_UNROLL for (int k = 0; k < G; k++) {
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[k * nb + b].d));
+            R8_UNROLL for (int t = 0; t < T; t++) {
+                const __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(s[k][t]), _mm256_set1_ps(a[t][b].d));
+                acc[k][t] = _mm256_fmadd_ps(p, dw, acc[k][t]);
+            }
         }
     }
-    R8_GROUP_END();
+    R8_UNROLL for (int k = 0; k < G; k++)
+        R8_UNROLL for (int t = 0; t < T; t++) _mm256_storeu_ps(out + 8 * k + (size_t)t * ostride, acc[k][t]);
 }
 
 /* Lane r = row r's sum of 32 products of one q4_0x8-style sub-block with q,
@@ -322,6 +340,35 @@ R8_INLINE void r8_q6_k_group(int64_t nb, const block_q6_kx8 *g, const uint8_t *a
     }
 
 R8_KERNEL(q4_0, block_q4_0x8, QK32)
-R8_KERNEL(q8_0, block_q8_0x8, QK32)
+/* q8_0: groups two at a time (the last one alone when their number is odd). */
+void R8_NAME(r8_q8_0)(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, int n_act,
+                      float *out, size_t out_stride) {
+    const int64_t nb = n / QK32;
+    const uint8_t *ab = (const uint8_t *)act;
+    for (int gi = 0; gi < n_groups;) {
+        const block_q8_0x8 *g = (const block_q8_0x8 *)w + (size_t)gi * (size_t)nb;
+        const int pair = n_groups - gi >= 2;
+        float *o = out + 8 * (size_t)gi;
+        for (int t = 0; t < n_act;) {
+            const int T = n_act - t >= R8_TOKENS ? R8_TOKENS : n_act - t;
+            const uint8_t *at = ab + (size_t)t * act_stride;
+            float *ot = o + (size_t)t * out_stride;
+#define R8_Q8_0_PASS(TT)                                                                    \
+    case TT:                                                                                \
+        if (pair) r8_q8_0_groups(nb, g, 2, at, act_stride, TT, ot, out_stride);             \
+        else r8_q8_0_groups(nb, g, 1, at, act_stride, TT, ot, out_stride);                  \
+        break;
+            switch (T) {
+            R8_Q8_0_PASS(4)
+            R8_Q8_0_PASS(3)
+            R8_Q8_0_PASS(2)
+            default: R8_Q8_0_PASS(1)
+            }
+#undef R8_Q8_0_PASS
+            t += T;
+        }
+        gi += pair ? 2 : 1;
+    }
+}
 R8_KERNEL(q4_k, block_q4_kx8, QKK)
 R8_KERNEL(q6_k, block_q6_kx8, QKK)
