@@ -122,7 +122,7 @@ R8_INLINE void r8_q4_0_group(int64_t nb, const block_q4_0x8 *g, const uint8_t *a
  * (s[k][t], exact, so the order of chunks, groups and tokens does not
  * matter). G (1 or 2) groups of eight rows at a time, group k at g + k nb and
  * its sums at out + 8 k: a broadcast serves both groups (one core, in cache:
- * ~5 % less per row-token than one group). Float steps of quant_r8_ref.c:
+ * 3-5 % less per row-token than one group). Float steps of quant_r8_ref.c:
  * acc = fma(P da, dw, acc). */
 R8_INLINE void r8_q8_0_groups(int64_t nb, const block_q8_0x8 *g, const int G, const uint8_t *act, size_t astride,
                               const int T, float *out, size_t ostride) {
@@ -340,7 +340,14 @@ R8_INLINE void r8_q6_k_group(int64_t nb, const block_q6_kx8 *g, const uint8_t *a
     }
 
 R8_KERNEL(q4_0, block_q4_0x8, QK32)
-/* q8_0: groups two at a time (the last one alone when their number is odd). */
+/* q8_0: groups two at a time (the last one alone when their number is odd),
+ * tokens four at a time, then the rest; G and T compile-time in each call. */
+#define R8_Q8_0_PASS(TT)                                                                     \
+    case TT:                                                                                 \
+        if (pair) r8_q8_0_groups(nb, g, 2, at, act_stride, TT, ot, out_stride);              \
+        else r8_q8_0_groups(nb, g, 1, at, act_stride, TT, ot, out_stride);                   \
+        break;
+
 void R8_NAME(r8_q8_0)(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, int n_act,
                       float *out, size_t out_stride) {
     const int64_t nb = n / QK32;
@@ -353,18 +360,12 @@ void R8_NAME(r8_q8_0)(int64_t n, const void *w, int n_groups, const void *act, s
             const int T = n_act - t >= R8_TOKENS ? R8_TOKENS : n_act - t;
             const uint8_t *at = ab + (size_t)t * act_stride;
             float *ot = o + (size_t)t * out_stride;
-#define R8_Q8_0_PASS(TT)                                                                    \
-    case TT:                                                                                \
-        if (pair) r8_q8_0_groups(nb, g, 2, at, act_stride, TT, ot, out_stride);             \
-        else r8_q8_0_groups(nb, g, 1, at, act_stride, TT, ot, out_stride);                  \
-        break;
             switch (T) {
             R8_Q8_0_PASS(4)
             R8_Q8_0_PASS(3)
             R8_Q8_0_PASS(2)
             default: R8_Q8_0_PASS(1)
             }
-#undef R8_Q8_0_PASS
             t += T;
         }
         gi += pair ? 2 : 1;

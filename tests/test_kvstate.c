@@ -369,10 +369,7 @@ static void test_threads(void) {
     kv_free(kv);
 }
 
-/* Ten blocks of 128 positions (16 f32 per head row): sessions of several blocks each hold their
- * own markers in every head, element, layer and K/V; released blocks come back in their order
- * (the last one freed first), so a session that takes them gets consecutive ids as from a fresh
- * pool; a rewind copies the first rows of a partial block into a fresh one. */
+/* True when the session holds exactly the block ids want[0..n), in order. */
 static bool ids_are(kv_state *kv, kv_sid sid, const uint32_t *want, uint32_t n) {
     uint32_t ids[16];
     if (kv_debug_blocks(kv, &sid, ids, 16) != n) return false;
@@ -381,6 +378,10 @@ static bool ids_are(kv_state *kv, kv_sid sid, const uint32_t *want, uint32_t n) 
     return true;
 }
 
+/* Ten blocks of 128 positions (16 f32 per head row): sessions of several blocks each hold their
+ * own markers in every head, element, layer and K/V; released blocks come back in their order
+ * (the last one freed first), so a session that takes them gets consecutive ids as from a fresh
+ * pool; a rewind copies the first rows of a partial block into a fresh one. */
 static void test_block_order(void) {
     kv_params p = kv_default_params();
     p.n_layers = 2;
