@@ -73,7 +73,7 @@ static inline bool paused_gen_start(paused_gen *g, char *const argv[], const cha
     return true;
 }
 
-/* Waits (bounded, 60 s) for a log line containing marker; the rest of that line after marker
+/* Waits (bounded, 60 s) for a whole log line containing marker; the rest of that line after marker
  * goes to rest (cap bytes, may be NULL). True when seen. */
 static inline bool paused_gen_wait(const paused_gen *g, const char *marker, char *rest, size_t cap) {
     if (g->pid <= 0) return false;
@@ -83,7 +83,8 @@ static inline bool paused_gen_wait(const paused_gen *g, const char *marker, char
         char line[512];
         while (f && !paused && fgets(line, sizeof line, f)) {
             const char *p = strstr(line, marker);
-            if (!p) continue;
+            /* Only a whole line: the client may still be writing the rest of it (the session id). */
+            if (!p || !strchr(line, '\n')) continue;
             if (rest) snprintf(rest, cap, "%s", p + strlen(marker));
             paused = true;
         }

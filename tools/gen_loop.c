@@ -215,9 +215,24 @@ int gen_run(const gen_opts *o, const gen_target *t) {
         text_flush(&text, false);
         if (n_out >= o->n_gen) break;
         if (o->pause_after && n_out == o->pause_after) {
-            fprintf(stderr, "kvshard %s: paused after %d tokens", t->cmd, n_out);
-            if (t->session) t->session(t->ctx, stderr);
-            fprintf(stderr, "\n");
+            /* The line is made whole first and written at once: a reader of the log never sees
+             * it without its session id. */
+            char *line_buf = NULL;
+            size_t line_len = 0;
+            FILE *ls = open_memstream(&line_buf, &line_len);
+            if (ls) {
+                fprintf(ls, "kvshard %s: paused after %d tokens", t->cmd, n_out);
+                if (t->session) t->session(t->ctx, ls);
+                fprintf(ls, "\n");
+            }
+            if (ls && fclose(ls) == 0) {
+                fwrite(line_buf, 1, line_len, stderr);
+            } else { /* no memory for the stream: the same line, written piece by piece */
+                fprintf(stderr, "kvshard %s: paused after %d tokens", t->cmd, n_out);
+                if (t->session) t->session(t->ctx, stderr);
+                fprintf(stderr, "\n");
+            }
+            free(line_buf);
             fflush(stderr);
             char line[16];
             if (!fgets(line, sizeof(line), stdin)) { /* EOF also resumes */ }
