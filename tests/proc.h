@@ -135,7 +135,7 @@ static inline bool proc_start_listener(proc_server *s, const char *dir, const ch
             char line[512];
             while (fgets(line, sizeof(line), f)) {
                 const char *p = strstr(line, marker);
-                if (p) s->port = atoi(p + strlen(marker));
+                if (p && strchr(line, '\n')) s->port = atoi(p + strlen(marker)); /* a whole line only */
             }
             fclose(f);
         }
