@@ -134,6 +134,13 @@ static void print_json(const int32_t *ids, int n_ids, const int32_t *gen, int n_
     cJSON_Delete(o);
 }
 
+/* The --pause-after line: the command, the count and what the target says of its session. */
+static void pause_line(FILE *f, const gen_target *t, int n_out) {
+    fprintf(f, "kvshard %s: paused after %d tokens", t->cmd, n_out);
+    if (t->session) t->session(t->ctx, f);
+    fputc('\n', f);
+}
+
 int gen_run(const gen_opts *o, const gen_target *t) {
     int rc = 1;
     int n_ids = 0;
@@ -220,18 +227,9 @@ int gen_run(const gen_opts *o, const gen_target *t) {
             char *line_buf = NULL;
             size_t line_len = 0;
             FILE *ls = open_memstream(&line_buf, &line_len);
-            if (ls) {
-                fprintf(ls, "kvshard %s: paused after %d tokens", t->cmd, n_out);
-                if (t->session) t->session(t->ctx, ls);
-                fprintf(ls, "\n");
-            }
-            if (ls && fclose(ls) == 0) {
-                fwrite(line_buf, 1, line_len, stderr);
-            } else { /* no memory for the stream: the same line, written piece by piece */
-                fprintf(stderr, "kvshard %s: paused after %d tokens", t->cmd, n_out);
-                if (t->session) t->session(t->ctx, stderr);
-                fprintf(stderr, "\n");
-            }
+            if (ls) pause_line(ls, t, n_out);
+            if (ls && fclose(ls) == 0) fwrite(line_buf, 1, line_len, stderr);
+            else pause_line(stderr, t, n_out); /* no memory for the stream: written piece by piece */
             free(line_buf);
             fflush(stderr);
             char line[16];
