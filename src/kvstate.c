@@ -768,7 +768,8 @@ void *kv_txn_k(const kv_txn *txn, int layer, uint32_t pos, int head) { return tx
 void *kv_txn_v(const kv_txn *txn, int layer, uint32_t pos, int head) { return txn_row(txn, layer, 1, pos, head); }
 
 void *kv_txn_run(const kv_txn *txn, int layer, bool v, uint32_t pos, int head, uint32_t *n_run, size_t *stride) {
-    *n_run = (uint32_t)txn->kv->p.block_tokens - pos % (uint32_t)txn->kv->p.block_tokens;
+    const uint32_t bt = (uint32_t)txn->kv->p.block_tokens;
+    *n_run = bt - pos % bt;
     *stride = txn->kv->head_bytes;
     return txn_row(txn, layer, v ? 1 : 0, pos, head);
 }
