@@ -119,7 +119,10 @@ VEC_TARGET static inline __attribute__((always_inline)) __m256 hsum8x8(const __m
 
 /* Software prefetch of rows [j, j + n) of a row list, row_bytes each, when
  * they exist: a head's KV rows are short contiguous runs (one per KV block)
- * scattered over the arena, which the hardware prefetchers follow poorly. */
+ * scattered over the arena, which the hardware prefetchers follow poorly.
+ * The walks issue it a tile at a time, between the tiles' arithmetic: a burst
+ * of a whole block's prefetches at once overlapped less with the arithmetic
+ * (2-13 % slower attention in decode at 2016 positions, BENCHMARKS.md). */
 enum { KV_AHEAD = 32 };
 VEC_INLINE void prefetch_rows(const void *const *rows, int j, int n, int n_rows, size_t row_bytes) {
     const int j1 = j + n < n_rows ? j + n : n_rows;
@@ -156,34 +159,42 @@ VEC_TARGET VEC_INLINE void scores_tile(const float *q, int hd, const void *const
 VEC_INLINE int tile_width(const int NH) { return NH == 1 ? 8 : NH == 2 ? 4 : 2; }
 
 /* Keys [j0, j1) against NH (1..4) heads: tile_width(NH) keys at a time, then one by one. */
+/* With pf_n (the list's length; 0: none), each tile first prefetches the rows KV_AHEAD past its own. */
 VEC_TARGET VEC_INLINE void scores_heads(const float *q, int hd, const void *const *keys, int j0, int j1, const int F16,
-                                        const int NH, float scale, float *scores, size_t stride) {
+                                        const int NH, float scale, float *scores, size_t stride, int pf_n) {
     const int NK = tile_width(NH);
+    const size_t row_bytes = (size_t)hd * (F16 ? 2u : 4u);
     int j = j0;
-    for (; j + NK <= j1; j += NK) scores_tile(q, hd, keys + j, F16, NH, NK, scale, scores + j, stride);
-    for (; j < j1; j++) scores_tile(q, hd, keys + j, F16, NH, 1, scale, scores + j, stride);
+    for (; j + NK <= j1; j += NK) {
+        if (pf_n) prefetch_rows(keys, j + KV_AHEAD, NK, pf_n, row_bytes);
+        scores_tile(q, hd, keys + j, F16, NH, NK, scale, scores + j, stride);
+    }
+    for (; j < j1; j++) {
+        if (pf_n) prefetch_rows(keys, j + KV_AHEAD, 1, pf_n, row_bytes);
+        scores_tile(q, hd, keys + j, F16, NH, 1, scale, scores + j, stride);
+    }
 }
 
 #define SCORES_NH(F16)                                                                               \
     switch (nh) {                                                                                    \
-    case 1: scores_heads(qg, hd, keys, j0, j1, F16, 1, scale, sg, stride); break;                    \
-    case 2: scores_heads(qg, hd, keys, j0, j1, F16, 2, scale, sg, stride); break;                    \
-    case 3: scores_heads(qg, hd, keys, j0, j1, F16, 3, scale, sg, stride); break;                    \
-    default: scores_heads(qg, hd, keys, j0, j1, F16, 4, scale, sg, stride); break;                   \
+    case 1: scores_heads(qg, hd, keys, j0, j1, F16, 1, scale, sg, stride, pf_n); break;                   \
+    case 2: scores_heads(qg, hd, keys, j0, j1, F16, 2, scale, sg, stride, pf_n); break;                   \
+    case 3: scores_heads(qg, hd, keys, j0, j1, F16, 3, scale, sg, stride, pf_n); break;                   \
+    default: scores_heads(qg, hd, keys, j0, j1, F16, 4, scale, sg, stride, pf_n); break;                  \
     }
 
 /* The walk of scores and weighted sums: rows [j0, j1) a block of KV_BLOCK at
  * a time (they stay in L1 while every tile of four heads passes over them),
- * the rows KV_AHEAD further on prefetched, and within a block the heads
- * [h0, h0 + nh) four at a time. */
+ * and within a block the heads [h0, h0 + nh) four at a time. The first tile
+ * pass over a block (pf_n set) prefetches the rows KV_AHEAD further on as it
+ * goes; the first KV_AHEAD rows are prefetched before the walk. */
 enum { KV_BLOCK = 16 };
 #define KV_WALK_BEGIN(rows, n, row_bytes)                                                     \
     prefetch_rows(rows, 0, KV_AHEAD, n, row_bytes);                                           \
     for (int j0 = 0; j0 < (n); j0 += KV_BLOCK) {                                              \
         const int j1 = (n) - j0 < KV_BLOCK ? (n) : j0 + KV_BLOCK;                             \
-        prefetch_rows(rows, j0 + KV_AHEAD, KV_BLOCK, n, row_bytes);                           \
         for (int h0 = 0; h0 < group; h0 += 4) {                                               \
-            const int nh = group - h0 < 4 ? group - h0 : 4;
+            const int nh = group - h0 < 4 ? group - h0 : 4, pf_n = h0 == 0 ? (n) : 0;
 #define KV_WALK_END() }}
 
 /* hd a multiple of 8: keys a block at a time, four heads at a time within a block. */
@@ -201,12 +212,13 @@ VEC_TARGET VEC_INLINE void scores_body(const float *q, int group, const int hd, 
  * run of rows is taken a block at a time with the same per-element order (row
  * j's product is added after row j - 1's, whatever the block, tile or group). */
 VEC_TARGET VEC_INLINE void wsum_tile(const float *p, size_t ps, int j0, int j1, const void *const *rows, const int F16,
-                                     int c0, const int NH, const int NC, int hd, float *out) {
+                                     int c0, const int NH, const int NC, int hd, float *out, int pf_n) {
     __m256 acc[8];
     VEC_UNROLL for (int h = 0; h < NH; h++)
         VEC_UNROLL for (int c = 0; c < NC; c++)
             acc[h * NC + c] = _mm256_loadu_ps(out + (size_t)h * (size_t)hd + (size_t)(c0 + 8 * c));
     for (int j = j0; j < j1; j++) {
+        if (pf_n) prefetch_rows(rows, j + KV_AHEAD, 1, pf_n, (size_t)hd * (F16 ? 2u : 4u));
         __m256 v[8];
         VEC_UNROLL for (int c = 0; c < NC; c++) v[c] = row8(rows[j], F16, c0 + 8 * c);
         VEC_UNROLL for (int h = 0; h < NH; h++) {
@@ -219,21 +231,22 @@ VEC_TARGET VEC_INLINE void wsum_tile(const float *p, size_t ps, int j0, int j1, 
             _mm256_storeu_ps(out + (size_t)h * (size_t)hd + (size_t)(c0 + 8 * c), acc[h * NC + c]);
 }
 
-/* NH (1..4) heads over rows [j0, j1): tile_width(NH) slices at a time while they fit, then one. */
+/* NH (1..4) heads over rows [j0, j1): tile_width(NH) slices at a time while
+ * they fit, then one; the first slice pass prefetches as scores_heads does. */
 VEC_TARGET VEC_INLINE void wsum_heads(const float *p, size_t ps, int j0, int j1, const void *const *rows, const int F16,
-                                      const int NH, int hd, float *out) {
+                                      const int NH, int hd, float *out, int pf_n) {
     const int NC = tile_width(NH);
     int c0 = 0;
-    for (; c0 + 8 * NC <= hd; c0 += 8 * NC) wsum_tile(p, ps, j0, j1, rows, F16, c0, NH, NC, hd, out);
-    for (; c0 < hd; c0 += 8) wsum_tile(p, ps, j0, j1, rows, F16, c0, NH, 1, hd, out);
+    for (; c0 + 8 * NC <= hd; c0 += 8 * NC) wsum_tile(p, ps, j0, j1, rows, F16, c0, NH, NC, hd, out, c0 ? 0 : pf_n);
+    for (; c0 < hd; c0 += 8) wsum_tile(p, ps, j0, j1, rows, F16, c0, NH, 1, hd, out, c0 ? 0 : pf_n);
 }
 
 #define WSUM_NH(F16)                                                                                  \
     switch (nh) {                                                                                     \
-    case 1: wsum_heads(pg, p_stride, j0, j1, rows, F16, 1, hd, og); break;                            \
-    case 2: wsum_heads(pg, p_stride, j0, j1, rows, F16, 2, hd, og); break;                            \
-    case 3: wsum_heads(pg, p_stride, j0, j1, rows, F16, 3, hd, og); break;                            \
-    default: wsum_heads(pg, p_stride, j0, j1, rows, F16, 4, hd, og); break;                           \
+    case 1: wsum_heads(pg, p_stride, j0, j1, rows, F16, 1, hd, og, pf_n); break;                           \
+    case 2: wsum_heads(pg, p_stride, j0, j1, rows, F16, 2, hd, og, pf_n); break;                           \
+    case 3: wsum_heads(pg, p_stride, j0, j1, rows, F16, 3, hd, og, pf_n); break;                           \
+    default: wsum_heads(pg, p_stride, j0, j1, rows, F16, 4, hd, og, pf_n); break;                          \
     }
 
 /* Rows a block at a time (their value slices and probabilities stay in L1),
