@@ -158,8 +158,9 @@ VEC_TARGET VEC_INLINE void scores_tile(const float *q, int hd, const void *const
 /* The other side of a tile of NH (1..4) heads with 8 accumulators: 8, 4, 2, 2. */
 VEC_INLINE int tile_width(const int NH) { return NH == 1 ? 8 : NH == 2 ? 4 : 2; }
 
-/* Keys [j0, j1) against NH (1..4) heads: tile_width(NH) keys at a time, then one by one. */
-/* With pf_n (the list's length; 0: none), each tile first prefetches the rows KV_AHEAD past its own. */
+/* Keys [j0, j1) against NH (1..4) heads: tile_width(NH) keys at a time, then
+ * one by one. With pf_n (the list's length; 0: none), each tile first
+ * prefetches the rows KV_AHEAD past its own. */
 VEC_TARGET VEC_INLINE void scores_heads(const float *q, int hd, const void *const *keys, int j0, int j1, const int F16,
                                         const int NH, float scale, float *scores, size_t stride, int pf_n) {
     const int NK = tile_width(NH);
@@ -177,10 +178,10 @@ VEC_TARGET VEC_INLINE void scores_heads(const float *q, int hd, const void *cons
 
 #define SCORES_NH(F16)                                                                               \
     switch (nh) {                                                                                    \
-    case 1: scores_heads(qg, hd, keys, j0, j1, F16, 1, scale, sg, stride, pf_n); break;                   \
-    case 2: scores_heads(qg, hd, keys, j0, j1, F16, 2, scale, sg, stride, pf_n); break;                   \
-    case 3: scores_heads(qg, hd, keys, j0, j1, F16, 3, scale, sg, stride, pf_n); break;                   \
-    default: scores_heads(qg, hd, keys, j0, j1, F16, 4, scale, sg, stride, pf_n); break;                  \
+    case 1: scores_heads(qg, hd, keys, j0, j1, F16, 1, scale, sg, stride, pf_n); break;              \
+    case 2: scores_heads(qg, hd, keys, j0, j1, F16, 2, scale, sg, stride, pf_n); break;              \
+    case 3: scores_heads(qg, hd, keys, j0, j1, F16, 3, scale, sg, stride, pf_n); break;              \
+    default: scores_heads(qg, hd, keys, j0, j1, F16, 4, scale, sg, stride, pf_n); break;             \
     }
 
 /* The walk of scores and weighted sums: rows [j0, j1) a block of KV_BLOCK at
@@ -243,10 +244,10 @@ VEC_TARGET VEC_INLINE void wsum_heads(const float *p, size_t ps, int j0, int j1,
 
 #define WSUM_NH(F16)                                                                                  \
     switch (nh) {                                                                                     \
-    case 1: wsum_heads(pg, p_stride, j0, j1, rows, F16, 1, hd, og, pf_n); break;                           \
-    case 2: wsum_heads(pg, p_stride, j0, j1, rows, F16, 2, hd, og, pf_n); break;                           \
-    case 3: wsum_heads(pg, p_stride, j0, j1, rows, F16, 3, hd, og, pf_n); break;                           \
-    default: wsum_heads(pg, p_stride, j0, j1, rows, F16, 4, hd, og, pf_n); break;                          \
+    case 1: wsum_heads(pg, p_stride, j0, j1, rows, F16, 1, hd, og, pf_n); break;                      \
+    case 2: wsum_heads(pg, p_stride, j0, j1, rows, F16, 2, hd, og, pf_n); break;                      \
+    case 3: wsum_heads(pg, p_stride, j0, j1, rows, F16, 3, hd, og, pf_n); break;                      \
+    default: wsum_heads(pg, p_stride, j0, j1, rows, F16, 4, hd, og, pf_n); break;                     \
     }
 
 /* Rows a block at a time (their value slices and probabilities stay in L1),
