@@ -11,23 +11,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "quant.h"
+#include "bench_util.h"
 
 typedef void r8_fn(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, int n_act, float *out,
                    size_t out_stride);
 r8_fn va_r8_q4_0, va_r8_q8_0, va_r8_q4_k, va_r8_q6_k, vb_r8_q4_0, vb_r8_q8_0, vb_r8_q4_k, vb_r8_q6_k;
 
 enum { N = 2048, ROWS = 256, MAX_T = 128, REPEATS = 300 };
-
-static double now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e9 + (double)t.tv_nsec;
-}
-
-static float frand(void) { return (float)rand() / (float)RAND_MAX - 0.5f; }
 
 int main(int argc, char **argv) {
     static const struct {
@@ -51,32 +43,25 @@ int main(int argc, char **argv) {
     uint64_t rb = 0;
     if (!quant_row_bytes(type, N, &rb)) return 1;
     const size_t ab = quant_act_row_bytes(type, N);
-    static float x[N];
     float *oa = malloc(sizeof(float) * ROWS * MAX_T), *ob = malloc(sizeof(float) * ROWS * MAX_T);
     uint8_t *w = malloc(rb * ROWS), *act = malloc(ab * MAX_T), *r8 = malloc(rb * ROWS);
     if (!oa || !ob || !w || !act || !r8) return 1;
     srand(1);
-    for (int r = 0; r < ROWS; r++) {
-        for (int i = 0; i < N; i++) x[i] = frand();
-        quant_quantize_row(type, x, w + (size_t)r * rb, N);
-    }
-    for (int t = 0; t < MAX_T; t++) {
-        for (int i = 0; i < N; i++) x[i] = frand();
-        quant_act_quantize(type, x, act + (size_t)t * ab, N);
-    }
+    bench_random_rows(type, N, ROWS, w, rb, 0);
+    bench_random_rows(type, N, MAX_T, act, ab, 1);
     for (int r = 0; r < ROWS; r += 8) quant_r8_pack(type, N, w + (size_t)r * rb, rb, r8 + (size_t)r * rb);
     double ta = 1e30, tb = 1e30;
     for (int rep = 0; rep < REPEATS; rep++) {
-        const double t0 = now_ns();
+        const double t0 = bench_now_s();
         kinds[k].a(N, r8, ROWS / 8, act, ab, nt, oa, ROWS);
-        const double t1 = now_ns();
+        const double t1 = bench_now_s();
         kinds[k].b(N, r8, ROWS / 8, act, ab, nt, ob, ROWS);
-        const double t2 = now_ns();
+        const double t2 = bench_now_s();
         ta = t1 - t0 < ta ? t1 - t0 : ta;
         tb = t2 - t1 < tb ? t2 - t1 : tb;
     }
     const int same = !memcmp(oa, ob, sizeof(float) * ROWS * (size_t)nt);
-    printf("%s, %d tokens: A %.2f  B %.2f ns/row-token  B/A %.3f  %s\n", name, nt, ta / (ROWS * nt), tb / (ROWS * nt),
+    printf("%s, %d tokens: A %.2f  B %.2f ns/row-token  B/A %.3f  %s\n", name, nt, ta * 1e9 / (ROWS * nt), tb * 1e9 / (ROWS * nt),
            tb / ta, same ? "same bits" : "OUTPUTS DIFFER");
     free(oa), free(ob), free(w), free(act), free(r8);
     return same ? 0 : 1;

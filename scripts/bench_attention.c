@@ -22,17 +22,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <sys/mman.h>
 
 #include "quant.h"
 #include "vecops.h"
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
+#include "bench_util.h"
 
 int main(int argc, char **argv) {
     const int n = argc > 1 ? atoi(argv[1]) : 2016, layers = argc > 2 ? atoi(argv[2]) : 1;
@@ -74,13 +69,13 @@ int main(int argc, char **argv) {
                     keys[j] = ROW_AT(perm[j / BT], l, 0, g, j % BT);
                     vals[j] = ROW_AT(perm[j / BT], l, 1, g, j % BT);
                 }
-                double t0 = now_s();
+                double t0 = bench_now_s();
                 vec_scores(q, GROUP, HD, keys, n, 1, 0.125f, sc, (size_t)n);
-                double t1 = now_s();
+                double t1 = bench_now_s();
                 for (int h = 0; h < GROUP; h++) vec_softmax(sc + (size_t)h * (size_t)n, n);
-                double t2 = now_s();
+                double t2 = bench_now_s();
                 vec_wsum_group(sc, (size_t)n, GROUP, n, vals, 1, HD, out);
-                double t3 = now_s();
+                double t3 = bench_now_s();
                 t[0] += t1 - t0, t[1] += t2 - t1, t[2] += t3 - t2;
             }
         for (int k = 0; k < 3; k++) best[k] = t[k] < best[k] ? t[k] : best[k];

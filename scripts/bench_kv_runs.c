@@ -16,26 +16,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <sys/mman.h>
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
+#include "bench_util.h"
 
 /* Reads n_runs runs of run bytes, stride apart, from buf; returns GB/s. */
 static double read_runs(const char *buf, size_t n_runs, size_t run, size_t stride, const char *evict, size_t evict_bytes) {
     volatile char sink = 0;
     for (size_t i = 0; i < evict_bytes; i += 64) sink = (char)(sink + evict[i]);
     __m256i acc = _mm256_setzero_si256();
-    const double t0 = now_s();
+    const double t0 = bench_now_s();
     for (size_t r = 0; r < n_runs; r++) {
         const char *p = buf + r * stride;
         for (size_t b = 0; b < run; b += 32) acc = _mm256_add_epi32(acc, _mm256_load_si256((const __m256i *)(p + b)));
     }
-    const double t = now_s() - t0;
+    const double t = bench_now_s() - t0;
     sink = (char)(sink + (char)_mm256_extract_epi32(acc, 0));
     return (double)(n_runs * run) / t / 1e9;
 }

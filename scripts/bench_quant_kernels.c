@@ -14,24 +14,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "quant.h"
+#include "bench_util.h"
 
 enum { N = 2048, ROWS = 256, T = 8, REPEATS = 40 };
-
-static double now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e9 + (double)t.tv_nsec;
-}
-
-static float frand(void) { return (float)rand() / (float)RAND_MAX - 0.5f; }
 
 int main(void) {
     static const uint32_t types[] = {QUANT_Q4_0, QUANT_Q8_0, QUANT_Q4_K, QUANT_Q6_K, QUANT_Q2_K,
                                      QUANT_Q3_K, QUANT_IQ4_NL, QUANT_IQ4_XS};
-    static float x[N], out[ROWS * T];
+    static float out[ROWS * T];
     srand(1);
     printf("isa %s, n %d, %d rows\n", quant_isa_name(quant_isa_current()), N, ROWS);
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
@@ -41,42 +33,39 @@ int main(void) {
         const size_t ab = quant_act_row_bytes(type, N);
         uint8_t *w = malloc(rb * ROWS), *act = malloc(ab * T), *tiled = malloc(ab * T), *r8 = malloc(rb * ROWS);
         if (!w || !act || !tiled || !r8) return 1;
-        for (int r = 0; r < ROWS; r++) {
-            for (int i = 0; i < N; i++) x[i] = frand();
-            quant_quantize_row(type, x, w + (size_t)r * rb, N);
-        }
-        for (int t = 0; t < T; t++) {
-            for (int i = 0; i < N; i++) x[i] = frand();
-            quant_act_quantize(type, x, act + (size_t)t * ab, N);
-        }
+        bench_random_rows(type, N, ROWS, w, rb, 0);
+        bench_random_rows(type, N, T, act, ab, 1);
         const bool tile = quant_has_tile(type), packed = quant_r8_supported(type);
         for (int r = 0; packed && r < ROWS; r += 8) quant_r8_pack(type, N, w + (size_t)r * rb, rb, r8 + (size_t)r * rb);
         memcpy(tiled, act, ab * T);
         for (int t = 0; tile && t < T; t++) quant_act_tile_layout(type, tiled + (size_t)t * ab, N);
         double one = 1e30, multi = 1e30, til = 1e30, r8_one = 1e30, r8_multi = 1e30;
         for (int rep = 0; rep < REPEATS; rep++) {
-            double t0 = now_ns();
+            double t0 = bench_now_s();
             for (int r = 0; r < ROWS; r++) quant_dot_multi(type, N, w + (size_t)r * rb, act, ab, 1, out + r);
-            double t1 = now_ns();
+            double t1 = bench_now_s();
             for (int r = 0; r < ROWS; r++) quant_dot_multi(type, N, w + (size_t)r * rb, act, ab, T, out);
-            double t2 = now_ns();
+            double t2 = bench_now_s();
             if (tile) quant_dot_tile(type, N, w, rb, ROWS, tiled, ab, T, out, ROWS);
-            double t3 = now_ns();
+            double t3 = bench_now_s();
             if (packed) quant_dot_r8(type, N, r8, ROWS / 8, act, ab, 1, out, ROWS);
-            double t4 = now_ns();
+            double t4 = bench_now_s();
             if (packed) quant_dot_r8(type, N, r8, ROWS / 8, act, ab, T, out, ROWS);
-            double t5 = now_ns();
+            double t5 = bench_now_s();
             r8_one = t4 - t3 < r8_one ? t4 - t3 : r8_one;
             r8_multi = t5 - t4 < r8_multi ? t5 - t4 : r8_multi;
             one = t1 - t0 < one ? t1 - t0 : one;
             multi = t2 - t1 < multi ? t2 - t1 : multi;
             til = t3 - t2 < til ? t3 - t2 : til;
         }
-        printf("%-7s 1 token %6.1f ns/row   %d tokens: multi %6.1f", quant_get_traits(type)->name, one / ROWS, T,
-               multi / (ROWS * T));
-        if (tile) printf(", tile %6.1f", til / (ROWS * T));
+        const double ns = 1e9; /* the clock reads seconds */
+        printf("%-7s 1 token %6.1f ns/row   %d tokens: multi %6.1f", quant_get_traits(type)->name, one * ns / ROWS, T,
+               multi * ns / (ROWS * T));
+        if (tile) printf(", tile %6.1f", til * ns / (ROWS * T));
         printf(" ns/row-token");
-        if (packed) printf("   r8: 1 token %6.1f ns/row, %d tokens %6.1f ns/row-token", r8_one / ROWS, T, r8_multi / (ROWS * T));
+        if (packed)
+            printf("   r8: 1 token %6.1f ns/row, %d tokens %6.1f ns/row-token", r8_one * ns / ROWS, T,
+                   r8_multi * ns / (ROWS * T));
         printf("\n");
         free(w);
         free(act);

@@ -11,13 +11,8 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
+#include "bench_util.h"
 
 #define ITERS 100000000L
 #define CLOBBER "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9"
@@ -28,9 +23,9 @@ static double now_s(void) {
     "\nvpmaddwd %%ymm8,%%ymm9,%%ymm" c "\nvpaddd %%ymm8,%%ymm9,%%ymm" d "\n"
 #define RUN(label, body, n_ops)                                                                          \
     do {                                                                                                 \
-        const double t0 = now_s();                                                                       \
+        const double t0 = bench_now_s();                                                                       \
         for (long i = 0; i < ITERS; i++) __asm__ volatile(body ::: CLOBBER);                             \
-        const double ns = (now_s() - t0) / (double)ITERS * 1e9;                                          \
+        const double ns = (bench_now_s() - t0) / (double)ITERS * 1e9;                                          \
         printf("%-34s %6.3f ns/iteration, %5.2f cycles, %4.2f instructions/cycle\n", label, ns, ns * ghz, \
                (double)(n_ops) / (ns * ghz));                                                            \
     } while (0)
