@@ -3,8 +3,8 @@
  * core: for every kv head of a layer, vec_scores (a GQA group of query heads
  * against n keys), vec_softmax per head and vec_wsum_group over the n value
  * rows, with the keys and values laid out as kvstate lays them out, blocks of
- * 16 positions [block][layer][K|V][kv head][slot][head_dim] (LAYOUT
- * "blocks"), or in arena chunks of 16 blocks laid out
+ * BT positions (default 16, kvstate's) [block][layer][K|V][kv head][slot][head_dim]
+ * (LAYOUT "blocks"), or in arena chunks of 16 blocks laid out
  * [layer][K|V][kv head][block][slot][head_dim] ("chunks", a layout tried and
  * dropped, BENCHMARKS.md); the session's blocks in order (ORDER "in-order",
  * a fresh pool) or shuffled ("shuffled", a pool long in use). The arena is on
@@ -12,11 +12,12 @@
  * Default shape: TinyLlama-1.1B (8 query heads per kv head, 4 kv heads,
  * head_dim 64, f16 KV). Minimum over the repeats, ms per layer. With
  * LAYERS > 1 the KV of that many layers is walked (more than the caches
- * hold), so memory counts as well as arithmetic.
+ * hold), so memory counts as well as arithmetic. One head's rows of a layer
+ * run BT x head_dim x 2 bytes in a block (8 KB at BT 64, 2 KB at 16).
  *
  * Not part of the build. From the repository root, after building build/:
  *   cc -O2 -Isrc -Iinclude scripts/bench_attention.c build/libkvshard_core.a -lm -lpthread \
- *      -o build/bench_attention && build/bench_attention [N_POS [LAYERS [blocks|chunks [in-order|shuffled]]]]
+ *      -o build/bench_attention && build/bench_attention [N_POS [LAYERS [blocks|chunks [in-order|shuffled [BT]]]]]
  */
 #include <stdbool.h>
 #include <stdio.h>
@@ -32,10 +33,12 @@
 int main(int argc, char **argv) {
     const int n = argc > 1 ? atoi(argv[1]) : 2016, layers = argc > 2 ? atoi(argv[2]) : 1;
     const char *layout = argc > 3 ? argv[3] : "blocks", *order = argc > 4 ? argv[4] : "in-order";
-    enum { HD = 64, GROUP = 8, NKV = 4, BT = 16, CHUNK = 16 };
+    enum { HD = 64, GROUP = 8, NKV = 4, CHUNK = 16 };
+    const int BT = argc > 5 ? atoi(argv[5]) : 16;
     const bool chunks = !strcmp(layout, "chunks"), shuffled = !strcmp(order, "shuffled");
-    if (n < 1 || layers < 1 || (!chunks && strcmp(layout, "blocks")) || (!shuffled && strcmp(order, "in-order"))) {
-        fprintf(stderr, "usage: bench_attention [N_POS >= 1 [LAYERS >= 1 [blocks|chunks [in-order|shuffled]]]]\n");
+    if (n < 1 || layers < 1 || BT < 1 || BT > 1024 || (!chunks && strcmp(layout, "blocks")) ||
+        (!shuffled && strcmp(order, "in-order"))) {
+        fprintf(stderr, "usage: bench_attention [N_POS >= 1 [LAYERS >= 1 [blocks|chunks [in-order|shuffled [BT 1..1024]]]]]\n");
         return 2;
     }
     const int nb = (n + BT - 1) / BT, n_chunks = (nb + CHUNK - 1) / CHUNK;
@@ -81,9 +84,9 @@ int main(int argc, char **argv) {
         for (int k = 0; k < 3; k++) best[k] = t[k] < best[k] ? t[k] : best[k];
     }
     printf("isa %s, %d positions, %d layer(s) of %d kv heads x %d query heads, head_dim %d, f16 KV, %s layout, "
-           "blocks %s; ms per layer:\n"
+           "blocks of %d positions %s; ms per layer:\n"
            "scores %.4f  softmax %.4f  weighted sums %.4f  (total %.4f; out[3] = %g)\n",
-           quant_isa_name(quant_isa_current()), n, layers, NKV, GROUP, HD, layout, order, best[0] * 1e3 / layers, best[1] * 1e3 / layers,
+           quant_isa_name(quant_isa_current()), n, layers, NKV, GROUP, HD, layout, BT, order, best[0] * 1e3 / layers, best[1] * 1e3 / layers,
            best[2] * 1e3 / layers, (best[0] + best[1] + best[2]) * 1e3 / layers, (double)out[3]);
     free(arena); free(perm); free(q); free(sc); free(keys); free(vals);
     return 0;
