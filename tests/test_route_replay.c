@@ -115,6 +115,8 @@ int main(void) {
         if (up_head) shard_stop(&head);
         if (up_tail) shard_stop(&tail);
         if (up_tight) shard_stop(&tight);
+        unlink(model_path);
+        rmdir(dir);
         return test_finish("test_route_replay", 1, 0);
     }
     size_t n = (size_t)(N_STEPS + 1) * N_VOCAB;
