@@ -124,6 +124,7 @@ VEC_TARGET static inline __attribute__((always_inline)) __m256 hsum8x8(const __m
  * of a whole block's prefetches at once overlapped less with the arithmetic
  * (2-13 % slower attention in decode at 2016 positions, BENCHMARKS.md). */
 enum { KV_AHEAD = 32 };
+VEC_INLINE size_t kv_row_bytes(int f16, int hd) { return (size_t)hd * (f16 ? 2u : 4u); }
 VEC_INLINE void prefetch_rows(const void *const *rows, int j, int n, int n_rows, size_t row_bytes) {
     const int j1 = j + n < n_rows ? j + n : n_rows;
     for (; j < j1; j++)
@@ -164,7 +165,7 @@ VEC_INLINE int tile_width(const int NH) { return NH == 1 ? 8 : NH == 2 ? 4 : 2; 
 VEC_TARGET VEC_INLINE void scores_heads(const float *q, int hd, const void *const *keys, int j0, int j1, const int F16,
                                         const int NH, float scale, float *scores, size_t stride, int pf_n) {
     const int NK = tile_width(NH);
-    const size_t row_bytes = (size_t)hd * (F16 ? 2u : 4u);
+    const size_t row_bytes = kv_row_bytes(F16, hd);
     int j = j0;
     for (; j + NK <= j1; j += NK) {
         if (pf_n) prefetch_rows(keys, j + KV_AHEAD, NK, pf_n, row_bytes);
@@ -201,7 +202,7 @@ enum { KV_BLOCK = 16 };
 /* hd a multiple of 8: keys a block at a time, four heads at a time within a block. */
 VEC_TARGET VEC_INLINE void scores_body(const float *q, int group, const int hd, const void *const *keys, int n_keys,
                                        int k_f16, float scale, float *scores, size_t stride) {
-    KV_WALK_BEGIN(keys, n_keys, (size_t)hd * (k_f16 ? 2u : 4u))
+    KV_WALK_BEGIN(keys, n_keys, kv_row_bytes(k_f16, hd))
         const float *qg = q + (size_t)h0 * (size_t)hd;
         float *sg = scores + (size_t)h0 * stride;
         if (k_f16) { SCORES_NH(1) } else { SCORES_NH(0) }
@@ -218,8 +219,9 @@ VEC_TARGET VEC_INLINE void wsum_tile(const float *p, size_t ps, int j0, int j1, 
     VEC_UNROLL for (int h = 0; h < NH; h++)
         VEC_UNROLL for (int c = 0; c < NC; c++)
             acc[h * NC + c] = _mm256_loadu_ps(out + (size_t)h * (size_t)hd + (size_t)(c0 + 8 * c));
+    const size_t row_bytes = kv_row_bytes(F16, hd);
     for (int j = j0; j < j1; j++) {
-        if (pf_n) prefetch_rows(rows, j + KV_AHEAD, 1, pf_n, (size_t)hd * (F16 ? 2u : 4u));
+        if (pf_n) prefetch_rows(rows, j + KV_AHEAD, 1, pf_n, row_bytes);
         __m256 v[8];
         VEC_UNROLL for (int c = 0; c < NC; c++) v[c] = row8(rows[j], F16, c0 + 8 * c);
         VEC_UNROLL for (int h = 0; h < NH; h++) {
@@ -255,7 +257,7 @@ VEC_TARGET VEC_INLINE void wsum_heads(const float *p, size_t ps, int j0, int j1,
 VEC_TARGET VEC_INLINE void wsum_body(const float *p, size_t p_stride, int group, int n, const void *const *rows,
                                      int v_f16, const int hd, float *out) {
     memset(out, 0, sizeof(float) * (size_t)group * (size_t)hd);
-    KV_WALK_BEGIN(rows, n, (size_t)hd * (v_f16 ? 2u : 4u))
+    KV_WALK_BEGIN(rows, n, kv_row_bytes(v_f16, hd))
         const float *pg = p + (size_t)h0 * p_stride;
         float *og = out + (size_t)h0 * (size_t)hd;
         if (v_f16) { WSUM_NH(1) } else { WSUM_NH(0) }
