@@ -94,43 +94,21 @@ static route *open_route(shard *head, shard *tail, bool f16, uint64_t cap) {
     return r;
 }
 
-int main(void) {
-    char dir[] = "/tmp/kvs-replay-XXXXXX";
-    CHECK(mkdtemp(dir) != NULL);
-    char model_path[256];
-    snprintf(model_path, sizeof model_path, "%s/small-q8_0.gguf", dir);
-    mkmodel_params mp = mkmodel_default_params();
-    mp.shape = "small";
-    mp.type = QUANT_Q8_0;
-    mp.n_threads = 1;
+/* The route checks, over the two full-budget shards and the tight tail. */
+static void check_routes(shard *head, shard *tail, shard *tight) {
     char msg[KVS_MSG_MAX];
-    CHECK_EQ_INT(mkmodel_write(model_path, mp, msg, sizeof msg), KVS_OK);
-    /* small: n_embd 256, 2 layers, KV block of one layer = 16 x 2 x 2 x 64 x 2 = 8 KiB. */
-    shard head, tail, tight;
-    const bool up_head = shard_start(&head, model_path, 0, 1, 16u << 20);
-    const bool up_tail = shard_start(&tail, model_path, 1, 2, 16u << 20);
-    const bool up_tight = shard_start(&tight, model_path, 1, 2, 3u * 8192u); /* one session of 32 positions */
-    CHECK(up_head && up_tail && up_tight);
-    if (!(up_head && up_tail && up_tight)) { /* nothing below can run without all three */
-        if (up_head) shard_stop(&head);
-        if (up_tail) shard_stop(&tail);
-        if (up_tight) shard_stop(&tight);
-        unlink(model_path);
-        rmdir(dir);
-        return test_finish("test_route_replay", 1, 0);
-    }
     size_t n = (size_t)(N_STEPS + 1) * N_VOCAB;
     float *ref = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
 
     /* An undisturbed f16 run, then the same with evictions on the tail and replays. */
-    route *r = open_route(&head, &tail, true, 0);
+    route *r = open_route(head, tail, true, 0);
     route_session *s = NULL, *o = NULL;
     CHECK_EQ_INT(route_session_open(r, &s, msg, sizeof msg), KVS_OK);
     CHECK_EQ_INT(drive(r, s, NULL, 1, ref), KVS_OK);
     uint64_t f16_bytes = route_session_replay_bytes(s);
     route_release(r, s);
     route_close(r);
-    r = open_route(&head, &tight, true, 0);
+    r = open_route(head, tight, true, 0);
     CHECK_EQ_INT(route_session_open(r, &s, msg, sizeof msg), KVS_OK);
     CHECK_EQ_INT(route_session_open(r, &o, msg, sizeof msg), KVS_OK);
     g_misses = 0;
@@ -142,7 +120,7 @@ int main(void) {
     route_close(r);
 
     /* f32 costs twice the hidden part: (4 + 256 x 4) vs (4 + 256 x 2) bytes per position. */
-    r = open_route(&head, &tail, false, 0);
+    r = open_route(head, tail, false, 0);
     CHECK_EQ_INT(route_session_open(r, &s, msg, sizeof msg), KVS_OK);
     CHECK_EQ_INT(drive(r, s, NULL, 1, got), KVS_OK);
     uint64_t f32_bytes = route_session_replay_bytes(s);
@@ -153,7 +131,7 @@ int main(void) {
 
     /* A cap of 20 positions in f16: max_ctx 20, memory within the cap, step 21 refused. */
     uint64_t cap = 20 * (4 + 256 * 2);
-    r = open_route(&head, &tail, true, cap);
+    r = open_route(head, tail, true, cap);
     route_info info;
     route_get_info(r, &info);
     CHECK_EQ_INT(info.max_ctx, 20);
@@ -174,8 +152,8 @@ int main(void) {
         CHECK_EQ_INT(netio_listen("127.0.0.1", 0, 1, &lfd, &dead, msg, sizeof msg), KVS_OK);
         close(lfd); /* nothing listens there now */
         char spec[64], spare[32];
-        snprintf(spec, sizeof spec, "127.0.0.1:%u,127.0.0.1:%u", dead, srv_port(tail.s));
-        snprintf(spare, sizeof spare, "127.0.0.1:%u", srv_port(head.s));
+        snprintf(spec, sizeof spec, "127.0.0.1:%u,127.0.0.1:%u", dead, srv_port(tail->s));
+        snprintf(spare, sizeof spare, "127.0.0.1:%u", srv_port(head->s));
         route_params rp = route_default_params();
         CHECK_EQ_INT(route_open(spec, spare, &rp, &r, msg, sizeof msg), KVS_OK);
         if (r) {
@@ -190,9 +168,29 @@ int main(void) {
 
     free(ref);
     free(got);
-    shard_stop(&head);
-    shard_stop(&tail);
-    shard_stop(&tight);
+}
+
+int main(void) {
+    char dir[] = "/tmp/kvs-replay-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char model_path[256];
+    snprintf(model_path, sizeof model_path, "%s/small-q8_0.gguf", dir);
+    mkmodel_params mp = mkmodel_default_params();
+    mp.shape = "small";
+    mp.type = QUANT_Q8_0;
+    mp.n_threads = 1;
+    char msg[KVS_MSG_MAX];
+    CHECK_EQ_INT(mkmodel_write(model_path, mp, msg, sizeof msg), KVS_OK);
+    /* small: n_embd 256, 2 layers, KV block of one layer = 16 x 2 x 2 x 64 x 2 = 8 KiB. */
+    shard head, tail, tight;
+    const bool up_head = shard_start(&head, model_path, 0, 1, 16u << 20);
+    const bool up_tail = shard_start(&tail, model_path, 1, 2, 16u << 20);
+    const bool up_tight = shard_start(&tight, model_path, 1, 2, 3u * 8192u); /* one session of 32 positions */
+    CHECK(up_head && up_tail && up_tight);
+    if (up_head && up_tail && up_tight) check_routes(&head, &tail, &tight); /* nothing runs without all three */
+    if (up_head) shard_stop(&head);
+    if (up_tail) shard_stop(&tail);
+    if (up_tight) shard_stop(&tight);
     unlink(model_path);
     rmdir(dir);
     return test_finish("test_route_replay", 1, 0);
