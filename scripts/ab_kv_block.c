@@ -53,7 +53,8 @@ int main(int argc, char **argv) {
     ep.model_path = argv[1];
     ep.n_threads = threads;
     ep.kv.block_tokens = bt[0];
-    ep.kv.budget_bytes = 1u << 20; /* replaced below */
+    ep.kv_positions = (uint32_t)(depth + steps); /* pool A: room for both sessions (engine_open sizes it) */
+    ep.kv_sessions = KINDS;
     engine *e = NULL;
     if (engine_open(&ep, &e, msg, sizeof msg)) {
         fprintf(stderr, "ab_kv_block: %s\n", msg);
@@ -63,29 +64,25 @@ int main(int argc, char **argv) {
         fprintf(stderr, "ab_kv_block: needs a whole model with DEPTH + STEPS <= %u\n", e->m->hp.n_ctx);
         return 2;
     }
-    kv_free(e->kv);
-    e->kv = NULL;
-    kv_state *kv[POOLS] = {NULL, NULL};
-    for (int p = 0; p < POOLS; p++) {
-        kv_params kp = ep.kv;
-        kp.n_layers = (int)(e->m->last - e->m->first);
-        kp.n_kv_heads = (int)e->m->hp.n_head_kv;
-        kp.head_dim = (int)e->m->hp.head_dim;
-        kp.max_positions = e->m->hp.n_ctx;
-        kp.block_tokens = bt[p];
-        uint64_t blocks = (uint64_t)(depth + steps + bt[p] - 1) / (uint64_t)bt[p] + 1 +
-                          (uint64_t)(shortp + steps + bt[p] - 1) / (uint64_t)bt[p] + 1;
-        kp.budget_bytes = blocks * kv_params_block_bytes(&kp);
-        if (kv_create(&kp, &kv[p], msg, sizeof msg)) {
-            fprintf(stderr, "ab_kv_block: %s\n", msg);
-            return 1;
-        }
+    /* Pool B: pool A's settings (the model's shape, filled by engine_open), its own block size,
+     * and a budget of as many positions plus a block per session (each rounds up on its own). */
+    kv_state *kv[POOLS] = {e->kv, NULL};
+    kv_params kp = *kv_get_params(kv[0]);
+    kv_stats st;
+    kv_get_stats(kv[0], &st);
+    const uint64_t positions = st.blocks_total * (uint64_t)kp.block_tokens;
+    kp.block_tokens = bt[1];
+    kp.budget_bytes = ((positions + (uint64_t)bt[1] - 1) / (uint64_t)bt[1] + KINDS) * kv_params_block_bytes(&kp);
+    if (kv_create(&kp, &kv[1], msg, sizeof msg)) {
+        fprintf(stderr, "ab_kv_block: %s\n", msg);
+        return 1;
     }
     const int nv = (int)e->m->hp.n_vocab;
     const int n_toks = depth > shortp ? depth : shortp;
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)n_toks);
     float *logits = malloc(sizeof(float) * (size_t)nv);
     double *ms = malloc(sizeof(double) * (size_t)steps * POOLS * KINDS);
+#define SERIES(p, k) (ms + ((size_t)(p) * KINDS + (size_t)(k)) * (size_t)steps) /* ms of one session's steps */
     if (!toks || !logits || !ms) {
         fprintf(stderr, "ab_kv_block: out of memory\n");
         return 1;
@@ -119,7 +116,7 @@ int main(int argc, char **argv) {
                 r->tokens = &next[p][k];
                 double t0 = bench_now_s();
                 if (step(e, kv[p], r)) return 1;
-                ms[((size_t)p * KINDS + (size_t)k) * (size_t)steps + (size_t)s] = (bench_now_s() - t0) * 1e3;
+                SERIES(p, k)[s] = (bench_now_s() - t0) * 1e3;
             }
         }
     printf("%d threads, %d steps each; ms per decode step, mean / median\n", threads, steps);
@@ -127,7 +124,7 @@ int main(int argc, char **argv) {
     for (int p = 0; p < POOLS; p++) {
         double mean[KINDS];
         for (int k = 0; k < KINDS; k++) {
-            double *v = ms + ((size_t)p * KINDS + (size_t)k) * (size_t)steps, sum = 0;
+            double *v = SERIES(p, k), sum = 0;
             for (int s = 0; s < steps; s++) sum += v[s];
             mean[k] = sum / steps;
             qsort(v, (size_t)steps, sizeof(double), cmp_double);
@@ -137,8 +134,8 @@ int main(int argc, char **argv) {
                mean[0], med[p][0], depth, mean[1], med[p][1], mean[1] / mean[0], med[p][1] / med[p][0]);
     }
     printf("B/A medians: short %.3f  deep %.3f\n", med[1][0] / med[0][0], med[1][1] / med[0][1]);
-    e->kv = NULL;
-    for (int p = 0; p < POOLS; p++) kv_free(kv[p]);
+    e->kv = kv[0]; /* the engine's own, freed with it */
+    kv_free(kv[1]);
     engine_close(e);
     free(toks);
     free(logits);
