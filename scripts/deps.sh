@@ -3,9 +3,10 @@
 set -euo pipefail
 pkgs=(build-essential cmake git libcjson-dev libsodium-dev libpcre2-dev libssl-dev libmicrohttpd-dev clang libclang-rt-14-dev)
 # --test: what the test suite needs beyond the build: headless Chromium for the chat-page test,
+# SIMDe (header-only) to run the AVX-512 kernels on CPUs without AVX-512 (the emu512_* tests),
 # and Node.js/npm (for the openai client test) when no node is installed yet.
 if [ "${1:-}" = "--test" ]; then
-  pkgs+=(chromium)
+  pkgs+=(chromium libsimde-dev)
   command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)
 fi
 missing=()

@@ -78,7 +78,11 @@ enum quant_isa quant_isa_detect(void) {
     const bool f = b & (1u << 16), dq = b & (1u << 17), bw = b & (1u << 30), vl = b & (1u << 31),
                vnni = c & (1u << 11);
     if (f && dq && bw && vl && vnni && (xlo & 0xE6u) == 0xE6u) return QUANT_ISA_AVX512;
+#ifdef KVS_EMU_AVX512
+    return QUANT_ISA_AVX512; /* its kernels were built for AVX2 on SIMDe (src/emu_avx512.h) */
+#else
     return QUANT_ISA_AVX2;
+#endif
 }
 #else
 enum quant_isa quant_isa_detect(void) { return QUANT_ISA_SCALAR; }

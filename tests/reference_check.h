@@ -15,6 +15,7 @@
 #include <math.h>
 
 #include "engine_check.h"
+#include "isa_check.h"
 #include "jsonl.h"
 #include "quant.h"
 #include "sampler.h"
@@ -164,6 +165,7 @@ static void check_line_cb(cJSON *line, int line_no, void *ctx) {
  * being a folder under ../shared with its "/" ("" for the top level); a case
  * whose files are missing is skipped with a note. Returns test_finish's code. */
 static int run_ref_cases(const char *test_name, const char *dir, const ref_case *cases, size_t n_cases) {
+    check_expected_isa(test_name);
     int n_run = 0, n_skipped = 0;
     for (size_t c = 0; c < n_cases; c++) {
         const ref_case *rc = &cases[c];

@@ -22,6 +22,7 @@
 
 #include "engine.h"
 #include "gguf.h"
+#include "isa_check.h"
 #include "mkmodel.h"
 #include "model.h"
 #include "ops.h"
@@ -191,6 +192,7 @@ static void test_rope_ops(void) {
 }
 
 int main(void) {
+    check_expected_isa("test_arch");
     char dir[] = "/tmp/kvs-arch-XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
     char base[256], path[256], path2[256], msg[KVS_MSG_MAX];

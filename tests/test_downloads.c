@@ -17,6 +17,7 @@
 #include <math.h>
 
 #include "engine_check.h"
+#include "isa_check.h"
 #include "jsonl.h"
 #include "sampler.h"
 #include "test.h"
@@ -204,6 +205,7 @@ static void check_line_cb(cJSON *line, int line_no, void *ctx) {
 }
 
 int main(void) {
+    check_expected_isa("test_downloads");
     int n_run = 0, n_skipped = 0;
     for (size_t c = 0; c < sizeof(MODELS) / sizeof(MODELS[0]); c++) {
         const char *name = MODELS[c];

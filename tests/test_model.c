@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "gguf.h"
+#include "isa_check.h"
 #include "mkmodel.h"
 #include "model.h"
 #include "quant.h"
@@ -104,6 +105,7 @@ static void expect_refused(const char *base, const char *dir, const char *what, 
 }
 
 int main(void) {
+    check_expected_isa("test_model");
     char dir[] = "/tmp/kvs-model-XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
     char base[256], msg[KVS_MSG_MAX];

@@ -2,6 +2,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "isa_check.h"
 #include "quant.h"
 #include "test.h"
 
@@ -511,6 +512,7 @@ static void test_r8(uint32_t type, int64_t n) {
 }
 
 int main(void) {
+    check_expected_isa("test_quant");
     enum quant_isa best = quant_isa_detect();
     for (int i = 0; i <= (int)best; i++) isas[n_isas++] = (enum quant_isa)i;
     printf("test_quant: best ISA %s\n", quant_isa_name(best));

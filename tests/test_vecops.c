@@ -7,6 +7,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "isa_check.h"
 #include "quant.h"
 #include "test.h"
 #include "vecops.h"
@@ -159,6 +160,7 @@ static void test_swiglu(int n) {
 }
 
 int main(void) {
+    check_expected_isa("test_vecops");
     enum quant_isa best = quant_isa_detect();
     int checked = 0;
     for (int isa = 0; isa <= (int)best; isa++) {

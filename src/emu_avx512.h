@@ -1,0 +1,19 @@
+/*
+ * emu_avx512 — force-included (-include) into the AVX-512 kernel files by a
+ * KVS_EMU_AVX512 build only. Those files are then compiled for AVX2, and SIMDe
+ * (Debian's libsimde-dev) supplies every 512-bit and VNNI intrinsic they use
+ * under its Intel name, as portable code; the AVX2 intrinsics stay native.
+ *
+ * Why: the AVX-512 kernels are what the dispatcher picks on an AVX-512 machine,
+ * and a development machine without AVX-512 would otherwise never execute them.
+ * SIMDe follows Intel's definitions of each instruction (saturation included),
+ * so the emulated kernels give the bits the real ones give; the emulation says
+ * nothing about their speed, and the ordinary build still tests the real code
+ * wherever the CPU has AVX-512.
+ */
+#ifndef KVS_EMU_AVX512_H
+#define KVS_EMU_AVX512_H
+#include <immintrin.h>
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+#endif
