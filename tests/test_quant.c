@@ -515,7 +515,6 @@ int main(void) {
     check_expected_isa("test_quant");
     enum quant_isa best = quant_isa_detect();
     for (int i = 0; i <= (int)best; i++) isas[n_isas++] = (enum quant_isa)i;
-    printf("test_quant: best ISA %s\n", quant_isa_name(best));
     CHECK(!quant_isa_force((enum quant_isa)3));
     CHECK(quant_isa_current() == best);
 
