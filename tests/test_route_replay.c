@@ -40,13 +40,16 @@ static bool shard_start(shard *sh, const char *model_path, uint32_t first, uint3
     char msg[KVS_MSG_MAX] = "";
     if (srv_create(&p, &sh->s, msg, sizeof msg) != KVS_OK) {
         fprintf(stderr, "srv_create: %s\n", msg);
+        sh->s = NULL; /* shard_stop: nothing to stop */
         return false;
     }
     pthread_create(&sh->th, NULL, serve_main, sh);
     return true;
 }
 
+/* Stops and frees a shard; one whose start failed is left as it is. */
 static void shard_stop(shard *sh) {
+    if (!sh->s) return;
     srv_stop(sh->s);
     pthread_join(sh->th, NULL);
     srv_free(sh->s);
@@ -183,14 +186,14 @@ int main(void) {
     CHECK_EQ_INT(mkmodel_write(model_path, mp, msg, sizeof msg), KVS_OK);
     /* small: n_embd 256, 2 layers, KV block of one layer = 16 x 2 x 2 x 64 x 2 = 8 KiB. */
     shard head, tail, tight;
-    const bool up_head = shard_start(&head, model_path, 0, 1, 16u << 20);
-    const bool up_tail = shard_start(&tail, model_path, 1, 2, 16u << 20);
-    const bool up_tight = shard_start(&tight, model_path, 1, 2, 3u * 8192u); /* one session of 32 positions */
-    CHECK(up_head && up_tail && up_tight);
-    if (up_head && up_tail && up_tight) check_routes(&head, &tail, &tight); /* nothing runs without all three */
-    if (up_head) shard_stop(&head);
-    if (up_tail) shard_stop(&tail);
-    if (up_tight) shard_stop(&tight);
+    bool up = shard_start(&head, model_path, 0, 1, 16u << 20);
+    up = shard_start(&tail, model_path, 1, 2, 16u << 20) && up;
+    up = shard_start(&tight, model_path, 1, 2, 3u * 8192u) && up; /* one session of 32 positions */
+    CHECK(up);
+    if (up) check_routes(&head, &tail, &tight); /* nothing runs without all three */
+    shard_stop(&head);
+    shard_stop(&tail);
+    shard_stop(&tight);
     unlink(model_path);
     rmdir(dir);
     return test_finish("test_route_replay", 1, 0);
