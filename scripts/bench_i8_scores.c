@@ -110,7 +110,8 @@ int main(int argc, char **argv) {
     }
     const int nb = (n + BT - 1) / BT;
     const size_t row16 = HD * 2, blk16 = (size_t)BT * layers * 2 * NKV * row16;
-    const size_t headblk8 = BT * HD + 2 * BT * sizeof(float), blk8 = (size_t)layers * 2 * NKV * headblk8;
+    const int n_scales = blocks32 ? 2 : 1; /* per key row */
+    const size_t headblk8 = BT * HD + (size_t)n_scales * BT * sizeof(float), blk8 = (size_t)layers * 2 * NKV * headblk8;
     const size_t huge = 2u << 20;
     size_t b16 = ((size_t)nb * blk16 + huge - 1) / huge * huge, b8 = ((size_t)nb * blk8 + huge - 1) / huge * huge;
     uint8_t *a16, *a8;
@@ -136,16 +137,19 @@ int main(int argc, char **argv) {
     for (int p = 0; p < GROUP / 2; p++) {
         for (int i = 0; i < 8; i++) dq2l[8 * p + i] = dq2[2 * p + i / 4][i % 2] * 0.125f;
     }
-    /* fill: same float keys in both */
+    /* Key row (block b, layer l, kv head g, slot) in f16, and the int8 head block holding it. */
+#define ROW16(b, l, g, slot) (a16 + (size_t)(b) * blk16 + ((size_t)(l) * 2 * NKV + (size_t)(g)) * BT * row16 + (size_t)(slot) * row16)
+#define HEAD8(b, l, g) (a8 + (size_t)(b) * blk8 + ((size_t)(l) * 2 * NKV + (size_t)(g)) * headblk8)
+    /* The same random keys in both forms. */
     float kf[HD];
     for (int b = 0; b < nb; b++) for (int l = 0; l < layers; l++) for (int g = 0; g < NKV; g++) for (int s = 0; s < BT; s++) {
         for (int i = 0; i < HD; i++) kf[i] = bench_frand();
-        uint16_t *r16 = (uint16_t *)(a16 + (size_t)b * blk16 + (((size_t)l * 2 + 0) * NKV + g) * BT * row16 + (size_t)s * row16);
+        uint16_t *r16 = (uint16_t *)ROW16(b, l, g, s);
         for (int i = 0; i < HD; i++) r16[i] = quant_f32_to_f16(kf[i]);
-        uint8_t *hb = a8 + (size_t)b * blk8 + (((size_t)l * 2 + 0) * NKV + g) * headblk8;
-        int8_t *r8 = (int8_t *)hb + (size_t)s * HD; float *ks = (float *)(hb + BT * HD) + (blocks32 ? 2 * s : s);
-        for (int half = 0; half < (blocks32 ? 2 : 1); half++) {
-            const int i0 = blocks32 ? half * 32 : 0, i1 = blocks32 ? i0 + 32 : HD;
+        uint8_t *hb = HEAD8(b, l, g);
+        int8_t *r8 = (int8_t *)hb + (size_t)s * HD; float *ks = (float *)(hb + BT * HD) + n_scales * s;
+        for (int half = 0; half < n_scales; half++) {
+            const int i0 = half * HD / n_scales, i1 = i0 + HD / n_scales;
             float m = 0; for (int i = i0; i < i1; i++) m = fmaxf(m, fabsf(kf[i]));
             ks[half] = m / 127.f;
             for (int i = i0; i < i1; i++) r8[i] = (int8_t)lrintf(kf[i] / ks[half]);
@@ -161,9 +165,9 @@ int main(int argc, char **argv) {
         for (int pass = 0; pass < 2; pass++)
             for (int l = 0; l < layers; l++) for (int g = 0; g < NKV; g++) {
                 for (int j = 0; j < n; j++) {
-                    k16[j] = a16 + (size_t)(j / BT) * blk16 + (((size_t)l * 2) * NKV + g) * BT * row16 + (size_t)(j % BT) * row16;
-                    uint8_t *hb = a8 + (size_t)(j / BT) * blk8 + (((size_t)l * 2) * NKV + g) * headblk8;
-                    k8[j] = (const int8_t *)hb + (size_t)(j % BT) * HD; kss[j] = (const float *)(hb + BT * HD) + (blocks32 ? 2 : 1) * (j % BT);
+                    k16[j] = ROW16(j / BT, l, g, j % BT);
+                    const uint8_t *hb = HEAD8(j / BT, l, g);
+                    k8[j] = (const int8_t *)hb + (size_t)(j % BT) * HD; kss[j] = (const float *)(hb + BT * HD) + n_scales * (j % BT);
                 }
                 double t0 = bench_now_s();
                 if (((pass ^ rep) & 1) && blocks32) scores_q8_0(q8, qa, dq2l, k8, kss, n, s8, (size_t)n);
