@@ -227,17 +227,35 @@ static bool repacks(const ops_weight *w) {
     return w->layout == OPS_ROWS && quant_r8_preferred(w->type) && w->n_out % 8 == 0;
 }
 
+enum { REPACK_THREADS = 8 };
+
+typedef struct {
+    const ops_weight *w;
+    uint8_t *dst;
+} repack_job;
+
+/* Groups [g0, g1) of a repack_job's matrix. */
+static void repack_task(void *arg, int64_t g0, int64_t g1, int slot) {
+    (void)slot;
+    const repack_job *j = arg;
+    const uint8_t *src = j->w->data;
+    for (int64_t g = g0; g < g1; g++) {
+        const size_t off = (size_t)g * 8 * j->w->row_bytes;
+        quant_r8_pack(j->w->type, j->w->n_in, src + off, j->w->row_bytes, j->dst + off);
+    }
+}
+
 /* Repacks matrix w (repacks(w)) into the next w's bytes of the model's repack
- * arena at *at; the pages of the mapping that lie wholly inside the old rows
- * are released, so it stays resident once. Not for a matrix whose rows are
- * also read one by one (the embeddings). */
-static void repack_weight(model *m, ops_weight *w, size_t *at) {
+ * arena at *at, its row groups shared out over pool; the pages of the mapping
+ * that lie wholly inside the old rows are then released, so it stays resident
+ * once. Not for a matrix whose rows are also read one by one (the embeddings). */
+static void repack_weight(model *m, ops_pool *pool, ops_weight *w, size_t *at) {
     const size_t bytes = (size_t)w->n_out * w->row_bytes;
     uint8_t *p = (uint8_t *)m->repacked + *at;
     *at += (bytes + 63) / 64 * 64;
     const uint8_t *src = w->data;
-    for (int64_t r = 0; r < w->n_out; r += 8)
-        quant_r8_pack(w->type, w->n_in, src + (size_t)r * w->row_bytes, w->row_bytes, p + (size_t)r * w->row_bytes);
+    repack_job job = {.w = w, .dst = p};
+    ops_parallel_for(pool, w->n_out / 8, 16, repack_task, &job);
     long page = sysconf(_SC_PAGESIZE);
     uintptr_t pg = page > 0 ? (uintptr_t)page : 4096, lo = ((uintptr_t)src + pg - 1) / pg * pg,
               hi = ((uintptr_t)src + bytes) / pg * pg;
@@ -258,19 +276,25 @@ static ops_weight *repack_candidate(model *m, bool tied, int i) {
 
 /* Repacks every candidate matrix the loader repacks into one arena (one
  * mapping, in 2 MiB pages where the kernel gives them: a decode step walks all
- * of it, and 4 KiB pages would cost a TLB miss every 4 KiB). KVS_OK or
- * KVS_ERR_NOMEM (nothing repacked). */
+ * of it, and 4 KiB pages would cost a TLB miss every 4 KiB), on a pool of one
+ * thread per online CPU (at most REPACK_THREADS; the work is memory-bound past
+ * a few). KVS_OK or KVS_ERR_NOMEM (nothing repacked). */
 static int repack_weights(model *m, bool tied, char *msg, size_t cap) {
     size_t total = 0;
     ops_weight *w;
     for (int i = 0; (w = repack_candidate(m, tied, i)); i++)
         if (repacks(w)) total += ((size_t)w->n_out * w->row_bytes + 63) / 64 * 64;
     if (total == 0) return KVS_OK;
-    if (!(m->repacked = kvs_map_big(total, false, &m->repacked_mapped)))
+    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    ops_pool *pool = ops_pool_create(cpus < 1 ? 1 : cpus > REPACK_THREADS ? REPACK_THREADS : (int)cpus);
+    if (!pool || !(m->repacked = kvs_map_big(total, false, &m->repacked_mapped))) {
+        ops_pool_free(pool);
         return kvs_fail(msg, cap, KVS_ERR_NOMEM, "out of memory repacking %zu bytes of weights", total);
+    }
     size_t at = 0;
     for (int i = 0; (w = repack_candidate(m, tied, i)); i++)
-        if (repacks(w)) repack_weight(m, w, &at);
+        if (repacks(w)) repack_weight(m, pool, w, &at);
+    ops_pool_free(pool);
     return KVS_OK;
 }
 

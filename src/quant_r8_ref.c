@@ -11,8 +11,22 @@
 #include "quant_impl.h"
 #include "util.h"
 
-/* Row r's element e (0..31) of a q4_0 block, unsigned (0..15). */
-static int q4_0_nibble(const block_q4_0 *b, int e) { return e < 16 ? b->qs[e] & 0xF : b->qs[e - 16] >> 4; }
+/* Four bytes at p as one word (the packers move four elements at a time). */
+static uint32_t ld32(const void *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static void st32(void *p, uint32_t v) { memcpy(p, &v, 4); }
+
+#define LO4 0x0F0F0F0Fu /* the low nibble of each byte */
+
+/* Four bytes of packed nibbles from the words of elements e..e+3 (lo) and
+ * e+4..e+7 (hi), both in the low (high: from_hi) nibbles of their bytes:
+ * element e + i to the low nibble of byte i, e + 4 + i to its high nibble. */
+static uint32_t nib_pair(uint32_t lo, uint32_t hi, bool from_hi) {
+    return from_hi ? (lo >> 4 & LO4) | (hi & ~LO4) : (lo & LO4) | (hi & LO4) << 4;
+}
 
 static void pack_q4_0(int64_t n, const void *rows, size_t row_stride, void *out) {
     const int64_t nb = n / QK32;
@@ -22,9 +36,13 @@ static void pack_q4_0(int64_t n, const void *rows, size_t row_stride, void *out)
         for (int r = 0; r < 8; r++) {
             const block_q4_0 *x = (const block_q4_0 *)((const uint8_t *)rows + (size_t)r * row_stride) + b;
             o.d[r] = x->d;
-            for (int j = 0; j < 4; j++)
-                for (int i = 0; i < 4; i++)
-                    o.qs[32 * j + 4 * r + i] = (uint8_t)(q4_0_nibble(x, 8 * j + i) | q4_0_nibble(x, 8 * j + 4 + i) << 4);
+            /* Elements 8 j + i and 8 j + 4 + i: the low nibbles of qs[8 j + i] and
+             * qs[8 j + 4 + i] for j = 0, 1, their high nibbles for j + 2. */
+            for (int j = 0; j < 2; j++) {
+                const uint32_t lo = ld32(x->qs + 8 * j), hi = ld32(x->qs + 8 * j + 4);
+                st32(o.qs + 32 * j + 4 * r, nib_pair(lo, hi, false));
+                st32(o.qs + 32 * (j + 2) + 4 * r, nib_pair(lo, hi, true));
+            }
         }
         memcpy(&g[b], &o, sizeof o);
     }
@@ -70,7 +88,7 @@ static void pack_q8_0(int64_t n, const void *rows, size_t row_stride, void *out)
         for (int r = 0; r < 8; r++) {
             const block_q8_0 *x = (const block_q8_0 *)((const uint8_t *)rows + (size_t)r * row_stride) + b;
             o.d[r] = x->d;
-            for (int e = 0; e < 32; e++) o.qs[32 * (e / 4) + 4 * r + e % 4] = x->qs[e];
+            for (int j = 0; j < 8; j++) memcpy(&o.qs[32 * j + 4 * r], &x->qs[4 * j], 4);
         }
         memcpy(&g[b], &o, sizeof o);
     }
@@ -103,15 +121,6 @@ static int q4_kx8_entry(const block_q4_kx8 *g, int k, bool min) {
     return low4 | ((g->hi[k % 32] >> hi_shift) & 3) << 4;
 }
 
-/* The 256 unsigned quants of a q4_k block, in element order. */
-static void q4_k_quants(const block_q4_k *x, uint8_t q[QKK]) {
-    for (int c = 0; c < 4; c++)
-        for (int l = 0; l < 32; l++) {
-            q[64 * c + l] = x->qs[32 * c + l] & 0xF;
-            q[64 * c + 32 + l] = x->qs[32 * c + l] >> 4;
-        }
-}
-
 static void pack_q4_k(int64_t n, const void *rows, size_t row_stride, void *out) {
     const int64_t nb = n / QKK;
     block_q4_kx8 *g = (block_q4_kx8 *)out;
@@ -120,8 +129,6 @@ static void pack_q4_k(int64_t n, const void *rows, size_t row_stride, void *out)
         memset(&o, 0, sizeof o);
         for (int r = 0; r < 8; r++) {
             const block_q4_k *x = (const block_q4_k *)((const uint8_t *)rows + (size_t)r * row_stride) + b;
-            uint8_t q[QKK];
-            q4_k_quants(x, q);
             o.d[r] = x->d;
             o.dmin[r] = x->dmin;
             for (int j = 0; j < 8; j++) {
@@ -131,12 +138,17 @@ static void pack_q4_k(int64_t n, const void *rows, size_t row_stride, void *out)
                 o.sc_lo[k % 32] |= (uint8_t)((sc & 0xF) << sh);
                 o.m_lo[k % 32] |= (uint8_t)((m & 0xF) << sh);
                 o.hi[k % 32] |= (uint8_t)((sc >> 4) << (k < 32 ? 0 : 2) | (m >> 4) << (k < 32 ? 4 : 6));
-                for (int c = 0; c < 4; c++)
-                    for (int i = 0; i < 4; i++) {
-                        const int e = 32 * j + 8 * c + i;
-                        o.qs[128 * j + 32 * c + 4 * r + i] = (uint8_t)(q[e] | q[e + 4] << 4);
-                    }
             }
+            /* Elements 32 j + 8 c + i and + 4. A q4_k block holds element 64 jj + l
+             * (l < 32) in the low nibble of qs[32 jj + l], 64 jj + 32 + l in the high
+             * one: the low nibbles of qs[32 (j / 2) + 8 c + i] and qs[.. + 4] for
+             * even j, their high ones for odd j. */
+            for (int jj = 0; jj < 4; jj++)
+                for (int c = 0; c < 4; c++) {
+                    const uint32_t lo = ld32(x->qs + 32 * jj + 8 * c), hi = ld32(x->qs + 32 * jj + 8 * c + 4);
+                    st32(o.qs + 128 * (2 * jj) + 32 * c + 4 * r, nib_pair(lo, hi, false));
+                    st32(o.qs + 128 * (2 * jj + 1) + 32 * c + 4 * r, nib_pair(lo, hi, true));
+                }
         }
         memcpy(&g[b], &o, sizeof o);
     }
@@ -197,13 +209,10 @@ static float step_q4_k(const block_q4_kx8 *g, const block_q8_k *a, int r, float 
     return fmaf((float)s2, -dm, acc);
 }
 
-/* q6_k: u (0..63) of element e of a block, and its inverse (on a zeroed block). */
-static int q6_k_u(const block_q6_k *x, int e) {
-    const int half = e / 128, k = (e % 128) / 32, l = e % 32;
-    const uint8_t lo = x->ql[64 * half + l + 32 * (k & 1)];
-    return (k < 2 ? lo & 0xF : lo >> 4) | ((x->qh[32 * half + l] >> (2 * k)) & 3) << 4;
-}
-
+/* q6_k: element e = 128 half + 32 k + l of a block has u (0..63) with its low
+ * four bits in ql[64 half + 32 (k & 1) + l] (the low nibble for k < 2, the
+ * high one for k >= 2) and its top two in bits 2k, 2k + 1 of qh[32 half + l].
+ * Sets u of element e (on a zeroed block). */
 static void q6_k_set_u(block_q6_k *x, int e, int u) {
     const int half = e / 128, k = (e % 128) / 32, l = e % 32;
     x->ql[64 * half + l + 32 * (k & 1)] |= (uint8_t)((u & 0xF) << (k < 2 ? 0 : 4));
@@ -229,23 +238,31 @@ static void pack_q6_k(int64_t n, const void *rows, size_t row_stride, void *out)
         memset(&o, 0, sizeof o);
         for (int r = 0; r < 8; r++) {
             const block_q6_k *x = (const block_q6_k *)((const uint8_t *)rows + (size_t)r * row_stride) + b;
-            uint8_t u[QKK];
-            for (int e = 0; e < QKK; e++) u[e] = (uint8_t)q6_k_u(x, e);
+            uint8_t u[QKK]; /* u of element e (q6_k_set_u), four elements l..l+3 of each quarter k at a time */
+            for (int half = 0; half < 2; half++)
+                for (int l = 0; l < 32; l += 4) {
+                    const uint32_t l0 = ld32(x->ql + 64 * half + l), l1 = ld32(x->ql + 64 * half + 32 + l),
+                                   h = ld32(x->qh + 32 * half + l);
+                    uint8_t *uk = u + 128 * half + l; /* quarter k at uk + 32 k */
+                    st32(uk, (l0 & LO4) | (h & 0x03030303u) << 4);
+                    st32(uk + 32, (l1 & LO4) | (h >> 2 & 0x03030303u) << 4);
+                    st32(uk + 64, (l0 >> 4 & LO4) | (h >> 4 & 0x03030303u) << 4);
+                    st32(uk + 96, (l1 >> 4 & LO4) | (h >> 6 & 0x03030303u) << 4);
+                }
             o.d[r] = x->d;
             for (int k = 0; k < 16; k++) o.sc[8 * k + r] = x->scales[k];
             for (int j = 0; j < 8; j++)
-                for (int c = 0; c < 4; c++)
-                    for (int i = 0; i < 4; i++) {
-                        const int e = 32 * j + 8 * c + i;
-                        o.ql[128 * j + 32 * c + 4 * r + i] = (uint8_t)((u[e] & 0xF) | (u[e + 4] & 0xF) << 4);
-                    }
+                for (int c = 0; c < 4; c++) { /* elements 32 j + 8 c + i and + 4 */
+                    const int e = 32 * j + 8 * c;
+                    st32(o.ql + 128 * j + 32 * c + 4 * r, nib_pair(ld32(u + e), ld32(u + e + 4), false));
+                }
             for (int j = 0; j < 8; j++)
-                for (int h = 0; h < 2; h++)
-                    for (int i = 0; i < 4; i++) {
-                        const int e = 32 * j + 16 * h + i;
-                        o.qh[64 * j + 32 * h + 4 * r + i] =
-                            (uint8_t)(u[e] >> 4 | (u[e + 4] >> 4) << 2 | (u[e + 8] >> 4) << 4 | (u[e + 12] >> 4) << 6);
-                    }
+                for (int h = 0; h < 2; h++) { /* the top two bits of elements e + i, + 4, + 8, + 12 */
+                    const uint8_t *ue = u + 32 * j + 16 * h;
+                    st32(o.qh + 64 * j + 32 * h + 4 * r,
+                         (ld32(ue) >> 4 & 0x03030303u) | (ld32(ue + 4) >> 4 & 0x03030303u) << 2 |
+                             (ld32(ue + 8) >> 4 & 0x03030303u) << 4 | (ld32(ue + 12) >> 4 & 0x03030303u) << 6);
+                }
         }
         memcpy(&g[b], &o, sizeof o);
     }

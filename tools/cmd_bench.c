@@ -27,7 +27,8 @@ static void bench_usage(FILE *f) {
                "                    with the first step by step (both under the same machine state):\n"
                "                    adds decode_depth_tok_s and depth_slowdown (one session)\n"
                "  prints one JSON object: prefill_tok_s, decode_tok_s, mem_bw_gbs, weight_bytes_per_token,\n"
-               "  decode_roofline, model_sha256, threads, cpu, isa, kernels\n"
+               "  decode_roofline, load_s (opening the model: map, repack, KV pool), model_sha256, threads,\n"
+               "  cpu, isa, kernels\n"
                "  (the kernel path per weight type), commit, ... (defaults -p 128 -n 32 --sessions 1)\n");
 }
 
@@ -244,7 +245,9 @@ int cmd_bench(int argc, char **argv) {
     ep.kv_sessions = (uint32_t)(n_sessions + (depth ? 1 : 0));
     engine *e = NULL;
     int err;
+    const uint64_t load_t0 = kvs_now_ns();
     if ((err = engine_open(&ep, &e, msg, sizeof(msg)))) { fprintf(stderr, "kvshard bench: %s: %s\n", path, msg); return 1; }
+    const double load_s = (double)(kvs_now_ns() - load_t0) / 1e9; /* map, repack, KV pool, threads */
     const model *m = e->m;
     if (n_toks + n_decode > (long)m->hp.n_ctx) {
         fprintf(stderr, "kvshard bench: -p (or --depth) + -n exceed the context %u\n", m->hp.n_ctx);
@@ -365,14 +368,14 @@ int cmd_bench(int argc, char **argv) {
     kv_op_costs ops = {0};
     measure_kv_ops(kv_get_params(e->kv), &ops);
     printf("{\"model\":\"%s\",\"model_sha256\":\"%s\",\"threads\":%d,\"cpu\":\"%s\",\"isa\":\"%s\",\"kernels\":%s,\"commit\":\"%s\","
-           "\"first_layer\":%u,\"last_layer\":%u,\"weight_bytes\":%llu,\"rss_bytes\":%llu,"
+           "\"first_layer\":%u,\"last_layer\":%u,\"load_s\":%.3f,\"weight_bytes\":%llu,\"rss_bytes\":%llu,"
            "\"n_prompt\":%ld,\"n_decode\":%ld,\"sessions\":%ld,"
            "\"prefill_tok_s\":%.2f,\"decode_tok_s\":%.2f,\"decode_step_ms\":%.3f,"
            "\"mem_bw_gbs\":%.2f,\"weight_bytes_per_token\":%llu,\"decode_floor_ms\":%.3f,\"decode_roofline\":%.3f,"
            "\"kv_bytes_per_token\":%llu,\"kv_block_bytes\":%llu,\"kv_bytes_used\":%llu,\"kv_bytes_needed\":%llu,"
            "\"kv_waste_bytes\":%llu,\"kv_waste_under_one_block_per_session\":%s,"
            "\"kv_open_us\":%.3f,\"kv_release_us\":%.3f,\"kv_open_evict_us\":%.3f%s}\n",
-           path, sha, ops_pool_threads(e->pool), cpu, quant_isa_name(quant_isa_current()), kernels, KVS_COMMIT, m->first, m->last,
+           path, sha, ops_pool_threads(e->pool), cpu, quant_isa_name(quant_isa_current()), kernels, KVS_COMMIT, m->first, m->last, load_s,
            (unsigned long long)m->weight_bytes, (unsigned long long)rss, n_prompt, n_decode,
            n_sessions, (double)(n_prompt * n_sessions) / prefill_s, decode_tok_s, step_s * 1e3, bw,
            (unsigned long long)wbytes, floor_s * 1e3, floor_s / step_s, (unsigned long long)kv_tok,
