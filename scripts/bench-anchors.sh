@@ -91,6 +91,7 @@ run_kvshard() { # type round
     put kv "$1" "r$2.tg" "$(jnum decode_tok_s "$o")"
     put kv "$1" "r$2.bw" "$(jnum mem_bw_gbs "$o")"
     put kv "$1" "r$2.roof" "$(jnum decode_roofline "$o")"
+    put kv "$1" "r$2.load" "$(jnum load_s "$o")"
     put kv "$1" "kernels" "$(jkern "$o")"
     put kv "$1" "commit" "$(jstr commit "$o")"
 }
@@ -168,8 +169,8 @@ echo
 echo "kvshard $(get kv "${TYPES%% *}" commit), $THREADS threads, pp$PP / tg$TG, $ROUNDS alternating round(s);" \
      "cpu $(lscpu | sed -n 's/^Model name: *//p' | head -1); load average now $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
-echo "| type | round | kvshard pp / tg (tok/s) | bw GB/s | roofline | llama.cpp pp / tg | ik_llama.cpp pp / tg | pp vs ik | tg vs best anchor | kvshard kernels |"
-echo "|---|---|---|---|---|---|---|---|---|---|"
+echo "| type | round | kvshard pp / tg (tok/s) | bw GB/s | roofline | kvshard load s | llama.cpp pp / tg | ik_llama.cpp pp / tg | pp vs ik | tg vs best anchor | kvshard kernels |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
 for t in $TYPES; do
     for ((r = 1; r <= ROUNDS; r++)); do
         kp=$(or_dash "$(get kv "$t" "r$r.pp")"); kt=$(or_dash "$(get kv "$t" "r$r.tg")")
@@ -178,7 +179,7 @@ for t in $TYPES; do
         best=$(awk -v a="$lt" -v b="$it" 'BEGIN { a = (a == "-") ? -1 : a + 0; b = (b == "-") ? -1 : b + 0;
                                                m = a > b ? a : b; if (m < 0) print "-"; else print m }')
         echo "| $t | $r | $kp / $kt | $(or_dash "$(get kv "$t" "r$r.bw")") | $(or_dash "$(get kv "$t" "r$r.roof")") |" \
-             "$lp / $lt | $ip / $it | $(ratio "$kp" "$ip") | $(ratio "$kt" "$best") | $(get kv "$t" kernels) |"
+             "$(or_dash "$(get kv "$t" "r$r.load")") | $lp / $lt | $ip / $it | $(ratio "$kp" "$ip") | $(ratio "$kt" "$best") | $(get kv "$t" kernels) |"
     done
 done
 if [ ${#SESSIONS} -gt 0 ]; then
