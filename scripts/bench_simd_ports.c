@@ -1,8 +1,11 @@
 /*
  * bench_simd_ports — the throughput of the AVX2 instructions of the int8 dot
  * kernels on this core: eight independent vpmaddubsw, vpsignb, vpaddd or
- * vfmadd231ps per iteration, four vpmaddubsw + four vpmaddwd, and the q8_0
- * step's mix (vpsignb, vpmaddubsw, vpmaddwd, vpaddd) four times; ns per
+ * vfmadd231ps per iteration, four vpmaddubsw + four vpmaddwd, the q8_0
+ * step's mix (vpsignb, vpmaddubsw, vpmaddwd, vpaddd) four times, the same
+ * without its vpsignb (what the step would cost if the weights needed no sign
+ * fix-up), and an i16 form of 128 products (eight vpmaddwd + vpaddd, as with
+ * activations and weights widened to i16); ns per
  * iteration and cycles at the GHz given (default 3.2). Registers only, no
  * memory, no dependencies between the eight.
  *
@@ -21,6 +24,9 @@
     op " %%ymm8,%%ymm9,%%ymm6\n" op " %%ymm8,%%ymm9,%%ymm7\n"
 #define MIX(a, b, c, d) "vpsignb %%ymm8,%%ymm9,%%ymm" a "\nvpmaddubsw %%ymm8,%%ymm9,%%ymm" b \
     "\nvpmaddwd %%ymm8,%%ymm9,%%ymm" c "\nvpaddd %%ymm8,%%ymm9,%%ymm" d "\n"
+#define MIX_NOSIGN(b, c, d) "vpmaddubsw %%ymm8,%%ymm9,%%ymm" b "\nvpmaddwd %%ymm8,%%ymm9,%%ymm" c \
+    "\nvpaddd %%ymm8,%%ymm9,%%ymm" d "\n"
+#define I16(a, b) "vpmaddwd %%ymm8,%%ymm9,%%ymm" a "\nvpaddd %%ymm8,%%ymm9,%%ymm" b "\n"
 #define RUN(label, body, n_ops)                                                                          \
     do {                                                                                                 \
         const double t0 = bench_now_s();                                                                       \
@@ -42,5 +48,9 @@ int main(int argc, char **argv) {
         "vpmaddwd %%ymm8,%%ymm9,%%ymm5\nvpmaddubsw %%ymm8,%%ymm9,%%ymm6\nvpmaddwd %%ymm8,%%ymm9,%%ymm7\n", 8);
     RUN("4 x (sign, maddubs, maddwd, add)", MIX("0", "1", "2", "3") MIX("4", "5", "6", "7") MIX("0", "1", "2", "3")
         MIX("4", "5", "6", "7"), 16);
+    RUN("the same without vpsignb", MIX_NOSIGN("1", "2", "3") MIX_NOSIGN("5", "6", "7") MIX_NOSIGN("1", "2", "3")
+        MIX_NOSIGN("5", "6", "7"), 12);
+    RUN("i16: 8 x (vpmaddwd, vpaddd)", I16("0", "1") I16("2", "3") I16("4", "5") I16("6", "7") I16("0", "1")
+        I16("2", "3") I16("4", "5") I16("6", "7"), 16);
     return 0;
 }
