@@ -277,8 +277,8 @@ static ops_weight *repack_candidate(model *m, bool tied, int i) {
 /* Repacks every candidate matrix the loader repacks into one arena (one
  * mapping, in 2 MiB pages where the kernel gives them: a decode step walks all
  * of it, and 4 KiB pages would cost a TLB miss every 4 KiB), on a pool of one
- * thread per online CPU (at most REPACK_THREADS; the work is memory-bound past
- * a few). KVS_OK or KVS_ERR_NOMEM (nothing repacked). */
+ * thread per online CPU, at most REPACK_THREADS. KVS_OK or KVS_ERR_NOMEM
+ * (nothing repacked). */
 static int repack_weights(model *m, bool tied, char *msg, size_t cap) {
     size_t total = 0;
     ops_weight *w;
@@ -287,7 +287,8 @@ static int repack_weights(model *m, bool tied, char *msg, size_t cap) {
     if (total == 0) return KVS_OK;
     const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     ops_pool *pool = ops_pool_create(cpus < 1 ? 1 : cpus > REPACK_THREADS ? REPACK_THREADS : (int)cpus);
-    if (!pool || !(m->repacked = kvs_map_big(total, false, &m->repacked_mapped))) {
+    if (!pool) return kvs_fail(msg, cap, KVS_ERR_NOMEM, "cannot start the threads that repack the weights");
+    if (!(m->repacked = kvs_map_big(total, false, &m->repacked_mapped))) {
         ops_pool_free(pool);
         return kvs_fail(msg, cap, KVS_ERR_NOMEM, "out of memory repacking %zu bytes of weights", total);
     }
