@@ -2,9 +2,9 @@
  * bench_load — what loading a model costs: the r8 packing rate of each
  * repacked type on one core (2048 random rows of 2048 elements, in memory,
  * best of 5), with a hash of the packed bytes so two builds can be checked to
- * pack alike, then for each model file given the wall time of model_load
- * (map, repack on the loader's threads, release the mapped rows) and of
- * model_free, three loads per file.
+ * pack alike, then for each model file given the wall time of model_load_on
+ * (map, repack on a pool of one thread per online CPU, as engine_open's
+ * default, release the mapped rows) and of model_free, three loads per file.
  *
  * Not part of the build. From the repository root, after building build/:
  *   cc -O2 -Isrc -Iinclude scripts/bench_load.c build/libkvshard_core.a -lm -lpthread -o build/bench_load
@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "quant.h"
 #include "model.h"
@@ -46,15 +47,19 @@ int main(int argc, char **argv) {
         free(src);
         free(dst);
     }
+    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    ops_pool *pool = argc > 1 ? ops_pool_create(cpus > 0 ? (int)cpus : 1) : NULL;
+    if (argc > 1 && !pool) return 1;
     for (int a = 1; a < argc; a++)
         for (int l = 0; l < LOADS; l++) {
             char msg[512] = "";
             model *m = NULL;
             const double t0 = bench_now_s();
-            const int err = model_load(argv[a], 0, 0, &m, msg, sizeof msg);
+            const int err = model_load_on(argv[a], 0, 0, pool, &m, msg, sizeof msg);
             const double t1 = bench_now_s();
             if (err) {
                 fprintf(stderr, "bench_load: %s: %s\n", argv[a], msg);
+                ops_pool_free(pool);
                 return 1;
             }
             const int repacked = m->n_repacked;
@@ -62,5 +67,6 @@ int main(int argc, char **argv) {
             printf("load %s: %.3f s (%d matrices repacked), free %.3f s\n", argv[a], t1 - t0, repacked,
                    bench_now_s() - t1);
         }
+    ops_pool_free(pool);
     return 0;
 }

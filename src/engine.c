@@ -15,10 +15,18 @@ engine_params engine_default_params(void) {
 
 int engine_open(const engine_params *p, engine **out, char *msg, size_t cap) {
     *out = NULL;
+    const uint64_t t0 = kvs_now_ns();
     engine *e = calloc(1, sizeof(*e));
     if (!e) return kvs_fail(msg, cap, KVS_ERR_NOMEM, "out of memory");
-    int err = model_load(p->model_path, p->first, p->last, &e->m, msg, cap);
-    if (err) goto fail;
+    int err = KVS_OK;
+    int nt = p->n_threads > 0 ? p->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (nt < 1) nt = 1;
+    e->pool = ops_pool_create(nt); /* first: it also repacks the weights */
+    if (!e->pool) {
+        err = kvs_fail(msg, cap, KVS_ERR_NOMEM, "cannot start %d threads", nt);
+        goto fail;
+    }
+    if ((err = model_load_on(p->model_path, p->first, p->last, e->pool, &e->m, msg, cap))) goto fail;
     kv_params kp = p->kv;
     kp.n_layers = (int)(e->m->last - e->m->first);
     kp.n_kv_heads = (int)e->m->hp.n_head_kv;
@@ -29,15 +37,9 @@ int engine_open(const engine_params *p, engine **out, char *msg, size_t cap) {
         kp.budget_bytes = (p->kv_sessions ? p->kv_sessions : 1) * blocks * kv_params_block_bytes(&kp);
     }
     if ((err = kv_create(&kp, &e->kv, msg, cap))) goto fail;
-    int nt = p->n_threads > 0 ? p->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    if (nt < 1) nt = 1;
-    e->pool = ops_pool_create(nt);
-    if (!e->pool) {
-        err = kvs_fail(msg, cap, KVS_ERR_NOMEM, "cannot start %d threads", nt);
-        goto fail;
-    }
     char tmsg[KVS_MSG_MAX];
     if (tok_from_gguf(e->m->gguf, &e->vocab, tmsg, sizeof(tmsg)) != KVS_OK) e->vocab = NULL;
+    e->open_s = (double)(kvs_now_ns() - t0) / 1e9;
     *out = e;
     return KVS_OK;
 fail:

@@ -33,6 +33,7 @@ typedef struct {
     ops_pool *pool;
     kv_state *kv;
     tok_vocab *vocab;       /* NULL when the file has no usable tokenizer */
+    double open_s;          /* engine_open's wall time: threads, map + repack, KV pool, tokenizer */
 } engine;
 
 int engine_open(const engine_params *p, engine **out, char *msg, size_t msg_cap);

@@ -227,8 +227,6 @@ static bool repacks(const ops_weight *w) {
     return w->layout == OPS_ROWS && quant_r8_preferred(w->type) && w->n_out % 8 == 0;
 }
 
-enum { REPACK_THREADS = 8 };
-
 typedef struct {
     const ops_weight *w;
     uint8_t *dst;
@@ -246,16 +244,18 @@ static void repack_task(void *arg, int64_t g0, int64_t g1, int slot) {
 }
 
 /* Repacks matrix w (repacks(w)) into the next w's bytes of the model's repack
- * arena at *at, its row groups shared out over pool; the pages of the mapping
- * that lie wholly inside the old rows are then released, so it stays resident
- * once. Not for a matrix whose rows are also read one by one (the embeddings). */
+ * arena at *at, its row groups shared out over pool (NULL: this thread); the
+ * pages of the mapping that lie wholly inside the old rows are then released,
+ * so it stays resident once. Not for a matrix whose rows are also read one by
+ * one (the embeddings). */
 static void repack_weight(model *m, ops_pool *pool, ops_weight *w, size_t *at) {
     const size_t bytes = (size_t)w->n_out * w->row_bytes;
     uint8_t *p = (uint8_t *)m->repacked + *at;
     *at += (bytes + 63) / 64 * 64;
     const uint8_t *src = w->data;
     repack_job job = {.w = w, .dst = p};
-    ops_parallel_for(pool, w->n_out / 8, 16, repack_task, &job);
+    if (pool) ops_parallel_for(pool, w->n_out / 8, 16, repack_task, &job);
+    else repack_task(&job, 0, w->n_out / 8, 0);
     long page = sysconf(_SC_PAGESIZE);
     uintptr_t pg = page > 0 ? (uintptr_t)page : 4096, lo = ((uintptr_t)src + pg - 1) / pg * pg,
               hi = ((uintptr_t)src + bytes) / pg * pg;
@@ -276,26 +276,19 @@ static ops_weight *repack_candidate(model *m, bool tied, int i) {
 
 /* Repacks every candidate matrix the loader repacks into one arena (one
  * mapping, in 2 MiB pages where the kernel gives them: a decode step walks all
- * of it, and 4 KiB pages would cost a TLB miss every 4 KiB), on a pool of one
- * thread per online CPU, at most REPACK_THREADS. KVS_OK or KVS_ERR_NOMEM
- * (nothing repacked). */
-static int repack_weights(model *m, bool tied, char *msg, size_t cap) {
+ * of it, and 4 KiB pages would cost a TLB miss every 4 KiB), on pool's
+ * threads (NULL: this one). KVS_OK or KVS_ERR_NOMEM (nothing repacked). */
+static int repack_weights(model *m, bool tied, ops_pool *pool, char *msg, size_t cap) {
     size_t total = 0;
     ops_weight *w;
     for (int i = 0; (w = repack_candidate(m, tied, i)); i++)
         if (repacks(w)) total += ((size_t)w->n_out * w->row_bytes + 63) / 64 * 64;
     if (total == 0) return KVS_OK;
-    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    ops_pool *pool = ops_pool_create(cpus < 1 ? 1 : cpus > REPACK_THREADS ? REPACK_THREADS : (int)cpus);
-    if (!pool) return kvs_fail(msg, cap, KVS_ERR_NOMEM, "cannot start the threads that repack the weights");
-    if (!(m->repacked = kvs_map_big(total, false, &m->repacked_mapped))) {
-        ops_pool_free(pool);
+    if (!(m->repacked = kvs_map_big(total, false, &m->repacked_mapped)))
         return kvs_fail(msg, cap, KVS_ERR_NOMEM, "out of memory repacking %zu bytes of weights", total);
-    }
     size_t at = 0;
     for (int i = 0; (w = repack_candidate(m, tied, i)); i++)
         if (repacks(w)) repack_weight(m, pool, w, &at);
-    ops_pool_free(pool);
     return KVS_OK;
 }
 
@@ -349,6 +342,11 @@ static int read_rope_factors(model *m, const float **factors, char *msg, size_t 
 }
 
 int model_load(const char *path, uint32_t first, uint32_t last, model **out, char *msg, size_t cap) {
+    return model_load_on(path, first, last, NULL, out, msg, cap);
+}
+
+int model_load_on(const char *path, uint32_t first, uint32_t last, ops_pool *pool, model **out, char *msg,
+                  size_t cap) {
     *out = NULL;
     model *m = calloc(1, sizeof(*m));
     if (!m) return kvs_fail(msg, cap, KVS_ERR_NOMEM, "out of memory");
@@ -429,7 +427,7 @@ int model_load(const char *path, uint32_t first, uint32_t last, model **out, cha
             goto fail;
         }
     }
-    if ((err = repack_weights(m, tied, msg, cap))) goto fail;
+    if ((err = repack_weights(m, tied, pool, msg, cap))) goto fail;
     /* Derived once here rather than on every forward call. */
     for (uint32_t l = 0; l < last - first; l++)
         for (int k = 0; k < MODEL_LAYER_MATRICES; k++) {

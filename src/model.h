@@ -99,8 +99,12 @@ int model_read_hparams(const gguf_set *files, model_hparams *hp, char *msg, size
  * / KVS_ERR_FORMAT, message says what) what model_read_hparams refuses,
  * missing tensors, tensors the architecture does not use (the result would be
  * wrong without them), tensors whose shapes do not match, and unsupported
- * compute types. *out owned by caller. */
+ * compute types. *out owned by caller. Repacks (quant.h, r8) on the calling
+ * thread; model_load_on shares the repacking out over pool's threads (NULL:
+ * the calling thread). */
 int model_load(const char *path, uint32_t first, uint32_t last, model **out, char *msg, size_t msg_cap);
+int model_load_on(const char *path, uint32_t first, uint32_t last, ops_pool *pool, model **out, char *msg,
+                  size_t msg_cap);
 void model_free(model *m);
 
 /* Bytes of tensor data mapped for this model (gguf_set_mapped_data_bytes):

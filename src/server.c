@@ -1414,9 +1414,7 @@ int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
     ep.kv.kv_type = (uint32_t)p->kv_type;
     ep.kv.clock = p->kv_clock;
     ep.kv.clock_ctx = p->kv_clock_ctx;
-    const uint64_t load_t0 = kvs_now_ns();
     if ((err = engine_open(&ep, &s->e, msg, cap))) goto fail;
-    const double load_s = (double)(kvs_now_ns() - load_t0) / 1e9;
     relay_params rp = relay_default_params();
     rp.done = relay_done;
     rp.log = p->log;
@@ -1429,7 +1427,7 @@ int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
     }
     srv_logf(s, "loaded %s layers [%u, %u) of %u: %.1f MiB of weights (%d matrices repacked) in %.2f s", p->model_path,
              s->e->m->first, s->e->m->last, s->e->m->hp.n_layer, (double)s->e->m->weight_bytes / (1 << 20),
-             s->e->m->n_repacked, load_s);
+             s->e->m->n_repacked, s->e->open_s);
     srv_logf(s, "hashing the model file for its digest");
     if ((err = digest_model_sha256(p->model_path, s->digest))) {
         err = kvs_fail(msg, cap, err, "cannot read %s to hash it", p->model_path);

@@ -27,7 +27,7 @@ static void bench_usage(FILE *f) {
                "                    with the first step by step (both under the same machine state):\n"
                "                    adds decode_depth_tok_s and depth_slowdown (one session)\n"
                "  prints one JSON object: prefill_tok_s, decode_tok_s, mem_bw_gbs, weight_bytes_per_token,\n"
-               "  decode_roofline, load_s (opening the model: map, repack, KV pool), model_sha256, threads,\n"
+               "  decode_roofline, load_s (engine open: threads, map + repack, KV pool), model_sha256, threads,\n"
                "  cpu, isa, kernels\n"
                "  (the kernel path per weight type), commit, ... (defaults -p 128 -n 32 --sessions 1)\n");
 }
@@ -245,9 +245,7 @@ int cmd_bench(int argc, char **argv) {
     ep.kv_sessions = (uint32_t)(n_sessions + (depth ? 1 : 0));
     engine *e = NULL;
     int err;
-    const uint64_t load_t0 = kvs_now_ns();
     if ((err = engine_open(&ep, &e, msg, sizeof(msg)))) { fprintf(stderr, "kvshard bench: %s: %s\n", path, msg); return 1; }
-    const double load_s = (double)(kvs_now_ns() - load_t0) / 1e9; /* map, repack, KV pool, threads */
     const model *m = e->m;
     if (n_toks + n_decode > (long)m->hp.n_ctx) {
         fprintf(stderr, "kvshard bench: -p (or --depth) + -n exceed the context %u\n", m->hp.n_ctx);
@@ -375,7 +373,7 @@ int cmd_bench(int argc, char **argv) {
            "\"kv_bytes_per_token\":%llu,\"kv_block_bytes\":%llu,\"kv_bytes_used\":%llu,\"kv_bytes_needed\":%llu,"
            "\"kv_waste_bytes\":%llu,\"kv_waste_under_one_block_per_session\":%s,"
            "\"kv_open_us\":%.3f,\"kv_release_us\":%.3f,\"kv_open_evict_us\":%.3f%s}\n",
-           path, sha, ops_pool_threads(e->pool), cpu, quant_isa_name(quant_isa_current()), kernels, KVS_COMMIT, m->first, m->last, load_s,
+           path, sha, ops_pool_threads(e->pool), cpu, quant_isa_name(quant_isa_current()), kernels, KVS_COMMIT, m->first, m->last, e->open_s,
            (unsigned long long)m->weight_bytes, (unsigned long long)rss, n_prompt, n_decode,
            n_sessions, (double)(n_prompt * n_sessions) / prefill_s, decode_tok_s, step_s * 1e3, bw,
            (unsigned long long)wbytes, floor_s * 1e3, floor_s / step_s, (unsigned long long)kv_tok,
