@@ -4,7 +4,9 @@
  * that does not divide the heads, a layer count above (or below) the tensors
  * present, a missing tensor, a tensor of the wrong shape, bad rope / eps
  * settings — are each refused with the right code and a message naming the
- * problem; ranges load only their own tensors; output falls back to token_embd.
+ * problem; ranges load only their own tensors; output falls back to token_embd;
+ * repacking shared out over a pool gives the bytes of one made on the calling
+ * thread.
  */
 #include <stdlib.h>
 
@@ -23,6 +25,44 @@ typedef struct {
     const char *drop;      /* tensor to leave out */
     const char *transpose; /* tensor whose two dims are swapped (same bytes) */
 } variant;
+
+/* A Q4_K_M mix (q4_k, q6_k) at the small shape, loaded once repacked on the
+ * calling thread and once on a pool of three: every repacked matrix has the
+ * same layout and bytes. The ffn matrices have 64 row groups, four of the
+ * loader's chunks, so the pool's threads split them. */
+static void test_pooled_repack(const char *dir) {
+    char path[256], msg[KVS_MSG_MAX];
+    snprintf(path, sizeof(path), "%s/small-q4_k_m.gguf", dir);
+    mkmodel_params mp = mkmodel_default_params();
+    mp.shape = "small";
+    mp.type = QUANT_Q4_K;
+    mp.k_m = true;
+    mp.n_threads = 1;
+    CHECK_EQ_INT(mkmodel_write(path, mp, msg, sizeof(msg)), KVS_OK);
+    ops_pool *pool = ops_pool_create(3);
+    CHECK(pool != NULL);
+    model *one = NULL, *many = NULL;
+    CHECK_EQ_INT(model_load(path, 0, 0, &one, msg, sizeof(msg)), KVS_OK);
+    CHECK_EQ_INT(model_load_on(path, 0, 0, pool, &many, msg, sizeof(msg)), KVS_OK);
+    if (one && many) {
+        printf("pooled repack: %d matrices repacked (%d on the calling thread)\n", many->n_repacked, one->n_repacked);
+        CHECK_EQ_INT(many->n_repacked, one->n_repacked);
+        if (quant_r8_preferred(QUANT_Q4_K)) CHECK(one->n_repacked > 0);
+        for (uint32_t l = 0; l <= one->last - one->first; l++)
+            for (int k = 0; k < MODEL_LAYER_MATRICES; k++) {
+                const bool out = l == one->last - one->first; /* past the layers: the output */
+                if (out && k > 0) break;
+                const ops_weight *a = out ? &one->output : model_layer_matrix(&one->layers[l], k);
+                const ops_weight *b = out ? &many->output : model_layer_matrix(&many->layers[l], k);
+                CHECK_EQ_INT(a->layout, b->layout);
+                CHECK(memcmp(a->data, b->data, (size_t)a->n_out * a->row_bytes) == 0);
+            }
+    }
+    model_free(one);
+    model_free(many);
+    ops_pool_free(pool);
+    unlink(path);
+}
 
 /* Copies src to dst with the variant applied. */
 static int write_variant(const char *src, const char *dst, const variant *v) {
@@ -176,6 +216,7 @@ int main(void) {
     expect_refused(base, dir, "missing token_embd", &v, KVS_ERR_FORMAT, "token_embd");
     v = (variant){.transpose = "blk.0.attn_k.weight"};
     expect_refused(base, dir, "tensor of the wrong shape", &v, KVS_ERR_FORMAT, "blk.0.attn_k.weight");
+    test_pooled_repack(dir);
     unlink(copy);
     unlink(base);
     rmdir(dir);
