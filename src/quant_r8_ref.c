@@ -20,6 +20,7 @@ static uint32_t ld32(const void *p) {
 static void st32(void *p, uint32_t v) { memcpy(p, &v, 4); }
 
 #define LO4 0x0F0F0F0Fu /* the low nibble of each byte */
+#define LO2 0x03030303u /* its low two bits */
 
 /* Four bytes of packed nibbles from the words of elements e..e+3 (lo) and
  * e+4..e+7 (hi), both in the low (high: from_hi) nibbles of their bytes:
@@ -244,10 +245,10 @@ static void pack_q6_k(int64_t n, const void *rows, size_t row_stride, void *out)
                     const uint32_t l0 = ld32(x->ql + 64 * half + l), l1 = ld32(x->ql + 64 * half + 32 + l),
                                    h = ld32(x->qh + 32 * half + l);
                     uint8_t *uk = u + 128 * half + l; /* quarter k at uk + 32 k */
-                    st32(uk, (l0 & LO4) | (h & 0x03030303u) << 4);
-                    st32(uk + 32, (l1 & LO4) | (h >> 2 & 0x03030303u) << 4);
-                    st32(uk + 64, (l0 >> 4 & LO4) | (h >> 4 & 0x03030303u) << 4);
-                    st32(uk + 96, (l1 >> 4 & LO4) | (h >> 6 & 0x03030303u) << 4);
+                    st32(uk, (l0 & LO4) | (h & LO2) << 4);
+                    st32(uk + 32, (l1 & LO4) | (h >> 2 & LO2) << 4);
+                    st32(uk + 64, (l0 >> 4 & LO4) | (h >> 4 & LO2) << 4);
+                    st32(uk + 96, (l1 >> 4 & LO4) | (h >> 6 & LO2) << 4);
                 }
             o.d[r] = x->d;
             for (int k = 0; k < 16; k++) o.sc[8 * k + r] = x->scales[k];
@@ -260,8 +261,8 @@ static void pack_q6_k(int64_t n, const void *rows, size_t row_stride, void *out)
                 for (int h = 0; h < 2; h++) { /* the top two bits of elements e + i, + 4, + 8, + 12 */
                     const uint8_t *ue = u + 32 * j + 16 * h;
                     st32(o.qh + 64 * j + 32 * h + 4 * r,
-                         (ld32(ue) >> 4 & 0x03030303u) | (ld32(ue + 4) >> 4 & 0x03030303u) << 2 |
-                             (ld32(ue + 8) >> 4 & 0x03030303u) << 4 | (ld32(ue + 12) >> 4 & 0x03030303u) << 6);
+                         (ld32(ue) >> 4 & LO2) | (ld32(ue + 4) >> 4 & LO2) << 2 |
+                             (ld32(ue + 8) >> 4 & LO2) << 4 | (ld32(ue + 12) >> 4 & LO2) << 6);
                 }
         }
         memcpy(&g[b], &o, sizeof o);
