@@ -57,6 +57,10 @@ int main(void) {
     expect_exit(bad_layers, 2, "--layers");
     const char *bad_budget[] = {"serve", "-m", "x.gguf", "--layers", "0:1", "--kv-budget", "12Q", NULL};
     expect_exit(bad_budget, 2, "--kv-budget");
+    const char *bad_isa[] = {"bench", "-m", "x.gguf", "--isa", "sse9", NULL};
+    expect_exit(bad_isa, 2, "--isa sse9");
+    const char *no_isa[] = {"bench", "-m", "x.gguf", "--isa", NULL};
+    expect_exit(no_isa, 2, "--isa");
     const char *no_shard[] = {"stats", "127.0.0.1:1", NULL};
     expect_exit(no_shard, 1, "127.0.0.1:1");
     const char *bad_shape[] = {"mkmodel", "-o", "/tmp/never.gguf", "--shape", "huge", "--type", "f32", NULL};
@@ -104,6 +108,16 @@ int main(void) {
             CHECK_EQ_INT(cJSON_GetNumberValue(cJSON_GetArrayItem(gen, i)),
                          cJSON_GetNumberValue(cJSON_GetArrayItem(rtok, n_prompt + i)));
         CHECK(cJSON_IsString(cJSON_GetObjectItem(o, "text")));
+        cJSON_Delete(o);
+        free(out);
+
+        /* bench --isa scalar: runs the scalar kernels and says so, whatever the CPU's best. */
+        const char *bs[] = {"bench", "-m", model, "-p", "4", "-n", "2", "-t", "1", "--isa", "scalar", NULL};
+        CHECK_EQ_INT(cli(bs, &out), 0);
+        o = cJSON_Parse(out);
+        CHECK(o != NULL);
+        CHECK(cJSON_IsString(cJSON_GetObjectItem(o, "isa")) && !strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(o, "isa")), "scalar"));
+        CHECK(strstr(out, "\"f32\":\"scalar") != NULL);
         cJSON_Delete(o);
         free(out);
 

@@ -19,10 +19,12 @@
 
 static void bench_usage(FILE *f) {
     fprintf(f, "usage: kvshard bench -m MODEL [-t THREADS] [-p PROMPT_TOKENS] [-n DECODE_TOKENS] [--sessions N]\n"
-               "                     [--layers FIRST:LAST] [--no-repack] [--depth D]\n"
+               "                     [--layers FIRST:LAST] [--no-repack] [--depth D] [--isa NAME]\n"
                "  --layers          bench one shard's range (hidden-state input/output where it lacks\n"
                "                    the embeddings/head); reports its resident memory (rss_bytes)\n"
                "  --no-repack       keep the weights in the file's row layout (no r8 repacking)\n"
+               "  --isa NAME        run the kernels of scalar, avx2 or avx512 (default: the best this\n"
+               "                    CPU has; one it lacks is an error), for an A/B on one machine\n"
                "  --depth D         also decode a second session after a D-token prompt, alternating\n"
                "                    with the first step by step (both under the same machine state):\n"
                "                    adds decode_depth_tok_s and depth_slowdown (one session)\n"
@@ -208,8 +210,21 @@ static void decode_next(engine_req *r, int32_t *slot, int32_t tok, const float *
     r->hidden = hidden_row;
 }
 
+/* --isa NAME: the kernels of one ISA instead of the best detected (an A/B on one machine). */
+static bool bench_force_isa(const char *name) {
+    for (int i = QUANT_ISA_SCALAR; i <= QUANT_ISA_AVX512; i++)
+        if (!strcmp(quant_isa_name((enum quant_isa)i), name)) {
+            if (quant_isa_force((enum quant_isa)i)) return true;
+            break;
+        }
+    fprintf(stderr, "kvshard bench: --isa %s: not one this CPU runs (scalar, avx2 or avx512 up to %s)\n",
+            name, quant_isa_name(quant_isa_detect()));
+    return false;
+}
+
 int cmd_bench(int argc, char **argv) {
     const char *path = NULL, *layers = NULL;
+    const char *isa = NULL;
     long threads = 0, n_prompt = 128, n_decode = 32, n_sessions = 1, depth = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -223,6 +238,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--layers")) ok = args_str(argc, argv, &i, &layers);
         else if (!strcmp(a, "--depth")) ok = args_int(argc, argv, &i, 1, 1 << 16, &depth);
         else if (!strcmp(a, "--no-repack")) quant_r8_set_enabled(false);
+        else if (!strcmp(a, "--isa")) ok = args_str(argc, argv, &i, &isa) && bench_force_isa(isa);
         else { fprintf(stderr, "kvshard bench: unknown option '%s'\n", a); bench_usage(stderr); return 2; }
         if (!ok) return 2;
     }
