@@ -7,7 +7,8 @@
 #
 # Arguments: A.c B.c [TYPE [T ...]] (TYPE q4_0|q8_0|q4_k|q6_k, default q8_0; token counts, default 8).
 # Needs build/libkvshard_core.a (cmake --build build) for packing and quantizing. The binary goes to
-# build/ab_r8; each count runs pinned to CPU 1 where taskset exists.
+# build/ab_r8; each count runs pinned to CPU 1 where taskset exists. VNNI=1 builds both as the AVX-512
+# VNNI kernels (quant_r8_avx512.c's build: QUANT_R8_VNNI, 512-bit pair kernels) instead of AVX2.
 set -euo pipefail
 [ $# -ge 2 ] || { echo "usage: bash scripts/ab_r8.sh A.c B.c [TYPE [T ...]]" >&2; exit 2; }
 a=$1 b=$2 type=${3:-q8_0}
@@ -15,12 +16,15 @@ shift 2; [ $# -gt 0 ] && shift
 counts=("$@"); [ ${#counts[@]} -gt 0 ] || counts=(8)
 [ -f build/libkvshard_core.a ] || { echo "ab_r8: build/libkvshard_core.a missing (cmake --build build)" >&2; exit 1; }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-flags=(-O2 -mavx2 -mfma -mf16c -Isrc -Iinclude)
+flags=(-O2 -mavx2 -mfma -mf16c -Isrc -Iinclude) isa=avx2
+if [ "${VNNI:-0}" = 1 ]; then
+    flags+=(-mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx512dq -DQUANT_R8_VNNI=1) isa=avx512
+fi
 for v in a b; do
     src=$a; [ $v = b ] && src=$b
     gcc "${flags[@]}" -c "$src" -o "$tmp/$v.o" \
-        -Dquant_avx2_r8_q4_0=v${v}_r8_q4_0 -Dquant_avx2_r8_q8_0=v${v}_r8_q8_0 \
-        -Dquant_avx2_r8_q4_k=v${v}_r8_q4_k -Dquant_avx2_r8_q6_k=v${v}_r8_q6_k
+        -Dquant_${isa}_r8_q4_0=v${v}_r8_q4_0 -Dquant_${isa}_r8_q8_0=v${v}_r8_q8_0 \
+        -Dquant_${isa}_r8_q4_k=v${v}_r8_q4_k -Dquant_${isa}_r8_q6_k=v${v}_r8_q6_k
 done
 gcc -O2 -Isrc -Iinclude scripts/ab_r8.c "$tmp/a.o" "$tmp/b.o" build/libkvshard_core.a -lm -lpthread -o build/ab_r8
 pin=(); command -v taskset >/dev/null && pin=(taskset -c 1)

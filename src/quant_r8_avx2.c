@@ -315,61 +315,281 @@ R8_INLINE void r8_q6_k_group(int64_t nb, const block_q6_kx8 *g, const uint8_t *a
     R8_GROUP_END();
 }
 
-/* The exported kernel of a type: every group, tokens four at a time, then the rest. */
-#define R8_KERNEL(type, block_t, QB)                                                                          \
+#ifdef QUANT_R8_VNNI
+/* --- 512-bit pair kernels (VNNI build) ---------------------------------------
+ * Two neighbouring groups at once, one zmm: lanes 0-7 are group g's rows,
+ * lanes 8-15 group g + nb's, whose sums belong at out + 8, right after g's.
+ * Every lane makes the integer sums and float steps of the 256-bit kernels
+ * above (the same exact sums, the same float operations in the same order),
+ * so the bits are the same; on a core with full-width 512-bit units (Zen 5)
+ * each instruction does twice the work. */
+R8_INLINE __m512i z_bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* 32 bytes of group 0 in the low half, 32 of group 1 in the high half. */
+R8_INLINE __m512i z_load2(const void *p0, const void *p1) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p0)),
+                              _mm256_loadu_si256((const __m256i *)p1), 1);
+}
+
+/* Eight f16 scales of each group, as 16 floats. */
+R8_INLINE __m512 z_f16x2(const uint16_t *d0, const uint16_t *d1) {
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)d0)),
+                                                   _mm_loadu_si128((const __m128i *)d1), 1));
+}
+
+#define R8Z_PAIR_BEGIN(act_t)                                                                  \
+    const act_t *a[R8_TOKENS];                                                                 \
+    __m512 acc[R8_TOKENS];                                                                     \
+    R8_UNROLL for (int t = 0; t < T; t++) {                                                    \
+        a[t] = (const act_t *)(act + (size_t)t * astride);                                     \
+        acc[t] = _mm512_setzero_ps();                                                          \
+    }
+#define R8Z_PAIR_END() R8_UNROLL for (int t = 0; t < T; t++) _mm512_storeu_ps(out + (size_t)t * ostride, acc[t])
+
+/* q4_0: r8_q4_0_group's steps on 16 lanes. */
+R8_INLINE void r8z_q4_0_pair(int64_t nb, const block_q4_0x8 *g, const uint8_t *act, size_t astride, const int T,
+                             float *out, size_t ostride) {
+    R8Z_PAIR_BEGIN(act_q8);
+    const block_q4_0x8 *h = g + nb;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int64_t b = 0; b < nb; b++) {
+        _mm_prefetch((const char *)&g[b] + R8_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)&g[b] + R8_PREFETCH + 72, _MM_HINT_T0);
+        _mm_prefetch((const char *)&h[b] + R8_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)&h[b] + R8_PREFETCH + 72, _MM_HINT_T0);
+        const __m512 dw = z_f16x2(g[b].d, h[b].d);
+        __m512i lo[4], hi[4];
+        R8_UNROLL for (int j = 0; j < 4; j++) {
+            const __m512i v = z_load2(g[b].qs + 32 * j, h[b].qs + 32 * j);
+            lo[j] = _mm512_and_si512(v, m4);
+            hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        }
+        R8_UNROLL for (int t = 0; t < T; t++) {
+            const act_q8 *y = a[t] + b;
+            __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], z_bcast4(y->qs));
+            s = _mm512_dpbusd_epi32(s, hi[0], z_bcast4(y->qs + 4));
+            R8_UNROLL for (int j = 1; j < 4; j++) {
+                s = _mm512_dpbusd_epi32(s, lo[j], z_bcast4(y->qs + 8 * j));
+                s = _mm512_dpbusd_epi32(s, hi[j], z_bcast4(y->qs + 8 * j + 4));
+            }
+            const __m512 tt = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(y->d), _mm512_set1_ps(y->s * -8.0f));
+            acc[t] = _mm512_fmadd_ps(tt, dw, acc[t]);
+        }
+    }
+    R8Z_PAIR_END();
+}
+
+/* 128 times the sum of an activation block's 32 quants, in every lane (exact). */
+R8_INLINE __m512i z_qsum128(const int8_t *q) {
+    __m256i v = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80),
+                                    _mm256_loadu_si256((const __m256i *)q));
+    v = _mm256_add_epi32(v, _mm256_shuffle_epi32(v, 0x4E));
+    v = _mm256_add_epi32(v, _mm256_shuffle_epi32(v, 0xB1));
+    v = _mm256_add_epi32(v, _mm256_permute2x128_si256(v, v, 1));
+    return _mm512_broadcastd_epi32(_mm256_castsi256_si128(v));
+}
+
+/* q8_0: vpdpbusd wants one unsigned side, so the weights go in as w + 128
+ * (a flipped top bit) and the exact sum P = sum (w + 128) q - 128 sum q comes
+ * back per token with one subtraction, in place of |w| and sign(q, w) per
+ * chunk; then r8_q8_0_groups' float steps: acc = fma(P da, dw, acc). */
+R8_INLINE void r8z_q8_0_pair(int64_t nb, const block_q8_0x8 *g, const uint8_t *act, size_t astride, const int T,
+                             float *out, size_t ostride) {
+    R8Z_PAIR_BEGIN(act_q8);
+    const block_q8_0x8 *h = g + nb;
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    for (int64_t b = 0; b < nb; b++) {
+        R8_UNROLL for (int c = 0; c < 4; c++) {
+            _mm_prefetch((const char *)&g[b] + R8_PREFETCH + 64 * c, _MM_HINT_T0);
+            _mm_prefetch((const char *)&h[b] + R8_PREFETCH + 64 * c, _MM_HINT_T0);
+        }
+        __m512i s[R8_TOKENS];
+        R8_UNROLL for (int t = 0; t < T; t++) s[t] = _mm512_setzero_si512();
+        R8_UNROLL for (int j = 0; j < 8; j++) {
+            const __m512i u = _mm512_xor_si512(z_load2(g[b].qs + 32 * j, h[b].qs + 32 * j), flip);
+            R8_UNROLL for (int t = 0; t < T; t++) s[t] = _mm512_dpbusd_epi32(s[t], u, z_bcast4(a[t][b].qs + 4 * j));
+        }
+        const __m512 dw = z_f16x2(g[b].d, h[b].d);
+        R8_UNROLL for (int t = 0; t < T; t++) {
+            const __m512i p = _mm512_sub_epi32(s[t], z_qsum128(a[t][b].qs));
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(p), _mm512_set1_ps(a[t][b].d)), dw, acc[t]);
+        }
+    }
+    R8Z_PAIR_END();
+}
+
+/* Group 0's register in the low half, group 1's in the high half. */
+R8_INLINE __m512i z_join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+
+/* r8_sub_sum16 on 16 lanes. */
+R8_INLINE __m512i z_sub_sum16(const __m512i lo[4], const __m512i hi[4], const int8_t *q) {
+    __m512i s = _mm512_add_epi16(_mm512_maddubs_epi16(lo[0], z_bcast4(q)), _mm512_maddubs_epi16(hi[0], z_bcast4(q + 4)));
+    R8_UNROLL for (int j = 1; j < 4; j++) {
+        s = _mm512_add_epi16(s, _mm512_maddubs_epi16(lo[j], z_bcast4(q + 8 * j)));
+        s = _mm512_add_epi16(s, _mm512_maddubs_epi16(hi[j], z_bcast4(q + 8 * j + 4)));
+    }
+    return s;
+}
+
+/* q4_k: r8_q4_k_group's steps on 16 lanes (each group's scales decoded as there). */
+R8_INLINE void r8z_q4_k_pair(int64_t nb, const block_q4_kx8 *g, const uint8_t *act, size_t astride, const int T,
+                             float *out, size_t ostride) {
+    R8Z_PAIR_BEGIN(block_q8_k);
+    const block_q4_kx8 *h = g + nb;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i sg[8], mg[4], sh[8], mh[4];
+        r8_q4_k_scales(&g[b], sg, mg);
+        r8_q4_k_scales(&h[b], sh, mh);
+        __m512i sc32[8], mn32[4], s1[R8_TOKENS];
+        R8_UNROLL for (int j = 0; j < 8; j++) sc32[j] = z_join(sg[j], sh[j]);
+        R8_UNROLL for (int p = 0; p < 4; p++) mn32[p] = z_join(mg[p], mh[p]);
+        R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *qg = g[b].qs + 128 * j, *qh = h[b].qs + 128 * j;
+            _mm_prefetch((const char *)qg + R8_PREFETCH, _MM_HINT_T0);
+            _mm_prefetch((const char *)qg + R8_PREFETCH + 64, _MM_HINT_T0);
+            _mm_prefetch((const char *)qh + R8_PREFETCH, _MM_HINT_T0);
+            _mm_prefetch((const char *)qh + R8_PREFETCH + 64, _MM_HINT_T0);
+            __m512i lo[4], hi[4];
+            R8_UNROLL for (int c = 0; c < 4; c++) {
+                const __m512i v = z_load2(qg + 32 * c, qh + 32 * c);
+                lo[c] = _mm512_and_si512(v, m4);
+                hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            }
+            R8_UNROLL for (int t = 0; t < T; t++)
+                s1[t] = _mm512_dpwssd_epi32(s1[t], z_sub_sum16(lo, hi, a[t][b].qs + 32 * j), sc32[j]);
+        }
+        const __m512 d = z_f16x2(g[b].d, h[b].d), dmin = z_f16x2(g[b].dmin, h[b].dmin);
+        R8_UNROLL for (int t = 0; t < T; t++) {
+            const block_q8_k *y = &a[t][b];
+            __m512i s2 = _mm512_setzero_si512();
+            R8_UNROLL for (int p = 0; p < 4; p++) {
+                const int16_t *bs = y->bsums + 4 * p;
+                const uint32_t pair = (uint16_t)(bs[0] + bs[1]) | (uint32_t)(uint16_t)(bs[2] + bs[3]) << 16;
+                s2 = _mm512_add_epi32(s2, _mm512_madd_epi16(mn32[p], _mm512_set1_epi32((int32_t)pair)));
+            }
+            const __m512 da = _mm512_set1_ps(y->d);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1[t]), _mm512_mul_ps(d, da), acc[t]);
+            acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(s2), _mm512_mul_ps(dmin, da), acc[t]);
+        }
+    }
+    R8Z_PAIR_END();
+}
+
+/* q6_k: r8_q6_k_group's steps on 16 lanes. */
+R8_INLINE void r8z_q6_k_pair(int64_t nb, const block_q6_kx8 *g, const uint8_t *act, size_t astride, const int T,
+                             float *out, size_t ostride) {
+    R8Z_PAIR_BEGIN(block_q8_k);
+    const block_q6_kx8 *h = g + nb;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(0x03);
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i sg[16], pg[8], sh[16], ph[8];
+        r8_q6_k_scales(&g[b], sg, pg);
+        r8_q6_k_scales(&h[b], sh, ph);
+        __m512i sc16[16], scp[8], s1[R8_TOKENS];
+        R8_UNROLL for (int k = 0; k < 16; k++) sc16[k] = z_join(sg[k], sh[k]);
+        R8_UNROLL for (int p = 0; p < 8; p++) scp[p] = z_join(pg[p], ph[p]);
+        R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *lg = g[b].ql + 128 * j, *hg = g[b].qh + 64 * j;
+            const uint8_t *lh = h[b].ql + 128 * j, *hh = h[b].qh + 64 * j;
+            _mm_prefetch((const char *)lg + R8_PREFETCH, _MM_HINT_T0);
+            _mm_prefetch((const char *)lg + R8_PREFETCH + 64, _MM_HINT_T0);
+            _mm_prefetch((const char *)hg + R8_PREFETCH, _MM_HINT_T0);
+            _mm_prefetch((const char *)lh + R8_PREFETCH, _MM_HINT_T0);
+            _mm_prefetch((const char *)lh + R8_PREFETCH + 64, _MM_HINT_T0);
+            _mm_prefetch((const char *)hh + R8_PREFETCH, _MM_HINT_T0);
+            R8_UNROLL for (int k = 0; k < 2; k++) {
+                const __m512i q0 = z_load2(lg + 64 * k, lh + 64 * k), q1 = z_load2(lg + 64 * k + 32, lh + 64 * k + 32),
+                              hb = z_load2(hg + 32 * k, hh + 32 * k);
+                const __m512i u0 = _mm512_or_si512(_mm512_and_si512(q0, m4), _mm512_slli_epi16(_mm512_and_si512(hb, m3), 4));
+                const __m512i u1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(q0, 4), m4),
+                                                   _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2), m3), 4));
+                const __m512i u2 = _mm512_or_si512(_mm512_and_si512(q1, m4),
+                                                   _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 4), m3), 4));
+                const __m512i u3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(q1, 4), m4),
+                                                   _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 6), m3), 4));
+                const __m512i sc = sc16[2 * j + k];
+                R8_UNROLL for (int t = 0; t < T; t++) {
+                    const int8_t *q = a[t][b].qs + 32 * j + 16 * k;
+                    const __m512i x = _mm512_add_epi16(_mm512_maddubs_epi16(u0, z_bcast4(q)), _mm512_maddubs_epi16(u1, z_bcast4(q + 4)));
+                    const __m512i y = _mm512_add_epi16(_mm512_maddubs_epi16(u2, z_bcast4(q + 8)),
+                                                       _mm512_maddubs_epi16(u3, z_bcast4(q + 12)));
+                    s1[t] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(s1[t], x, sc), y, sc);
+                }
+            }
+        }
+        const __m512 d = z_f16x2(g[b].d, h[b].d);
+        R8_UNROLL for (int t = 0; t < T; t++) {
+            const block_q8_k *y = &a[t][b];
+            __m512i s2 = _mm512_madd_epi16(scp[0], z_bcast4((const int8_t *)y->bsums));
+            R8_UNROLL for (int p = 1; p < 8; p++)
+                s2 = _mm512_add_epi32(s2, _mm512_madd_epi16(scp[p], z_bcast4((const int8_t *)(y->bsums + 2 * p))));
+            const __m512i sum = _mm512_sub_epi32(s1[t], _mm512_slli_epi32(s2, 5));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(y->d)), acc[t]);
+        }
+    }
+    R8Z_PAIR_END();
+}
+#endif /* QUANT_R8_VNNI */
+
+/* The exported kernel of a type: groups two at a time through PAIR_FN where
+ * PAIR is 1, else one at a time; tokens four at a time, then the rest; the
+ * token count T compile-time in each call. A type without a pair kernel names
+ * its group kernel as PAIR_FN with PAIR 0 (never called). */
+#define R8_PASS(type, TT, pair_fn)                                                                            \
+    case TT:                                                                                                  \
+        if (two) pair_fn(nb, g, at, act_stride, TT, ot, out_stride);                                          \
+        else r8_##type##_group(nb, g, at, act_stride, TT, ot, out_stride);                                    \
+        break;
+#define R8_KERNEL(type, block_t, QB, PAIR, pair_fn)                                                                  \
     void R8_NAME(r8_##type)(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride,       \
                             int n_act, float *out, size_t out_stride) {                                       \
         const int64_t nb = n / (QB);                                                                          \
         const uint8_t *ab = (const uint8_t *)act;                                                             \
-        for (int gi = 0; gi < n_groups; gi++) {                                                               \
+        for (int gi = 0; gi < n_groups;) {                                                                    \
             const block_t *g = (const block_t *)w + (size_t)gi * (size_t)nb;                                  \
+            const int two = (PAIR) && n_groups - gi >= 2;                                                     \
             float *o = out + 8 * (size_t)gi;                                                                  \
-            int t = 0;                                                                                        \
-            for (; n_act - t >= R8_TOKENS; t += R8_TOKENS)                                                    \
-                r8_##type##_group(nb, g, ab + (size_t)t * act_stride, act_stride, R8_TOKENS,                  \
-                                  o + (size_t)t * out_stride, out_stride);                                    \
-            const uint8_t *at = ab + (size_t)t * act_stride;                                                  \
-            float *ot = o + (size_t)t * out_stride;                                                           \
-            switch (n_act - t) {                                                                              \
-            case 3: r8_##type##_group(nb, g, at, act_stride, 3, ot, out_stride); break;                       \
-            case 2: r8_##type##_group(nb, g, at, act_stride, 2, ot, out_stride); break;                       \
-            case 1: r8_##type##_group(nb, g, at, act_stride, 1, ot, out_stride); break;                       \
-            default: break;                                                                                   \
+            for (int t = 0; t < n_act;) {                                                                     \
+                const int T = n_act - t >= R8_TOKENS ? R8_TOKENS : n_act - t;                                 \
+                const uint8_t *at = ab + (size_t)t * act_stride;                                              \
+                float *ot = o + (size_t)t * out_stride;                                                       \
+                switch (T) {                                                                                  \
+                R8_PASS(type, 4, pair_fn)                                                                           \
+                R8_PASS(type, 3, pair_fn)                                                                           \
+                R8_PASS(type, 2, pair_fn)                                                                           \
+                default: R8_PASS(type, 1, pair_fn)                                                                  \
+                }                                                                                             \
+                t += T;                                                                                       \
             }                                                                                                 \
+            gi += two ? 2 : 1;                                                                                \
         }                                                                                                     \
     }
 
-R8_KERNEL(q4_0, block_q4_0x8, QK32)
-/* q8_0: groups two at a time (the last one alone when their number is odd),
- * tokens four at a time, then the rest; G and T compile-time in each call. */
-#define R8_Q8_0_PASS(TT)                                                                     \
-    case TT:                                                                                 \
-        if (pair) r8_q8_0_groups(nb, g, 2, at, act_stride, TT, ot, out_stride);              \
-        else r8_q8_0_groups(nb, g, 1, at, act_stride, TT, ot, out_stride);                   \
-        break;
-
-void R8_NAME(r8_q8_0)(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, int n_act,
-                      float *out, size_t out_stride) {
-    const int64_t nb = n / QK32;
-    const uint8_t *ab = (const uint8_t *)act;
-    for (int gi = 0; gi < n_groups;) {
-        const block_q8_0x8 *g = (const block_q8_0x8 *)w + (size_t)gi * (size_t)nb;
-        const int pair = n_groups - gi >= 2;
-        float *o = out + 8 * (size_t)gi;
-        for (int t = 0; t < n_act;) {
-            const int T = n_act - t >= R8_TOKENS ? R8_TOKENS : n_act - t;
-            const uint8_t *at = ab + (size_t)t * act_stride;
-            float *ot = o + (size_t)t * out_stride;
-            switch (T) {
-            R8_Q8_0_PASS(4)
-            R8_Q8_0_PASS(3)
-            R8_Q8_0_PASS(2)
-            default: R8_Q8_0_PASS(1)
-            }
-            t += T;
-        }
-        gi += pair ? 2 : 1;
-    }
+/* q8_0 one group at a time is r8_q8_0_groups with G = 1, two at a time G = 2
+ * (the VNNI build: r8z_q8_0_pair). */
+R8_INLINE void r8_q8_0_group(int64_t nb, const block_q8_0x8 *g, const uint8_t *act, size_t astride, const int T,
+                             float *out, size_t ostride) {
+    r8_q8_0_groups(nb, g, 1, act, astride, T, out, ostride);
 }
-R8_KERNEL(q4_k, block_q4_kx8, QKK)
-R8_KERNEL(q6_k, block_q6_kx8, QKK)
+#ifdef QUANT_R8_VNNI
+R8_KERNEL(q4_0, block_q4_0x8, QK32, 1, r8z_q4_0_pair)
+R8_KERNEL(q8_0, block_q8_0x8, QK32, 1, r8z_q8_0_pair)
+R8_KERNEL(q4_k, block_q4_kx8, QKK, 1, r8z_q4_k_pair)
+R8_KERNEL(q6_k, block_q6_kx8, QKK, 1, r8z_q6_k_pair)
+#else
+R8_INLINE void r8_q8_0_pair(int64_t nb, const block_q8_0x8 *g, const uint8_t *act, size_t astride, const int T,
+                            float *out, size_t ostride) {
+    r8_q8_0_groups(nb, g, 2, act, astride, T, out, ostride);
+}
+R8_KERNEL(q4_0, block_q4_0x8, QK32, 0, r8_q4_0_group)
+R8_KERNEL(q8_0, block_q8_0x8, QK32, 1, r8_q8_0_pair)
+R8_KERNEL(q4_k, block_q4_kx8, QKK, 0, r8_q4_k_group)
+R8_KERNEL(q6_k, block_q6_kx8, QKK, 0, r8_q6_k_group)
+#endif
