@@ -16,4 +16,12 @@
 #include <immintrin.h>
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <simde/x86/avx512.h>
+
+/* Debian 12's SIMDe has no alias for this one: each half converted as the
+ * instruction converts it (MXCSR rounding, exact below 2^24). */
+static inline simde__m512 kvs_emu_mm512_cvtepi32_ps(simde__m512i a) {
+    return simde_mm512_insertf32x8(simde_mm512_castps256_ps512(simde_mm256_cvtepi32_ps(simde_mm512_extracti64x4_epi64(a, 0))),
+                                   simde_mm256_cvtepi32_ps(simde_mm512_extracti64x4_epi64(a, 1)), 1);
+}
+#define _mm512_cvtepi32_ps(a) kvs_emu_mm512_cvtepi32_ps(a)
 #endif

@@ -337,8 +337,8 @@ R8_INLINE __m512i z_load2(const void *p0, const void *p1) {
 
 /* Eight f16 scales of each group, as 16 floats. */
 R8_INLINE __m512 z_f16x2(const uint16_t *d0, const uint16_t *d1) {
-    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)d0)),
-                                                   _mm_loadu_si128((const __m128i *)d1), 1));
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d0))),
+                              _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d1)), 1);
 }
 
 #define R8Z_PAIR_BEGIN(act_t)                                                                  \
@@ -471,7 +471,7 @@ R8_INLINE void r8z_q4_k_pair(int64_t nb, const block_q4_kx8 *g, const uint8_t *a
             R8_UNROLL for (int p = 0; p < 4; p++) {
                 const int16_t *bs = y->bsums + 4 * p;
                 const uint32_t pair = (uint16_t)(bs[0] + bs[1]) | (uint32_t)(uint16_t)(bs[2] + bs[3]) << 16;
-                s2 = _mm512_add_epi32(s2, _mm512_madd_epi16(mn32[p], _mm512_set1_epi32((int32_t)pair)));
+                s2 = _mm512_dpwssd_epi32(s2, mn32[p], _mm512_set1_epi32((int32_t)pair));
             }
             const __m512 da = _mm512_set1_ps(y->d);
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1[t]), _mm512_mul_ps(d, da), acc[t]);
@@ -527,9 +527,9 @@ R8_INLINE void r8z_q6_k_pair(int64_t nb, const block_q6_kx8 *g, const uint8_t *a
         const __m512 d = z_f16x2(g[b].d, h[b].d);
         R8_UNROLL for (int t = 0; t < T; t++) {
             const block_q8_k *y = &a[t][b];
-            __m512i s2 = _mm512_madd_epi16(scp[0], z_bcast4((const int8_t *)y->bsums));
-            R8_UNROLL for (int p = 1; p < 8; p++)
-                s2 = _mm512_add_epi32(s2, _mm512_madd_epi16(scp[p], z_bcast4((const int8_t *)(y->bsums + 2 * p))));
+            __m512i s2 = _mm512_setzero_si512();
+            R8_UNROLL for (int p = 0; p < 8; p++)
+                s2 = _mm512_dpwssd_epi32(s2, scp[p], z_bcast4((const int8_t *)(y->bsums + 2 * p)));
             const __m512i sum = _mm512_sub_epi32(s1[t], _mm512_slli_epi32(s2, 5));
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(y->d)), acc[t]);
         }
