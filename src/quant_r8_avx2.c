@@ -1,7 +1,10 @@
 /*
  * quant_r8_avx2 — the r8 (row-interleaved) q4_0 kernel under AVX2; compiled a
  * second time as quant_r8_avx512.c with QUANT_R8_VNNI, where vpdpbusd makes
- * each block's integer sum in place of maddubs + add + madd.
+ * each block's integer sum in place of maddubs + add + madd, and where 512-bit
+ * pair kernels (below, "512-bit pair kernels") take neighbouring groups two
+ * at a time (0.47-0.74 of the 256-bit VNNI kernels' time on Zen 5, rows in
+ * cache: BENCHMARKS.md, round 9).
  *
  * Per block of eight rows: four 32-byte loads give, masked and shifted, eight
  * registers whose i32 lane r holds four unsigned elements of row r (layout in
@@ -21,7 +24,11 @@
 
 #define R8_INLINE static inline __attribute__((always_inline))
 #define R8_UNROLL _Pragma("GCC unroll 8")
+#ifdef QUANT_R8_VNNI
+#define R8_TOKENS 8 /* tokens per pass over a group's blocks (32 registers) */
+#else
 #define R8_TOKENS 4 /* tokens per pass over a group's blocks */
+#endif
 #define R8_PREFETCH 2304 /* bytes ahead (16 blocks) the weights are prefetched */
 
 #ifdef QUANT_R8_VNNI
@@ -341,6 +348,18 @@ R8_INLINE __m512 z_f16x2(const uint16_t *d0, const uint16_t *d1) {
                               _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d1)), 1);
 }
 
+/* Lane r: row r's exact sum of 32 products with q (r8_block_sum on 16 lanes),
+ * as two chains of four vpdpbusd (one chain of eight waits on its latency). */
+R8_INLINE __m512i z_block_sum(const __m512i lo[4], const __m512i hi[4], const int8_t *q) {
+    __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], z_bcast4(q));
+    __m512i u = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], z_bcast4(q + 4));
+    R8_UNROLL for (int j = 1; j < 4; j++) {
+        s = _mm512_dpbusd_epi32(s, lo[j], z_bcast4(q + 8 * j));
+        u = _mm512_dpbusd_epi32(u, hi[j], z_bcast4(q + 8 * j + 4));
+    }
+    return _mm512_add_epi32(s, u);
+}
+
 #define R8Z_PAIR_BEGIN(act_t)                                                                  \
     const act_t *a[R8_TOKENS];                                                                 \
     __m512 acc[R8_TOKENS];                                                                     \
@@ -370,13 +389,8 @@ R8_INLINE void r8z_q4_0_pair(int64_t nb, const block_q4_0x8 *g, const uint8_t *a
         }
         R8_UNROLL for (int t = 0; t < T; t++) {
             const act_q8 *y = a[t] + b;
-            __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], z_bcast4(y->qs));
-            s = _mm512_dpbusd_epi32(s, hi[0], z_bcast4(y->qs + 4));
-            R8_UNROLL for (int j = 1; j < 4; j++) {
-                s = _mm512_dpbusd_epi32(s, lo[j], z_bcast4(y->qs + 8 * j));
-                s = _mm512_dpbusd_epi32(s, hi[j], z_bcast4(y->qs + 8 * j + 4));
-            }
-            const __m512 tt = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(y->d), _mm512_set1_ps(y->s * -8.0f));
+            const __m512 tt =
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(z_block_sum(lo, hi, y->qs)), _mm512_set1_ps(y->d), _mm512_set1_ps(y->s * -8.0f));
             acc[t] = _mm512_fmadd_ps(tt, dw, acc[t]);
         }
     }
@@ -425,28 +439,22 @@ R8_INLINE void r8z_q8_0_pair(int64_t nb, const block_q8_0x8 *g, const uint8_t *a
 /* Group 0's register in the low half, group 1's in the high half. */
 R8_INLINE __m512i z_join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
 
-/* r8_sub_sum16 on 16 lanes. */
-R8_INLINE __m512i z_sub_sum16(const __m512i lo[4], const __m512i hi[4], const int8_t *q) {
-    __m512i s = _mm512_add_epi16(_mm512_maddubs_epi16(lo[0], z_bcast4(q)), _mm512_maddubs_epi16(hi[0], z_bcast4(q + 4)));
-    R8_UNROLL for (int j = 1; j < 4; j++) {
-        s = _mm512_add_epi16(s, _mm512_maddubs_epi16(lo[j], z_bcast4(q + 8 * j)));
-        s = _mm512_add_epi16(s, _mm512_maddubs_epi16(hi[j], z_bcast4(q + 8 * j + 4)));
-    }
-    return s;
-}
-
-/* q4_k: r8_q4_k_group's steps on 16 lanes (each group's scales decoded as there). */
+/* q4_k: r8_q4_k_group's integer sums and float steps on 16 lanes. Each
+ * sub-block's sum P (<= 32 x 15 x 127) comes whole from vpdpbusd and meets
+ * its scale in one vpmulld (S1 = sum_j sc_j P_j <= 8 x 63 x 60960, exact),
+ * in place of the i16 halves and vpdpwssd of the 256-bit kernel: the same
+ * integer S1, fewer instructions. */
 R8_INLINE void r8z_q4_k_pair(int64_t nb, const block_q4_kx8 *g, const uint8_t *act, size_t astride, const int T,
                              float *out, size_t ostride) {
     R8Z_PAIR_BEGIN(block_q8_k);
     const block_q4_kx8 *h = g + nb;
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), lo16 = _mm512_set1_epi32(0xFFFF);
     for (int64_t b = 0; b < nb; b++) {
         __m256i sg[8], mg[4], sh[8], mh[4];
         r8_q4_k_scales(&g[b], sg, mg);
         r8_q4_k_scales(&h[b], sh, mh);
-        __m512i sc32[8], mn32[4], s1[R8_TOKENS];
-        R8_UNROLL for (int j = 0; j < 8; j++) sc32[j] = z_join(sg[j], sh[j]);
+        __m512i sc[8], mn32[4], s1[R8_TOKENS];
+        R8_UNROLL for (int j = 0; j < 8; j++) sc[j] = _mm512_and_si512(z_join(sg[j], sh[j]), lo16);
         R8_UNROLL for (int p = 0; p < 4; p++) mn32[p] = z_join(mg[p], mh[p]);
         R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) {
@@ -462,7 +470,7 @@ R8_INLINE void r8z_q4_k_pair(int64_t nb, const block_q4_kx8 *g, const uint8_t *a
                 hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
             }
             R8_UNROLL for (int t = 0; t < T; t++)
-                s1[t] = _mm512_dpwssd_epi32(s1[t], z_sub_sum16(lo, hi, a[t][b].qs + 32 * j), sc32[j]);
+                s1[t] = _mm512_add_epi32(s1[t], _mm512_mullo_epi32(z_block_sum(lo, hi, a[t][b].qs + 32 * j), sc[j]));
         }
         const __m512 d = z_f16x2(g[b].d, h[b].d), dmin = z_f16x2(g[b].dmin, h[b].dmin);
         R8_UNROLL for (int t = 0; t < T; t++) {
@@ -547,6 +555,11 @@ R8_INLINE void r8z_q6_k_pair(int64_t nb, const block_q6_kx8 *g, const uint8_t *a
         if (two) pair_fn(nb, g, at, act_stride, TT, ot, out_stride);                                          \
         else r8_##type##_group(nb, g, at, act_stride, TT, ot, out_stride);                                    \
         break;
+#ifdef QUANT_R8_VNNI
+#define R8_PASS_WIDE(type, pair_fn) R8_PASS(type, 8, pair_fn) R8_PASS(type, 7, pair_fn) R8_PASS(type, 6, pair_fn) R8_PASS(type, 5, pair_fn)
+#else
+#define R8_PASS_WIDE(type, pair_fn)
+#endif
 #define R8_KERNEL(type, block_t, QB, PAIR, pair_fn)                                                                  \
     void R8_NAME(r8_##type)(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride,       \
                             int n_act, float *out, size_t out_stride) {                                       \
@@ -561,6 +574,7 @@ R8_INLINE void r8z_q6_k_pair(int64_t nb, const block_q6_kx8 *g, const uint8_t *a
                 const uint8_t *at = ab + (size_t)t * act_stride;                                              \
                 float *ot = o + (size_t)t * out_stride;                                                       \
                 switch (T) {                                                                                  \
+                R8_PASS_WIDE(type, pair_fn)                                                                   \
                 R8_PASS(type, 4, pair_fn)                                                                           \
                 R8_PASS(type, 3, pair_fn)                                                                           \
                 R8_PASS(type, 2, pair_fn)                                                                           \
