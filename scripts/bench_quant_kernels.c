@@ -9,7 +9,8 @@
  *
  * Not part of the build. From the repository root, after building build/:
  *   cc -O2 -Isrc -Iinclude scripts/bench_quant_kernels.c build/libkvshard_core.a -lm -lpthread \
- *      -o build/bench_quant_kernels && build/bench_quant_kernels
+ *      -o build/bench_quant_kernels && build/bench_quant_kernels [scalar|avx2|avx512]
+ * (an ISA named: its kernels instead of the best this CPU has).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,10 +21,22 @@
 
 enum { N = 2048, ROWS = 256, T = 8, REPEATS = 40 };
 
-int main(void) {
+int main(int argc, char **argv) {
     static const uint32_t types[] = {QUANT_Q4_0, QUANT_Q8_0, QUANT_Q4_K, QUANT_Q6_K, QUANT_Q2_K,
                                      QUANT_Q3_K, QUANT_IQ4_NL, QUANT_IQ4_XS};
     static float out[ROWS * T];
+    for (int i = QUANT_ISA_SCALAR; argc > 1 && i <= QUANT_ISA_AVX512; i++)
+        if (!strcmp(argv[1], quant_isa_name((enum quant_isa)i))) {
+            if (!quant_isa_force((enum quant_isa)i)) {
+                fprintf(stderr, "bench_quant_kernels: this CPU lacks %s\n", argv[1]);
+                return 2;
+            }
+            argc = 0;
+        }
+    if (argc > 1) {
+        fprintf(stderr, "usage: bench_quant_kernels [scalar|avx2|avx512]\n");
+        return 2;
+    }
     srand(1);
     printf("isa %s, n %d, %d rows\n", quant_isa_name(quant_isa_current()), N, ROWS);
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
