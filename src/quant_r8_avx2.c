@@ -546,10 +546,14 @@ R8_INLINE void r8z_q6_k_pair(int64_t nb, const block_q6_kx8 *g, const uint8_t *a
 }
 #endif /* QUANT_R8_VNNI */
 
-/* The exported kernel of a type: groups two at a time through PAIR_FN where
- * PAIR is 1, else one at a time; tokens four at a time, then the rest; the
- * token count T compile-time in each call. A type without a pair kernel names
- * its group kernel as PAIR_FN with PAIR 0 (never called). */
+/* The exported kernel of a type: groups two at a time through PAIR_FN when
+ * there are at least PAIR tokens, else one at a time; tokens R8_TOKENS at a
+ * time, then the rest; the token count T compile-time in each call. A type
+ * without a pair kernel names its group kernel as PAIR_FN with PAIR 0 (never
+ * called). q4_0 takes pairs from two tokens: its single-token decode, memory
+ * bound, read 51-57 tok/s through the pairs' two weight streams against 59-67
+ * through one group at a time (Zen 5, 2 threads, BENCHMARKS.md round 9); the
+ * other types read the same either way. */
 #define R8_PASS(type, TT, pair_fn)                                                                            \
     case TT:                                                                                                  \
         if (two) pair_fn(nb, g, at, act_stride, TT, ot, out_stride);                                          \
@@ -567,7 +571,7 @@ R8_INLINE void r8z_q6_k_pair(int64_t nb, const block_q6_kx8 *g, const uint8_t *a
         const uint8_t *ab = (const uint8_t *)act;                                                             \
         for (int gi = 0; gi < n_groups;) {                                                                    \
             const block_t *g = (const block_t *)w + (size_t)gi * (size_t)nb;                                  \
-            const int two = (PAIR) && n_groups - gi >= 2;                                                     \
+            const int two = (PAIR) && n_act >= (PAIR) && n_groups - gi >= 2;                               \
             float *o = out + 8 * (size_t)gi;                                                                  \
             for (int t = 0; t < n_act;) {                                                                     \
                 const int T = n_act - t >= R8_TOKENS ? R8_TOKENS : n_act - t;                                 \
@@ -593,7 +597,7 @@ R8_INLINE void r8_q8_0_group(int64_t nb, const block_q8_0x8 *g, const uint8_t *a
     r8_q8_0_groups(nb, g, 1, act, astride, T, out, ostride);
 }
 #ifdef QUANT_R8_VNNI
-R8_KERNEL(q4_0, block_q4_0x8, QK32, 1, r8z_q4_0_pair)
+R8_KERNEL(q4_0, block_q4_0x8, QK32, 2, r8z_q4_0_pair)
 R8_KERNEL(q8_0, block_q8_0x8, QK32, 1, r8z_q8_0_pair)
 R8_KERNEL(q4_k, block_q4_kx8, QKK, 1, r8z_q4_k_pair)
 R8_KERNEL(q6_k, block_q6_kx8, QKK, 1, r8z_q6_k_pair)

@@ -489,7 +489,7 @@ static void test_r8(uint32_t type, int64_t n) {
     }
     for (int k = 0; k < n_isas; k++) {
         CHECK(quant_isa_force(isas[k]));
-        static const int shapes[][2] = {{1, 1}, {1, 4}, {3, 11}, {2, 5}, {3, 3}, {1, 8}, {2, 2}};
+        static const int shapes[][2] = {{1, 1}, {1, 4}, {3, 11}, {2, 5}, {3, 3}, {1, 8}, {2, 2}, {3, 1}};
         for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
             const int ng = shapes[sh][0], nt = shapes[sh][1];
             float out[TOKS][ROWS + 3];
