@@ -271,6 +271,23 @@ R8_INLINE void r8_q6_k_scales(const block_q6_kx8 *g, __m256i sc16[16], __m256i s
                                                                  _mm256_andnot_si256(lo16, sc16[2 * p + 1]));
 }
 
+/* The 6-bit u = q + 32 of four 32-byte registers u[0..3] from two ql chunks
+ * (q0, q1) and one qh chunk (hb), and the two i16 sums of a 16-element group
+ * against activations q (x: u[0], u[1]; y: u[2], u[3]), at either width: P
+ * is _mm256 or _mm512, S si256 or si512, BCAST its 4-byte broadcast. */
+#define R8_Q6_K_UNPACK(P, S, q0, q1, hb, m4, m3, u)                                                            \
+    do {                                                                                                     \
+        u[0] = P##_or_##S(P##_and_##S(q0, m4), P##_slli_epi16(P##_and_##S(hb, m3), 4));                        \
+        u[1] = P##_or_##S(P##_and_##S(P##_srli_epi16(q0, 4), m4), P##_slli_epi16(P##_and_##S(P##_srli_epi16(hb, 2), m3), 4)); \
+        u[2] = P##_or_##S(P##_and_##S(q1, m4), P##_slli_epi16(P##_and_##S(P##_srli_epi16(hb, 4), m3), 4));    \
+        u[3] = P##_or_##S(P##_and_##S(P##_srli_epi16(q1, 4), m4), P##_slli_epi16(P##_and_##S(P##_srli_epi16(hb, 6), m3), 4)); \
+    } while (0)
+#define R8_Q6_K_SUMS16(P, BCAST, u, q, x, y)                                                                   \
+    do {                                                                                                     \
+        x = P##_add_epi16(P##_maddubs_epi16(u[0], BCAST(q)), P##_maddubs_epi16(u[1], BCAST(q + 4)));          \
+        y = P##_add_epi16(P##_maddubs_epi16(u[2], BCAST(q + 8)), P##_maddubs_epi16(u[3], BCAST(q + 12)));     \
+    } while (0)
+
 R8_INLINE void r8_q6_k_group(int64_t nb, const block_q6_kx8 *g, const uint8_t *act, size_t astride, const int T,
                              float *out, size_t ostride) {
     R8_GROUP_BEGIN(block_q8_k);
@@ -288,19 +305,13 @@ R8_INLINE void r8_q6_k_group(int64_t nb, const block_q6_kx8 *g, const uint8_t *a
                 const __m256i q0 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h)),
                               q1 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32)),
                               hb = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
-                const __m256i u0 = _mm256_or_si256(_mm256_and_si256(q0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m3), 4));
-                const __m256i u1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q0, 4), m4),
-                                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m3), 4));
-                const __m256i u2 = _mm256_or_si256(_mm256_and_si256(q1, m4),
-                                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m3), 4));
-                const __m256i u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q1, 4), m4),
-                                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m3), 4));
+                __m256i u[4];
+                R8_Q6_K_UNPACK(_mm256, si256, q0, q1, hb, m4, m3, u);
                 const __m256i sc = sc16[2 * j + h];
                 R8_UNROLL for (int t = 0; t < T; t++) {
                     const int8_t *q = a[t][b].qs + 32 * j + 16 * h;
-                    const __m256i x = _mm256_add_epi16(_mm256_maddubs_epi16(u0, bcast4(q)), _mm256_maddubs_epi16(u1, bcast4(q + 4)));
-                    const __m256i y = _mm256_add_epi16(_mm256_maddubs_epi16(u2, bcast4(q + 8)),
-                                                       _mm256_maddubs_epi16(u3, bcast4(q + 12)));
+                    __m256i x, y;
+                    R8_Q6_K_SUMS16(_mm256, bcast4, u, q, x, y);
 #ifdef QUANT_R8_VNNI
                     s1[t] = _mm256_dpwssd_epi32(_mm256_dpwssd_epi32(s1[t], x, sc), y, sc);
 #else
@@ -515,19 +526,13 @@ R8_INLINE void r8z_q6_k_pair(int64_t nb, const block_q6_kx8 *g, const uint8_t *a
             R8_UNROLL for (int k = 0; k < 2; k++) {
                 const __m512i q0 = z_load2(lg + 64 * k, lh + 64 * k), q1 = z_load2(lg + 64 * k + 32, lh + 64 * k + 32),
                               hb = z_load2(hg + 32 * k, hh + 32 * k);
-                const __m512i u0 = _mm512_or_si512(_mm512_and_si512(q0, m4), _mm512_slli_epi16(_mm512_and_si512(hb, m3), 4));
-                const __m512i u1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(q0, 4), m4),
-                                                   _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2), m3), 4));
-                const __m512i u2 = _mm512_or_si512(_mm512_and_si512(q1, m4),
-                                                   _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 4), m3), 4));
-                const __m512i u3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(q1, 4), m4),
-                                                   _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 6), m3), 4));
+                __m512i u[4];
+                R8_Q6_K_UNPACK(_mm512, si512, q0, q1, hb, m4, m3, u);
                 const __m512i sc = sc16[2 * j + k];
                 R8_UNROLL for (int t = 0; t < T; t++) {
                     const int8_t *q = a[t][b].qs + 32 * j + 16 * k;
-                    const __m512i x = _mm512_add_epi16(_mm512_maddubs_epi16(u0, z_bcast4(q)), _mm512_maddubs_epi16(u1, z_bcast4(q + 4)));
-                    const __m512i y = _mm512_add_epi16(_mm512_maddubs_epi16(u2, z_bcast4(q + 8)),
-                                                       _mm512_maddubs_epi16(u3, z_bcast4(q + 12)));
+                    __m512i x, y;
+                    R8_Q6_K_SUMS16(_mm512, z_bcast4, u, q, x, y);
                     s1[t] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(s1[t], x, sc), y, sc);
                 }
             }
