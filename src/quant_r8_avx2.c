@@ -336,7 +336,8 @@ R8_INLINE void r8_q6_k_group(int64_t nb, const block_q6_kx8 *g, const uint8_t *a
 #ifdef QUANT_R8_VNNI
 /* --- 512-bit pair kernels (VNNI build) ---------------------------------------
  * Two neighbouring groups at once, one zmm: lanes 0-7 are group g's rows,
- * lanes 8-15 group g + nb's, whose sums belong at out + 8, right after g's.
+ * lanes 8-15 the next group's (its blocks start nb blocks after g's), whose
+ * sums belong at out + 8, right after g's.
  * Every lane makes the integer sums and float steps of the 256-bit kernels
  * above (the same exact sums, the same float operations in the same order),
  * so the bits are the same; on a core with full-width 512-bit units (Zen 5)
@@ -360,7 +361,7 @@ R8_INLINE __m512 z_f16x2(const uint16_t *d0, const uint16_t *d1) {
 }
 
 /* Lane r: row r's exact sum of 32 products with q (r8_block_sum on 16 lanes),
- * as two chains of four vpdpbusd (one chain of eight waits on its latency). */
+ * as two independent chains of four vpdpbusd rather than one of eight. */
 R8_INLINE __m512i z_block_sum(const __m512i lo[4], const __m512i hi[4], const int8_t *q) {
     __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], z_bcast4(q));
     __m512i u = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], z_bcast4(q + 4));
