@@ -158,6 +158,7 @@ static void check_concurrent(const char *model, int n_layer, int n_clients, cons
     if (budget) {
         /* Bounded memory: each shard's resident set stays small (the model is 1 MB, the KV
          * budget tiny; 8 clients' sessions came and went through it). */
+        uint64_t lru_total = 0;
         for (int i = 0; i < 2; i++) {
             char path[64], line[256];
             snprintf(path, sizeof(path), "/proc/%d/status", (int)s[i].pid);
@@ -171,7 +172,7 @@ static void check_concurrent(const char *model, int n_layer, int n_clients, cons
             printf("  shard %d after 8 clients: kv %llu of %llu bytes, %llu LRU evictions, resident %ld KiB\n", i,
                    (unsigned long long)used, (unsigned long long)budget_b, (unsigned long long)lru, kb);
             CHECK(used <= budget_b);
-            CHECK(lru > 0);
+            lru_total += lru;
             CHECK(kb > 0 && kb < 128 * 1024); /* 1 MB model, 24 KiB of KV: tens of MB even under ASan */
             char addr[64];
             snprintf(addr, sizeof(addr), "127.0.0.1:%d", s[i].port);
@@ -182,6 +183,10 @@ static void check_concurrent(const char *model, int n_layer, int n_clients, cons
             CHECK(strstr(js, "\"kv.evict_lru\":") != NULL && strstr(js, "\"model_digest\":\"") != NULL);
             free(js);
         }
+        /* The budget was exercised, as counted by STATS. Which shard evicts depends on how the
+         * clients' sessions overlap in time: the shard holding more layers fills first, and
+         * under a CPU hog the other one may never fill (seen in CI: 0 and 3). */
+        CHECK(lru_total > 0);
     }
     for (int i = 0; i < 2; i++) CHECK_EQ_INT(proc_stop_server(&s[i]), 0);
     if (budget) {
