@@ -25,16 +25,8 @@ int main(int argc, char **argv) {
     static const uint32_t types[] = {QUANT_Q4_0, QUANT_Q8_0, QUANT_Q4_K, QUANT_Q6_K, QUANT_Q2_K,
                                      QUANT_Q3_K, QUANT_IQ4_NL, QUANT_IQ4_XS};
     static float out[ROWS * T];
-    for (int i = QUANT_ISA_SCALAR; argc > 1 && i <= QUANT_ISA_AVX512; i++)
-        if (!strcmp(argv[1], quant_isa_name((enum quant_isa)i))) {
-            if (!quant_isa_force((enum quant_isa)i)) {
-                fprintf(stderr, "bench_quant_kernels: this CPU lacks %s\n", argv[1]);
-                return 2;
-            }
-            argc = 0;
-        }
-    if (argc > 1) {
-        fprintf(stderr, "usage: bench_quant_kernels [scalar|avx2|avx512]\n");
+    if (argc > 2 || (argc == 2 && !quant_isa_force_name(argv[1]))) {
+        fprintf(stderr, "usage: bench_quant_kernels [scalar|avx2|avx512] (an ISA this CPU has)\n");
         return 2;
     }
     srand(1);

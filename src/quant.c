@@ -112,6 +112,12 @@ const char *quant_isa_name(enum quant_isa isa) {
     return "unknown";
 }
 
+bool quant_isa_force_name(const char *name) {
+    for (int i = QUANT_ISA_SCALAR; i <= QUANT_ISA_AVX512; i++)
+        if (!strcmp(quant_isa_name((enum quant_isa)i), name)) return quant_isa_force((enum quant_isa)i);
+    return false;
+}
+
 const char *quant_kernel_path(uint32_t wtype) {
     static const char *const names[3][2] = {
         {"scalar", "scalar+tile"}, {"avx2", "avx2+tile"}, {"avx512-vnni", "avx512-vnni+tile"}};

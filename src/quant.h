@@ -155,6 +155,9 @@ enum quant_isa quant_isa_current(void);
 /* Forces an ISA (for tests); returns false and changes nothing if the CPU lacks it. */
 bool quant_isa_force(enum quant_isa isa);
 const char *quant_isa_name(enum quant_isa isa);
+/* Forces the ISA that quant_isa_name calls NAME ("scalar", "avx2", "avx512"); returns
+ * false and changes nothing for an unknown name or one this CPU lacks. */
+bool quant_isa_force_name(const char *name);
 /* The kernel path the dispatcher takes for weight type wtype under the current
  * ISA, for reports: "scalar", "avx2" or "avx512-vnni" (the table that supplies
  * the dot kernel after fall back), with "+tile" when a tiled prefill kernel

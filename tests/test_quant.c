@@ -517,6 +517,14 @@ int main(void) {
     for (int i = 0; i <= (int)best; i++) isas[n_isas++] = (enum quant_isa)i;
     CHECK(!quant_isa_force((enum quant_isa)3));
     CHECK(quant_isa_current() == best);
+    /* By name: every ISA up to the best, none past it, no unknown name; a refusal changes nothing. */
+    for (int i = 0; i <= (int)QUANT_ISA_AVX512; i++) {
+        CHECK_EQ_INT(quant_isa_force_name(quant_isa_name((enum quant_isa)i)), i <= (int)best);
+        if (i <= (int)best) CHECK(quant_isa_current() == (enum quant_isa)i);
+    }
+    CHECK(quant_isa_force(best));
+    CHECK(!quant_isa_force_name("sse9") && !quant_isa_force_name(""));
+    CHECK(quant_isa_current() == best);
 
     test_traits();
     test_half();

@@ -212,11 +212,7 @@ static void decode_next(engine_req *r, int32_t *slot, int32_t tok, const float *
 
 /* --isa NAME: the kernels of one ISA instead of the best detected (an A/B on one machine). */
 static bool bench_force_isa(const char *name) {
-    for (int i = QUANT_ISA_SCALAR; i <= QUANT_ISA_AVX512; i++)
-        if (!strcmp(quant_isa_name((enum quant_isa)i), name)) {
-            if (quant_isa_force((enum quant_isa)i)) return true;
-            break;
-        }
+    if (quant_isa_force_name(name)) return true;
     fprintf(stderr, "kvshard bench: --isa %s: not one this CPU runs (scalar, avx2 or avx512 up to %s)\n",
             name, quant_isa_name(quant_isa_detect()));
     return false;
