@@ -38,15 +38,19 @@
 #endif
 
 /* The frame of every group kernel: a[t] = token t's activation blocks and
- * acc[t] = its eight rows' sums (lane r), stored at out + t * ostride at the end. */
-#define R8_GROUP_BEGIN(act_t)                                                                  \
+ * acc[t] = its rows' sums (lane r), stored at out + t * ostride at the end;
+ * vec_t / P: __m256 / _mm256 for one group (eight rows), __m512 / _mm512 for
+ * the pair kernels (sixteen). */
+#define R8_FRAME_BEGIN(act_t, vec_t, P)                                                        \
     const act_t *a[R8_TOKENS];                                                                 \
-    __m256 acc[R8_TOKENS];                                                                     \
+    vec_t acc[R8_TOKENS];                                                                      \
     R8_UNROLL for (int t = 0; t < T; t++) {                                                    \
         a[t] = (const act_t *)(act + (size_t)t * astride);                                     \
-        acc[t] = _mm256_setzero_ps();                                                          \
+        acc[t] = P##_setzero_ps();                                                             \
     }
-#define R8_GROUP_END() R8_UNROLL for (int t = 0; t < T; t++) _mm256_storeu_ps(out + (size_t)t * ostride, acc[t])
+#define R8_FRAME_END(P) R8_UNROLL for (int t = 0; t < T; t++) P##_storeu_ps(out + (size_t)t * ostride, acc[t])
+#define R8_GROUP_BEGIN(act_t) R8_FRAME_BEGIN(act_t, __m256, _mm256)
+#define R8_GROUP_END() R8_FRAME_END(_mm256)
 
 R8_INLINE __m256i bcast4(const int8_t *p) {
     int32_t v;
@@ -74,16 +78,22 @@ R8_INLINE __m256i r8_block_sum(const __m256i lo[4], const __m256i hi[4], const i
 #endif
 }
 
+/* The weights R8_PREFETCH bytes past a q4_0x8 block. A single core's DRAM
+ * stream runs ~1.3x faster with this on the AVX2 EPYC (decode, weights far
+ * beyond L3: 11 -> 14 GB/s per core); on Zen 5 it neither helps nor hurts
+ * (BENCHMARKS.md, round 9). */
+R8_INLINE void r8_prefetch_q4_0(const block_q4_0x8 *blk) {
+    _mm_prefetch((const char *)blk + R8_PREFETCH, _MM_HINT_T0);
+    _mm_prefetch((const char *)blk + R8_PREFETCH + 72, _MM_HINT_T0);
+}
+
 /* One group (nb blocks) x T tokens (T compile-time after inlining). */
 R8_INLINE void r8_q4_0_group(int64_t nb, const block_q4_0x8 *g, const uint8_t *act, size_t astride, const int T,
                              float *out, size_t ostride) {
     R8_GROUP_BEGIN(act_q8);
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; b++) {
-        /* A single core's DRAM stream runs ~1.3x faster with this on the EPYC
-         * (decode, weights far beyond L3: 11 -> 14 GB/s per core). */
-        _mm_prefetch((const char *)&g[b] + R8_PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)&g[b] + R8_PREFETCH + 72, _MM_HINT_T0);
+        r8_prefetch_q4_0(&g[b]);
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d));
         __m256i lo[4], hi[4];
         R8_UNROLL for (int j = 0; j < 4; j++) {
@@ -372,14 +382,8 @@ R8_INLINE __m512i z_block_sum(const __m512i lo[4], const __m512i hi[4], const in
     return _mm512_add_epi32(s, u);
 }
 
-#define R8Z_PAIR_BEGIN(act_t)                                                                  \
-    const act_t *a[R8_TOKENS];                                                                 \
-    __m512 acc[R8_TOKENS];                                                                     \
-    R8_UNROLL for (int t = 0; t < T; t++) {                                                    \
-        a[t] = (const act_t *)(act + (size_t)t * astride);                                     \
-        acc[t] = _mm512_setzero_ps();                                                          \
-    }
-#define R8Z_PAIR_END() R8_UNROLL for (int t = 0; t < T; t++) _mm512_storeu_ps(out + (size_t)t * ostride, acc[t])
+#define R8Z_PAIR_BEGIN(act_t) R8_FRAME_BEGIN(act_t, __m512, _mm512)
+#define R8Z_PAIR_END() R8_FRAME_END(_mm512)
 
 /* q4_0: r8_q4_0_group's steps on 16 lanes. */
 R8_INLINE void r8z_q4_0_pair(int64_t nb, const block_q4_0x8 *g, const uint8_t *act, size_t astride, const int T,
@@ -388,10 +392,8 @@ R8_INLINE void r8z_q4_0_pair(int64_t nb, const block_q4_0x8 *g, const uint8_t *a
     const block_q4_0x8 *h = g + nb;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; b++) {
-        _mm_prefetch((const char *)&g[b] + R8_PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)&g[b] + R8_PREFETCH + 72, _MM_HINT_T0);
-        _mm_prefetch((const char *)&h[b] + R8_PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)&h[b] + R8_PREFETCH + 72, _MM_HINT_T0);
+        r8_prefetch_q4_0(&g[b]);
+        r8_prefetch_q4_0(&h[b]);
         const __m512 dw = z_f16x2(g[b].d, h[b].d);
         __m512i lo[4], hi[4];
         R8_UNROLL for (int j = 0; j < 4; j++) {
@@ -451,6 +453,18 @@ R8_INLINE void r8z_q8_0_pair(int64_t nb, const block_q8_0x8 *g, const uint8_t *a
 /* Group 0's register in the low half, group 1's in the high half. */
 R8_INLINE __m512i z_join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
 
+/* Block b's two sets of scale registers (NA of A, NB of B) as a 256-bit kernel
+ * decodes them (DECODE: r8_q4_k_scales or r8_q6_k_scales), for groups g and h
+ * joined into 16 lanes. */
+#define R8Z_SCALES(DECODE, NA, A, NB, B)                                                       \
+    do {                                                                                       \
+        __m256i ga_[NA], gb_[NB], ha_[NA], hb_[NB];                                            \
+        DECODE(&g[b], ga_, gb_);                                                               \
+        DECODE(&h[b], ha_, hb_);                                                               \
+        R8_UNROLL for (int i_ = 0; i_ < (NA); i_++) A[i_] = z_join(ga_[i_], ha_[i_]);          \
+        R8_UNROLL for (int i_ = 0; i_ < (NB); i_++) B[i_] = z_join(gb_[i_], hb_[i_]);          \
+    } while (0)
+
 /* q4_k: r8_q4_k_group's integer sums and float steps on 16 lanes. Each
  * sub-block's sum P (<= 32 x 15 x 127) comes whole from vpdpbusd and meets
  * its scale in one vpmulld (S1 = sum_j sc_j P_j <= 8 x 63 x 60960, exact),
@@ -462,12 +476,9 @@ R8_INLINE void r8z_q4_k_pair(int64_t nb, const block_q4_kx8 *g, const uint8_t *a
     const block_q4_kx8 *h = g + nb;
     const __m512i m4 = _mm512_set1_epi8(0x0F), lo16 = _mm512_set1_epi32(0xFFFF);
     for (int64_t b = 0; b < nb; b++) {
-        __m256i sg[8], mg[4], sh[8], mh[4];
-        r8_q4_k_scales(&g[b], sg, mg);
-        r8_q4_k_scales(&h[b], sh, mh);
         __m512i sc[8], mn32[4], s1[R8_TOKENS];
-        R8_UNROLL for (int j = 0; j < 8; j++) sc[j] = _mm512_and_si512(z_join(sg[j], sh[j]), lo16);
-        R8_UNROLL for (int p = 0; p < 4; p++) mn32[p] = z_join(mg[p], mh[p]);
+        R8Z_SCALES(r8_q4_k_scales, 8, sc, 4, mn32);
+        R8_UNROLL for (int j = 0; j < 8; j++) sc[j] = _mm512_and_si512(sc[j], lo16);
         R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) {
             const uint8_t *qg = g[b].qs + 128 * j, *qh = h[b].qs + 128 * j;
@@ -508,12 +519,8 @@ R8_INLINE void r8z_q6_k_pair(int64_t nb, const block_q6_kx8 *g, const uint8_t *a
     const block_q6_kx8 *h = g + nb;
     const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(0x03);
     for (int64_t b = 0; b < nb; b++) {
-        __m256i sg[16], pg[8], sh[16], ph[8];
-        r8_q6_k_scales(&g[b], sg, pg);
-        r8_q6_k_scales(&h[b], sh, ph);
         __m512i sc16[16], scp[8], s1[R8_TOKENS];
-        R8_UNROLL for (int k = 0; k < 16; k++) sc16[k] = z_join(sg[k], sh[k]);
-        R8_UNROLL for (int p = 0; p < 8; p++) scp[p] = z_join(pg[p], ph[p]);
+        R8Z_SCALES(r8_q6_k_scales, 16, sc16, 8, scp);
         R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) {
             const uint8_t *lg = g[b].ql + 128 * j, *hg = g[b].qh + 64 * j;
