@@ -20,10 +20,10 @@ cmake --build build-asan -j"$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
    ctest --output-on-failure -j"$jobs")
 
-echo "== TSan build: concurrency tests (hot state, in-process server, multi-process routes and relay, API, HTTP server)"
+echo "== TSan build: concurrency tests (hot state, in-process server, multi-process routes and relay, API, HTTP server, the thread pool)"
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DKVS_SANITIZE=thread >/dev/null
 cmake --build build-tsan -j"$jobs"
-(cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j"$jobs" -L 'kvstate|server|route|relay|api|tls|security|http$')
+(cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j"$jobs" -L 'kvstate|server|route|relay|api|tls|security|http$|^ops$')
 
 echo "== under load: kvstate, server and route tests again while a CPU hog busies every core"
 # Issue 7 defect 8: no test may depend on timing luck. One busy loop per core competes with the

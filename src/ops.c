@@ -36,6 +36,7 @@ struct ops_pool {
     ops_range_fn fn;
     void *arg;
     int64_t n, grain;
+    int64_t guided_div;          /* 0: fixed chunks of grain; else chunks of remaining / guided_div */
     _Atomic int64_t next;
 };
 
@@ -49,13 +50,36 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-static void run_chunks(ops_pool *pool, int slot) {
-    for (;;) {
-        int64_t i0 = atomic_fetch_add_explicit(&pool->next, pool->grain, memory_order_relaxed);
-        if (i0 >= pool->n) break;
-        int64_t i1 = i0 + pool->grain < pool->n ? i0 + pool->grain : pool->n;
-        pool->fn(pool->arg, i0, i1, slot);
+/* The next chunk [*i0, *i1); false when none is left. Guided: a chunk is a
+ * share of what is left (rounded up to whole grains), so the first chunks are
+ * long runs and the last ones a grain each, and no thread is left with a long
+ * chunk when the others have run dry. */
+static bool take_chunk(ops_pool *pool, int64_t *i0, int64_t *i1) {
+    const int64_t n = pool->n, grain = pool->grain;
+    if (!pool->guided_div) {
+        *i0 = atomic_fetch_add_explicit(&pool->next, grain, memory_order_relaxed);
+        if (*i0 >= n) return false;
+        *i1 = *i0 + grain < n ? *i0 + grain : n;
+        return true;
     }
+    int64_t cur = atomic_load_explicit(&pool->next, memory_order_relaxed);
+    for (;;) {
+        if (cur >= n) return false;
+        int64_t c = (n - cur) / pool->guided_div;
+        c = c < grain ? grain : (c + grain - 1) / grain * grain;
+        if (c > n - cur) c = n - cur;
+        if (atomic_compare_exchange_weak_explicit(&pool->next, &cur, cur + c, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+            *i0 = cur;
+            *i1 = cur + c;
+            return true;
+        }
+    }
+}
+
+static void run_chunks(ops_pool *pool, int slot) {
+    int64_t i0, i1;
+    while (take_chunk(pool, &i0, &i1)) pool->fn(pool->arg, i0, i1, slot);
 }
 
 static void *ops_worker_main(void *p) {
@@ -144,10 +168,11 @@ void ops_pool_free(ops_pool *pool) {
 
 int ops_pool_threads(const ops_pool *pool) { return pool ? pool->n_threads : 1; }
 
-void ops_parallel_for(ops_pool *pool, int64_t n, int64_t grain, ops_range_fn fn, void *arg) {
+static void parallel_run(ops_pool *pool, int64_t n, int64_t grain, bool guided, ops_range_fn fn, void *arg) {
     if (n <= 0) return;
     if (grain < 1) grain = 1;
     if (!pool || pool->n_threads == 1 || n <= grain) {
+        if (guided) grain = n; /* one thread: one run, however long */
         for (int64_t i0 = 0; i0 < n; i0 += grain) fn(arg, i0, i0 + grain < n ? i0 + grain : n, 0);
         return;
     }
@@ -156,6 +181,7 @@ void ops_parallel_for(ops_pool *pool, int64_t n, int64_t grain, ops_range_fn fn,
     pool->arg = arg;
     pool->n = n;
     pool->grain = grain;
+    pool->guided_div = guided ? 2 * (int64_t)pool->n_threads : 0;
     atomic_store_explicit(&pool->next, 0, memory_order_relaxed);
     atomic_store_explicit(&pool->n_done, 0, memory_order_relaxed);
     unsigned gen = atomic_load_explicit(&pool->generation, memory_order_relaxed) + 1;
@@ -173,6 +199,14 @@ void ops_parallel_for(ops_pool *pool, int64_t n, int64_t grain, ops_range_fn fn,
         else sched_yield();
     }
     pthread_mutex_unlock(&pool->run_lock);
+}
+
+void ops_parallel_for(ops_pool *pool, int64_t n, int64_t grain, ops_range_fn fn, void *arg) {
+    parallel_run(pool, n, grain, false, fn, arg);
+}
+
+void ops_parallel_for_guided(ops_pool *pool, int64_t n, int64_t grain, ops_range_fn fn, void *arg) {
+    parallel_run(pool, n, grain, true, fn, arg);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -268,15 +302,12 @@ static void mm_run(ops_pool *pool, mm_task *t) {
     const int tile_min = quant_tile_min_tokens(w->type);
     t->tiled = w->layout == OPS_ROWS && tile_min > 0 && t->n_tok >= tile_min;
     ops_parallel_for(pool, t->n_tok, t->n_tok < 4 ? 4 : 1, mm_quantize_task, t);
-    /* Few large contiguous row ranges per thread: the hardware prefetchers
-     * stream a long run far better than many 16-row pieces (measured: 14 ->
-     * 21 GB/s on a 2-core EPYC for q4_0 decode). */
-    int64_t total = t->row0[t->n_w];
-    int nth = ops_pool_threads(pool);
-    int64_t grain = total / ((int64_t)nth * 4);
-    grain = (grain + MM_ROW_CHUNK - 1) / MM_ROW_CHUNK * MM_ROW_CHUNK;
-    if (grain < MM_ROW_CHUNK) grain = MM_ROW_CHUNK;
-    ops_parallel_for(pool, total, grain, mm_dot_task, t);
+    /* Guided chunks: long contiguous row ranges first (the hardware
+     * prefetchers stream a long run far better than many 16-row pieces:
+     * 14 -> 21 GB/s on a 2-core EPYC for q4_0 decode), then shorter ones, so
+     * the threads run dry together instead of one waiting out the other's
+     * last long range. */
+    ops_parallel_for_guided(pool, t->row0[t->n_w], MM_ROW_CHUNK, mm_dot_task, t);
 }
 
 void ops_matmul(ops_pool *pool, const ops_weight *w, const float *x, int n_tok, float *y, int64_t y_stride,
