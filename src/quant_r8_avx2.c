@@ -563,10 +563,14 @@ R8_INLINE void r8z_q6_k_pair(int64_t nb, const block_q6_kx8 *g, const uint8_t *a
  * there are at least PAIR tokens, else one at a time; tokens R8_TOKENS at a
  * time, then the rest; the token count T compile-time in each call. A type
  * without a pair kernel names its group kernel as PAIR_FN with PAIR 0 (never
- * called). q4_0 takes pairs from two tokens: its single-token decode, memory
- * bound, read 51-57 tok/s through the pairs' two weight streams against 59-67
- * through one group at a time (Zen 5, 2 threads, BENCHMARKS.md round 9); the
- * other types read the same either way. */
+ * called). q4_0, q8_0 and q4_k take pairs from two tokens: a single token is
+ * memory bound, and one group at a time (one weight stream per thread) streams
+ * closer to the machine's bandwidth than a pair's two streams, 9 KB apart,
+ * though the pair is faster in cache (Zen 5, 2 threads, matrices far past L3:
+ * 0.74-0.86 of the bandwidth probe against 0.61-0.65 for q4_0, 0.82-0.89
+ * against 0.72-0.77 for q4_k, 0.89-0.92 against 0.66-0.82 for q8_0;
+ * BENCHMARKS.md rounds 9 and 10). q6_k, whose single group is compute bound,
+ * streams no better alone and keeps its pairs. */
 #define R8_PASS(type, TT, pair_fn)                                                                            \
     case TT:                                                                                                  \
         if (two) pair_fn(nb, g, at, act_stride, TT, ot, out_stride);                                          \
@@ -611,8 +615,8 @@ R8_INLINE void r8_q8_0_group(int64_t nb, const block_q8_0x8 *g, const uint8_t *a
 }
 #ifdef QUANT_R8_VNNI
 R8_KERNEL(q4_0, block_q4_0x8, QK32, 2, r8z_q4_0_pair)
-R8_KERNEL(q8_0, block_q8_0x8, QK32, 1, r8z_q8_0_pair)
-R8_KERNEL(q4_k, block_q4_kx8, QKK, 1, r8z_q4_k_pair)
+R8_KERNEL(q8_0, block_q8_0x8, QK32, 2, r8z_q8_0_pair)
+R8_KERNEL(q4_k, block_q4_kx8, QKK, 2, r8z_q4_k_pair)
 R8_KERNEL(q6_k, block_q6_kx8, QKK, 1, r8z_q6_k_pair)
 #else
 R8_INLINE void r8_q8_0_pair(int64_t nb, const block_q8_0x8 *g, const uint8_t *act, size_t astride, const int T,
