@@ -1,9 +1,10 @@
 /*
  * vecops — short float vector kernels for attention (dot of a query head with
  * a key row, accumulation of value rows), keys/values in f32 or f16, and the
- * SwiGLU of the feed-forward. Chosen at
- * run time: AVX2+FMA+F16C when quant's dispatcher uses a SIMD ISA, else
- * scalar. Each result is reduced in one fixed order for a given ISA (per head
+ * SwiGLU of the feed-forward. Chosen at run time: AVX2+FMA+F16C when quant's
+ * dispatcher uses a SIMD ISA, else scalar; under AVX-512 the scores, softmax
+ * and weighted sums run 512 bits wide (vecops_avx512.c) with the AVX2 code's
+ * bits. Each result is reduced in one fixed order for a given ISA (per head
  * and position, whatever the group or batch), so attention stays batch invariant.
  */
 #ifndef KVS_VECOPS_H

@@ -159,6 +159,45 @@ static void test_swiglu(int n) {
     CHECK_EQ_INT(bad, 0);
 }
 
+/* The AVX-512 walks against the AVX2 ones, bit for bit: scores, softmax and
+ * weighted sums of every head count 1-12 (tiles of 1-4 heads and their tails), key
+ * counts through full tiles, pairs and a last key, head sizes with and without
+ * an 8-element tail. */
+static void test_avx512_bits(int group, int hd, int f16, int n) {
+    static float q[MAX_GROUP * MAX_HD], kf[MAX_ROWS][MAX_HD], s2[MAX_GROUP * MAX_ROWS], s5[MAX_GROUP * MAX_ROWS];
+    static float o2[MAX_GROUP * MAX_HD], o5[MAX_GROUP * MAX_HD], w[MAX_GROUP * MAX_ROWS], w5[MAX_GROUP * MAX_ROWS];
+    static uint16_t kh[MAX_ROWS][MAX_HD];
+    static const void *rows[MAX_ROWS];
+    for (int i = 0; i < group * hd; i++) q[i] = frand();
+    for (int j = 0; j < n; j++) {
+        for (int i = 0; i < hd; i++) {
+            kf[j][i] = frand();
+            kh[j][i] = quant_f32_to_f16(kf[j][i]);
+        }
+        const int r = (j * 7) % n;
+        rows[j] = f16 ? (const void *)kh[r] : (const void *)kf[r];
+    }
+    CHECK(quant_isa_force(QUANT_ISA_AVX2));
+    vec_scores(q, group, hd, rows, n, f16, 0.25f, s2, (size_t)n);
+    memcpy(w, s2, sizeof(float) * (size_t)(group * n));
+    for (int h = 0; h < group; h++) vec_softmax(w + (size_t)h * (size_t)n, n);
+    vec_wsum_group(w, (size_t)n, group, n, rows, f16, hd, o2);
+    CHECK(quant_isa_force(QUANT_ISA_AVX512));
+    vec_scores(q, group, hd, rows, n, f16, 0.25f, s5, (size_t)n);
+    const int sdiff = memcmp(s2, s5, sizeof(float) * (size_t)(group * n)) != 0;
+    memcpy(w5, s2, sizeof(float) * (size_t)(group * n));
+    for (int h = 0; h < group; h++) vec_softmax(w5 + (size_t)h * (size_t)n, n);
+    const int mdiff = memcmp(w, w5, sizeof(float) * (size_t)(group * n)) != 0;
+    vec_wsum_group(w, (size_t)n, group, n, rows, f16, hd, o5); /* the same weights for both */
+    const int wdiff = memcmp(o2, o5, sizeof(float) * (size_t)(group * hd)) != 0;
+    if (sdiff || mdiff || wdiff)
+        fprintf(stderr, "avx512 vs avx2: group %d hd %d f16 %d n %d: scores %s, softmax %s, weighted sums %s\n", group,
+                hd, f16, n, sdiff ? "differ" : "same", mdiff ? "differs" : "same", wdiff ? "differ" : "same");
+    CHECK_EQ_INT(sdiff, 0);
+    CHECK_EQ_INT(mdiff, 0);
+    CHECK_EQ_INT(wdiff, 0);
+}
+
 int main(void) {
     check_expected_isa("test_vecops");
     enum quant_isa best = quant_isa_detect();
@@ -186,6 +225,15 @@ int main(void) {
         for (size_t a = 0; a < sizeof wn / sizeof wn[0]; a++) test_swiglu(wn[a]);
         printf("test_vecops: %s checked\n", quant_isa_name((enum quant_isa)isa));
         checked++;
+    }
+    if (best >= QUANT_ISA_AVX512) {
+        static const int hds[] = {8, 24, 48, 64, 72, 96, 128, 136};
+        static const int ns[] = {1, 2, 3, 17, 37, 300};
+        for (size_t a = 0; a < sizeof hds / sizeof hds[0]; a++)
+            for (int group = 1; group <= MAX_GROUP; group++)
+                for (size_t b = 0; b < sizeof ns / sizeof ns[0]; b++)
+                    for (int f16 = 0; f16 < 2; f16++) test_avx512_bits(group, hds[a], f16, ns[b]);
+        printf("test_vecops: avx512 attention bit-identical to avx2\n");
     }
     quant_isa_force(best);
     return test_finish("test_vecops", checked, 0);

@@ -1,0 +1,215 @@
+/*
+ * vecops_avx512 — the attention walks of vecops.c at 512 bits, for a core
+ * with full-width AVX-512 (vecops.c picks them when quant's dispatcher runs
+ * AVX-512). The same bits as the AVX2 walks:
+ * - scores: a zmm holds the 8-lane accumulators of two keys side by side
+ *   (lanes 0-7 key k, 8-15 key k + 1) against a query slice broadcast to both
+ *   halves, so every lane makes the AVX2 tile's fma sequence, and each half is
+ *   reduced by the same hsum8x8 tree; a tile is 16 (head, key) sums, twice the
+ *   AVX2 tile's, for a quarter of the key loads per head.
+ * - weighted sums: 16 output elements per accumulator; each element is still
+ *   one fma per row in row order.
+ * Compiled with the AVX-512 flags (CMake), or over SIMDe in the emu512 build.
+ */
+#include <immintrin.h>
+#include <string.h>
+
+#define VEC_TARGET
+#include "vecops_impl.h"
+
+/* Eight elements from i of row a (lanes 0-7) and of row b (lanes 8-15). */
+VEC_INLINE __m512 row8x2(const void *a, const void *b, int f16, int i) {
+    if (f16)
+        return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)a + i)))),
+                                  _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)b + i))), 1);
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps((const float *)a + i)),
+                              _mm256_loadu_ps((const float *)b + i), 1);
+}
+
+/* Sixteen elements of a row from element i. */
+VEC_INLINE __m512 row16(const void *r, int f16, int i) {
+#ifdef KVS_EMU_AVX512_H /* over SIMDe (emu_avx512.h), which has no _mm512_cvtph_ps: the two halves, the same exact conversion */
+    if (f16) return row8x2((const uint16_t *)r + i, (const uint16_t *)r + i + 8, 1, 0);
+#else
+    if (f16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)r + i)));
+#endif
+    return _mm512_loadu_ps((const float *)r + i);
+}
+
+VEC_INLINE __m256 hi256(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
+
+/* NH heads x NK keys (NK even, NH * NK <= 16): accumulator h * NK / 2 + p is
+ * (head h, keys 2p and 2p + 1); per 8-element slice each key pair is loaded
+ * once and each head's query slice once. Each (head, key) half gets the AVX2
+ * tile's lane sums and its hsum8x8 tree. */
+VEC_INLINE void scores_tile2(const float *q, int hd, const void *const *keys, const int F16, const int NH,
+                             const int NK, float scale, float *scores, size_t stride) {
+    const int NP = NK / 2;
+    __m512 acc[8];
+    VEC_UNROLL for (int a = 0; a < NH * NP; a++) acc[a] = _mm512_setzero_ps();
+    VEC_UNROLL for (int c0 = 0; c0 < hd; c0 += 8) {
+        __m512 kr[8];
+        VEC_UNROLL for (int p = 0; p < NP; p++) kr[p] = row8x2(keys[2 * p], keys[2 * p + 1], F16, c0);
+        VEC_UNROLL for (int h = 0; h < NH; h++) {
+            const __m512 qv = _mm512_broadcast_f32x8(_mm256_loadu_ps(q + (size_t)h * (size_t)hd + (size_t)c0));
+            VEC_UNROLL for (int p = 0; p < NP; p++) acc[h * NP + p] = _mm512_fmadd_ps(qv, kr[p], acc[h * NP + p]);
+        }
+    }
+    __m256 half[16];
+    VEC_UNROLL for (int a = 0; a < 16; a++) half[a] = _mm256_setzero_ps();
+    VEC_UNROLL for (int a = 0; a < NH * NP; a++) {
+        half[2 * a] = _mm512_castps512_ps256(acc[a]);
+        half[2 * a + 1] = hi256(acc[a]);
+    }
+    float out[16];
+    const __m256 vs = _mm256_set1_ps(scale);
+    _mm256_storeu_ps(out, _mm256_mul_ps(hsum8x8(half), vs));
+    if (NH * NK > 8) _mm256_storeu_ps(out + 8, _mm256_mul_ps(hsum8x8(half + 8), vs));
+    VEC_UNROLL for (int h = 0; h < NH; h++)
+        VEC_UNROLL for (int kk = 0; kk < NK; kk++) scores[(size_t)h * stride + (size_t)kk] = out[h * NK + kk];
+}
+
+/* Keys per full tile of NH (1..4) heads: 16 (head, key) sums in 8 registers. */
+VEC_INLINE int tile_width2(const int NH) { return NH == 1 ? 16 : NH == 2 ? 8 : 4; }
+
+/* Keys [j0, j1) against NH heads: full tiles, then pairs, then a last key
+ * through the 256-bit tile (same bits); prefetching as scores_heads does. */
+VEC_INLINE void scores_heads2(const float *q, int hd, const void *const *keys, int j0, int j1, const int F16,
+                              const int NH, float scale, float *scores, size_t stride, int pf_n) {
+    const int NK = tile_width2(NH);
+    const size_t row_bytes = kv_row_bytes(F16, hd);
+    int j = j0;
+    for (; j + NK <= j1; j += NK) {
+        if (pf_n) prefetch_rows(keys, j + KV_AHEAD, NK, pf_n, row_bytes);
+        scores_tile2(q, hd, keys + j, F16, NH, NK, scale, scores + j, stride);
+    }
+    for (; j + 2 <= j1; j += 2) {
+        if (pf_n) prefetch_rows(keys, j + KV_AHEAD, 2, pf_n, row_bytes);
+        scores_tile2(q, hd, keys + j, F16, NH, 2, scale, scores + j, stride);
+    }
+    if (j < j1) {
+        if (pf_n) prefetch_rows(keys, j + KV_AHEAD, 1, pf_n, row_bytes);
+        scores_tile(q, hd, keys + j, F16, NH, 1, scale, scores + j, stride);
+    }
+}
+
+#define SCORES2_NH(F16)                                                                              \
+    switch (nh) {                                                                                    \
+    case 1: scores_heads2(qg, hd, keys, j0, j1, F16, 1, scale, sg, stride, pf_n); break;             \
+    case 2: scores_heads2(qg, hd, keys, j0, j1, F16, 2, scale, sg, stride, pf_n); break;             \
+    case 3: scores_heads2(qg, hd, keys, j0, j1, F16, 3, scale, sg, stride, pf_n); break;             \
+    default: scores_heads2(qg, hd, keys, j0, j1, F16, 4, scale, sg, stride, pf_n); break;            \
+    }
+
+VEC_INLINE void scores_body2(const float *q, int group, const int hd, const void *const *keys, int n_keys, int k_f16,
+                             float scale, float *scores, size_t stride) {
+    KV_WALK_BEGIN(keys, n_keys, kv_row_bytes(k_f16, hd))
+        const float *qg = q + (size_t)h0 * (size_t)hd;
+        float *sg = scores + (size_t)h0 * stride;
+        if (k_f16) { SCORES2_NH(1) } else { SCORES2_NH(0) }
+    KV_WALK_END()
+}
+
+void vec_avx512_scores(const float *q, int group, int hd, const void *const *keys, int n_keys, int k_f16, float scale,
+                       float *scores, size_t stride) {
+    if (hd == 64) scores_body2(q, group, 64, keys, n_keys, k_f16, scale, scores, stride);
+    else if (hd == 128) scores_body2(q, group, 128, keys, n_keys, k_f16, scale, scores, stride);
+    else scores_body2(q, group, hd, keys, n_keys, k_f16, scale, scores, stride);
+}
+
+/* NC slices of 16 output elements from c0, for NH heads (NH * NC <= 16), over
+ * rows [j0, j1): wsum_tile at twice the width (accumulators loaded from and
+ * stored back to out; row j's product added after row j - 1's). */
+VEC_INLINE void wsum_tile16(const float *p, size_t ps, int j0, int j1, const void *const *rows, const int F16, int c0,
+                            const int NH, const int NC, int hd, float *out, int pf_n) {
+    __m512 acc[16];
+    VEC_UNROLL for (int h = 0; h < NH; h++)
+        VEC_UNROLL for (int c = 0; c < NC; c++)
+            acc[h * NC + c] = _mm512_loadu_ps(out + (size_t)h * (size_t)hd + (size_t)(c0 + 16 * c));
+    const size_t row_bytes = kv_row_bytes(F16, hd);
+    for (int j = j0; j < j1; j++) {
+        if (pf_n) prefetch_rows(rows, j + KV_AHEAD, 1, pf_n, row_bytes);
+        __m512 v[16];
+        VEC_UNROLL for (int c = 0; c < NC; c++) v[c] = row16(rows[j], F16, c0 + 16 * c);
+        VEC_UNROLL for (int h = 0; h < NH; h++) {
+            const __m512 pv = _mm512_set1_ps(p[(size_t)h * ps + (size_t)j]);
+            VEC_UNROLL for (int c = 0; c < NC; c++) acc[h * NC + c] = _mm512_fmadd_ps(pv, v[c], acc[h * NC + c]);
+        }
+    }
+    VEC_UNROLL for (int h = 0; h < NH; h++)
+        VEC_UNROLL for (int c = 0; c < NC; c++)
+            _mm512_storeu_ps(out + (size_t)h * (size_t)hd + (size_t)(c0 + 16 * c), acc[h * NC + c]);
+}
+
+/* Slices per full tile of NH (1..4) heads: 16 accumulators. */
+VEC_INLINE int wsum_width16(const int NH) { return NH == 1 ? 16 : NH == 2 ? 8 : 4; }
+
+/* NH heads over rows [j0, j1): full tiles of 16-element slices, then tiles of
+ * four, two and one slice, then an 8-element tail through the 256-bit tile;
+ * the first slice pass prefetches. */
+VEC_INLINE void wsum_heads16(const float *p, size_t ps, int j0, int j1, const void *const *rows, const int F16,
+                             const int NH, int hd, float *out, int pf_n) {
+    const int NC = wsum_width16(NH);
+    int c0 = 0;
+    for (; c0 + 16 * NC <= hd; c0 += 16 * NC) wsum_tile16(p, ps, j0, j1, rows, F16, c0, NH, NC, hd, out, c0 ? 0 : pf_n);
+    if (NC > 4) /* one or two heads and a head shorter than a full tile: four slices, then fewer */
+        for (; c0 + 64 <= hd; c0 += 64) wsum_tile16(p, ps, j0, j1, rows, F16, c0, NH, 4, hd, out, c0 ? 0 : pf_n);
+    for (; c0 + 32 <= hd; c0 += 32) wsum_tile16(p, ps, j0, j1, rows, F16, c0, NH, 2, hd, out, c0 ? 0 : pf_n);
+    for (; c0 + 16 <= hd; c0 += 16) wsum_tile16(p, ps, j0, j1, rows, F16, c0, NH, 1, hd, out, c0 ? 0 : pf_n);
+    if (c0 < hd) wsum_tile(p, ps, j0, j1, rows, F16, c0, NH, 1, hd, out, c0 ? 0 : pf_n);
+}
+
+#define WSUM16_NH(F16)                                                                                \
+    switch (nh) {                                                                                     \
+    case 1: wsum_heads16(pg, p_stride, j0, j1, rows, F16, 1, hd, og, pf_n); break;                    \
+    case 2: wsum_heads16(pg, p_stride, j0, j1, rows, F16, 2, hd, og, pf_n); break;                    \
+    case 3: wsum_heads16(pg, p_stride, j0, j1, rows, F16, 3, hd, og, pf_n); break;                    \
+    default: wsum_heads16(pg, p_stride, j0, j1, rows, F16, 4, hd, og, pf_n); break;                   \
+    }
+
+VEC_INLINE void wsum_body16(const float *p, size_t p_stride, int group, int n, const void *const *rows, int v_f16,
+                            const int hd, float *out) {
+    memset(out, 0, sizeof(float) * (size_t)group * (size_t)hd);
+    KV_WALK_BEGIN(rows, n, kv_row_bytes(v_f16, hd))
+        const float *pg = p + (size_t)h0 * p_stride;
+        float *og = out + (size_t)h0 * (size_t)hd;
+        if (v_f16) { WSUM16_NH(1) } else { WSUM16_NH(0) }
+    KV_WALK_END()
+}
+
+void vec_avx512_wsum_group(const float *p, size_t p_stride, int group, int n, const void *const *rows, int v_f16,
+                           int hd, float *out) {
+    if (hd == 64) wsum_body16(p, p_stride, group, n, rows, v_f16, 64, out);
+    else if (hd == 128) wsum_body16(p, p_stride, group, n, rows, v_f16, 128, out);
+    else wsum_body16(p, p_stride, group, n, rows, v_f16, hd, out);
+}
+
+/* exp8 on sixteen lanes: the same operations per lane (round to nearest,
+ * the fused reduction and Horner steps, 2^k, zero below EXP_LO). */
+VEC_INLINE __m512 exp16(__m512 x) {
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_GE_OQ);
+    x = _mm512_max_ps(x, _mm512_set1_ps(EXP_LO));
+    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(log2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(ln2_lo), _mm512_fnmadd_ps(k, _mm512_set1_ps(ln2_hi), x));
+    __m512 p = _mm512_set1_ps(exp_c[6]);
+    VEC_UNROLL for (int i = 5; i >= 0; i--) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(exp_c[i]));
+    /* k (integral, |k| < 2^22) as i32 exactly, as cvtps_epi32 gives it: the low mantissa bits of k + 1.5 x 2^23
+     * (SIMDe, for the emu512 build, has no 512-bit float-to-int conversion) */
+    const __m512 magic = _mm512_set1_ps(12582912.0f);
+    const __m512i ki = _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(k, magic)), _mm512_castps_si512(magic));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(ki, _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mov_ps(keep, _mm512_mul_ps(p, _mm512_castsi512_ps(e)));
+}
+
+void vec_avx512_softmax(float *x, int n) {
+    const float max = softmax_max(x, n);
+    const __m512 vm = _mm512_set1_ps(max);
+    __m256 vsum = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), vm));
+        _mm512_storeu_ps(x + i, e);
+        vsum = _mm256_add_ps(_mm256_add_ps(vsum, _mm512_castps512_ps256(e)), hi256(e)); /* lanes l, then l + 8 */
+    }
+    softmax_finish(x, i, n, max, vsum);
+}
