@@ -248,7 +248,7 @@ void quant_act_tile_layout(uint32_t wtype, void *act, int64_t n) {
         act_q8x8 t;
         for (int k = 0; k < 8; k++) {
             t.d[k] = b[k].d;
-            t.ns[k] = b[k].s * -8.0f;
+            t.ns[k] = wtype == QUANT_Q4_0 ? b[k].s * -8.0f : 0.0f; /* q8_0: unused (and no s) */
             for (int i = 0; i < 8; i++) memcpy(&t.qs[i][4 * k], &b[k].qs[4 * i], 4);
         }
         memcpy(y + g, &t, sizeof t);

@@ -944,16 +944,18 @@ QK_INLINE float amax_ps(const float *x, int len) {
     return _mm_cvtss_f32(h);
 }
 
-static void avx_act_q8(const float *x, void *act, int64_t n) {
-    act_q8 *y = (act_q8 *)act;
+QK_INLINE void avx_act_q8_rows(const float *x, act_q8 *y, int64_t n, const bool qsum128) {
     for (int64_t b = 0; b < n / QK32; b++, x += QK32) {
         float d = amax_ps(x, QK32) / 127.0f;
         float id = d != 0.0f ? 1.0f / d : 0.0f;
         int s = q8_32(x, _mm256_set1_ps(id), y[b].qs);
         y[b].d = d;
-        y[b].s = d * (float)s;
+        act_q8_set_sum(&y[b], d, s, qsum128);
     }
 }
+
+static void avx_act_q8(const float *x, void *act, int64_t n) { avx_act_q8_rows(x, act, n, false); }
+static void avx_act_q8_0(const float *x, void *act, int64_t n) { avx_act_q8_rows(x, act, n, true); }
 
 static void avx_act_q8k(const float *x, void *act, int64_t n) {
     block_q8_k *y = (block_q8_k *)act;
@@ -1018,7 +1020,7 @@ static void avx_dq_f16(const void *w, float *y, int64_t n) { avx_f16_to_f32_row(
     [QUANT_Q4_1] = {.dot = avx_q4_1_multi, .act = avx_act_q8},                                            \
     [QUANT_Q5_0] = {.dot = avx_q5_0_multi, .act = avx_act_q8},                                            \
     [QUANT_Q5_1] = {.dot = avx_q5_1_multi, .act = avx_act_q8},                                            \
-    [QUANT_Q8_0] = {.dot = avx_q8_0_multi, .act = avx_act_q8, .tile = avx_q8_0_tile, .r8 = QK_LOWBIT(r8_q8_0)}, \
+    [QUANT_Q8_0] = {.dot = avx_q8_0_multi, .act = avx_act_q8_0, .tile = avx_q8_0_tile, .r8 = QK_LOWBIT(r8_q8_0)}, \
     [QUANT_Q4_K] = {.dot = avx_q4_k_multi, .act = avx_act_q8k, .tile = avx_q4_k_tile, .r8 = QK_LOWBIT(r8_q4_k)}, \
     [QUANT_Q5_K] = {.dot = avx_q5_k_multi, .act = avx_act_q8k},                                           \
     [QUANT_Q6_K] = {.dot = avx_q6_k_multi, .act = avx_act_q8k, .r8 = QK_LOWBIT(r8_q6_k)},                 \

@@ -8,7 +8,8 @@
  *     uint16_t bits; weight rows must be at least 2-byte aligned (GGUF tensor
  *     data is 32-byte aligned and every block size is even), f32 rows 4-byte.
  *  2. Activation rows (private format): f32 for float weights; act_q8 blocks
- *     (f32 scale, f32 scaled sum, 32 x int8) for the 32-element types (iq4_nl
+ *     (f32 scale, f32 scaled sum, 32 x int8; for q8_0 weights the exact
+ *     128 x sum in place of the scaled sum) for the 32-element types (iq4_nl
  *     included); block_q8_k blocks for the 256-element types (the K-quants and
  *     iq4_xs). Activation rows must be 4-byte aligned and the stride between
  *     them a multiple of 4.
@@ -184,10 +185,21 @@ static_assert(sizeof(block_q8_k) == 292, "q8_k block size");
 /* Activation block for the 32-element weight types (private layout). */
 typedef struct {
     float d;             /* scale: x ~ d * qs */
-    float s;             /* d * sum(qs), used by the types with a min (q4_1, q5_1) */
+    union {
+        float s;         /* d * sum(qs): q4_0's offset term, and the types with a min (q4_1, q5_1) */
+        int32_t qsum128; /* q8_0's activations instead: 128 * sum(qs), exact (the offset of the
+                            VNNI r8 kernel, whose weights go in as w + 128), made once per row */
+    };
     int8_t qs[32];
 } act_q8;
 static_assert(sizeof(act_q8) == 40, "act_q8 size");
+
+/* A quantized block's second field: q8_0's activations (qsum128) carry
+ * 128 sum(qs), every other type's d sum(qs). */
+static inline void act_q8_set_sum(act_q8 *y, float d, int sum, bool qsum128) {
+    if (qsum128) y->qsum128 = 128 * sum;
+    else y->s = d * (float)sum;
+}
 
 /* Tile layout of eight act_q8 blocks (design note 6), same size as the eight. */
 typedef struct {

@@ -102,14 +102,16 @@ static float q8_block(const float *x, int8_t *q, int len, int *sum) {
     return d;
 }
 
-static void act_q8_ref(const float *x, void *act, int64_t n) {
-    act_q8 *y = (act_q8 *)act;
+static void act_q8_rows_ref(const float *x, act_q8 *y, int64_t n, bool qsum128) {
     for (int64_t b = 0; b < n / QK32; b++) {
         int s;
         y[b].d = q8_block(x + b * QK32, y[b].qs, QK32, &s);
-        y[b].s = y[b].d * (float)s;
+        act_q8_set_sum(&y[b], y[b].d, s, qsum128);
     }
 }
+
+static void act_q8_ref(const float *x, void *act, int64_t n) { act_q8_rows_ref(x, act, n, false); }
+static void act_q8_0_ref(const float *x, void *act, int64_t n) { act_q8_rows_ref(x, act, n, true); }
 
 static void act_q8k_ref(const float *x, void *act, int64_t n) {
     block_q8_k *y = (block_q8_k *)act;
@@ -419,7 +421,7 @@ const quant_isa_table quant_table_ref = {
         [QUANT_Q4_1] = {.dot = dot_q4_1_multi, .dequant = dq_q4_1, .act = act_q8_ref},
         [QUANT_Q5_0] = {.dot = dot_q5_0_multi, .dequant = dq_q5_0, .act = act_q8_ref},
         [QUANT_Q5_1] = {.dot = dot_q5_1_multi, .dequant = dq_q5_1, .act = act_q8_ref},
-        [QUANT_Q8_0] = {.dot = dot_q8_0_multi, .dequant = dq_q8_0, .act = act_q8_ref, .r8 = quant_ref_r8_q8_0},
+        [QUANT_Q8_0] = {.dot = dot_q8_0_multi, .dequant = dq_q8_0, .act = act_q8_0_ref, .r8 = quant_ref_r8_q8_0},
         [QUANT_Q4_K] = {.dot = dot_q4_k_multi, .dequant = dq_q4_k, .act = act_q8k_ref, .r8 = quant_ref_r8_q4_k},
         [QUANT_Q5_K] = {.dot = dot_q5_k_multi, .dequant = dq_q5_k, .act = act_q8k_ref},
         [QUANT_Q6_K] = {.dot = dot_q6_k_multi, .dequant = dq_q6_k, .act = act_q8k_ref, .r8 = quant_ref_r8_q6_k},
