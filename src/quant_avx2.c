@@ -687,6 +687,16 @@ QK_MULTI(avx_q5_1, 4)
 
 /* --- K-quants with Q8_K activations ------------------------------------------ */
 
+/* Lane k: min k of a q4_k / q5_k block as i32, from the decoded scale bytes
+ * (bytes 8..15 = the mins, see quant_scale_min_k4). */
+QK_INLINE __m256i k4_mins32(__m128i sm) { return _mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)); }
+
+/* Lane k: min k times the activation's sum over sub-block k (its 32-element
+ * sums, q8_k_sums32), exact. */
+QK_INLINE __m256i k4_min_sums(const block_q8_k *y, __m256i mins32) {
+    return _mm256_mullo_epi32(_mm256_cvtepi16_epi32(_mm_loadu_si128((const __m128i *)y->bsums)), mins32);
+}
+
 /* q4_k and q5_k share everything but the high bit. Per row and block:
  * acc += (d * da) * sumi; accm += (dmin * da) * (mins . bsums). */
 QK_INLINE void k4_rows(int64_t n, const void *w, const uint8_t *act, size_t stride, const int g,
@@ -718,11 +728,10 @@ QK_INLINE void k4_rows(int64_t n, const void *w, const uint8_t *act, size_t stri
             (int)(((u2 >> 4) & 0x0F0F0F0Fu) | ((u1 >> 6) & 0x03030303u) << 4), (int)(u1 & 0x3F3F3F3Fu),
             (int)((u2 & 0x0F0F0F0Fu) | ((u0 >> 6) & 0x03030303u) << 4), (int)(u0 & 0x3F3F3F3Fu));
         const __m256i sm2 = _mm256_broadcastsi128_si256(sm);
-        const __m256i mins = _mm256_cvtepu8_epi16(
-            _mm_shuffle_epi8(sm, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
+        const __m256i mins = k4_mins32(sm);
         __m256i sumi[4];
         FOR_ROWS {
-            __m256i bs = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a[r][ib].bsums), mins);
+            __m256i bs = k4_min_sums(&a[r][ib], mins);
             accm[r] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * a[r][ib].d), _mm256_cvtepi32_ps(bs), accm[r]);
             sumi[r] = _mm256_setzero_si256();
         }
@@ -842,10 +851,9 @@ QK_INLINE void q4_k_tile_rt(int64_t n, const uint8_t *w, size_t wstride, const i
                 (int)(((u2 >> 4) & 0x0F0F0F0Fu) | ((u1 >> 6) & 0x03030303u) << 4), (int)(u1 & 0x3F3F3F3Fu),
                 (int)((u2 & 0x0F0F0F0Fu) | ((u0 >> 6) & 0x03030303u) << 4), (int)(u0 & 0x3F3F3F3Fu));
             sm2[r] = _mm256_broadcastsi128_si256(sm);
-            const __m256i mins = _mm256_cvtepu8_epi16(
-                _mm_shuffle_epi8(sm, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
+            const __m256i mins = k4_mins32(sm);
             QK_UNROLL for (int t = 0; t < T; t++) {
-                __m256i bs = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a[t][ib].bsums), mins);
+                __m256i bs = k4_min_sums(&a[t][ib], mins);
                 accm[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * a[t][ib].d), _mm256_cvtepi32_ps(bs), accm[r][t]);
                 sumi[r][t] = _mm256_setzero_si256();
             }
@@ -976,6 +984,11 @@ static void avx_act_q8k(const float *x, void *act, int64_t n) {
     }
 }
 
+static void avx_act_q8k32(const float *x, void *act, int64_t n) { /* q4_k, q5_k */
+    avx_act_q8k(x, act, n);
+    for (int64_t b = 0; b < n / QKK; b++) q8_k_sums32((block_q8_k *)act + b);
+}
+
 static void avx_act_f32(const float *x, void *act, int64_t n) { memcpy(act, x, (size_t)n * sizeof(float)); }
 
 /* --- f16 rows ------------------------------------------------------------------ */
@@ -1021,8 +1034,8 @@ static void avx_dq_f16(const void *w, float *y, int64_t n) { avx_f16_to_f32_row(
     [QUANT_Q5_0] = {.dot = avx_q5_0_multi, .act = avx_act_q8},                                            \
     [QUANT_Q5_1] = {.dot = avx_q5_1_multi, .act = avx_act_q8},                                            \
     [QUANT_Q8_0] = {.dot = avx_q8_0_multi, .act = avx_act_q8_0, .tile = avx_q8_0_tile, .r8 = QK_LOWBIT(r8_q8_0)}, \
-    [QUANT_Q4_K] = {.dot = avx_q4_k_multi, .act = avx_act_q8k, .tile = avx_q4_k_tile, .r8 = QK_LOWBIT(r8_q4_k)}, \
-    [QUANT_Q5_K] = {.dot = avx_q5_k_multi, .act = avx_act_q8k},                                           \
+    [QUANT_Q4_K] = {.dot = avx_q4_k_multi, .act = avx_act_q8k32, .tile = avx_q4_k_tile, .r8 = QK_LOWBIT(r8_q4_k)}, \
+    [QUANT_Q5_K] = {.dot = avx_q5_k_multi, .act = avx_act_q8k32},                                           \
     [QUANT_Q6_K] = {.dot = avx_q6_k_multi, .act = avx_act_q8k, .r8 = QK_LOWBIT(r8_q6_k)},                 \
     [QUANT_Q2_K] = {.dot = QK_LOWBIT(dot_q2_k), .act = avx_act_q8k, .tile = QK_LOWBIT(tile_q2_k)},        \
     [QUANT_Q3_K] = {.dot = QK_LOWBIT(dot_q3_k), .act = avx_act_q8k, .tile = QK_LOWBIT(tile_q3_k)},        \

@@ -178,8 +178,17 @@ static const int8_t quant_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22,
 typedef struct {
     float d;             /* scale */
     int8_t qs[256];
-    int16_t bsums[16];   /* sum of qs over each 16 elems */
+    int16_t bsums[16];   /* sum of qs over each 16 elems; for q4_k and q5_k weights (mins per 32
+                            elements) instead [j < 8] the sum over each 32, [8..15] zero
+                            (q8_k_sums32): their kernels read one sum per min */
 } block_q8_k;
+
+/* A block's 16-element sums folded in place to the 32-element sums of q4_k /
+ * q5_k activations (exact: |sum| <= 32 x 127). */
+static inline void q8_k_sums32(block_q8_k *y) {
+    for (int j = 0; j < 8; j++) y->bsums[j] = (int16_t)(y->bsums[2 * j] + y->bsums[2 * j + 1]);
+    for (int j = 8; j < 16; j++) y->bsums[j] = 0;
+}
 static_assert(sizeof(block_q8_k) == 292, "q8_k block size");
 
 /* Activation block for the 32-element weight types (private layout). */

@@ -252,11 +252,8 @@ R8_INLINE void r8_q4_k_group(int64_t nb, const block_q4_kx8 *g, const uint8_t *a
         R8_UNROLL for (int t = 0; t < T; t++) {
             const block_q8_k *y = &a[t][b];
             __m256i s2 = _mm256_setzero_si256();
-            R8_UNROLL for (int p = 0; p < 4; p++) {
-                const int16_t *bs = y->bsums + 4 * p;
-                const uint32_t pair = (uint16_t)(bs[0] + bs[1]) | (uint32_t)(uint16_t)(bs[2] + bs[3]) << 16;
-                s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(mn32[p], _mm256_set1_epi32((int32_t)pair)));
-            }
+            R8_UNROLL for (int p = 0; p < 4; p++) /* sub-blocks 2p and 2p + 1 (32-element sums, q8_k_sums32) */
+                s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(mn32[p], bcast4((const int8_t *)(y->bsums + 2 * p))));
             const __m256 da = _mm256_set1_ps(y->d);
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1[t]), _mm256_mul_ps(d, da), acc[t]);
             acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(s2), _mm256_mul_ps(dmin, da), acc[t]);
@@ -492,11 +489,8 @@ R8_INLINE void r8z_q4_k_pair(int64_t nb, const block_q4_kx8 *g, const uint8_t *a
         R8_UNROLL for (int t = 0; t < T; t++) {
             const block_q8_k *y = &a[t][b];
             __m512i s2 = _mm512_setzero_si512();
-            R8_UNROLL for (int p = 0; p < 4; p++) {
-                const int16_t *bs = y->bsums + 4 * p;
-                const uint32_t pair = (uint16_t)(bs[0] + bs[1]) | (uint32_t)(uint16_t)(bs[2] + bs[3]) << 16;
-                s2 = _mm512_dpwssd_epi32(s2, mn32[p], _mm512_set1_epi32((int32_t)pair));
-            }
+            R8_UNROLL for (int p = 0; p < 4; p++) /* sub-blocks 2p and 2p + 1 (q8_k_sums32) */
+                s2 = _mm512_dpwssd_epi32(s2, mn32[p], z_bcast4((const int8_t *)(y->bsums + 2 * p)));
             const __m512 da = _mm512_set1_ps(y->d);
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1[t]), _mm512_mul_ps(d, da), acc[t]);
             acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(s2), _mm512_mul_ps(dmin, da), acc[t]);

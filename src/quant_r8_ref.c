@@ -203,7 +203,7 @@ static float step_q4_k(const block_q4_kx8 *g, const block_q8_k *a, int r, float 
                 p += (v & 0xF) * a->qs[e] + (v >> 4) * a->qs[e + 4];
             }
         s1 += q4_kx8_entry(g, 8 * j + r, false) * p;
-        s2 += q4_kx8_entry(g, 8 * j + r, true) * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
+        s2 += q4_kx8_entry(g, 8 * j + r, true) * a->bsums[j]; /* 32-element sums (q8_k_sums32) */
     }
     const float dd = quant_f16_to_f32(g->d[r]) * a->d, dm = quant_f16_to_f32(g->dmin[r]) * a->d;
     acc = fmaf((float)s1, dd, acc);

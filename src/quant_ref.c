@@ -126,6 +126,12 @@ static void act_q8k_ref(const float *x, void *act, int64_t n) {
     }
 }
 
+/* q4_k / q5_k: 32-element sums (q8_k_sums32). */
+static void act_q8k32_ref(const float *x, void *act, int64_t n) {
+    act_q8k_ref(x, act, n);
+    for (int64_t b = 0; b < n / QKK; b++) q8_k_sums32((block_q8_k *)act + b);
+}
+
 /* --- dequantization ------------------------------------------------------ */
 
 static void dq_f32(const void *w, float *y, int64_t n) { memcpy(y, w, (size_t)n * sizeof(float)); }
@@ -343,7 +349,7 @@ static float dot_k4_block(const uint8_t scales[12], uint16_t d, uint16_t dmin, c
         int sub = 0;
         for (int i = 0; i < 32; i++) sub += q[32 * j + i] * a->qs[32 * j + i];
         is += sc * sub;
-        ms += m * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
+        ms += m * a->bsums[j]; /* 32-element sums (q8_k_sums32) */
     }
     return h2f(d) * a->d * (float)is - h2f(dmin) * a->d * (float)ms;
 }
@@ -422,8 +428,8 @@ const quant_isa_table quant_table_ref = {
         [QUANT_Q5_0] = {.dot = dot_q5_0_multi, .dequant = dq_q5_0, .act = act_q8_ref},
         [QUANT_Q5_1] = {.dot = dot_q5_1_multi, .dequant = dq_q5_1, .act = act_q8_ref},
         [QUANT_Q8_0] = {.dot = dot_q8_0_multi, .dequant = dq_q8_0, .act = act_q8_0_ref, .r8 = quant_ref_r8_q8_0},
-        [QUANT_Q4_K] = {.dot = dot_q4_k_multi, .dequant = dq_q4_k, .act = act_q8k_ref, .r8 = quant_ref_r8_q4_k},
-        [QUANT_Q5_K] = {.dot = dot_q5_k_multi, .dequant = dq_q5_k, .act = act_q8k_ref},
+        [QUANT_Q4_K] = {.dot = dot_q4_k_multi, .dequant = dq_q4_k, .act = act_q8k32_ref, .r8 = quant_ref_r8_q4_k},
+        [QUANT_Q5_K] = {.dot = dot_q5_k_multi, .dequant = dq_q5_k, .act = act_q8k32_ref},
         [QUANT_Q6_K] = {.dot = dot_q6_k_multi, .dequant = dq_q6_k, .act = act_q8k_ref, .r8 = quant_ref_r8_q6_k},
         [QUANT_Q2_K] = {.dot = quant_ref_dot_q2_k, .dequant = quant_ref_dequant_q2_k, .act = act_q8k_ref},
         [QUANT_Q3_K] = {.dot = quant_ref_dot_q3_k, .dequant = quant_ref_dequant_q3_k, .act = act_q8k_ref},
