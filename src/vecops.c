@@ -112,25 +112,7 @@ VEC_TARGET VEC_INLINE void scores_heads(const float *q, int hd, const void *cons
     }
 }
 
-#define SCORES_NH(F16)                                                                               \
-    switch (nh) {                                                                                    \
-    case 1: scores_heads(qg, hd, keys, j0, j1, F16, 1, scale, sg, stride, pf_n); break;              \
-    case 2: scores_heads(qg, hd, keys, j0, j1, F16, 2, scale, sg, stride, pf_n); break;              \
-    case 3: scores_heads(qg, hd, keys, j0, j1, F16, 3, scale, sg, stride, pf_n); break;              \
-    default: scores_heads(qg, hd, keys, j0, j1, F16, 4, scale, sg, stride, pf_n); break;             \
-    }
-
-
-/* hd a multiple of 8: keys a block at a time, four heads at a time within a block. */
-VEC_TARGET VEC_INLINE void scores_body(const float *q, int group, const int hd, const void *const *keys, int n_keys,
-                                       int k_f16, float scale, float *scores, size_t stride) {
-    KV_WALK_BEGIN(keys, n_keys, kv_row_bytes(k_f16, hd))
-        const float *qg = q + (size_t)h0 * (size_t)hd;
-        float *sg = scores + (size_t)h0 * stride;
-        if (k_f16) { SCORES_NH(1) } else { SCORES_NH(0) }
-    KV_WALK_END()
-}
-
+VEC_SCORES_WALK(static, scores_avx2, scores_heads)
 
 /* NH (1..4) heads over rows [j0, j1): tile_width(NH) slices at a time while
  * they fit, then one; the first slice pass prefetches as scores_heads does. */
@@ -142,41 +124,7 @@ VEC_TARGET VEC_INLINE void wsum_heads(const float *p, size_t ps, int j0, int j1,
     for (; c0 < hd; c0 += 8) wsum_tile(p, ps, j0, j1, rows, F16, c0, NH, 1, hd, out, c0 ? 0 : pf_n);
 }
 
-#define WSUM_NH(F16)                                                                                  \
-    switch (nh) {                                                                                     \
-    case 1: wsum_heads(pg, p_stride, j0, j1, rows, F16, 1, hd, og, pf_n); break;                      \
-    case 2: wsum_heads(pg, p_stride, j0, j1, rows, F16, 2, hd, og, pf_n); break;                      \
-    case 3: wsum_heads(pg, p_stride, j0, j1, rows, F16, 3, hd, og, pf_n); break;                      \
-    default: wsum_heads(pg, p_stride, j0, j1, rows, F16, 4, hd, og, pf_n); break;                     \
-    }
-
-/* Rows a block at a time (their value slices and probabilities stay in L1),
- * four heads at a time. */
-VEC_TARGET VEC_INLINE void wsum_body(const float *p, size_t p_stride, int group, int n, const void *const *rows,
-                                     int v_f16, const int hd, float *out) {
-    memset(out, 0, sizeof(float) * (size_t)group * (size_t)hd);
-    KV_WALK_BEGIN(rows, n, kv_row_bytes(v_f16, hd))
-        const float *pg = p + (size_t)h0 * p_stride;
-        float *og = out + (size_t)h0 * (size_t)hd;
-        if (v_f16) { WSUM_NH(1) } else { WSUM_NH(0) }
-    KV_WALK_END()
-}
-
-/* The common head sizes as constants, so every slice loop unrolls. */
-VEC_TARGET static void scores_avx2(const float *q, int group, int hd, const void *const *keys, int n_keys, int k_f16,
-                                   float scale, float *scores, size_t stride) {
-    if (hd == 64) scores_body(q, group, 64, keys, n_keys, k_f16, scale, scores, stride);
-    else if (hd == 128) scores_body(q, group, 128, keys, n_keys, k_f16, scale, scores, stride);
-    else scores_body(q, group, hd, keys, n_keys, k_f16, scale, scores, stride);
-}
-
-VEC_TARGET static void wsum_group_avx2(const float *p, size_t p_stride, int group, int n, const void *const *rows,
-                                       int v_f16, int hd, float *out) {
-    if (hd == 64) wsum_body(p, p_stride, group, n, rows, v_f16, 64, out);
-    else if (hd == 128) wsum_body(p, p_stride, group, n, rows, v_f16, 128, out);
-    else wsum_body(p, p_stride, group, n, rows, v_f16, hd, out);
-}
-
+VEC_WSUM_WALK(static, wsum_group_avx2, wsum_heads)
 
 VEC_TARGET static void softmax_avx2(float *x, int n) {
     const float max = softmax_max(x, n);

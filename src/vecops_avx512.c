@@ -93,29 +93,7 @@ VEC_INLINE void scores_heads2(const float *q, int hd, const void *const *keys, i
     }
 }
 
-#define SCORES2_NH(F16)                                                                              \
-    switch (nh) {                                                                                    \
-    case 1: scores_heads2(qg, hd, keys, j0, j1, F16, 1, scale, sg, stride, pf_n); break;             \
-    case 2: scores_heads2(qg, hd, keys, j0, j1, F16, 2, scale, sg, stride, pf_n); break;             \
-    case 3: scores_heads2(qg, hd, keys, j0, j1, F16, 3, scale, sg, stride, pf_n); break;             \
-    default: scores_heads2(qg, hd, keys, j0, j1, F16, 4, scale, sg, stride, pf_n); break;            \
-    }
-
-VEC_INLINE void scores_body2(const float *q, int group, const int hd, const void *const *keys, int n_keys, int k_f16,
-                             float scale, float *scores, size_t stride) {
-    KV_WALK_BEGIN(keys, n_keys, kv_row_bytes(k_f16, hd))
-        const float *qg = q + (size_t)h0 * (size_t)hd;
-        float *sg = scores + (size_t)h0 * stride;
-        if (k_f16) { SCORES2_NH(1) } else { SCORES2_NH(0) }
-    KV_WALK_END()
-}
-
-void vec_avx512_scores(const float *q, int group, int hd, const void *const *keys, int n_keys, int k_f16, float scale,
-                       float *scores, size_t stride) {
-    if (hd == 64) scores_body2(q, group, 64, keys, n_keys, k_f16, scale, scores, stride);
-    else if (hd == 128) scores_body2(q, group, 128, keys, n_keys, k_f16, scale, scores, stride);
-    else scores_body2(q, group, hd, keys, n_keys, k_f16, scale, scores, stride);
-}
+VEC_SCORES_WALK(, vec_avx512_scores, scores_heads2)
 
 /* NC slices of 16 output elements from c0, for NH heads (NH * NC <= 16), over
  * rows [j0, j1): wsum_tile at twice the width (accumulators loaded from and
@@ -159,30 +137,7 @@ VEC_INLINE void wsum_heads16(const float *p, size_t ps, int j0, int j1, const vo
     if (c0 < hd) wsum_tile(p, ps, j0, j1, rows, F16, c0, NH, 1, hd, out, c0 ? 0 : pf_n);
 }
 
-#define WSUM16_NH(F16)                                                                                \
-    switch (nh) {                                                                                     \
-    case 1: wsum_heads16(pg, p_stride, j0, j1, rows, F16, 1, hd, og, pf_n); break;                    \
-    case 2: wsum_heads16(pg, p_stride, j0, j1, rows, F16, 2, hd, og, pf_n); break;                    \
-    case 3: wsum_heads16(pg, p_stride, j0, j1, rows, F16, 3, hd, og, pf_n); break;                    \
-    default: wsum_heads16(pg, p_stride, j0, j1, rows, F16, 4, hd, og, pf_n); break;                   \
-    }
-
-VEC_INLINE void wsum_body16(const float *p, size_t p_stride, int group, int n, const void *const *rows, int v_f16,
-                            const int hd, float *out) {
-    memset(out, 0, sizeof(float) * (size_t)group * (size_t)hd);
-    KV_WALK_BEGIN(rows, n, kv_row_bytes(v_f16, hd))
-        const float *pg = p + (size_t)h0 * p_stride;
-        float *og = out + (size_t)h0 * (size_t)hd;
-        if (v_f16) { WSUM16_NH(1) } else { WSUM16_NH(0) }
-    KV_WALK_END()
-}
-
-void vec_avx512_wsum_group(const float *p, size_t p_stride, int group, int n, const void *const *rows, int v_f16,
-                           int hd, float *out) {
-    if (hd == 64) wsum_body16(p, p_stride, group, n, rows, v_f16, 64, out);
-    else if (hd == 128) wsum_body16(p, p_stride, group, n, rows, v_f16, 128, out);
-    else wsum_body16(p, p_stride, group, n, rows, v_f16, hd, out);
-}
+VEC_WSUM_WALK(, vec_avx512_wsum_group, wsum_heads16)
 
 /* exp8 on sixteen lanes: the same operations per lane (round to nearest,
  * the fused reduction and Horner steps, 2^k, zero below EXP_LO). */

@@ -11,6 +11,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stddef.h>
+#include <string.h>
 
 #include "vecops.h"
 
@@ -86,6 +87,57 @@ enum { KV_BLOCK = 16 };
         for (int h0 = 0; h0 < group; h0 += 4) {                                               \
             const int nh = group - h0 < 4 ? group - h0 : 4, pf_n = h0 == 0 ? (n) : 0;
 #define KV_WALK_END() }}
+
+/* The entry points of a scores walk and a weighted-sum walk, built around a
+ * tile width's per-head-tile function (HEADS: scores_heads-like,
+ * (q, hd, keys, j0, j1, F16, NH, scale, scores, stride, pf_n), or
+ * wsum_heads-like, (p, ps, j0, j1, rows, F16, NH, hd, out, pf_n)). The walk
+ * takes rows a block at a time and heads four at a time (KV_WALK), with F16
+ * and NH compile-time in every HEADS call, and the common head sizes (64, 128)
+ * as constants so every slice loop unrolls. SC is the entry's storage class
+ * (static, or empty for one the other file calls). */
+#define VEC_SCORES_CALL(HEADS, F16, NH) HEADS(qg, hd, keys, j0, j1, F16, NH, scale, sg, stride, pf_n)
+#define VEC_WSUM_CALL(HEADS, F16, NH) HEADS(pg, p_stride, j0, j1, rows, F16, NH, hd, og, pf_n)
+#define VEC_NH_SWITCH(CALL, HEADS, F16)                                                          \
+    switch (nh) {                                                                                \
+    case 1: CALL(HEADS, F16, 1); break;                                                          \
+    case 2: CALL(HEADS, F16, 2); break;                                                          \
+    case 3: CALL(HEADS, F16, 3); break;                                                          \
+    default: CALL(HEADS, F16, 4); break;                                                         \
+    }
+#define VEC_SCORES_WALK(SC, NAME, HEADS)                                                         \
+    VEC_TARGET VEC_INLINE void NAME##_body(const float *q, int group, const int hd, const void *const *keys,  \
+                                           int n_keys, int k_f16, float scale, float *scores, size_t stride) { \
+        KV_WALK_BEGIN(keys, n_keys, kv_row_bytes(k_f16, hd))                                     \
+            const float *qg = q + (size_t)h0 * (size_t)hd;                                       \
+            float *sg = scores + (size_t)h0 * stride;                                            \
+            if (k_f16) { VEC_NH_SWITCH(VEC_SCORES_CALL, HEADS, 1) }                              \
+            else { VEC_NH_SWITCH(VEC_SCORES_CALL, HEADS, 0) }                                    \
+        KV_WALK_END()                                                                            \
+    }                                                                                            \
+    VEC_TARGET SC void NAME(const float *q, int group, int hd, const void *const *keys, int n_keys, int k_f16, \
+                            float scale, float *scores, size_t stride) {                         \
+        if (hd == 64) NAME##_body(q, group, 64, keys, n_keys, k_f16, scale, scores, stride);     \
+        else if (hd == 128) NAME##_body(q, group, 128, keys, n_keys, k_f16, scale, scores, stride); \
+        else NAME##_body(q, group, hd, keys, n_keys, k_f16, scale, scores, stride);              \
+    }
+#define VEC_WSUM_WALK(SC, NAME, HEADS)                                                           \
+    VEC_TARGET VEC_INLINE void NAME##_body(const float *p, size_t p_stride, int group, int n,   \
+                                           const void *const *rows, int v_f16, const int hd, float *out) { \
+        memset(out, 0, sizeof(float) * (size_t)group * (size_t)hd);                              \
+        KV_WALK_BEGIN(rows, n, kv_row_bytes(v_f16, hd))                                          \
+            const float *pg = p + (size_t)h0 * p_stride;                                         \
+            float *og = out + (size_t)h0 * (size_t)hd;                                           \
+            if (v_f16) { VEC_NH_SWITCH(VEC_WSUM_CALL, HEADS, 1) }                                \
+            else { VEC_NH_SWITCH(VEC_WSUM_CALL, HEADS, 0) }                                      \
+        KV_WALK_END()                                                                            \
+    }                                                                                            \
+    VEC_TARGET SC void NAME(const float *p, size_t p_stride, int group, int n, const void *const *rows, int v_f16, \
+                            int hd, float *out) {                                                \
+        if (hd == 64) NAME##_body(p, p_stride, group, n, rows, v_f16, 64, out);                   \
+        else if (hd == 128) NAME##_body(p, p_stride, group, n, rows, v_f16, 128, out);            \
+        else NAME##_body(p, p_stride, group, n, rows, v_f16, hd, out);                           \
+    }
 
 /* NC slices of eight output elements from c0, for NH heads (NH * NC <= 8), over
  * rows [j0, j1): accumulators loaded from and stored back to out, so a long
