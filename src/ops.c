@@ -210,7 +210,7 @@ void ops_parallel_for_guided(ops_pool *pool, int64_t n, int64_t grain, ops_range
 }
 
 /* ------------------------------------------------------------------------ */
-/* Matmul. Rows are handed out in chunks by ops_parallel_for; within a
+/* Matmul. Rows are handed out in chunks by ops_parallel_for_guided; within a
  * chunk, tokens are taken in tiles so a tile of activations stays in cache
  * while the chunk's weight rows stream past it. Each (row, token) is one
  * quant_dot reduction whatever the tiling: batch invariant. */
