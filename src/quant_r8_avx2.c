@@ -4,7 +4,8 @@
  * each block's integer sum in place of maddubs + add + madd, and where 512-bit
  * pair kernels (below, "512-bit pair kernels") take neighbouring groups two
  * at a time (0.47-0.74 of the 256-bit VNNI kernels' time on Zen 5, rows in
- * cache: BENCHMARKS.md, round 9).
+ * cache: BENCHMARKS.md, round 9) and one-token kernels for q4_0 and q4_k take
+ * two neighbouring blocks (sub-blocks) of one group (one weight stream).
  *
  * Per block of eight rows: four 32-byte loads give, masked and shifted, eight
  * registers whose i32 lane r holds four unsigned elements of row r (layout in
@@ -87,9 +88,20 @@ R8_INLINE void r8_prefetch_q4_0(const block_q4_0x8 *blk) {
     _mm_prefetch((const char *)blk + R8_PREFETCH + 72, _MM_HINT_T0);
 }
 
-/* One group (nb blocks) x T tokens (T compile-time after inlining). */
+#ifdef QUANT_R8_VNNI
+R8_INLINE void r8z_q4_0_one(int64_t nb, const block_q4_0x8 *g, const act_q8 *y, float *out);
+#endif
+
+/* One group (nb blocks) x T tokens (T compile-time after inlining); in the
+ * VNNI build one token goes to r8z_q4_0_one. */
 R8_INLINE void r8_q4_0_group(int64_t nb, const block_q4_0x8 *g, const uint8_t *act, size_t astride, const int T,
                              float *out, size_t ostride) {
+#ifdef QUANT_R8_VNNI
+    if (T == 1) {
+        r8z_q4_0_one(nb, g, (const act_q8 *)act, out);
+        return;
+    }
+#endif
     R8_GROUP_BEGIN(act_q8);
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; b++) {
@@ -221,8 +233,19 @@ R8_INLINE void r8_q4_k_scales(const block_q4_kx8 *g, __m256i sc32[8], __m256i mn
     }
 }
 
+#ifdef QUANT_R8_VNNI
+R8_INLINE void r8z_q4_k_one(int64_t nb, const block_q4_kx8 *g, const block_q8_k *y, float *out);
+#endif
+
+/* One group x T tokens; in the VNNI build one token goes to r8z_q4_k_one. */
 R8_INLINE void r8_q4_k_group(int64_t nb, const block_q4_kx8 *g, const uint8_t *act, size_t astride, const int T,
                              float *out, size_t ostride) {
+#ifdef QUANT_R8_VNNI
+    if (T == 1) {
+        r8z_q4_k_one(nb, g, (const block_q8_k *)act, out);
+        return;
+    }
+#endif
     R8_GROUP_BEGIN(block_q8_k);
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; b++) {
@@ -408,6 +431,58 @@ R8_INLINE void r8z_q4_0_pair(int64_t nb, const block_q4_0x8 *g, const uint8_t *a
     R8Z_PAIR_END();
 }
 
+/* q4_0, one token (decode): one group, two consecutive blocks per zmm (lanes
+ * 0-7 block b's rows, 8-15 block b + 1's), so the weights stay one stream per
+ * thread (a pair of groups is two, which reads DRAM slower: BENCHMARKS.md
+ * round 10) while each vpdpbusd does the work of two 256-bit ones. The
+ * activation pieces come from one load of both blocks' quants by vpermd.
+ * Per lane the group kernel's integer sum and float steps; the two blocks
+ * meet the accumulator in order (block b's fma, then b + 1's), so the bits
+ * are the group kernel's. */
+R8_INLINE __m512i z_piece(__m512i q, int k) { /* dword k of each half, across that half */
+    return _mm512_permutexvar_epi32(_mm512_inserti64x4(_mm512_set1_epi32(k), _mm256_set1_epi32(8 + k), 1), q);
+}
+
+R8_INLINE __m512 z_set2(float a, float b) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(a)), _mm256_set1_ps(b), 1);
+}
+
+R8_INLINE void r8z_q4_0_one(int64_t nb, const block_q4_0x8 *g, const act_q8 *y, float *out) {
+    __m256 acc = _mm256_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        r8_prefetch_q4_0(&g[b]);
+        r8_prefetch_q4_0(&g[b + 1]);
+        const __m512 dw = z_f16x2(g[b].d, g[b + 1].d);
+        const __m512i q = z_load2(y[b].qs, y[b + 1].qs);
+        __m512i s = _mm512_setzero_si512(), u = _mm512_setzero_si512();
+        R8_UNROLL for (int j = 0; j < 4; j++) {
+            const __m512i v = z_load2(g[b].qs + 32 * j, g[b + 1].qs + 32 * j);
+            s = _mm512_dpbusd_epi32(s, _mm512_and_si512(v, m4), z_piece(q, 2 * j));
+            u = _mm512_dpbusd_epi32(u, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4), z_piece(q, 2 * j + 1));
+        }
+        const __m512 tt = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s, u)), z_set2(y[b].d, y[b + 1].d),
+                                          z_set2(y[b].s * -8.0f, y[b + 1].s * -8.0f));
+        acc = _mm256_fmadd_ps(_mm512_castps512_ps256(tt), _mm512_castps512_ps256(dw), acc);
+        acc = _mm256_fmadd_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(tt), 1)),
+                              _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(dw), 1)), acc);
+    }
+    if (b < nb) { /* an odd last block: the group kernel's step */
+        const __m256i m4y = _mm256_set1_epi8(0x0F);
+        __m256i lo[4], hi[4];
+        R8_UNROLL for (int j = 0; j < 4; j++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(g[b].qs + 32 * j));
+            lo[j] = _mm256_and_si256(v, m4y);
+            hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4y);
+        }
+        const __m256 p = _mm256_cvtepi32_ps(r8_block_sum(lo, hi, y[b].qs));
+        const __m256 tt = _mm256_fmadd_ps(p, _mm256_set1_ps(y[b].d), _mm256_set1_ps(y[b].s * -8.0f));
+        acc = _mm256_fmadd_ps(tt, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d)), acc);
+    }
+    _mm256_storeu_ps(out, acc);
+}
+
 /* q8_0: vpdpbusd wants one unsigned side, so the weights go in as w + 128
  * (a flipped top bit) and the exact sum P = sum (w + 128) q - 128 sum q comes
  * back per token with one subtraction of the activation block's qsum128
@@ -497,6 +572,45 @@ R8_INLINE void r8z_q4_k_pair(int64_t nb, const block_q4_kx8 *g, const uint8_t *a
         }
     }
     R8Z_PAIR_END();
+}
+
+/* q4_k, one token (decode): one group, two neighbouring sub-blocks per zmm
+ * (lanes 0-7 sub-block j's rows, 8-15 sub-block j + 1's; their quants and the
+ * activation's are adjacent), one weight stream per thread as r8z_q4_0_one.
+ * Each sub-block's exact sum P meets its scale by vpmulld; the two halves add
+ * to r8_q4_k_group's integer S1 (exact, so in any order), then its float steps:
+ * the same bits. */
+R8_INLINE void r8z_q4_k_one(int64_t nb, const block_q4_kx8 *g, const block_q8_k *y, float *out) {
+    __m256 acc = _mm256_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(0x0F), lo16 = _mm512_set1_epi32(0xFFFF);
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i sc32[8], mn32[4];
+        r8_q4_k_scales(&g[b], sc32, mn32);
+        __m512i s1 = _mm512_setzero_si512();
+        R8_UNROLL for (int j = 0; j < 8; j += 2) {
+            const uint8_t *qs = g[b].qs + 128 * j;
+            R8_UNROLL for (int l = 0; l < 4; l++) _mm_prefetch((const char *)qs + R8_PREFETCH + 64 * l, _MM_HINT_T0);
+            const __m512i q = _mm512_loadu_si512((const void *)(y[b].qs + 32 * j));
+            __m512i s = _mm512_setzero_si512(), u = _mm512_setzero_si512();
+            R8_UNROLL for (int c = 0; c < 4; c++) {
+                const __m512i v = z_load2(qs + 32 * c, qs + 128 + 32 * c);
+                s = _mm512_dpbusd_epi32(s, _mm512_and_si512(v, m4), z_piece(q, 2 * c));
+                u = _mm512_dpbusd_epi32(u, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4), z_piece(q, 2 * c + 1));
+            }
+            const __m512i sc = _mm512_and_si512(z_join(sc32[j], sc32[j + 1]), lo16);
+            s1 = _mm512_add_epi32(s1, _mm512_mullo_epi32(_mm512_add_epi32(s, u), sc));
+        }
+        const __m256i S1 = _mm256_add_epi32(_mm512_castsi512_si256(s1), _mm512_extracti64x4_epi64(s1, 1));
+        __m256i s2 = _mm256_setzero_si256();
+        R8_UNROLL for (int p = 0; p < 4; p++) /* sub-blocks 2p and 2p + 1 (q8_k_sums32) */
+            s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(mn32[p], bcast4((const int8_t *)(y[b].bsums + 2 * p))));
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].dmin));
+        const __m256 da = _mm256_set1_ps(y[b].d);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S1), _mm256_mul_ps(d, da), acc);
+        acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(s2), _mm256_mul_ps(dmin, da), acc);
+    }
+    _mm256_storeu_ps(out, acc);
 }
 
 /* q6_k: r8_q6_k_group's steps on 16 lanes. */
