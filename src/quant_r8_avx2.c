@@ -88,6 +88,23 @@ R8_INLINE void r8_prefetch_q4_0(const block_q4_0x8 *blk) {
     _mm_prefetch((const char *)blk + R8_PREFETCH + 72, _MM_HINT_T0);
 }
 
+/* Four 32-byte chunks of nibbles from qs: lo[c] / hi[c] their low / high nibbles. */
+R8_INLINE void r8_nibbles(const uint8_t *qs, __m256i lo[4], __m256i hi[4]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    R8_UNROLL for (int c = 0; c < 4; c++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+        lo[c] = _mm256_and_si256(v, m4);
+        hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    }
+}
+
+/* q4_0's float steps for one block and token (lane r: row r), the reference's:
+ * t = fma(P, da, -8 s), acc = fma(t, dw, acc). */
+R8_INLINE __m256 r8_q4_0_step(__m256i p, const act_q8 *y, __m256 dw, __m256 acc) {
+    const __m256 tt = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(y->d), _mm256_set1_ps(y->s * -8.0f));
+    return _mm256_fmadd_ps(tt, dw, acc);
+}
+
 #ifdef QUANT_R8_VNNI
 R8_INLINE void r8z_q4_0_one(int64_t nb, const block_q4_0x8 *g, const act_q8 *y, float *out);
 #endif
@@ -103,22 +120,12 @@ R8_INLINE void r8_q4_0_group(int64_t nb, const block_q4_0x8 *g, const uint8_t *a
     }
 #endif
     R8_GROUP_BEGIN(act_q8);
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; b++) {
         r8_prefetch_q4_0(&g[b]);
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d));
         __m256i lo[4], hi[4];
-        R8_UNROLL for (int j = 0; j < 4; j++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(g[b].qs + 32 * j));
-            lo[j] = _mm256_and_si256(v, m4);
-            hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-        }
-        R8_UNROLL for (int t = 0; t < T; t++) {
-            const act_q8 *y = a[t] + b;
-            const __m256 p = _mm256_cvtepi32_ps(r8_block_sum(lo, hi, y->qs));
-            const __m256 tt = _mm256_fmadd_ps(p, _mm256_set1_ps(y->d), _mm256_set1_ps(y->s * -8.0f));
-            acc[t] = _mm256_fmadd_ps(tt, dw, acc[t]);
-        }
+        r8_nibbles(g[b].qs, lo, hi);
+        R8_UNROLL for (int t = 0; t < T; t++) acc[t] = r8_q4_0_step(r8_block_sum(lo, hi, a[t][b].qs), &a[t][b], dw, acc[t]);
     }
     R8_GROUP_END();
 }
@@ -233,6 +240,19 @@ R8_INLINE void r8_q4_k_scales(const block_q4_kx8 *g, __m256i sc32[8], __m256i mn
     }
 }
 
+/* q4_k's float steps for one super-block and token (lane r: row r): the mins
+ * against the activation's 32-element sums (q8_k_sums32, sub-blocks 2p and
+ * 2p + 1 per madd), then acc += S1 d da, acc -= S2 dmin da. */
+R8_INLINE __m256 r8_q4_k_step(__m256i s1, const block_q8_k *y, const __m256i mn32[4], __m256 d, __m256 dmin,
+                              __m256 acc) {
+    __m256i s2 = _mm256_setzero_si256();
+    R8_UNROLL for (int p = 0; p < 4; p++)
+        s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(mn32[p], bcast4((const int8_t *)(y->bsums + 2 * p))));
+    const __m256 da = _mm256_set1_ps(y->d);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(d, da), acc);
+    return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(s2), _mm256_mul_ps(dmin, da), acc);
+}
+
 #ifdef QUANT_R8_VNNI
 R8_INLINE void r8z_q4_k_one(int64_t nb, const block_q4_kx8 *g, const block_q8_k *y, float *out);
 #endif
@@ -247,7 +267,6 @@ R8_INLINE void r8_q4_k_group(int64_t nb, const block_q4_kx8 *g, const uint8_t *a
     }
 #endif
     R8_GROUP_BEGIN(block_q8_k);
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; b++) {
         __m256i sc32[8], mn32[4], s1[R8_TOKENS];
         r8_q4_k_scales(&g[b], sc32, mn32);
@@ -257,11 +276,7 @@ R8_INLINE void r8_q4_k_group(int64_t nb, const block_q4_kx8 *g, const uint8_t *a
             _mm_prefetch((const char *)qs + R8_PREFETCH, _MM_HINT_T0);
             _mm_prefetch((const char *)qs + R8_PREFETCH + 64, _MM_HINT_T0);
             __m256i lo[4], hi[4];
-            R8_UNROLL for (int c = 0; c < 4; c++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-                lo[c] = _mm256_and_si256(v, m4);
-                hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-            }
+            r8_nibbles(qs, lo, hi);
             R8_UNROLL for (int t = 0; t < T; t++) {
 #ifdef QUANT_R8_VNNI
                 s1[t] = _mm256_dpwssd_epi32(s1[t], r8_sub_sum16(lo, hi, a[t][b].qs + 32 * j), sc32[j]);
@@ -272,15 +287,7 @@ R8_INLINE void r8_q4_k_group(int64_t nb, const block_q4_kx8 *g, const uint8_t *a
         }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d));
         const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].dmin));
-        R8_UNROLL for (int t = 0; t < T; t++) {
-            const block_q8_k *y = &a[t][b];
-            __m256i s2 = _mm256_setzero_si256();
-            R8_UNROLL for (int p = 0; p < 4; p++) /* sub-blocks 2p and 2p + 1 (32-element sums, q8_k_sums32) */
-                s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(mn32[p], bcast4((const int8_t *)(y->bsums + 2 * p))));
-            const __m256 da = _mm256_set1_ps(y->d);
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1[t]), _mm256_mul_ps(d, da), acc[t]);
-            acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(s2), _mm256_mul_ps(dmin, da), acc[t]);
-        }
+        R8_UNROLL for (int t = 0; t < T; t++) acc[t] = r8_q4_k_step(s1[t], &a[t][b], mn32, d, dmin, acc[t]);
     }
     R8_GROUP_END();
 }
@@ -469,16 +476,9 @@ R8_INLINE void r8z_q4_0_one(int64_t nb, const block_q4_0x8 *g, const act_q8 *y, 
                               _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(dw), 1)), acc);
     }
     if (b < nb) { /* an odd last block: the group kernel's step */
-        const __m256i m4y = _mm256_set1_epi8(0x0F);
         __m256i lo[4], hi[4];
-        R8_UNROLL for (int j = 0; j < 4; j++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(g[b].qs + 32 * j));
-            lo[j] = _mm256_and_si256(v, m4y);
-            hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4y);
-        }
-        const __m256 p = _mm256_cvtepi32_ps(r8_block_sum(lo, hi, y[b].qs));
-        const __m256 tt = _mm256_fmadd_ps(p, _mm256_set1_ps(y[b].d), _mm256_set1_ps(y[b].s * -8.0f));
-        acc = _mm256_fmadd_ps(tt, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d)), acc);
+        r8_nibbles(g[b].qs, lo, hi);
+        acc = r8_q4_0_step(r8_block_sum(lo, hi, y[b].qs), &y[b], _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d)), acc);
     }
     _mm256_storeu_ps(out, acc);
 }
@@ -601,14 +601,8 @@ R8_INLINE void r8z_q4_k_one(int64_t nb, const block_q4_kx8 *g, const block_q8_k 
             s1 = _mm512_add_epi32(s1, _mm512_mullo_epi32(_mm512_add_epi32(s, u), sc));
         }
         const __m256i S1 = _mm256_add_epi32(_mm512_castsi512_si256(s1), _mm512_extracti64x4_epi64(s1, 1));
-        __m256i s2 = _mm256_setzero_si256();
-        R8_UNROLL for (int p = 0; p < 4; p++) /* sub-blocks 2p and 2p + 1 (q8_k_sums32) */
-            s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(mn32[p], bcast4((const int8_t *)(y[b].bsums + 2 * p))));
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d));
-        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].dmin));
-        const __m256 da = _mm256_set1_ps(y[b].d);
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S1), _mm256_mul_ps(d, da), acc);
-        acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(s2), _mm256_mul_ps(dmin, da), acc);
+        acc = r8_q4_k_step(S1, &y[b], mn32, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d)),
+                           _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].dmin)), acc);
     }
     _mm256_storeu_ps(out, acc);
 }
