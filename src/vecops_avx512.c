@@ -95,29 +95,8 @@ VEC_INLINE void scores_heads2(const float *q, int hd, const void *const *keys, i
 
 VEC_SCORES_WALK(, vec_avx512_scores, scores_heads2)
 
-/* NC slices of 16 output elements from c0, for NH heads (NH * NC <= 16), over
- * rows [j0, j1): wsum_tile at twice the width (accumulators loaded from and
- * stored back to out; row j's product added after row j - 1's). */
-VEC_INLINE void wsum_tile16(const float *p, size_t ps, int j0, int j1, const void *const *rows, const int F16, int c0,
-                            const int NH, const int NC, int hd, float *out, int pf_n) {
-    __m512 acc[16];
-    VEC_UNROLL for (int h = 0; h < NH; h++)
-        VEC_UNROLL for (int c = 0; c < NC; c++)
-            acc[h * NC + c] = _mm512_loadu_ps(out + (size_t)h * (size_t)hd + (size_t)(c0 + 16 * c));
-    const size_t row_bytes = kv_row_bytes(F16, hd);
-    for (int j = j0; j < j1; j++) {
-        if (pf_n) prefetch_rows(rows, j + KV_AHEAD, 1, pf_n, row_bytes);
-        __m512 v[16];
-        VEC_UNROLL for (int c = 0; c < NC; c++) v[c] = row16(rows[j], F16, c0 + 16 * c);
-        VEC_UNROLL for (int h = 0; h < NH; h++) {
-            const __m512 pv = _mm512_set1_ps(p[(size_t)h * ps + (size_t)j]);
-            VEC_UNROLL for (int c = 0; c < NC; c++) acc[h * NC + c] = _mm512_fmadd_ps(pv, v[c], acc[h * NC + c]);
-        }
-    }
-    VEC_UNROLL for (int h = 0; h < NH; h++)
-        VEC_UNROLL for (int c = 0; c < NC; c++)
-            _mm512_storeu_ps(out + (size_t)h * (size_t)hd + (size_t)(c0 + 16 * c), acc[h * NC + c]);
-}
+/* wsum_tile at twice the width: 16-element slices, up to 16 accumulators. */
+VEC_WSUM_TILE(wsum_tile16, __m512, _mm512, 16, 16, row16)
 
 /* Slices per full tile of NH (1..4) heads: 16 accumulators. */
 VEC_INLINE int wsum_width16(const int NH) { return NH == 1 ? 16 : NH == 2 ? 8 : 4; }

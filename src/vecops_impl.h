@@ -139,30 +139,34 @@ enum { KV_BLOCK = 16 };
         else NAME##_body(p, p_stride, group, n, rows, v_f16, hd, out);                           \
     }
 
-/* NC slices of eight output elements from c0, for NH heads (NH * NC <= 8), over
- * rows [j0, j1): accumulators loaded from and stored back to out, so a long
- * run of rows is taken a block at a time with the same per-element order (row
- * j's product is added after row j - 1's, whatever the block, tile or group). */
-VEC_TARGET VEC_INLINE void wsum_tile(const float *p, size_t ps, int j0, int j1, const void *const *rows, const int F16,
-                                     int c0, const int NH, const int NC, int hd, float *out, int pf_n) {
-    __m256 acc[8];
-    VEC_UNROLL for (int h = 0; h < NH; h++)
-        VEC_UNROLL for (int c = 0; c < NC; c++)
-            acc[h * NC + c] = _mm256_loadu_ps(out + (size_t)h * (size_t)hd + (size_t)(c0 + 8 * c));
-    const size_t row_bytes = kv_row_bytes(F16, hd);
-    for (int j = j0; j < j1; j++) {
-        if (pf_n) prefetch_rows(rows, j + KV_AHEAD, 1, pf_n, row_bytes);
-        __m256 v[8];
-        VEC_UNROLL for (int c = 0; c < NC; c++) v[c] = row8(rows[j], F16, c0 + 8 * c);
-        VEC_UNROLL for (int h = 0; h < NH; h++) {
-            const __m256 pv = _mm256_set1_ps(p[(size_t)h * ps + (size_t)j]);
-            VEC_UNROLL for (int c = 0; c < NC; c++) acc[h * NC + c] = _mm256_fmadd_ps(pv, v[c], acc[h * NC + c]);
-        }
+/* A weighted-sum tile, NAME: NC slices of W output elements from c0 (vectors
+ * VT, intrinsics P##_..., row slices by ROW(row, F16, i)), for NH heads
+ * (NH * NC <= NACC), over rows [j0, j1): accumulators loaded from and stored
+ * back to out, so a long run of rows is taken a block at a time with the same
+ * per-element order (row j's product is added after row j - 1's, whatever the
+ * block, tile, group or width). */
+#define VEC_WSUM_TILE(NAME, VT, P, W, NACC, ROW)                                                  \
+    VEC_TARGET VEC_INLINE void NAME(const float *p, size_t ps, int j0, int j1, const void *const *rows, \
+                                    const int F16, int c0, const int NH, const int NC, int hd, float *out, int pf_n) { \
+        VT acc[NACC];                                                                            \
+        VEC_UNROLL for (int h = 0; h < NH; h++)                                                  \
+            VEC_UNROLL for (int c = 0; c < NC; c++)                                              \
+                acc[h * NC + c] = P##_loadu_ps(out + (size_t)h * (size_t)hd + (size_t)(c0 + W * c)); \
+        const size_t row_bytes = kv_row_bytes(F16, hd);                                          \
+        for (int j = j0; j < j1; j++) {                                                          \
+            if (pf_n) prefetch_rows(rows, j + KV_AHEAD, 1, pf_n, row_bytes);                     \
+            VT v[NACC];                                                                          \
+            VEC_UNROLL for (int c = 0; c < NC; c++) v[c] = ROW(rows[j], F16, c0 + W * c);        \
+            VEC_UNROLL for (int h = 0; h < NH; h++) {                                            \
+                const VT pv = P##_set1_ps(p[(size_t)h * ps + (size_t)j]);                        \
+                VEC_UNROLL for (int c = 0; c < NC; c++) acc[h * NC + c] = P##_fmadd_ps(pv, v[c], acc[h * NC + c]); \
+            }                                                                                    \
+        }                                                                                        \
+        VEC_UNROLL for (int h = 0; h < NH; h++)                                                  \
+            VEC_UNROLL for (int c = 0; c < NC; c++)                                              \
+                P##_storeu_ps(out + (size_t)h * (size_t)hd + (size_t)(c0 + W * c), acc[h * NC + c]); \
     }
-    VEC_UNROLL for (int h = 0; h < NH; h++)
-        VEC_UNROLL for (int c = 0; c < NC; c++)
-            _mm256_storeu_ps(out + (size_t)h * (size_t)hd + (size_t)(c0 + 8 * c), acc[h * NC + c]);
-}
+VEC_WSUM_TILE(wsum_tile, __m256, _mm256, 8, 8, row8)
 
 /* exp(x) for x <= 0 as vec_softmax computes it: x = k ln2 + r, |r| <= ln2 / 2,
  * exp(r) by its Taylor polynomial to r^6 (Horner, fused), times 2^k. */
