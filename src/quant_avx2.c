@@ -239,7 +239,8 @@ QK_INLINE __m256i hsum8_epi32(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
     return _mm256_add_epi32(_mm256_blend_epi32(ab, cd, 0xF0), x);
 }
 
-/* d and -8 s of activation blocks y[0..nk) in lanes 0..nk), zero above. */
+/* d and -8 s of activation blocks y[0..nk) in lanes 0..nk), zero above; ns
+ * NULL: d only (q8_0, whose activations carry qsum128 where s would be). */
 QK_INLINE void q4_0_act_ds(const act_q8 *y, const int nk, __m256 *d, __m256 *ns) {
     __m256 d8, s8;
     if (nk == 8) {
@@ -259,7 +260,7 @@ QK_INLINE void q4_0_act_ds(const act_q8 *y, const int nk, __m256 *d, __m256 *ns)
         s8 = _mm256_loadu_ps(sv);
     }
     *d = d8;
-    *ns = _mm256_mul_ps(s8, _mm256_set1_ps(-8.0f));
+    if (ns) *ns = _mm256_mul_ps(s8, _mm256_set1_ps(-8.0f));
 }
 
 /* The f16 scales of blocks x[0..nk) in lanes 0..nk), zero above. */
@@ -557,8 +558,8 @@ QK_INLINE __m256 q8_0_w_d(const block_q8_0 *x, const int nk) {
 /* One step of up to eight blocks from block ib for an R x T tile, plain activation rows. */
 QK_INLINE void q8_0_step(const block_q8_0 *const *x, const int R, const act_q8 *const *a, const int T,
                          int64_t ib, const int nk, __m256 acc[4][4]) {
-    __m256 da[4], ns[4], dw[4];
-    QK_UNROLL for (int t = 0; t < T; t++) q4_0_act_ds(a[t] + ib, nk, &da[t], &ns[t]);
+    __m256 da[4], dw[4];
+    QK_UNROLL for (int t = 0; t < T; t++) q4_0_act_ds(a[t] + ib, nk, &da[t], NULL);
     QK_UNROLL for (int r = 0; r < R; r++) dw[r] = q8_0_w_d(x[r] + ib, nk);
     __m256i h[4][4][4];
     QK_UNROLL for (int kk = 0; kk < 4; kk++) {
