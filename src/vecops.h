@@ -40,4 +40,12 @@ void vec_softmax(float *x, int n);
  * the softmax's exp of -|gate[i]| (never overflows; relative error ~3e-7). */
 void vec_swiglu(float *gate, const float *up, int64_t n);
 
+/* The sum of the n / 8 u64 words at p (64-byte aligned, n a multiple of 256),
+ * read with the ISA's widest loads and a software prefetch 4 KiB ahead: the
+ * memory read-bandwidth probe of `kvshard bench`. A scalar loop reads DRAM
+ * well below what the weight kernels reach on some cores (Intel Xeon, 2
+ * threads: 14-18 GB/s against 19-25 with 512-bit loads; BENCHMARKS.md round
+ * 11), so the probe reads the way the kernels do. */
+uint64_t vec_read_sum(const void *p, size_t n);
+
 #endif /* KVS_VECOPS_H */

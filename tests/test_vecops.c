@@ -159,6 +159,19 @@ static void test_swiglu(int n) {
     CHECK_EQ_INT(bad, 0);
 }
 
+/* vec_read_sum against the plain sum of the words, for sizes from one 256-byte
+ * step up; the words differ in every byte, so a skipped or repeated load, a
+ * lost lane or a carry dropped across lanes changes the sum. */
+static void test_read_sum(size_t n) {
+    static _Alignas(64) uint64_t w[4096 + 32];
+    uint64_t want = 0;
+    for (size_t i = 0; i < n / 8; i++) {
+        w[i] = (rng = rng * 6364136223846793005ull + 1442695040888963407ull);
+        want += w[i];
+    }
+    CHECK(vec_read_sum(w, n) == want);
+}
+
 /* The AVX-512 walks against the AVX2 ones, bit for bit: scores, softmax and
  * weighted sums of every head count 1-12 (tiles of 1-4 heads and their tails), key
  * counts through full tiles, pairs and a last key, head sizes with and without
@@ -223,6 +236,8 @@ int main(void) {
         }
         static const int wn[] = {1, 7, 8, 13, 1031};
         for (size_t a = 0; a < sizeof wn / sizeof wn[0]; a++) test_swiglu(wn[a]);
+        static const size_t rn[] = {256, 512, 768, 4096, 32768};
+        for (size_t a = 0; a < sizeof rn / sizeof rn[0]; a++) test_read_sum(rn[a]);
         printf("test_vecops: %s checked\n", quant_isa_name((enum quant_isa)isa));
         checked++;
     }

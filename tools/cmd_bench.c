@@ -14,6 +14,7 @@
 #include "engine.h"
 #include "quant.h"
 #include "util.h"
+#include "vecops.h"
 
 #include "kvs_commit.h" /* KVS_COMMIT, written at build time (cmake/commit.cmake) */
 
@@ -31,30 +32,27 @@ static void bench_usage(FILE *f) {
                "  prints one JSON object: prefill_tok_s, decode_tok_s, mem_bw_gbs, weight_bytes_per_token,\n"
                "  decode_roofline, load_s (engine open: threads, map + repack, KV pool), model_sha256, threads,\n"
                "  cpu, isa, kernels\n"
-               "  (the kernel path per weight type), commit, ... (defaults -p 128 -n 32 --sessions 1)\n");
+               "  (the kernel path per weight type), commit, ... (defaults -p 128 -n 32 --sessions 1)\n"
+               "  (mem_bw_gbs: the best of five reads of a 512 MiB buffer by every thread, with the ISA's\n"
+               "  widest loads and a prefetch ahead; decode_roofline: weight bytes per token / mem_bw_gbs /\n"
+               "  decode step time)\n");
 }
 
-/* ---- memory read bandwidth: threads sum disjoint parts of a 512 MiB buffer ---- */
+/* ---- memory read bandwidth: threads sum disjoint parts of a 512 MiB buffer
+ * with vec_read_sum (the ISA's widest loads, prefetching ahead) ---- */
 typedef struct {
-    const uint64_t *buf;
-    size_t n;
+    const uint8_t *buf;
+    size_t bytes;
     atomic_ullong sink;
 } bw_task;
 
-#define BW_CHUNK (1 << 17) /* u64 words per chunk: 1 MiB */
+#define BW_CHUNK ((size_t)1 << 20) /* bytes per chunk: 1 MiB */
 
 static void bw_read(void *p, int64_t c0, int64_t c1, int slot) {
     (void)slot;
     bw_task *t = p;
-    size_t lo = (size_t)c0 * BW_CHUNK, hi = (size_t)c1 * BW_CHUNK < t->n ? (size_t)c1 * BW_CHUNK : t->n;
-    uint64_t a = 0, b = 0, c = 0, d = 0;
-    for (size_t i = lo; i + 4 <= hi; i += 4) {
-        a += t->buf[i];
-        b += t->buf[i + 1];
-        c += t->buf[i + 2];
-        d += t->buf[i + 3];
-    }
-    atomic_fetch_add(&t->sink, a ^ b ^ c ^ d);
+    size_t lo = (size_t)c0 * BW_CHUNK, hi = (size_t)c1 * BW_CHUNK < t->bytes ? (size_t)c1 * BW_CHUNK : t->bytes;
+    atomic_fetch_add(&t->sink, vec_read_sum(t->buf + lo, hi - lo));
 }
 
 static double measure_bw_gbs(ops_pool *pool) {
@@ -62,12 +60,12 @@ static double measure_bw_gbs(ops_pool *pool) {
     uint64_t *buf = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (buf == MAP_FAILED) return 0;
     memset(buf, 1, bytes);
-    bw_task t = {.buf = buf, .n = bytes / 8};
+    bw_task t = {.buf = (const uint8_t *)buf, .bytes = bytes};
     atomic_init(&t.sink, 0);
     double best = 0;
     for (int rep = 0; rep < 5; rep++) {
         uint64_t t0 = kvs_now_ns();
-        ops_parallel_for(pool, (int64_t)((t.n + BW_CHUNK - 1) / BW_CHUNK), 4, bw_read, &t);
+        ops_parallel_for(pool, (int64_t)((bytes + BW_CHUNK - 1) / BW_CHUNK), 4, bw_read, &t);
         double s = (double)(kvs_now_ns() - t0) / 1e9;
         double gbs = (double)bytes / s / 1e9;
         if (gbs > best) best = gbs;
