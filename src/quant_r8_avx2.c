@@ -574,6 +574,31 @@ R8_INLINE void r8z_q4_k_pair(int64_t nb, const block_q4_kx8 *g, const uint8_t *a
     R8Z_PAIR_END();
 }
 
+/* r8_q4_k_scales' bytes kept in registers for the one-token kernel: scp[p] =
+ * the scales of sub-blocks 2p and 2p + 1 (byte 8i + r: row r's scale 2p + i),
+ * mn32 as r8_q4_k_scales gives it (lane r: row r's mins 2p and 2p + 1 as
+ * i16s), without the round trip through the stack. */
+R8_INLINE void r8z_q4_k_scales_one(const block_q4_kx8 *g, __m128i scp[4], __m256i mn32[4]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(0x03);
+    const __m256i l = _mm256_loadu_si256((const __m256i *)g->sc_lo), ml = _mm256_loadu_si256((const __m256i *)g->m_lo),
+                  h = _mm256_loadu_si256((const __m256i *)g->hi);
+    const __m256i sa = _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
+    const __m256i sb = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 4), m4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
+    const __m256i na = _mm256_or_si256(_mm256_and_si256(ml, m4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
+    const __m256i nb = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ml, 4), m4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
+    scp[0] = _mm256_castsi256_si128(sa);
+    scp[1] = _mm256_extracti128_si256(sa, 1);
+    scp[2] = _mm256_castsi256_si128(sb);
+    scp[3] = _mm256_extracti128_si256(sb, 1);
+    const __m128i mp[4] = {_mm256_castsi256_si128(na), _mm256_extracti128_si256(na, 1), _mm256_castsi256_si128(nb),
+                           _mm256_extracti128_si256(nb, 1)};
+    R8_UNROLL for (int p = 0; p < 4; p++)
+        mn32[p] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mp[p], _mm_srli_si128(mp[p], 8)));
+}
+
 /* q4_k, one token (decode): one group, two neighbouring sub-blocks per zmm
  * (lanes 0-7 sub-block j's rows, 8-15 sub-block j + 1's; their quants and the
  * activation's are adjacent), one weight stream per thread as r8z_q4_0_one.
@@ -582,10 +607,11 @@ R8_INLINE void r8z_q4_k_pair(int64_t nb, const block_q4_kx8 *g, const uint8_t *a
  * the same bits. */
 R8_INLINE void r8z_q4_k_one(int64_t nb, const block_q4_kx8 *g, const block_q8_k *y, float *out) {
     __m256 acc = _mm256_setzero_ps();
-    const __m512i m4 = _mm512_set1_epi8(0x0F), lo16 = _mm512_set1_epi32(0xFFFF);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; b++) {
-        __m256i sc32[8], mn32[4];
-        r8_q4_k_scales(&g[b], sc32, mn32);
+        __m128i scp[4];
+        __m256i mn32[4];
+        r8z_q4_k_scales_one(&g[b], scp, mn32);
         __m512i s1 = _mm512_setzero_si512();
         R8_UNROLL for (int j = 0; j < 8; j += 2) {
             const uint8_t *qs = g[b].qs + 128 * j;
@@ -597,7 +623,7 @@ R8_INLINE void r8z_q4_k_one(int64_t nb, const block_q4_kx8 *g, const block_q8_k 
                 s = _mm512_dpbusd_epi32(s, _mm512_and_si512(v, m4), z_piece(q, 2 * c));
                 u = _mm512_dpbusd_epi32(u, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4), z_piece(q, 2 * c + 1));
             }
-            const __m512i sc = _mm512_and_si512(z_join(sc32[j], sc32[j + 1]), lo16);
+            const __m512i sc = _mm512_cvtepu8_epi32(scp[j / 2]);
             s1 = _mm512_add_epi32(s1, _mm512_mullo_epi32(_mm512_add_epi32(s, u), sc));
         }
         const __m256i S1 = _mm256_add_epi32(_mm512_castsi512_si256(s1), _mm512_extracti64x4_epi64(s1, 1));
