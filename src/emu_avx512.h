@@ -24,4 +24,12 @@ static inline simde__m512 kvs_emu_mm512_cvtepi32_ps(simde__m512i a) {
                                    simde_mm256_cvtepi32_ps(simde_mm512_extracti64x4_epi64(a, 1)), 1);
 }
 #define _mm512_cvtepi32_ps(a) kvs_emu_mm512_cvtepi32_ps(a)
+
+/* Nor for this one: bytes 0-7 zero-extended into the low half, 8-15 into the
+ * high half, as vpmovzxbd does. */
+static inline simde__m512i kvs_emu_mm512_cvtepu8_epi32(simde__m128i a) {
+    return simde_mm512_inserti64x4(simde_mm512_castsi256_si512(simde_mm256_cvtepu8_epi32(a)),
+                                   simde_mm256_cvtepu8_epi32(simde_mm_srli_si128(a, 8)), 1);
+}
+#define _mm512_cvtepu8_epi32(a) kvs_emu_mm512_cvtepu8_epi32(a)
 #endif
