@@ -277,15 +277,46 @@ bool quant_r8_preferred(uint32_t wtype) {
     return false;
 }
 
+/* -1: by the CPU (quant_r8_pairs1); 0 / 1: forced off / on. */
+static _Atomic int r8_pairs1_mode = -1;
+
+#if defined(__x86_64__) || defined(__i386__)
+static bool cpu_is_intel(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(0, &a, &b, &c, &d) && b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu;
+}
+#else
+static bool cpu_is_intel(void) { return false; }
+#endif
+
+void quant_r8_set_pairs1(int mode) { atomic_store(&r8_pairs1_mode, mode < 0 ? -1 : mode > 0); }
+
+bool quant_r8_pairs1(void) {
+    int mode = atomic_load(&r8_pairs1_mode);
+    return mode < 0 ? cpu_is_intel() : mode == 1;
+}
+
+/* The r8 kernel quant_dot_r8 runs for wtype at n_act tokens; NULL: none. */
+static quant_dot_r8_fn r8_kernel(uint32_t wtype, int n_act) {
+    for (int i = (int)quant_isa_current(); i >= 0; i--) {
+        const quant_kernels *k = &isa_tables[i]->k[wtype];
+        if (k->r8) return n_act == 1 && k->r8_pairs1 && quant_r8_pairs1() ? k->r8_pairs1 : k->r8;
+    }
+    return NULL;
+}
+
+bool quant_r8_pairs1_used(uint32_t wtype) {
+    if (!quant_r8_supported(wtype)) return false;
+    quant_dot_r8_fn one = r8_kernel(wtype, 1);
+    return one && one != r8_kernel(wtype, 2);
+}
+
 void quant_dot_r8(uint32_t wtype, int64_t n, const void *w, int n_groups, const void *act, size_t act_stride,
                   int n_act, float *out, size_t out_stride) {
     KVS_ASSERT(quant_r8_supported(wtype));
     check_n(wtype, n);
     if (n_groups <= 0 || n_act <= 0) return;
-    for (int i = (int)quant_isa_current(); i >= 0; i--)
-        if (isa_tables[i]->k[wtype].r8) {
-            isa_tables[i]->k[wtype].r8(n, w, n_groups, act, act_stride, n_act, out, out_stride);
-            return;
-        }
-    KVS_ASSERT(!"no r8 kernel");
+    quant_dot_r8_fn f = r8_kernel(wtype, n_act);
+    KVS_ASSERT(f && "no r8 kernel");
+    f(n, w, n_groups, act, act_stride, n_act, out, out_stride);
 }

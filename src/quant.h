@@ -124,6 +124,16 @@ bool quant_r8_preferred(uint32_t wtype);
 /* Turns repacking on (the default) or off process-wide, for models loaded after
  * the call (kvshard's --no-repack; tests that compare the two). */
 void quant_r8_set_enabled(bool on);
+/* Whether the r8 kernels take row groups two at a time for a single token (two
+ * weight streams per thread) where the ISA has such a kernel (AVX-512 VNNI:
+ * q4_0, q8_0, q4_k) instead of one at a time. By default on an Intel CPU, where
+ * two streams read DRAM faster, and off elsewhere (a Zen 5 EPYC read one
+ * faster; BENCHMARKS.md rounds 10 and 11). Same bits either way. */
+bool quant_r8_pairs1(void);
+/* -1: by the CPU (the default); 0: off; 1: on. Process-wide, from the next call. */
+void quant_r8_set_pairs1(int mode);
+/* True when a single token of wtype runs the pairs kernel under the current ISA and mode. */
+bool quant_r8_pairs1_used(uint32_t wtype);
 /* Packs 8 rows (n elements of wtype each, row_stride bytes apart) into one group
  * (8 x the row bytes at out; out must not overlap the rows). */
 void quant_r8_pack(uint32_t wtype, int64_t n, const void *rows, size_t row_stride, void *out);

@@ -691,7 +691,10 @@ R8_INLINE void r8z_q6_k_pair(int64_t nb, const block_q6_kx8 *g, const uint8_t *a
  * 0.74-0.86 of the bandwidth probe against 0.61-0.65 for q4_0, 0.82-0.89
  * against 0.72-0.77 for q4_k, 0.89-0.92 against 0.66-0.82 for q8_0;
  * BENCHMARKS.md rounds 9 and 10). q6_k, whose single group is compute bound,
- * streams no better alone and keeps its pairs. */
+ * streams no better alone and keeps its pairs. On the Intel Xeon of round 11
+ * two streams per thread read faster than one for every type, so the VNNI
+ * build also exports r8_pairs1_* (pairs from one token), which quant_dot_r8 takes
+ * at one token where quant_r8_pairs1 says so. */
 #define R8_PASS(type, TT, pair_fn)                                                                            \
     case TT:                                                                                                  \
         if (two) pair_fn(nb, g, at, act_stride, TT, ot, out_stride);                                          \
@@ -702,8 +705,8 @@ R8_INLINE void r8z_q6_k_pair(int64_t nb, const block_q6_kx8 *g, const uint8_t *a
 #else
 #define R8_PASS_WIDE(type, pair_fn)
 #endif
-#define R8_KERNEL(type, block_t, QB, PAIR, pair_fn)                                                                  \
-    void R8_NAME(r8_##type)(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride,       \
+#define R8_KERNEL(name, type, block_t, QB, PAIR, pair_fn)                                                            \
+    void R8_NAME(name)(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride,       \
                             int n_act, float *out, size_t out_stride) {                                       \
         const int64_t nb = n / (QB);                                                                          \
         const uint8_t *ab = (const uint8_t *)act;                                                             \
@@ -735,17 +738,22 @@ R8_INLINE void r8_q8_0_group(int64_t nb, const block_q8_0x8 *g, const uint8_t *a
     r8_q8_0_groups(nb, g, 1, act, astride, T, out, ostride);
 }
 #ifdef QUANT_R8_VNNI
-R8_KERNEL(q4_0, block_q4_0x8, QK32, 2, r8z_q4_0_pair)
-R8_KERNEL(q8_0, block_q8_0x8, QK32, 2, r8z_q8_0_pair)
-R8_KERNEL(q4_k, block_q4_kx8, QKK, 2, r8z_q4_k_pair)
-R8_KERNEL(q6_k, block_q6_kx8, QKK, 1, r8z_q6_k_pair)
+R8_KERNEL(r8_q4_0, q4_0, block_q4_0x8, QK32, 2, r8z_q4_0_pair)
+R8_KERNEL(r8_q8_0, q8_0, block_q8_0x8, QK32, 2, r8z_q8_0_pair)
+R8_KERNEL(r8_q4_k, q4_k, block_q4_kx8, QKK, 2, r8z_q4_k_pair)
+R8_KERNEL(r8_q6_k, q6_k, block_q6_kx8, QKK, 1, r8z_q6_k_pair)
+/* The same with pairs from one token (quant_r8_pairs1: two weight streams per
+ * thread, which an Intel Xeon reads faster than one; BENCHMARKS.md round 11). */
+R8_KERNEL(r8_pairs1_q4_0, q4_0, block_q4_0x8, QK32, 1, r8z_q4_0_pair)
+R8_KERNEL(r8_pairs1_q8_0, q8_0, block_q8_0x8, QK32, 1, r8z_q8_0_pair)
+R8_KERNEL(r8_pairs1_q4_k, q4_k, block_q4_kx8, QKK, 1, r8z_q4_k_pair)
 #else
 R8_INLINE void r8_q8_0_pair(int64_t nb, const block_q8_0x8 *g, const uint8_t *act, size_t astride, const int T,
                             float *out, size_t ostride) {
     r8_q8_0_groups(nb, g, 2, act, astride, T, out, ostride);
 }
-R8_KERNEL(q4_0, block_q4_0x8, QK32, 0, r8_q4_0_group)
-R8_KERNEL(q8_0, block_q8_0x8, QK32, 1, r8_q8_0_pair)
-R8_KERNEL(q4_k, block_q4_kx8, QKK, 0, r8_q4_k_group)
-R8_KERNEL(q6_k, block_q6_kx8, QKK, 0, r8_q6_k_group)
+R8_KERNEL(r8_q4_0, q4_0, block_q4_0x8, QK32, 0, r8_q4_0_group)
+R8_KERNEL(r8_q8_0, q8_0, block_q8_0x8, QK32, 1, r8_q8_0_pair)
+R8_KERNEL(r8_q4_k, q4_k, block_q4_kx8, QKK, 0, r8_q4_k_group)
+R8_KERNEL(r8_q6_k, q6_k, block_q6_kx8, QKK, 0, r8_q6_k_group)
 #endif

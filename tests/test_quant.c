@@ -487,8 +487,9 @@ static void test_r8(uint32_t type, int64_t n) {
             CHECK_NEAR(ref[t][r], quant_dot_ref(type, n, w[r], act + (size_t)t * stride), 2e-5 * abs_sum + 1e-6);
         }
     }
-    for (int k = 0; k < n_isas; k++) {
-        CHECK(quant_isa_force(isas[k]));
+    for (int k = 0; k < 2 * n_isas; k++) { /* every ISA with one-token pairs off, then on */
+        CHECK(quant_isa_force(isas[k % n_isas]));
+        quant_r8_set_pairs1(k >= n_isas);
         static const int shapes[][2] = {{1, 1}, {1, 4}, {3, 11}, {2, 5}, {3, 3}, {1, 8}, {2, 2}, {3, 1}};
         for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
             const int ng = shapes[sh][0], nt = shapes[sh][1];
@@ -499,16 +500,18 @@ static void test_r8(uint32_t type, int64_t n) {
             for (int t = 0; t < nt; t++)
                 for (int r = 0; r < 8 * ng; r++) diff += memcmp(&out[t][r], &ref[t][r], 4) != 0;
             if (diff)
-                fprintf(stderr, "%s/%s n=%lld r8 %d groups x %d tokens: %d outputs differ from the reference\n",
-                        quant_get_traits(type)->name, quant_isa_name(isas[k]), (long long)n, ng, nt, diff);
+                fprintf(stderr, "%s/%s%s n=%lld r8 %d groups x %d tokens: %d outputs differ from the reference\n",
+                        quant_get_traits(type)->name, quant_isa_name(isas[k % n_isas]), k >= n_isas ? "+pairs1" : "",
+                        (long long)n, ng, nt, diff);
             CHECK_EQ_INT(diff, 0);
             int untouched = 0; /* nothing written past the groups */
             for (int t = 0; t < nt; t++) untouched += out[t][8 * ng] != out[t][8 * ng] ? 1 : 0;
             CHECK_EQ_INT(untouched, nt);
         }
     }
-    printf("  %-5s n=%-5lld r8 groups bit-identical to the reference on %d ISA(s)\n", quant_get_traits(type)->name,
-           (long long)n, n_isas);
+    quant_r8_set_pairs1(-1);
+    printf("  %-5s n=%-5lld r8 groups bit-identical to the reference on %d ISA(s), one-token pairs off and on\n",
+           quant_get_traits(type)->name, (long long)n, n_isas);
 }
 
 int main(void) {
@@ -569,6 +572,20 @@ int main(void) {
         test_r8(QUANT_Q4_K, n_ktile[i]);
         test_r8(QUANT_Q6_K, n_ktile[i]);
     }
+    /* One-token pairs: forced on, only the AVX-512 table's q4_0 / q8_0 / q4_k
+     * take them (q6_k's kernel pairs anyway); forced off, none does. */
+    for (int on = 0; on <= 1; on++) {
+        quant_r8_set_pairs1(on);
+        CHECK(quant_r8_pairs1() == (on == 1));
+        for (int k = 0; k < n_isas; k++) {
+            CHECK(quant_isa_force(isas[k]));
+            const bool want = on && isas[k] == QUANT_ISA_AVX512;
+            CHECK(quant_r8_pairs1_used(QUANT_Q4_0) == want && quant_r8_pairs1_used(QUANT_Q8_0) == want &&
+                  quant_r8_pairs1_used(QUANT_Q4_K) == want);
+            CHECK(!quant_r8_pairs1_used(QUANT_Q6_K) && !quant_r8_pairs1_used(QUANT_Q5_K));
+        }
+    }
+    quant_r8_set_pairs1(-1);
     quant_isa_force(best);
     return test_finish("test_quant", 1, 0);
 }

@@ -20,11 +20,14 @@
 static void bench_usage(FILE *f) {
     fprintf(f, "usage: kvshard bench -m MODEL [-t THREADS] [-p PROMPT_TOKENS] [-n DECODE_TOKENS] [--sessions N]\n"
                "                     [--layers FIRST:LAST] [--no-repack] [--depth D] [--isa NAME]\n"
+               "                     [--pairs1 auto|on|off]\n"
                "  --layers          bench one shard's range (hidden-state input/output where it lacks\n"
                "                    the embeddings/head); reports its resident memory (rss_bytes)\n"
                "  --no-repack       keep the weights in the file's row layout (no r8 repacking)\n"
                "  --isa NAME        run the kernels of scalar, avx2 or avx512 (default: the best this\n"
-               "                    CPU has; one it lacks is an error), for an A/B on one machine\n"
+               "                    CPU has; one it lacks is an error), for an A/B on one machine\n"               "  --pairs1 MODE     one-token r8 kernels take row groups two at a time (two weight\n"
+               "                    streams per thread; AVX-512 VNNI, q4_0/q8_0/q4_k): auto (on for an\n"
+               "                    Intel CPU, the default), on or off; the kernels field says +pairs1\n"
                "  --depth D         also decode a second session after a D-token prompt, alternating\n"
                "                    with the first step by step (both under the same machine state):\n"
                "                    adds decode_depth_tok_s and depth_slowdown (one session)\n"
@@ -182,7 +185,8 @@ static void mark_used(const ops_weight *w, bool *used, bool *r8) {
 }
 
 /* "kernels":{"q4_0":"avx2+tile+r8",...}: the kernel path of each weight type the owned
- * matmuls use, in type-id order; "+r8" when some of its matrices are repacked. */
+ * matmuls use, in type-id order; "+r8" when some of its matrices are repacked,
+ * "+pairs1" when one token takes their row groups two at a time. */
 static void kernel_paths(const model *m, char *out, size_t cap) {
     bool used[QUANT_TYPE_LIMIT] = {false}, r8[QUANT_TYPE_LIMIT] = {false};
     for (uint32_t l = 0; l < m->last - m->first; l++)
@@ -193,7 +197,8 @@ static void kernel_paths(const model *m, char *out, size_t cap) {
         const char *path = used[t] ? quant_kernel_path((uint32_t)t) : NULL;
         if (path)
             len += (size_t)snprintf(out + len, cap - len, "%s\"%s\":\"%s%s\"", len > 1 ? "," : "",
-                                    quant_get_traits((uint32_t)t)->name, path, r8[t] ? "+r8" : "");
+                                    quant_get_traits((uint32_t)t)->name, path,
+                                    !r8[t] ? "" : quant_r8_pairs1_used((uint32_t)t) ? "+r8+pairs1" : "+r8");
     }
     if (len < cap) snprintf(out + len, cap - len, "}");
 }
@@ -208,6 +213,18 @@ static void decode_next(engine_req *r, int32_t *slot, int32_t tok, const float *
     r->hidden = hidden_row;
 }
 
+/* --pairs1 auto|on|off (quant_r8_set_pairs1). */
+static bool bench_pairs1(const char *mode) {
+    static const char *const names[] = {"auto", "off", "on"};
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(mode, names[i])) {
+            quant_r8_set_pairs1(i - 1);
+            return true;
+        }
+    fprintf(stderr, "kvshard bench: --pairs1 wants auto, on or off, got '%s'\n", mode);
+    return false;
+}
+
 /* --isa NAME: the kernels of one ISA instead of the best detected (an A/B on one machine). */
 static bool bench_force_isa(const char *name) {
     if (quant_isa_force_name(name)) return true;
@@ -218,7 +235,7 @@ static bool bench_force_isa(const char *name) {
 
 int cmd_bench(int argc, char **argv) {
     const char *path = NULL, *layers = NULL;
-    const char *isa = NULL;
+    const char *isa = NULL, *pairs1 = NULL;
     long threads = 0, n_prompt = 128, n_decode = 32, n_sessions = 1, depth = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -233,6 +250,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--depth")) ok = args_int(argc, argv, &i, 1, 1 << 16, &depth);
         else if (!strcmp(a, "--no-repack")) quant_r8_set_enabled(false);
         else if (!strcmp(a, "--isa")) ok = args_str(argc, argv, &i, &isa) && bench_force_isa(isa);
+        else if (!strcmp(a, "--pairs1")) ok = args_str(argc, argv, &i, &pairs1) && bench_pairs1(pairs1);
         else { fprintf(stderr, "kvshard bench: unknown option '%s'\n", a); bench_usage(stderr); return 2; }
         if (!ok) return 2;
     }
