@@ -126,7 +126,7 @@ bool quant_r8_preferred(uint32_t wtype);
 void quant_r8_set_enabled(bool on);
 /* Whether the r8 kernels take row groups two at a time for a single token (two
  * weight streams per thread) where the ISA has such a kernel (AVX-512 VNNI:
- * q4_0, q8_0, q4_k) instead of one at a time. By default on an Intel CPU, where
+ * q4_0, q8_0) instead of one at a time. By default on an Intel CPU, where
  * two streams read DRAM faster, and off elsewhere (a Zen 5 EPYC read one
  * faster; BENCHMARKS.md rounds 10 and 11). Same bits either way. */
 bool quant_r8_pairs1(void);

@@ -368,7 +368,7 @@ QUANT_LOWBIT_TILES(avx512)
 QUANT_R8_DECLS(ref)
 QUANT_R8_DECLS(avx2)
 QUANT_R8_DECLS(avx512)
-QUANT_R8_DECL(avx512, pairs1_q4_0) QUANT_R8_DECL(avx512, pairs1_q8_0) QUANT_R8_DECL(avx512, pairs1_q4_k)
+QUANT_R8_DECL(avx512, pairs1_q4_0) QUANT_R8_DECL(avx512, pairs1_q8_0)
 
 void quant_ref_dequant_q2_k(const void *w, float *y, int64_t n);
 void quant_ref_dequant_q3_k(const void *w, float *y, int64_t n);

@@ -692,9 +692,9 @@ R8_INLINE void r8z_q6_k_pair(int64_t nb, const block_q6_kx8 *g, const uint8_t *a
  * against 0.72-0.77 for q4_k, 0.89-0.92 against 0.66-0.82 for q8_0;
  * BENCHMARKS.md rounds 9 and 10). q6_k, whose single group is compute bound,
  * streams no better alone and keeps its pairs. On the Intel Xeon of round 11
- * two streams per thread read faster than one for every type, so the VNNI
- * build also exports r8_pairs1_* (pairs from one token), which quant_dot_r8 takes
- * at one token where quant_r8_pairs1 says so. */
+ * two streams per thread read faster than one for q4_0 and q8_0, so the VNNI
+ * build also exports r8_pairs1_* for them (pairs from one token), which
+ * quant_dot_r8 takes at one token where quant_r8_pairs1 says so. */
 #define R8_PASS(type, TT, pair_fn)                                                                            \
     case TT:                                                                                                  \
         if (two) pair_fn(nb, g, at, act_stride, TT, ot, out_stride);                                          \
@@ -742,11 +742,11 @@ R8_KERNEL(r8_q4_0, q4_0, block_q4_0x8, QK32, 2, r8z_q4_0_pair)
 R8_KERNEL(r8_q8_0, q8_0, block_q8_0x8, QK32, 2, r8z_q8_0_pair)
 R8_KERNEL(r8_q4_k, q4_k, block_q4_kx8, QKK, 2, r8z_q4_k_pair)
 R8_KERNEL(r8_q6_k, q6_k, block_q6_kx8, QKK, 1, r8z_q6_k_pair)
-/* The same with pairs from one token (quant_r8_pairs1: two weight streams per
- * thread, which an Intel Xeon reads faster than one; BENCHMARKS.md round 11). */
+/* q4_0 and q8_0 with pairs from one token (quant_r8_pairs1: two weight streams
+ * per thread, which an Intel Xeon reads faster than one; q4_k read the same
+ * either way there, so it keeps one; BENCHMARKS.md round 11). */
 R8_KERNEL(r8_pairs1_q4_0, q4_0, block_q4_0x8, QK32, 1, r8z_q4_0_pair)
 R8_KERNEL(r8_pairs1_q8_0, q8_0, block_q8_0x8, QK32, 1, r8z_q8_0_pair)
-R8_KERNEL(r8_pairs1_q4_k, q4_k, block_q4_kx8, QKK, 1, r8z_q4_k_pair)
 #else
 R8_INLINE void r8_q8_0_pair(int64_t nb, const block_q8_0x8 *g, const uint8_t *act, size_t astride, const int T,
                             float *out, size_t ostride) {

@@ -26,7 +26,7 @@ static void bench_usage(FILE *f) {
                "  --no-repack       keep the weights in the file's row layout (no r8 repacking)\n"
                "  --isa NAME        run the kernels of scalar, avx2 or avx512 (default: the best this\n"
                "                    CPU has; one it lacks is an error), for an A/B on one machine\n"               "  --pairs1 MODE     one-token r8 kernels take row groups two at a time (two weight\n"
-               "                    streams per thread; AVX-512 VNNI, q4_0/q8_0/q4_k): auto (on for an\n"
+               "                    streams per thread; AVX-512 VNNI, q4_0 and q8_0): auto (on for an\n"
                "                    Intel CPU, the default), on or off; the kernels field says +pairs1\n"
                "  --depth D         also decode a second session after a D-token prompt, alternating\n"
                "                    with the first step by step (both under the same machine state):\n"
