@@ -277,7 +277,10 @@ bool quant_r8_preferred(uint32_t wtype) {
     return false;
 }
 
-/* -1: by the CPU (quant_r8_pairs1); 0 / 1: forced off / on. */
+/* -1: not decided yet; 0 / 1: off / on. quant_r8_set_pairs1(-1) goes back to
+ * -1, and the next call decides by the CPU's vendor once: CPUID is a trap to
+ * the hypervisor in a VM (3.4 us on the Xeon of round 11), and quant_dot_r8
+ * asks on every call, thousands of times per decoded token. */
 static _Atomic int r8_pairs1_mode = -1;
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -292,8 +295,12 @@ static bool cpu_is_intel(void) { return false; }
 void quant_r8_set_pairs1(int mode) { atomic_store(&r8_pairs1_mode, mode < 0 ? -1 : mode > 0); }
 
 bool quant_r8_pairs1(void) {
-    int mode = atomic_load(&r8_pairs1_mode);
-    return mode < 0 ? cpu_is_intel() : mode == 1;
+    int mode = atomic_load_explicit(&r8_pairs1_mode, memory_order_relaxed);
+    if (mode < 0) { /* racing first calls all store the same value */
+        mode = cpu_is_intel();
+        atomic_store_explicit(&r8_pairs1_mode, mode, memory_order_relaxed);
+    }
+    return mode == 1;
 }
 
 /* The r8 kernel quant_dot_r8 runs for wtype at n_act tokens; NULL: none. */
