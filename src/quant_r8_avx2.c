@@ -215,20 +215,28 @@ R8_INLINE __m256i r8_sub_sum16(const __m256i lo[4], const __m256i hi[4], const i
  * by one madd (exact: S1 <= 8 x 63 x 60960), and per token the mins against
  * the activation's sub-block sums by four madds; float steps of
  * quant_r8_ref.c. */
-R8_INLINE void r8_q4_k_scales(const block_q4_kx8 *g, __m256i sc32[8], __m256i mn32[4]) {
+/* The 6-bit scale and min bytes of a q4_kx8 super-block: b[0] / b[1] = scales
+ * 0-3 / 4-7 (byte 8j + r: row r's scale j or 4 + j), b[2] / b[3] the mins. */
+R8_INLINE void r8_q4_k_scale_bytes(const block_q4_kx8 *g, __m256i b[4]) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(0x03);
     const __m256i l = _mm256_loadu_si256((const __m256i *)g->sc_lo), ml = _mm256_loadu_si256((const __m256i *)g->m_lo),
                   h = _mm256_loadu_si256((const __m256i *)g->hi);
+    b[0] = _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
+    b[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
+    b[2] = _mm256_or_si256(_mm256_and_si256(ml, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
+    b[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ml, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
+}
+
+R8_INLINE void r8_q4_k_scales(const block_q4_kx8 *g, __m256i sc32[8], __m256i mn32[4]) {
+    __m256i bytes[4];
+    r8_q4_k_scale_bytes(g, bytes);
     uint8_t sc[64], mn[64];
-    _mm256_storeu_si256((__m256i *)sc, _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4)));
-    _mm256_storeu_si256((__m256i *)(sc + 32),
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 4), m4),
-                                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4)));
-    _mm256_storeu_si256((__m256i *)mn, _mm256_or_si256(_mm256_and_si256(ml, m4),
-                                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4)));
-    _mm256_storeu_si256((__m256i *)(mn + 32),
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ml, 4), m4),
-                                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4)));
+    _mm256_storeu_si256((__m256i *)sc, bytes[0]);
+    _mm256_storeu_si256((__m256i *)(sc + 32), bytes[1]);
+    _mm256_storeu_si256((__m256i *)mn, bytes[2]);
+    _mm256_storeu_si256((__m256i *)(mn + 32), bytes[3]);
     R8_UNROLL for (int j = 0; j < 8; j++) {
         const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8 * j)));
         sc32[j] = _mm256_or_si256(v, _mm256_slli_epi32(v, 16));
@@ -579,24 +587,14 @@ R8_INLINE void r8z_q4_k_pair(int64_t nb, const block_q4_kx8 *g, const uint8_t *a
  * mn32 as r8_q4_k_scales gives it (lane r: row r's mins 2p and 2p + 1 as
  * i16s), without the round trip through the stack. */
 R8_INLINE void r8z_q4_k_scales_one(const block_q4_kx8 *g, __m128i scp[4], __m256i mn32[4]) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(0x03);
-    const __m256i l = _mm256_loadu_si256((const __m256i *)g->sc_lo), ml = _mm256_loadu_si256((const __m256i *)g->m_lo),
-                  h = _mm256_loadu_si256((const __m256i *)g->hi);
-    const __m256i sa = _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
-    const __m256i sb = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 4), m4),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
-    const __m256i na = _mm256_or_si256(_mm256_and_si256(ml, m4),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
-    const __m256i nb = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ml, 4), m4),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
-    scp[0] = _mm256_castsi256_si128(sa);
-    scp[1] = _mm256_extracti128_si256(sa, 1);
-    scp[2] = _mm256_castsi256_si128(sb);
-    scp[3] = _mm256_extracti128_si256(sb, 1);
-    const __m128i mp[4] = {_mm256_castsi256_si128(na), _mm256_extracti128_si256(na, 1), _mm256_castsi256_si128(nb),
-                           _mm256_extracti128_si256(nb, 1)};
-    R8_UNROLL for (int p = 0; p < 4; p++)
-        mn32[p] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mp[p], _mm_srli_si128(mp[p], 8)));
+    __m256i b[4];
+    r8_q4_k_scale_bytes(g, b);
+    R8_UNROLL for (int p = 0; p < 4; p++) {
+        const __m256i sc = b[p / 2], mn = b[2 + p / 2];
+        scp[p] = p % 2 ? _mm256_extracti128_si256(sc, 1) : _mm256_castsi256_si128(sc);
+        const __m128i m = p % 2 ? _mm256_extracti128_si256(mn, 1) : _mm256_castsi256_si128(mn);
+        mn32[p] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, _mm_srli_si128(m, 8)));
+    }
 }
 
 /* q4_k, one token (decode): one group, two neighbouring sub-blocks per zmm
