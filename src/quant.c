@@ -292,30 +292,39 @@ static bool cpu_is_intel(void) {
 static bool cpu_is_intel(void) { return false; }
 #endif
 
-void quant_r8_set_pairs1(int mode) { atomic_store(&r8_pairs1_mode, mode < 0 ? -1 : mode > 0); }
+void quant_r8_set_pairs1(int mode) { atomic_store(&r8_pairs1_mode, mode < 0 ? -1 : mode > 2 ? 2 : mode); }
 
-bool quant_r8_pairs1(void) {
+int quant_r8_pairs1(void) {
     int mode = atomic_load_explicit(&r8_pairs1_mode, memory_order_relaxed);
     if (mode < 0) { /* racing first calls all store the same value */
         mode = cpu_is_intel();
         atomic_store_explicit(&r8_pairs1_mode, mode, memory_order_relaxed);
     }
-    return mode == 1;
+    return mode;
 }
 
 /* The r8 kernel quant_dot_r8 runs for wtype at n_act tokens; NULL: none. */
 static quant_dot_r8_fn r8_kernel(uint32_t wtype, int n_act) {
     for (int i = (int)quant_isa_current(); i >= 0; i--) {
         const quant_kernels *k = &isa_tables[i]->k[wtype];
-        if (k->r8) return n_act == 1 && k->r8_pairs1 && quant_r8_pairs1() ? k->r8_pairs1 : k->r8;
+        if (!k->r8) continue;
+        if (n_act != 1) return k->r8;
+        const int mode = quant_r8_pairs1();
+        if (mode == 2 && k->r8_quads1) return k->r8_quads1;
+        return mode && k->r8_pairs1 ? k->r8_pairs1 : k->r8;
     }
     return NULL;
 }
 
-bool quant_r8_pairs1_used(uint32_t wtype) {
-    if (!quant_r8_supported(wtype)) return false;
-    quant_dot_r8_fn one = r8_kernel(wtype, 1);
-    return one && one != r8_kernel(wtype, 2);
+int quant_r8_pairs1_used(uint32_t wtype) {
+    if (!quant_r8_supported(wtype)) return 0;
+    for (int i = (int)quant_isa_current(); i >= 0; i--) {
+        const quant_kernels *k = &isa_tables[i]->k[wtype];
+        if (!k->r8) continue;
+        const quant_dot_r8_fn one = r8_kernel(wtype, 1);
+        return one == k->r8_quads1 ? 2 : one == k->r8_pairs1 ? 1 : 0;
+    }
+    return 0;
 }
 
 void quant_dot_r8(uint32_t wtype, int64_t n, const void *w, int n_groups, const void *act, size_t act_stride,

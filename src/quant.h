@@ -126,14 +126,17 @@ bool quant_r8_preferred(uint32_t wtype);
 void quant_r8_set_enabled(bool on);
 /* Whether the r8 kernels take row groups two at a time for a single token (two
  * weight streams per thread) where the ISA has such a kernel (AVX-512 VNNI:
- * q4_0, q8_0) instead of one at a time. By default on an Intel CPU, where
+ * q4_0, q8_0) instead of one at a time: 0 no, 1 yes, 2 four at a time. By default on an Intel CPU, where
  * two streams read DRAM faster, and off elsewhere (a Zen 5 EPYC read one
  * faster; BENCHMARKS.md rounds 10 and 11). Same bits either way. */
-bool quant_r8_pairs1(void);
-/* -1: by the CPU (the default); 0: off; 1: on. Process-wide, from the next call. */
+int quant_r8_pairs1(void);
+/* -1: by the CPU (the default); 0: off; 1: on; 2: four groups at a time where
+ * the ISA has such a kernel (q4_0), else pairs. Process-wide, from the next call. */
 void quant_r8_set_pairs1(int mode);
-/* True when a single token of wtype runs the pairs kernel under the current ISA and mode. */
-bool quant_r8_pairs1_used(uint32_t wtype);
+/* What a single token of wtype runs under the current ISA and mode: 1 the
+ * pairs kernel, 2 the quads kernel, 0 the type's own (one group at a time, or
+ * q6_k's pairs). */
+int quant_r8_pairs1_used(uint32_t wtype);
 /* Packs 8 rows (n elements of wtype each, row_stride bytes apart) into one group
  * (8 x the row bytes at out; out must not overlap the rows). */
 void quant_r8_pack(uint32_t wtype, int64_t n, const void *rows, size_t row_stride, void *out);

@@ -1023,11 +1023,13 @@ static void avx_dq_f16(const void *w, float *y, int64_t n) { avx_f16_to_f32_row(
 #ifdef QUANT_AVX2_AS_VNNI
 #define QK_LOWBIT(name) quant_avx512_##name
 #define QK_R8(type) .r8 = quant_avx512_r8_##type
-#define QK_R8_PAIRS1(type) .r8 = quant_avx512_r8_##type, .r8_pairs1 = quant_avx512_r8_pairs1_##type
+#define QK_R8_PAIRS1(type) QK_R8_QUADS1(type), .r8_pairs1 = quant_avx512_r8_pairs1_##type
+#define QK_R8_QUADS1(type) .r8 = quant_avx512_r8_##type, .r8_quads1 = quant_avx512_r8_quads1_##type
 #else
 #define QK_LOWBIT(name) quant_avx2_##name
 #define QK_R8(type) .r8 = quant_avx2_r8_##type
 #define QK_R8_PAIRS1(type) QK_R8(type)
+#define QK_R8_QUADS1(type) QK_R8(type)
 #endif
 
 #define QK_AVX2_KERNELS                                                                                    \
@@ -1039,7 +1041,7 @@ static void avx_dq_f16(const void *w, float *y, int64_t n) { avx_f16_to_f32_row(
     [QUANT_Q5_0] = {.dot = avx_q5_0_multi, .act = avx_act_q8},                                            \
     [QUANT_Q5_1] = {.dot = avx_q5_1_multi, .act = avx_act_q8},                                            \
     [QUANT_Q8_0] = {.dot = avx_q8_0_multi, .act = avx_act_q8_0, .tile = avx_q8_0_tile, QK_R8_PAIRS1(q8_0)}, \
-    [QUANT_Q4_K] = {.dot = avx_q4_k_multi, .act = avx_act_q8k32, .tile = avx_q4_k_tile, QK_R8(q4_k)}, \
+    [QUANT_Q4_K] = {.dot = avx_q4_k_multi, .act = avx_act_q8k32, .tile = avx_q4_k_tile, QK_R8_QUADS1(q4_k)}, \
     [QUANT_Q5_K] = {.dot = avx_q5_k_multi, .act = avx_act_q8k32},                                           \
     [QUANT_Q6_K] = {.dot = avx_q6_k_multi, .act = avx_act_q8k, QK_R8(q6_k)},                 \
     [QUANT_Q2_K] = {.dot = QK_LOWBIT(dot_q2_k), .act = avx_act_q8k, .tile = QK_LOWBIT(tile_q2_k)},        \

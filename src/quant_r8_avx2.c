@@ -420,31 +420,51 @@ R8_INLINE __m512i z_block_sum(const __m512i lo[4], const __m512i hi[4], const in
 #define R8Z_PAIR_BEGIN(act_t) R8_FRAME_BEGIN(act_t, __m512, _mm512)
 #define R8Z_PAIR_END() R8_FRAME_END(_mm512)
 
-/* q4_0: r8_q4_0_group's steps on 16 lanes. */
-R8_INLINE void r8z_q4_0_pair(int64_t nb, const block_q4_0x8 *g, const uint8_t *act, size_t astride, const int T,
-                             float *out, size_t ostride) {
-    R8Z_PAIR_BEGIN(act_q8);
-    const block_q4_0x8 *h = g + nb;
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    for (int64_t b = 0; b < nb; b++) {
-        r8_prefetch_q4_0(&g[b]);
-        r8_prefetch_q4_0(&h[b]);
-        const __m512 dw = z_f16x2(g[b].d, h[b].d);
-        __m512i lo[4], hi[4];
-        R8_UNROLL for (int j = 0; j < 4; j++) {
-            const __m512i v = z_load2(g[b].qs + 32 * j, h[b].qs + 32 * j);
-            lo[j] = _mm512_and_si512(v, m4);
-            hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-        }
-        R8_UNROLL for (int t = 0; t < T; t++) {
-            const act_q8 *y = a[t] + b;
-            const __m512 tt =
-                _mm512_fmadd_ps(_mm512_cvtepi32_ps(z_block_sum(lo, hi, y->qs)), _mm512_set1_ps(y->d), _mm512_set1_ps(y->s * -8.0f));
-            acc[t] = _mm512_fmadd_ps(tt, dw, acc[t]);
-        }
+/* From a type's pair step (r8z_TYPE_pair_block: super-block b of groups g and
+ * h, T tokens, into acc[t]'s 16 lanes), its pair kernel (groups g and g + nb,
+ * T tokens) and its one-token quad kernel (groups g .. g + 3 as two pairs
+ * stepped side by side: four weight streams per thread, which the Xeon of
+ * round 12 reads faster than two; per lane the pair kernel's steps, so the
+ * same bits). */
+#define R8Z_PAIR_KERNELS(type, block_t, act_t)                                                                   \
+    R8_INLINE void r8z_##type##_pair(int64_t nb, const block_t *g, const uint8_t *act, size_t astride, const int T,  \
+                                     float *out, size_t ostride) {                                               \
+        R8Z_PAIR_BEGIN(act_t);                                                                                   \
+        for (int64_t b = 0; b < nb; b++) r8z_##type##_pair_block(g, g + nb, b, a, T, acc);                       \
+        R8Z_PAIR_END();                                                                                          \
+    }                                                                                                            \
+    R8_INLINE void r8z_##type##_quad1(int64_t nb, const block_t *g, const act_t *y, float *out) {                \
+        const act_t *const a[1] = {y};                                                                           \
+        __m512 acc0[1] = {_mm512_setzero_ps()}, acc1[1] = {_mm512_setzero_ps()};                                 \
+        for (int64_t b = 0; b < nb; b++) {                                                                       \
+            r8z_##type##_pair_block(g, g + nb, b, a, 1, acc0);                                                   \
+            r8z_##type##_pair_block(g + 2 * nb, g + 3 * nb, b, a, 1, acc1);                                      \
+        }                                                                                                        \
+        _mm512_storeu_ps(out, acc0[0]);                                                                          \
+        _mm512_storeu_ps(out + 16, acc1[0]);                                                                     \
     }
-    R8Z_PAIR_END();
+
+/* q4_0: r8_q4_0_group's steps on 16 lanes. */
+R8_INLINE void r8z_q4_0_pair_block(const block_q4_0x8 *g, const block_q4_0x8 *h, int64_t b, const act_q8 *const *a,
+                                   const int T, __m512 *acc) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    r8_prefetch_q4_0(&g[b]);
+    r8_prefetch_q4_0(&h[b]);
+    const __m512 dw = z_f16x2(g[b].d, h[b].d);
+    __m512i lo[4], hi[4];
+    R8_UNROLL for (int j = 0; j < 4; j++) {
+        const __m512i v = z_load2(g[b].qs + 32 * j, h[b].qs + 32 * j);
+        lo[j] = _mm512_and_si512(v, m4);
+        hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    }
+    R8_UNROLL for (int t = 0; t < T; t++) {
+        const act_q8 *y = a[t] + b;
+        const __m512 tt =
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(z_block_sum(lo, hi, y->qs)), _mm512_set1_ps(y->d), _mm512_set1_ps(y->s * -8.0f));
+        acc[t] = _mm512_fmadd_ps(tt, dw, acc[t]);
+    }
 }
+R8Z_PAIR_KERNELS(q4_0, block_q4_0x8, act_q8)
 
 /* q4_0, one token (decode): one group, two consecutive blocks per zmm (lanes
  * 0-7 block b's rows, 8-15 block b + 1's), so the weights stay one stream per
@@ -498,30 +518,26 @@ R8_INLINE void r8z_q4_0_one(int64_t nb, const block_q4_0x8 *g, const act_q8 *y, 
  * groups, took 25 % of the kernel's time at eight tokens), in place of |w| and
  * sign(q, w) per chunk; then r8_q8_0_groups' float steps:
  * acc = fma(P da, dw, acc). */
-R8_INLINE void r8z_q8_0_pair(int64_t nb, const block_q8_0x8 *g, const uint8_t *act, size_t astride, const int T,
-                             float *out, size_t ostride) {
-    R8Z_PAIR_BEGIN(act_q8);
-    const block_q8_0x8 *h = g + nb;
+R8_INLINE void r8z_q8_0_pair_block(const block_q8_0x8 *g, const block_q8_0x8 *h, int64_t b, const act_q8 *const *a,
+                                   const int T, __m512 *acc) {
     const __m512i flip = _mm512_set1_epi8((char)0x80);
-    for (int64_t b = 0; b < nb; b++) {
-        R8_UNROLL for (int c = 0; c < 4; c++) {
-            _mm_prefetch((const char *)&g[b] + R8_PREFETCH + 64 * c, _MM_HINT_T0);
-            _mm_prefetch((const char *)&h[b] + R8_PREFETCH + 64 * c, _MM_HINT_T0);
-        }
-        __m512i s[R8_TOKENS];
-        R8_UNROLL for (int t = 0; t < T; t++) s[t] = _mm512_setzero_si512();
-        R8_UNROLL for (int j = 0; j < 8; j++) {
-            const __m512i u = _mm512_xor_si512(z_load2(g[b].qs + 32 * j, h[b].qs + 32 * j), flip);
-            R8_UNROLL for (int t = 0; t < T; t++) s[t] = _mm512_dpbusd_epi32(s[t], u, z_bcast4(a[t][b].qs + 4 * j));
-        }
-        const __m512 dw = z_f16x2(g[b].d, h[b].d);
-        R8_UNROLL for (int t = 0; t < T; t++) {
-            const __m512i p = _mm512_sub_epi32(s[t], _mm512_set1_epi32(a[t][b].qsum128));
-            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(p), _mm512_set1_ps(a[t][b].d)), dw, acc[t]);
-        }
+    R8_UNROLL for (int c = 0; c < 4; c++) {
+        _mm_prefetch((const char *)&g[b] + R8_PREFETCH + 64 * c, _MM_HINT_T0);
+        _mm_prefetch((const char *)&h[b] + R8_PREFETCH + 64 * c, _MM_HINT_T0);
     }
-    R8Z_PAIR_END();
+    __m512i s[R8_TOKENS];
+    R8_UNROLL for (int t = 0; t < T; t++) s[t] = _mm512_setzero_si512();
+    R8_UNROLL for (int j = 0; j < 8; j++) {
+        const __m512i u = _mm512_xor_si512(z_load2(g[b].qs + 32 * j, h[b].qs + 32 * j), flip);
+        R8_UNROLL for (int t = 0; t < T; t++) s[t] = _mm512_dpbusd_epi32(s[t], u, z_bcast4(a[t][b].qs + 4 * j));
+    }
+    const __m512 dw = z_f16x2(g[b].d, h[b].d);
+    R8_UNROLL for (int t = 0; t < T; t++) {
+        const __m512i p = _mm512_sub_epi32(s[t], _mm512_set1_epi32(a[t][b].qsum128));
+        acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(p), _mm512_set1_ps(a[t][b].d)), dw, acc[t]);
+    }
 }
+R8Z_PAIR_KERNELS(q8_0, block_q8_0x8, act_q8)
 
 /* Group 0's register in the low half, group 1's in the high half. */
 R8_INLINE __m512i z_join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
@@ -543,44 +559,40 @@ R8_INLINE __m512i z_join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm
  * its scale in one vpmulld (S1 = sum_j sc_j P_j <= 8 x 63 x 60960, exact),
  * in place of the i16 halves and vpdpwssd of the 256-bit kernel: the same
  * integer S1, fewer instructions. */
-R8_INLINE void r8z_q4_k_pair(int64_t nb, const block_q4_kx8 *g, const uint8_t *act, size_t astride, const int T,
-                             float *out, size_t ostride) {
-    R8Z_PAIR_BEGIN(block_q8_k);
-    const block_q4_kx8 *h = g + nb;
+R8_INLINE void r8z_q4_k_pair_block(const block_q4_kx8 *g, const block_q4_kx8 *h, int64_t b, const block_q8_k *const *a,
+                                   const int T, __m512 *acc) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), lo16 = _mm512_set1_epi32(0xFFFF);
-    for (int64_t b = 0; b < nb; b++) {
-        __m512i sc[8], mn32[4], s1[R8_TOKENS];
-        R8Z_SCALES(r8_q4_k_scales, 8, sc, 4, mn32);
-        R8_UNROLL for (int j = 0; j < 8; j++) sc[j] = _mm512_and_si512(sc[j], lo16);
-        R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm512_setzero_si512();
-        for (int j = 0; j < 8; j++) {
-            const uint8_t *qg = g[b].qs + 128 * j, *qh = h[b].qs + 128 * j;
-            _mm_prefetch((const char *)qg + R8_PREFETCH, _MM_HINT_T0);
-            _mm_prefetch((const char *)qg + R8_PREFETCH + 64, _MM_HINT_T0);
-            _mm_prefetch((const char *)qh + R8_PREFETCH, _MM_HINT_T0);
-            _mm_prefetch((const char *)qh + R8_PREFETCH + 64, _MM_HINT_T0);
-            __m512i lo[4], hi[4];
-            R8_UNROLL for (int c = 0; c < 4; c++) {
-                const __m512i v = z_load2(qg + 32 * c, qh + 32 * c);
-                lo[c] = _mm512_and_si512(v, m4);
-                hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-            }
-            R8_UNROLL for (int t = 0; t < T; t++)
-                s1[t] = _mm512_add_epi32(s1[t], _mm512_mullo_epi32(z_block_sum(lo, hi, a[t][b].qs + 32 * j), sc[j]));
+    __m512i sc[8], mn32[4], s1[R8_TOKENS];
+    R8Z_SCALES(r8_q4_k_scales, 8, sc, 4, mn32);
+    R8_UNROLL for (int j = 0; j < 8; j++) sc[j] = _mm512_and_si512(sc[j], lo16);
+    R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; j++) {
+        const uint8_t *qg = g[b].qs + 128 * j, *qh = h[b].qs + 128 * j;
+        _mm_prefetch((const char *)qg + R8_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)qg + R8_PREFETCH + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)qh + R8_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)qh + R8_PREFETCH + 64, _MM_HINT_T0);
+        __m512i lo[4], hi[4];
+        R8_UNROLL for (int c = 0; c < 4; c++) {
+            const __m512i v = z_load2(qg + 32 * c, qh + 32 * c);
+            lo[c] = _mm512_and_si512(v, m4);
+            hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
         }
-        const __m512 d = z_f16x2(g[b].d, h[b].d), dmin = z_f16x2(g[b].dmin, h[b].dmin);
-        R8_UNROLL for (int t = 0; t < T; t++) {
-            const block_q8_k *y = &a[t][b];
-            __m512i s2 = _mm512_setzero_si512();
-            R8_UNROLL for (int p = 0; p < 4; p++) /* sub-blocks 2p and 2p + 1 (q8_k_sums32) */
-                s2 = _mm512_dpwssd_epi32(s2, mn32[p], z_bcast4((const int8_t *)(y->bsums + 2 * p)));
-            const __m512 da = _mm512_set1_ps(y->d);
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1[t]), _mm512_mul_ps(d, da), acc[t]);
-            acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(s2), _mm512_mul_ps(dmin, da), acc[t]);
-        }
+        R8_UNROLL for (int t = 0; t < T; t++)
+            s1[t] = _mm512_add_epi32(s1[t], _mm512_mullo_epi32(z_block_sum(lo, hi, a[t][b].qs + 32 * j), sc[j]));
     }
-    R8Z_PAIR_END();
+    const __m512 d = z_f16x2(g[b].d, h[b].d), dmin = z_f16x2(g[b].dmin, h[b].dmin);
+    R8_UNROLL for (int t = 0; t < T; t++) {
+        const block_q8_k *y = &a[t][b];
+        __m512i s2 = _mm512_setzero_si512();
+        R8_UNROLL for (int p = 0; p < 4; p++) /* sub-blocks 2p and 2p + 1 (q8_k_sums32) */
+            s2 = _mm512_dpwssd_epi32(s2, mn32[p], z_bcast4((const int8_t *)(y->bsums + 2 * p)));
+        const __m512 da = _mm512_set1_ps(y->d);
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1[t]), _mm512_mul_ps(d, da), acc[t]);
+        acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(s2), _mm512_mul_ps(dmin, da), acc[t]);
+    }
 }
+R8Z_PAIR_KERNELS(q4_k, block_q4_kx8, block_q8_k)
 
 /* r8_q4_k_scales' bytes kept in registers for the one-token kernel: scp[p] =
  * the scales of sub-blocks 2p and 2p + 1 (byte 8i + r: row r's scale 2p + i),
@@ -745,6 +757,27 @@ R8_KERNEL(r8_q6_k, q6_k, block_q6_kx8, QKK, 1, r8z_q6_k_pair)
  * either way there, so it keeps one; BENCHMARKS.md round 11). */
 R8_KERNEL(r8_pairs1_q4_0, q4_0, block_q4_0x8, QK32, 1, r8z_q4_0_pair)
 R8_KERNEL(r8_pairs1_q8_0, q8_0, block_q8_0x8, QK32, 1, r8z_q8_0_pair)
+/* One token four groups at a time (quant_r8_pairs1 mode 2: r8z_TYPE_quad1),
+ * the last one to three through ONE_FN (the pairs or the plain kernel); more
+ * tokens: the plain kernel. */
+#define R8_KERNEL_QUADS1(type, block_t, QB, one_fn)                                                             \
+    void R8_NAME(r8_quads1_##type)(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, \
+                                   int n_act, float *out, size_t out_stride) {                                   \
+        if (n_act != 1) {                                                                                        \
+            R8_NAME(r8_##type)(n, w, n_groups, act, act_stride, n_act, out, out_stride);                         \
+            return;                                                                                              \
+        }                                                                                                        \
+        const int64_t nb = n / (QB);                                                                             \
+        const block_t *g = w;                                                                                    \
+        int gi = 0;                                                                                              \
+        for (; n_groups - gi >= 4; gi += 4) r8z_##type##_quad1(nb, g + (size_t)gi * (size_t)nb, act, out + 8 * (size_t)gi); \
+        if (gi < n_groups)                                                                                       \
+            R8_NAME(one_fn)(n, g + (size_t)gi * (size_t)nb, n_groups - gi, act, act_stride, 1, out + 8 * (size_t)gi, \
+                            out_stride);                                                                         \
+    }
+R8_KERNEL_QUADS1(q4_0, block_q4_0x8, QK32, r8_pairs1_q4_0)
+R8_KERNEL_QUADS1(q8_0, block_q8_0x8, QK32, r8_pairs1_q8_0)
+R8_KERNEL_QUADS1(q4_k, block_q4_kx8, QKK, r8_q4_k)
 #else
 R8_INLINE void r8_q8_0_pair(int64_t nb, const block_q8_0x8 *g, const uint8_t *act, size_t astride, const int T,
                             float *out, size_t ostride) {

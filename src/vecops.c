@@ -144,29 +144,35 @@ VEC_TARGET static void swiglu_avx2(float *gate, const float *up, int64_t n) {
     if (i < n) swiglu_ref(gate + i, up + i, n - i);
 }
 
-static uint64_t read_sum_ref(const void *p, size_t n) {
+static uint64_t read_sum_ref(const void *p, size_t n, int streams) {
+    const size_t part = n / 8 / (size_t)streams; /* words per stream */
     const uint64_t *w = p;
     uint64_t a = 0, b = 0, c = 0, d = 0;
-    for (size_t i = 0; i + 4 <= n / 8; i += 4) {
-        a += w[i];
-        b += w[i + 1];
-        c += w[i + 2];
-        d += w[i + 3];
-    }
+    for (size_t i = 0; i + 4 <= part; i += 4)
+        for (int k = 0; k < streams; k++) {
+            const uint64_t *q = w + (size_t)k * part + i;
+            a += q[0];
+            b += q[1];
+            c += q[2];
+            d += q[3];
+        }
     return a + b + c + d;
 }
 
-VEC_TARGET static uint64_t read_sum_avx2(const void *p, size_t n) {
+VEC_TARGET static uint64_t read_sum_avx2(const void *p, size_t n, int streams) {
     const uint8_t *b = p;
+    const size_t part = n / (size_t)streams;
     __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
-    for (size_t i = 0; i < n; i += 128) {
-        _mm_prefetch((const char *)b + i + VEC_READ_PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)b + i + VEC_READ_PREFETCH + 64, _MM_HINT_T0);
-        s0 = _mm256_add_epi64(s0, _mm256_load_si256((const __m256i *)(b + i)));
-        s1 = _mm256_add_epi64(s1, _mm256_load_si256((const __m256i *)(b + i + 32)));
-        s2 = _mm256_add_epi64(s2, _mm256_load_si256((const __m256i *)(b + i + 64)));
-        s3 = _mm256_add_epi64(s3, _mm256_load_si256((const __m256i *)(b + i + 96)));
-    }
+    for (size_t i = 0; i < part; i += 128)
+        for (int k = 0; k < streams; k++) {
+            const uint8_t *q = b + (size_t)k * part + i;
+            _mm_prefetch((const char *)q + VEC_READ_PREFETCH, _MM_HINT_T0);
+            _mm_prefetch((const char *)q + VEC_READ_PREFETCH + 64, _MM_HINT_T0);
+            s0 = _mm256_add_epi64(s0, _mm256_load_si256((const __m256i *)q));
+            s1 = _mm256_add_epi64(s1, _mm256_load_si256((const __m256i *)(q + 32)));
+            s2 = _mm256_add_epi64(s2, _mm256_load_si256((const __m256i *)(q + 64)));
+            s3 = _mm256_add_epi64(s3, _mm256_load_si256((const __m256i *)(q + 96)));
+        }
     const __m256i s = _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3));
     uint64_t w[4];
     _mm256_storeu_si256((__m256i *)w, s);
@@ -217,8 +223,8 @@ void vec_swiglu(float *gate, const float *up, int64_t n) {
     else swiglu_ref(gate, up, n);
 }
 
-uint64_t vec_read_sum(const void *p, size_t n) {
-    if (use_avx512()) return vec_avx512_read_sum(p, n);
-    if (use_simd()) return read_sum_avx2(p, n);
-    return read_sum_ref(p, n);
+uint64_t vec_read_sum(const void *p, size_t n, int streams) {
+    if (use_avx512()) return vec_avx512_read_sum(p, n, streams);
+    if (use_simd()) return read_sum_avx2(p, n, streams);
+    return read_sum_ref(p, n, streams);
 }

@@ -40,12 +40,15 @@ void vec_softmax(float *x, int n);
  * the softmax's exp of -|gate[i]| (never overflows; relative error ~3e-7). */
 void vec_swiglu(float *gate, const float *up, int64_t n);
 
-/* The sum of the n / 8 u64 words at p (64-byte aligned, n a multiple of 256),
- * read with the ISA's widest loads and a software prefetch 4 KiB ahead: the
- * memory read-bandwidth probe of `kvshard bench`. A scalar loop reads DRAM
- * well below what the weight kernels reach on some cores (Intel Xeon, 2
- * threads: 14-18 GB/s against 19-25 with 512-bit loads; BENCHMARKS.md round
- * 11), so the probe reads the way the kernels do. */
-uint64_t vec_read_sum(const void *p, size_t n);
+/* The sum of the n / 8 u64 words at p (64-byte aligned, n a multiple of
+ * 256 x streams), read with the ISA's widest loads and a software prefetch
+ * 4 KiB ahead, as `streams` (1-8) equal contiguous parts walked side by side,
+ * 256 bytes of each in turn: the memory read-bandwidth probe of `kvshard
+ * bench`. A scalar loop reads DRAM well below what the weight kernels reach on
+ * some cores (Intel Xeon, 2 threads: 14-18 GB/s against 19-25 with 512-bit
+ * loads; BENCHMARKS.md round 11), and one stream per core below what several
+ * do (the same Xeon: 21-24 GB/s with one, 29-40 with four; round 12), so the
+ * probe reads the way the fastest kernels can and keeps the best. */
+uint64_t vec_read_sum(const void *p, size_t n, int streams);
 
 #endif /* KVS_VECOPS_H */

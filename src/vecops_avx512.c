@@ -148,16 +148,19 @@ void vec_avx512_softmax(float *x, int n) {
     softmax_finish(x, i, n, max, vsum);
 }
 
-uint64_t vec_avx512_read_sum(const void *p, size_t n) {
+uint64_t vec_avx512_read_sum(const void *p, size_t n, int streams) {
     const uint8_t *b = p;
+    const size_t part = n / (size_t)streams;
     __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
-    for (size_t i = 0; i < n; i += 256) {
-        for (int k = 0; k < 4; k++) _mm_prefetch((const char *)b + i + VEC_READ_PREFETCH + 64 * k, _MM_HINT_T0);
-        s0 = _mm512_add_epi64(s0, _mm512_load_si512((const void *)(b + i)));
-        s1 = _mm512_add_epi64(s1, _mm512_load_si512((const void *)(b + i + 64)));
-        s2 = _mm512_add_epi64(s2, _mm512_load_si512((const void *)(b + i + 128)));
-        s3 = _mm512_add_epi64(s3, _mm512_load_si512((const void *)(b + i + 192)));
-    }
+    for (size_t i = 0; i < part; i += 256)
+        for (int k = 0; k < streams; k++) {
+            const uint8_t *q = b + (size_t)k * part + i;
+            for (int l = 0; l < 4; l++) _mm_prefetch((const char *)q + VEC_READ_PREFETCH + 64 * l, _MM_HINT_T0);
+            s0 = _mm512_add_epi64(s0, _mm512_load_si512((const void *)q));
+            s1 = _mm512_add_epi64(s1, _mm512_load_si512((const void *)(q + 64)));
+            s2 = _mm512_add_epi64(s2, _mm512_load_si512((const void *)(q + 128)));
+            s3 = _mm512_add_epi64(s3, _mm512_load_si512((const void *)(q + 192)));
+        }
     const __m512i s = _mm512_add_epi64(_mm512_add_epi64(s0, s1), _mm512_add_epi64(s2, s3));
     uint64_t w[8], r = 0;
     _mm512_storeu_si512((void *)w, s);

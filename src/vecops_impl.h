@@ -237,7 +237,7 @@ void vec_avx512_wsum_group(const float *p, size_t p_stride, int group, int n, co
  * exp8's, and the sum adds them into the AVX2 walk's eight lanes in order). */
 void vec_avx512_softmax(float *x, int n);
 /* vec_read_sum with 512-bit loads. */
-uint64_t vec_avx512_read_sum(const void *p, size_t n);
+uint64_t vec_avx512_read_sum(const void *p, size_t n, int streams);
 
 /* How far ahead vec_read_sum prefetches. */
 #define VEC_READ_PREFETCH 4096

@@ -453,7 +453,7 @@ static void test_kernel_path(void) {
  * scalar reference for every group count and batch size, and each output
  * within the dot bound of quant_dot_ref on the unpacked row. */
 static void test_r8(uint32_t type, int64_t n) {
-    enum { GROUPS = 3, ROWS = 8 * GROUPS, TOKS = 11 };
+    enum { GROUPS = 7, ROWS = 8 * GROUPS, TOKS = 11 };
     static float x[MAX_N], af[TOKS][MAX_N], yr[MAX_N];
     static uint8_t w[ROWS][MAX_N * 2], packed[ROWS * MAX_N * 2], back[ROWS][MAX_N * 2], act[TOKS * (MAX_N * 2 + 8)];
     uint64_t rb = 0;
@@ -487,10 +487,12 @@ static void test_r8(uint32_t type, int64_t n) {
             CHECK_NEAR(ref[t][r], quant_dot_ref(type, n, w[r], act + (size_t)t * stride), 2e-5 * abs_sum + 1e-6);
         }
     }
-    for (int k = 0; k < 2 * n_isas; k++) { /* every ISA with one-token pairs off, then on */
+    static const char *const modes[] = {"", "+pairs1", "+quads1"};
+    for (int k = 0; k < 3 * n_isas; k++) { /* every ISA with one-token pairs off, on, then quads */
         CHECK(quant_isa_force(isas[k % n_isas]));
-        quant_r8_set_pairs1(k >= n_isas);
-        static const int shapes[][2] = {{1, 1}, {1, 4}, {3, 11}, {2, 5}, {3, 3}, {1, 8}, {2, 2}, {3, 1}};
+        quant_r8_set_pairs1(k / n_isas);
+        static const int shapes[][2] = {{1, 1}, {1, 4}, {3, 11}, {2, 5}, {3, 3}, {1, 8}, {2, 2}, {3, 1},
+                                        {4, 1}, {5, 1}, {6, 1}, {7, 1}, {7, 3}, {4, 2}};
         for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
             const int ng = shapes[sh][0], nt = shapes[sh][1];
             float out[TOKS][ROWS + 3];
@@ -501,7 +503,7 @@ static void test_r8(uint32_t type, int64_t n) {
                 for (int r = 0; r < 8 * ng; r++) diff += memcmp(&out[t][r], &ref[t][r], 4) != 0;
             if (diff)
                 fprintf(stderr, "%s/%s%s n=%lld r8 %d groups x %d tokens: %d outputs differ from the reference\n",
-                        quant_get_traits(type)->name, quant_isa_name(isas[k % n_isas]), k >= n_isas ? "+pairs1" : "",
+                        quant_get_traits(type)->name, quant_isa_name(isas[k % n_isas]), modes[k / n_isas],
                         (long long)n, ng, nt, diff);
             CHECK_EQ_INT(diff, 0);
             int untouched = 0; /* nothing written past the groups */
@@ -510,7 +512,7 @@ static void test_r8(uint32_t type, int64_t n) {
         }
     }
     quant_r8_set_pairs1(-1);
-    printf("  %-5s n=%-5lld r8 groups bit-identical to the reference on %d ISA(s), one-token pairs off and on\n",
+    printf("  %-5s n=%-5lld r8 groups bit-identical to the reference on %d ISA(s), one-token pairs off, on and quads\n",
            quant_get_traits(type)->name, (long long)n, n_isas);
 }
 
@@ -573,16 +575,18 @@ int main(void) {
         test_r8(QUANT_Q6_K, n_ktile[i]);
     }
     /* One-token pairs: forced on, only the AVX-512 table's q4_0 and q8_0 take
-     * them (q6_k's kernel pairs anyway, q4_k keeps one group); forced off, none does. */
-    for (int on = 0; on <= 1; on++) {
+     * them (q6_k's kernel pairs anyway, q4_k keeps one group); quads, those and
+     * q4_k; forced off, none does. */
+    for (int on = 0; on <= 2; on++) {
         quant_r8_set_pairs1(on);
-        CHECK(quant_r8_pairs1() == (on == 1));
+        CHECK(quant_r8_pairs1() == on);
         for (int k = 0; k < n_isas; k++) {
             CHECK(quant_isa_force(isas[k]));
-            const bool want = on && isas[k] == QUANT_ISA_AVX512;
-            CHECK(quant_r8_pairs1_used(QUANT_Q4_0) == want && quant_r8_pairs1_used(QUANT_Q8_0) == want);
-            CHECK(!quant_r8_pairs1_used(QUANT_Q4_K) && !quant_r8_pairs1_used(QUANT_Q6_K) &&
-                  !quant_r8_pairs1_used(QUANT_Q5_K));
+            const int want = isas[k] == QUANT_ISA_AVX512 ? on : 0;
+            CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q4_0), want);
+            CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q8_0), want);
+            CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q4_K), want == 2 ? 2 : 0);
+            CHECK(!quant_r8_pairs1_used(QUANT_Q6_K) && !quant_r8_pairs1_used(QUANT_Q5_K));
         }
     }
     quant_r8_set_pairs1(-1);

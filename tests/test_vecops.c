@@ -160,7 +160,7 @@ static void test_swiglu(int n) {
 }
 
 /* vec_read_sum against the plain sum of the words, for sizes from one 256-byte
- * step up; the words differ in every byte, so a skipped or repeated load, a
+ * step up, read as 1, 2, 4 and 8 streams where the size splits; the words differ in every byte, so a skipped or repeated load, a
  * lost lane or a carry dropped across lanes changes the sum. */
 static void test_read_sum(size_t n) {
     static _Alignas(64) uint64_t w[4096 + 32];
@@ -169,7 +169,8 @@ static void test_read_sum(size_t n) {
         w[i] = (rng = rng * 6364136223846793005ull + 1442695040888963407ull);
         want += w[i];
     }
-    CHECK(vec_read_sum(w, n) == want);
+    for (int streams = 1; streams <= 8; streams *= 2)
+        if (n % (256 * (size_t)streams) == 0) CHECK(vec_read_sum(w, n, streams) == want);
 }
 
 /* The AVX-512 walks against the AVX2 ones, bit for bit: scores, softmax and

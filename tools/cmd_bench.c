@@ -20,15 +20,16 @@
 static void bench_usage(FILE *f) {
     fprintf(f, "usage: kvshard bench -m MODEL [-t THREADS] [-p PROMPT_TOKENS] [-n DECODE_TOKENS] [--sessions N]\n"
                "                     [--layers FIRST:LAST] [--no-repack] [--depth D] [--isa NAME]\n"
-               "                     [--pairs1 auto|on|off]\n"
+               "                     [--pairs1 auto|on|off|quad]\n"
                "  --layers          bench one shard's range (hidden-state input/output where it lacks\n"
                "                    the embeddings/head); reports its resident memory (rss_bytes)\n"
                "  --no-repack       keep the weights in the file's row layout (no r8 repacking)\n"
                "  --isa NAME        run the kernels of scalar, avx2 or avx512 (default: the best this\n"
                "                    CPU has; one it lacks is an error), for an A/B on one machine\n"
                "  --pairs1 MODE     one-token r8 kernels take row groups two at a time (two weight\n"
-               "                    streams per thread; AVX-512 VNNI, q4_0 and q8_0): auto (on for an\n"
-               "                    Intel CPU, the default), on or off; the kernels field says +pairs1\n"
+               "                    streams per thread; AVX-512 VNNI, q4_0 and q8_0) or four (quad:\n"
+               "                    q4_0, q8_0, q4_k): auto (by the CPU, the default), on, off or quad;\n"
+               "                    the kernels field says +pairs1 or +quads1\n"
                "  --depth D         also decode a second session after a D-token prompt, alternating\n"
                "                    with the first step by step (both under the same machine state):\n"
                "                    adds decode_depth_tok_s and depth_slowdown (one session)\n"
@@ -36,16 +37,18 @@ static void bench_usage(FILE *f) {
                "  decode_roofline, load_s (engine open: threads, map + repack, KV pool), model_sha256, threads,\n"
                "  cpu, isa, kernels\n"
                "  (the kernel path per weight type), commit, ... (defaults -p 128 -n 32 --sessions 1)\n"
-               "  (mem_bw_gbs: the best of five reads of a 512 MiB buffer by every thread, with the ISA's\n"
+               "  (mem_bw_gbs: the best of five reads of a 512 MiB buffer by every thread at each of 1, 2,\n"
+               "  4 and 8 streams per 1 MiB chunk (mem_bw_streams: the count that read it), with the ISA's\n"
                "  widest loads and a prefetch ahead; decode_roofline: weight bytes per token / mem_bw_gbs /\n"
                "  decode step time)\n");
 }
 
 /* ---- memory read bandwidth: threads sum disjoint parts of a 512 MiB buffer
- * with vec_read_sum (the ISA's widest loads, prefetching ahead) ---- */
+ * with vec_read_sum (the ISA's widest loads, prefetching ahead, 1-8 streams) ---- */
 typedef struct {
     const uint8_t *buf;
     size_t bytes;
+    int streams; /* per chunk, walked side by side (vec_read_sum) */
     atomic_ullong sink;
 } bw_task;
 
@@ -55,24 +58,36 @@ static void bw_read(void *p, int64_t c0, int64_t c1, int slot) {
     (void)slot;
     bw_task *t = p;
     size_t lo = (size_t)c0 * BW_CHUNK, hi = (size_t)c1 * BW_CHUNK < t->bytes ? (size_t)c1 * BW_CHUNK : t->bytes;
-    atomic_fetch_add(&t->sink, vec_read_sum(t->buf + lo, hi - lo));
+    atomic_fetch_add(&t->sink, vec_read_sum(t->buf + lo, hi - lo, t->streams));
 }
 
-static double measure_bw_gbs(ops_pool *pool) {
+/* The best of five passes at each of 1, 2, 4 and 8 streams per chunk: a core
+ * that reads one stream at a time leaves DRAM bandwidth unused on some
+ * machines (round 12), and a decode kernel may walk several row groups at
+ * once, so the roofline is the most any of them reads. *best_streams: the
+ * stream count that read it. */
+static double measure_bw_gbs(ops_pool *pool, int *best_streams) {
     size_t bytes = 512u << 20;
     size_t mapped = 0; /* in 2 MiB pages where the kernel gives them, as the repacked weights are */
+    *best_streams = 0;
     uint8_t *buf = kvs_map_big(bytes, false, &mapped);
     if (!buf) return 0;
     memset(buf, 1, bytes);
     bw_task t = {.buf = buf, .bytes = bytes};
     atomic_init(&t.sink, 0);
     double best = 0;
-    for (int rep = 0; rep < 5; rep++) {
-        uint64_t t0 = kvs_now_ns();
-        ops_parallel_for(pool, (int64_t)((bytes + BW_CHUNK - 1) / BW_CHUNK), 4, bw_read, &t);
-        double s = (double)(kvs_now_ns() - t0) / 1e9;
-        double gbs = (double)bytes / s / 1e9;
-        if (gbs > best) best = gbs;
+    for (int streams = 1; streams <= 8; streams *= 2) {
+        t.streams = streams;
+        for (int rep = 0; rep < 5; rep++) {
+            uint64_t t0 = kvs_now_ns();
+            ops_parallel_for(pool, (int64_t)((bytes + BW_CHUNK - 1) / BW_CHUNK), 4, bw_read, &t);
+            double s = (double)(kvs_now_ns() - t0) / 1e9;
+            double gbs = (double)bytes / s / 1e9;
+            if (gbs > best) {
+                best = gbs;
+                *best_streams = streams;
+            }
+        }
     }
     kvs_unmap_big(buf, mapped);
     return best;
@@ -187,7 +202,7 @@ static void mark_used(const ops_weight *w, bool *used, bool *r8) {
 
 /* "kernels":{"q4_0":"avx2+tile+r8",...}: the kernel path of each weight type the owned
  * matmuls use, in type-id order; "+r8" when some of its matrices are repacked,
- * "+pairs1" when one token takes their row groups two at a time. */
+ * "+pairs1" / "+quads1" when one token takes their row groups two / four at a time. */
 static void kernel_paths(const model *m, char *out, size_t cap) {
     bool used[QUANT_TYPE_LIMIT] = {false}, r8[QUANT_TYPE_LIMIT] = {false};
     for (uint32_t l = 0; l < m->last - m->first; l++)
@@ -199,7 +214,7 @@ static void kernel_paths(const model *m, char *out, size_t cap) {
         if (path)
             len += (size_t)snprintf(out + len, cap - len, "%s\"%s\":\"%s%s\"", len > 1 ? "," : "",
                                     quant_get_traits((uint32_t)t)->name, path,
-                                    !r8[t] ? "" : quant_r8_pairs1_used((uint32_t)t) ? "+r8+pairs1" : "+r8");
+                                    !r8[t] ? "" : (const char *[]){"+r8", "+r8+pairs1", "+r8+quads1"}[quant_r8_pairs1_used((uint32_t)t)]);
     }
     if (len < cap) snprintf(out + len, cap - len, "}");
 }
@@ -216,13 +231,13 @@ static void decode_next(engine_req *r, int32_t *slot, int32_t tok, const float *
 
 /* --pairs1 auto|on|off (quant_r8_set_pairs1). */
 static bool bench_pairs1(const char *mode) {
-    static const char *const names[] = {"auto", "off", "on"};
-    for (int i = 0; i < 3; i++)
+    static const char *const names[] = {"auto", "off", "on", "quad"};
+    for (int i = 0; i < 4; i++)
         if (!strcmp(mode, names[i])) {
             quant_r8_set_pairs1(i - 1);
             return true;
         }
-    fprintf(stderr, "kvshard bench: --pairs1 wants auto, on or off, got '%s'\n", mode);
+    fprintf(stderr, "kvshard bench: --pairs1 wants auto, on, off or quad, got '%s'\n", mode);
     return false;
 }
 
@@ -368,7 +383,8 @@ int cmd_bench(int argc, char **argv) {
     }
     uint64_t rss = rss_bytes(); /* before the bandwidth probe allocates its buffer */
     fprintf(stderr, "bench: measuring memory bandwidth\n");
-    double bw = measure_bw_gbs(e->pool);
+    int bw_streams = 0;
+    double bw = measure_bw_gbs(e->pool, &bw_streams);
     uint64_t wbytes = m->weight_bytes;
     if (m->has_embd && m->output.data != m->tok_embd.data) wbytes -= (uint64_t)m->tok_embd.row_bytes * m->tok_embd.n_out;
     double decode_tok_s = (double)(n_decode * n_sessions) / decode_s;
@@ -398,13 +414,13 @@ int cmd_bench(int argc, char **argv) {
            "\"first_layer\":%u,\"last_layer\":%u,\"load_s\":%.3f,\"weight_bytes\":%llu,\"rss_bytes\":%llu,"
            "\"n_prompt\":%ld,\"n_decode\":%ld,\"sessions\":%ld,"
            "\"prefill_tok_s\":%.2f,\"decode_tok_s\":%.2f,\"decode_step_ms\":%.3f,"
-           "\"mem_bw_gbs\":%.2f,\"weight_bytes_per_token\":%llu,\"decode_floor_ms\":%.3f,\"decode_roofline\":%.3f,"
+           "\"mem_bw_gbs\":%.2f,\"mem_bw_streams\":%d,\"weight_bytes_per_token\":%llu,\"decode_floor_ms\":%.3f,\"decode_roofline\":%.3f,"
            "\"kv_bytes_per_token\":%llu,\"kv_block_bytes\":%llu,\"kv_bytes_used\":%llu,\"kv_bytes_needed\":%llu,"
            "\"kv_waste_bytes\":%llu,\"kv_waste_under_one_block_per_session\":%s,"
            "\"kv_open_us\":%.3f,\"kv_release_us\":%.3f,\"kv_open_evict_us\":%.3f%s}\n",
            path, sha, ops_pool_threads(e->pool), cpu, quant_isa_name(quant_isa_current()), kernels, KVS_COMMIT, m->first, m->last, e->open_s,
            (unsigned long long)m->weight_bytes, (unsigned long long)rss, n_prompt, n_decode,
-           n_sessions, (double)(n_prompt * n_sessions) / prefill_s, decode_tok_s, step_s * 1e3, bw,
+           n_sessions, (double)(n_prompt * n_sessions) / prefill_s, decode_tok_s, step_s * 1e3, bw, bw_streams,
            (unsigned long long)wbytes, floor_s * 1e3, floor_s / step_s, (unsigned long long)kv_tok,
            (unsigned long long)ks.block_bytes, (unsigned long long)ks.bytes_used, (unsigned long long)kv_need,
            (unsigned long long)kv_waste, kv_waste < (uint64_t)(n_sessions + (depth ? 1 : 0)) * ks.block_bytes ? "true" : "false",
