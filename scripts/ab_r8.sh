@@ -25,7 +25,9 @@ for v in a b; do
     gcc "${flags[@]}" -c "$src" -o "$tmp/$v.o" \
         -Dquant_${isa}_r8_q4_0=v${v}_r8_q4_0 -Dquant_${isa}_r8_q8_0=v${v}_r8_q8_0 \
         -Dquant_${isa}_r8_q4_k=v${v}_r8_q4_k -Dquant_${isa}_r8_q6_k=v${v}_r8_q6_k \
-        -Dquant_${isa}_r8_pairs1_q4_0=v${v}_r8_pairs1_q4_0 -Dquant_${isa}_r8_pairs1_q8_0=v${v}_r8_pairs1_q8_0
+        -Dquant_${isa}_r8_pairs1_q4_0=v${v}_r8_pairs1_q4_0 -Dquant_${isa}_r8_pairs1_q8_0=v${v}_r8_pairs1_q8_0 \
+        -Dquant_${isa}_r8_quads1_q4_0=v${v}_r8_quads1_q4_0 -Dquant_${isa}_r8_quads1_q8_0=v${v}_r8_quads1_q8_0 \
+        -Dquant_${isa}_r8_quads1_q4_k=v${v}_r8_quads1_q4_k
 done
 gcc -O2 -Isrc -Iinclude scripts/ab_r8.c "$tmp/a.o" "$tmp/b.o" build/libkvshard_core.a -lm -lpthread -o build/ab_r8
 pin=(); command -v taskset >/dev/null && pin=(taskset -c 1)
