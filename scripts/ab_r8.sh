@@ -5,7 +5,8 @@
 #   git show HEAD:src/quant_r8_avx2.c > /tmp/r8_head.c
 #   bash scripts/ab_r8.sh /tmp/r8_head.c src/quant_r8_avx2.c q8_0 4 128
 #
-# Arguments: A.c B.c [TYPE [T ...]] (TYPE q4_0|q8_0|q4_k|q6_k, default q8_0; token counts, default 8).
+# Arguments: A.c B.c [TYPE [T ...]] (TYPE q4_0|q8_0|q4_k|q6_k, with VNNI=1 also q4_0/pairs1,
+# q8_0/pairs1, q4_0/quads1, q8_0/quads1, q4_k/quads1; default q8_0; token counts, default 8).
 # Needs build/libkvshard_core.a (cmake --build build) for packing and quantizing. The binary goes to
 # build/ab_r8; each count runs pinned to CPU 1 where taskset exists. VNNI=1 builds both as the AVX-512
 # VNNI kernels (quant_r8_avx512.c's build: QUANT_R8_VNNI, 512-bit pair kernels) instead of AVX2.
@@ -29,6 +30,7 @@ for v in a b; do
         -Dquant_${isa}_r8_quads1_q4_0=v${v}_r8_quads1_q4_0 -Dquant_${isa}_r8_quads1_q8_0=v${v}_r8_quads1_q8_0 \
         -Dquant_${isa}_r8_quads1_q4_k=v${v}_r8_quads1_q4_k
 done
-gcc -O2 -Isrc -Iinclude scripts/ab_r8.c "$tmp/a.o" "$tmp/b.o" build/libkvshard_core.a -lm -lpthread -o build/ab_r8
+abflags=(); [ "${VNNI:-0}" = 1 ] && abflags=(-DAB_R8_VNNI=1)
+gcc -O2 -Isrc -Iinclude "${abflags[@]}" scripts/ab_r8.c "$tmp/a.o" "$tmp/b.o" build/libkvshard_core.a -lm -lpthread -o build/ab_r8
 pin=(); command -v taskset >/dev/null && pin=(taskset -c 1)
 for t in "${counts[@]}"; do "${pin[@]}" build/ab_r8 "$type" "$t"; done

@@ -277,7 +277,7 @@ bool quant_r8_preferred(uint32_t wtype) {
     return false;
 }
 
-/* -1: not decided yet; 0 / 1: off / on. quant_r8_set_pairs1(-1) goes back to
+/* -1: not decided yet; 0 / 1 / 2: one, pairs, quads. quant_r8_set_pairs1(-1) goes back to
  * -1, and the next call decides by the CPU's vendor once: CPUID is a trap to
  * the hypervisor in a VM (3.4 us on the Xeon of round 11), and quant_dot_r8
  * asks on every call, thousands of times per decoded token. */
@@ -297,7 +297,7 @@ void quant_r8_set_pairs1(int mode) { atomic_store(&r8_pairs1_mode, mode < 0 ? -1
 int quant_r8_pairs1(void) {
     int mode = atomic_load_explicit(&r8_pairs1_mode, memory_order_relaxed);
     if (mode < 0) { /* racing first calls all store the same value */
-        mode = cpu_is_intel();
+        mode = cpu_is_intel() ? 2 : 0;
         atomic_store_explicit(&r8_pairs1_mode, mode, memory_order_relaxed);
     }
     return mode;

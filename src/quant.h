@@ -124,14 +124,16 @@ bool quant_r8_preferred(uint32_t wtype);
 /* Turns repacking on (the default) or off process-wide, for models loaded after
  * the call (kvshard's --no-repack; tests that compare the two). */
 void quant_r8_set_enabled(bool on);
-/* Whether the r8 kernels take row groups two at a time for a single token (two
- * weight streams per thread) where the ISA has such a kernel (AVX-512 VNNI:
- * q4_0, q8_0) instead of one at a time: 0 no, 1 yes, 2 four at a time. By default on an Intel CPU, where
- * two streams read DRAM faster, and off elsewhere (a Zen 5 EPYC read one
- * faster; BENCHMARKS.md rounds 10 and 11). Same bits either way. */
+/* How the r8 kernels take row groups for a single token where the ISA has
+ * such kernels (AVX-512 VNNI): 0 one at a time (one weight stream per
+ * thread), 1 two at a time (q4_0, q8_0: two streams), 2 four at a time (q4_0,
+ * q8_0, q4_k: two pairs side by side, four streams). By default 2 on an Intel
+ * CPU, where more streams read DRAM faster (the Xeon of round 12, 2 threads,
+ * scripts/bench_r8_stream.c: q4_0 19.8 / 18.9 / 17.2 GB/s for 2 / 1 / 0, q8_0
+ * 22.8 / 20.3 / 17.6, q4_k 18.5 / 17.6 / 17.5), and 0 elsewhere (a Zen 5 EPYC
+ * read one stream faster; BENCHMARKS.md rounds 10-12). Same bits every way. */
 int quant_r8_pairs1(void);
-/* -1: by the CPU (the default); 0: off; 1: on; 2: four groups at a time where
- * the ISA has such a kernel (q4_0), else pairs. Process-wide, from the next call. */
+/* -1: by the CPU (the default); 0, 1 or 2 as above. Process-wide, from the next call. */
 void quant_r8_set_pairs1(int mode);
 /* What a single token of wtype runs under the current ISA and mode: 1 the
  * pairs kernel, 2 the quads kernel, 0 the type's own (one group at a time, or

@@ -30,7 +30,12 @@
 #else
 #define R8_TOKENS 4 /* tokens per pass over a group's blocks */
 #endif
+#ifndef R8_QUAD_PAIRS
+#define R8_QUAD_PAIRS 2 /* pairs of groups the one-token quad kernels step side by side */
+#endif
+#ifndef R8_PREFETCH
 #define R8_PREFETCH 2304 /* bytes ahead (16 blocks) the weights are prefetched */
+#endif
 
 #ifdef QUANT_R8_VNNI
 #define R8_NAME(x) quant_avx512_##x
@@ -435,13 +440,12 @@ R8_INLINE __m512i z_block_sum(const __m512i lo[4], const __m512i hi[4], const in
     }                                                                                                            \
     R8_INLINE void r8z_##type##_quad1(int64_t nb, const block_t *g, const act_t *y, float *out) {                \
         const act_t *const a[1] = {y};                                                                           \
-        __m512 acc0[1] = {_mm512_setzero_ps()}, acc1[1] = {_mm512_setzero_ps()};                                 \
-        for (int64_t b = 0; b < nb; b++) {                                                                       \
-            r8z_##type##_pair_block(g, g + nb, b, a, 1, acc0);                                                   \
-            r8z_##type##_pair_block(g + 2 * nb, g + 3 * nb, b, a, 1, acc1);                                      \
-        }                                                                                                        \
-        _mm512_storeu_ps(out, acc0[0]);                                                                          \
-        _mm512_storeu_ps(out + 16, acc1[0]);                                                                     \
+        __m512 acc[R8_QUAD_PAIRS][1];                                                                            \
+        R8_UNROLL for (int p = 0; p < R8_QUAD_PAIRS; p++) acc[p][0] = _mm512_setzero_ps();                       \
+        for (int64_t b = 0; b < nb; b++)                                                                         \
+            R8_UNROLL for (int p = 0; p < R8_QUAD_PAIRS; p++)                                                    \
+                r8z_##type##_pair_block(g + 2 * p * nb, g + (2 * p + 1) * nb, b, a, 1, acc[p]);                  \
+        R8_UNROLL for (int p = 0; p < R8_QUAD_PAIRS; p++) _mm512_storeu_ps(out + 16 * p, acc[p][0]);             \
     }
 
 /* q4_0: r8_q4_0_group's steps on 16 lanes. */
@@ -559,12 +563,41 @@ R8_INLINE __m512i z_join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm
  * its scale in one vpmulld (S1 = sum_j sc_j P_j <= 8 x 63 x 60960, exact),
  * in place of the i16 halves and vpdpwssd of the 256-bit kernel: the same
  * integer S1, fewer instructions. */
+/* r8_q4_k_scales' bytes kept in registers for the one-token kernel: scp[p] =
+ * the scales of sub-blocks 2p and 2p + 1 (byte 8i + r: row r's scale 2p + i),
+ * mn32 as r8_q4_k_scales gives it (lane r: row r's mins 2p and 2p + 1 as
+ * i16s), without the round trip through the stack. */
+R8_INLINE void r8z_q4_k_scales_one(const block_q4_kx8 *g, __m128i scp[4], __m256i mn32[4]) {
+    __m256i b[4];
+    r8_q4_k_scale_bytes(g, b);
+    R8_UNROLL for (int p = 0; p < 4; p++) {
+        const __m256i sc = b[p / 2], mn = b[2 + p / 2];
+        scp[p] = p % 2 ? _mm256_extracti128_si256(sc, 1) : _mm256_castsi256_si128(sc);
+        const __m128i m = p % 2 ? _mm256_extracti128_si256(mn, 1) : _mm256_castsi256_si128(mn);
+        mn32[p] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, _mm_srli_si128(m, 8)));
+    }
+}
+
+/* Super-block b's scales of groups g and h as 16 lanes (sc[j] lane r: row
+ * r's scale j, g's rows then h's) and their mins as pairs of i16s (mn32[p]
+ * lane r: mins 2p and 2p + 1), from r8z_q4_k_scales_one's registers. */
+R8_INLINE void r8z_q4_k_scales_pair(const block_q4_kx8 *g, const block_q4_kx8 *h, __m512i sc[8], __m512i mn32[4]) {
+    __m128i sg[4], sh[4];
+    __m256i mg[4], mh[4];
+    r8z_q4_k_scales_one(g, sg, mg);
+    r8z_q4_k_scales_one(h, sh, mh);
+    R8_UNROLL for (int p = 0; p < 4; p++) {
+        sc[2 * p] = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(sg[p], sh[p]));
+        sc[2 * p + 1] = _mm512_cvtepu8_epi32(_mm_unpackhi_epi64(sg[p], sh[p]));
+        mn32[p] = z_join(mg[p], mh[p]);
+    }
+}
+
 R8_INLINE void r8z_q4_k_pair_block(const block_q4_kx8 *g, const block_q4_kx8 *h, int64_t b, const block_q8_k *const *a,
                                    const int T, __m512 *acc) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), lo16 = _mm512_set1_epi32(0xFFFF);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512i sc[8], mn32[4], s1[R8_TOKENS];
-    R8Z_SCALES(r8_q4_k_scales, 8, sc, 4, mn32);
-    R8_UNROLL for (int j = 0; j < 8; j++) sc[j] = _mm512_and_si512(sc[j], lo16);
+    r8z_q4_k_scales_pair(&g[b], &h[b], sc, mn32);
     R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm512_setzero_si512();
     for (int j = 0; j < 8; j++) {
         const uint8_t *qg = g[b].qs + 128 * j, *qh = h[b].qs + 128 * j;
@@ -593,21 +626,6 @@ R8_INLINE void r8z_q4_k_pair_block(const block_q4_kx8 *g, const block_q4_kx8 *h,
     }
 }
 R8Z_PAIR_KERNELS(q4_k, block_q4_kx8, block_q8_k)
-
-/* r8_q4_k_scales' bytes kept in registers for the one-token kernel: scp[p] =
- * the scales of sub-blocks 2p and 2p + 1 (byte 8i + r: row r's scale 2p + i),
- * mn32 as r8_q4_k_scales gives it (lane r: row r's mins 2p and 2p + 1 as
- * i16s), without the round trip through the stack. */
-R8_INLINE void r8z_q4_k_scales_one(const block_q4_kx8 *g, __m128i scp[4], __m256i mn32[4]) {
-    __m256i b[4];
-    r8_q4_k_scale_bytes(g, b);
-    R8_UNROLL for (int p = 0; p < 4; p++) {
-        const __m256i sc = b[p / 2], mn = b[2 + p / 2];
-        scp[p] = p % 2 ? _mm256_extracti128_si256(sc, 1) : _mm256_castsi256_si128(sc);
-        const __m128i m = p % 2 ? _mm256_extracti128_si256(mn, 1) : _mm256_castsi256_si128(mn);
-        mn32[p] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, _mm_srli_si128(m, 8)));
-    }
-}
 
 /* q4_k, one token (decode): one group, two neighbouring sub-blocks per zmm
  * (lanes 0-7 sub-block j's rows, 8-15 sub-block j + 1's; their quants and the
@@ -770,7 +788,8 @@ R8_KERNEL(r8_pairs1_q8_0, q8_0, block_q8_0x8, QK32, 1, r8z_q8_0_pair)
         const int64_t nb = n / (QB);                                                                             \
         const block_t *g = w;                                                                                    \
         int gi = 0;                                                                                              \
-        for (; n_groups - gi >= 4; gi += 4) r8z_##type##_quad1(nb, g + (size_t)gi * (size_t)nb, act, out + 8 * (size_t)gi); \
+        for (; n_groups - gi >= 2 * R8_QUAD_PAIRS; gi += 2 * R8_QUAD_PAIRS)                                      \
+            r8z_##type##_quad1(nb, g + (size_t)gi * (size_t)nb, act, out + 8 * (size_t)gi);                      \
         if (gi < n_groups)                                                                                       \
             R8_NAME(one_fn)(n, g + (size_t)gi * (size_t)nb, n_groups - gi, act, act_stride, 1, out + 8 * (size_t)gi, \
                             out_stride);                                                                         \
