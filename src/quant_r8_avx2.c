@@ -721,8 +721,10 @@ R8_INLINE void r8z_q6_k_pair(int64_t nb, const block_q6_kx8 *g, const uint8_t *a
  * BENCHMARKS.md rounds 9 and 10). q6_k, whose single group is compute bound,
  * streams no better alone and keeps its pairs. On the Intel Xeon of round 11
  * two streams per thread read faster than one for q4_0 and q8_0, so the VNNI
- * build also exports r8_pairs1_* for them (pairs from one token), which
- * quant_dot_r8 takes at one token where quant_r8_pairs1 says so. */
+ * build also exports r8_pairs1_* for them (pairs from one token), and four
+ * faster still (round 12), so r8_quads1_* for them and q4_k (two pairs side by
+ * side, R8_KERNEL_QUADS1), which quant_dot_r8 takes at one token where
+ * quant_r8_pairs1 says so. */
 #define R8_PASS(type, TT, pair_fn)                                                                            \
     case TT:                                                                                                  \
         if (two) pair_fn(nb, g, at, act_stride, TT, ot, out_stride);                                          \
