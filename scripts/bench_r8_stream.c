@@ -1,6 +1,6 @@
 /*
  * bench_r8_stream — the one-token r8 kernel modes (quant_r8_set_pairs1: off,
- * pairs, quads) and the bandwidth probe's stream counts, streaming weights
+ * pairs, quads, spread quads) and the bandwidth probe's stream counts, streaming weights
  * from DRAM the way decode does, side by side in one run: a 512 MiB buffer of
  * repacked rows of 2048 elements cut into matrices of 5632 rows (TinyLlama's
  * FFN), each matrix split over the threads in guided chunks of 16 rows as
@@ -90,8 +90,8 @@ int main(int argc, char **argv) {
         const size_t n = n_mat * mat_bytes - off < rb * SEED_ROWS ? n_mat * mat_bytes - off : rb * SEED_ROWS;
         memcpy(buf + off, packed, n);
     }
-    static const char *const mode_names[] = {"off", "pairs", "quads"};
-    enum { MODES = 3, PROBES = 4 };
+    static const char *const mode_names[] = {"off", "pairs", "quads", "spread"};
+    enum { MODES = 4, PROBES = 4 };
     static double gbs[MODES + PROBES][MAX_PASSES];
     const double bytes = (double)n_mat * (double)mat_bytes;
     probe_task pt = {.buf = buf, .chunk = (size_t)1 << 20};

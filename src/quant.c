@@ -277,7 +277,7 @@ bool quant_r8_preferred(uint32_t wtype) {
     return false;
 }
 
-/* -1: not decided yet; 0 / 1 / 2: one, pairs, quads. quant_r8_set_pairs1(-1) goes back to
+/* -1: not decided yet; 0 / 1 / 2 / 3: one, pairs, quads, spread quads. quant_r8_set_pairs1(-1) goes back to
  * -1, and the next call decides by the CPU's vendor once: CPUID is a trap to
  * the hypervisor in a VM (3.4 us on the Xeon of round 11), and quant_dot_r8
  * asks on every call, thousands of times per decoded token. */
@@ -292,7 +292,7 @@ static bool cpu_is_intel(void) {
 static bool cpu_is_intel(void) { return false; }
 #endif
 
-void quant_r8_set_pairs1(int mode) { atomic_store(&r8_pairs1_mode, mode < 0 ? -1 : mode > 2 ? 2 : mode); }
+void quant_r8_set_pairs1(int mode) { atomic_store(&r8_pairs1_mode, mode < 0 ? -1 : mode > 3 ? 3 : mode); }
 
 int quant_r8_pairs1(void) {
     int mode = atomic_load_explicit(&r8_pairs1_mode, memory_order_relaxed);
@@ -310,7 +310,8 @@ static quant_dot_r8_fn r8_kernel(uint32_t wtype, int n_act) {
         if (!k->r8) continue;
         if (n_act != 1) return k->r8;
         const int mode = quant_r8_pairs1();
-        if (mode == 2 && k->r8_quads1) return k->r8_quads1;
+        if (mode == 3 && k->r8_spread1) return k->r8_spread1;
+        if (mode >= 2 && k->r8_quads1) return k->r8_quads1;
         return mode && k->r8_pairs1 ? k->r8_pairs1 : k->r8;
     }
     return NULL;
@@ -322,7 +323,7 @@ int quant_r8_pairs1_used(uint32_t wtype) {
         const quant_kernels *k = &isa_tables[i]->k[wtype];
         if (!k->r8) continue;
         const quant_dot_r8_fn one = r8_kernel(wtype, 1);
-        return one == k->r8_quads1 ? 2 : one == k->r8_pairs1 ? 1 : 0;
+        return one == k->r8_spread1 ? 3 : one == k->r8_quads1 ? 2 : one == k->r8_pairs1 ? 1 : 0;
     }
     return 0;
 }

@@ -127,17 +127,19 @@ void quant_r8_set_enabled(bool on);
 /* How the r8 kernels take row groups for a single token where the ISA has
  * such kernels (AVX-512 VNNI): 0 one at a time (one weight stream per
  * thread), 1 two at a time (q4_0, q8_0: two streams), 2 four at a time (q4_0,
- * q8_0, q4_k: two pairs side by side, four streams). By default 2 on an Intel
+ * q8_0, q4_k: two pairs side by side, four streams), 3 four at a time spread
+ * over the range (i, i + Q, i + 2Q, i + 3Q: four streams far apart; an
+ * option, round 12). By default 2 on an Intel
  * CPU, where more streams read DRAM faster (the Xeon of round 12, 2 threads,
  * scripts/bench_r8_stream.c: q4_0 19.8 / 18.9 / 17.2 GB/s for 2 / 1 / 0, q8_0
  * 22.8 / 20.3 / 17.6, q4_k 18.5 / 17.6 / 17.5), and 0 elsewhere (a Zen 5 EPYC
  * read one stream faster; BENCHMARKS.md rounds 10-12). Same bits every way. */
 int quant_r8_pairs1(void);
-/* -1: by the CPU (the default); 0, 1 or 2 as above. Process-wide, from the next call. */
+/* -1: by the CPU (the default); 0-3 as above. Process-wide, from the next call. */
 void quant_r8_set_pairs1(int mode);
 /* What a single token of wtype runs under the current ISA and mode: 1 the
- * pairs kernel, 2 the quads kernel, 0 the type's own (one group at a time, or
- * q6_k's pairs). */
+ * pairs kernel, 2 the quads kernel, 3 the spread quads, 0 the type's own (one
+ * group at a time, or q6_k's pairs). */
 int quant_r8_pairs1_used(uint32_t wtype);
 /* Packs 8 rows (n elements of wtype each, row_stride bytes apart) into one group
  * (8 x the row bytes at out; out must not overlap the rows). */

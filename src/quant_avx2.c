@@ -1024,7 +1024,8 @@ static void avx_dq_f16(const void *w, float *y, int64_t n) { avx_f16_to_f32_row(
 #define QK_LOWBIT(name) quant_avx512_##name
 #define QK_R8(type) .r8 = quant_avx512_r8_##type
 #define QK_R8_PAIRS1(type) QK_R8_QUADS1(type), .r8_pairs1 = quant_avx512_r8_pairs1_##type
-#define QK_R8_QUADS1(type) .r8 = quant_avx512_r8_##type, .r8_quads1 = quant_avx512_r8_quads1_##type
+#define QK_R8_QUADS1(type) \
+    .r8 = quant_avx512_r8_##type, .r8_quads1 = quant_avx512_r8_quads1_##type, .r8_spread1 = quant_avx512_r8_spread1_##type
 #else
 #define QK_LOWBIT(name) quant_avx2_##name
 #define QK_R8(type) .r8 = quant_avx2_r8_##type

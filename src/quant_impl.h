@@ -288,6 +288,7 @@ typedef struct {
     quant_dot_r8_fn r8;         /* kernel over r8 groups (quant.h); NULL: fall back */
     quant_dot_r8_fn r8_pairs1;  /* r8 with pairs of groups from one token, for quant_r8_pairs1; NULL: r8 */
     quant_dot_r8_fn r8_quads1;  /* r8 with four groups at a time from one token (pairs1 mode 2); NULL: r8_pairs1 / r8 */
+    quant_dot_r8_fn r8_spread1; /* r8_quads1 with the four groups spread over the range (mode 3); NULL: as mode 2 */
 } quant_kernels;
 
 typedef struct {
@@ -371,6 +372,7 @@ QUANT_R8_DECLS(avx2)
 QUANT_R8_DECLS(avx512)
 QUANT_R8_DECL(avx512, pairs1_q4_0) QUANT_R8_DECL(avx512, pairs1_q8_0)
 QUANT_R8_DECL(avx512, quads1_q4_0) QUANT_R8_DECL(avx512, quads1_q8_0) QUANT_R8_DECL(avx512, quads1_q4_k)
+QUANT_R8_DECL(avx512, spread1_q4_0) QUANT_R8_DECL(avx512, spread1_q8_0) QUANT_R8_DECL(avx512, spread1_q4_k)
 
 void quant_ref_dequant_q2_k(const void *w, float *y, int64_t n);
 void quant_ref_dequant_q3_k(const void *w, float *y, int64_t n);

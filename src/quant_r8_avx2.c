@@ -30,9 +30,6 @@
 #else
 #define R8_TOKENS 4 /* tokens per pass over a group's blocks */
 #endif
-#ifndef R8_QUAD_PAIRS
-#define R8_QUAD_PAIRS 2 /* pairs of groups the one-token quad kernels step side by side */
-#endif
 #ifndef R8_PREFETCH
 #define R8_PREFETCH 2304 /* bytes ahead (16 blocks) the weights are prefetched */
 #endif
@@ -427,10 +424,10 @@ R8_INLINE __m512i z_block_sum(const __m512i lo[4], const __m512i hi[4], const in
 
 /* From a type's pair step (r8z_TYPE_pair_block: super-block b of groups g and
  * h, T tokens, into acc[t]'s 16 lanes), its pair kernel (groups g and g + nb,
- * T tokens) and its one-token quad kernel (groups g .. g + 3 as two pairs
- * stepped side by side: four weight streams per thread, which the Xeon of
- * round 12 reads faster than two; per lane the pair kernel's steps, so the
- * same bits). */
+ * T tokens) and its one-token quad kernel (groups gs[0..3], wherever they lie,
+ * as two pairs stepped side by side: four weight streams per thread, which
+ * the Xeon of round 12 reads faster than two; group k's eight outputs to
+ * os[k]; per lane the pair kernel's steps, so the same bits). */
 #define R8Z_PAIR_KERNELS(type, block_t, act_t)                                                                   \
     R8_INLINE void r8z_##type##_pair(int64_t nb, const block_t *g, const uint8_t *act, size_t astride, const int T,  \
                                      float *out, size_t ostride) {                                               \
@@ -438,14 +435,15 @@ R8_INLINE __m512i z_block_sum(const __m512i lo[4], const __m512i hi[4], const in
         for (int64_t b = 0; b < nb; b++) r8z_##type##_pair_block(g, g + nb, b, a, T, acc);                       \
         R8Z_PAIR_END();                                                                                          \
     }                                                                                                            \
-    R8_INLINE void r8z_##type##_quad1(int64_t nb, const block_t *g, const act_t *y, float *out) {                \
+    R8_INLINE void r8z_##type##_quad1(int64_t nb, const block_t *const gs[4], const act_t *y, float *const os[4]) { \
         const act_t *const a[1] = {y};                                                                           \
-        __m512 acc[R8_QUAD_PAIRS][1];                                                                            \
-        R8_UNROLL for (int p = 0; p < R8_QUAD_PAIRS; p++) acc[p][0] = _mm512_setzero_ps();                       \
+        __m512 acc[2][1] = {{_mm512_setzero_ps()}, {_mm512_setzero_ps()}};                                       \
         for (int64_t b = 0; b < nb; b++)                                                                         \
-            R8_UNROLL for (int p = 0; p < R8_QUAD_PAIRS; p++)                                                    \
-                r8z_##type##_pair_block(g + 2 * p * nb, g + (2 * p + 1) * nb, b, a, 1, acc[p]);                  \
-        R8_UNROLL for (int p = 0; p < R8_QUAD_PAIRS; p++) _mm512_storeu_ps(out + 16 * p, acc[p][0]);             \
+            R8_UNROLL for (int p = 0; p < 2; p++) r8z_##type##_pair_block(gs[2 * p], gs[2 * p + 1], b, a, 1, acc[p]); \
+        R8_UNROLL for (int p = 0; p < 2; p++) {                                                                  \
+            _mm256_storeu_ps(os[2 * p], _mm512_castps512_ps256(acc[p][0]));                                      \
+            _mm256_storeu_ps(os[2 * p + 1], _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p][0]), 1))); \
+        }                                                                                                        \
     }
 
 /* q4_0: r8_q4_0_group's steps on 16 lanes. */
@@ -777,28 +775,45 @@ R8_KERNEL(r8_q6_k, q6_k, block_q6_kx8, QKK, 1, r8z_q6_k_pair)
  * either way there, so it keeps one; BENCHMARKS.md round 11). */
 R8_KERNEL(r8_pairs1_q4_0, q4_0, block_q4_0x8, QK32, 1, r8z_q4_0_pair)
 R8_KERNEL(r8_pairs1_q8_0, q8_0, block_q8_0x8, QK32, 1, r8z_q8_0_pair)
-/* One token four groups at a time (quant_r8_pairs1 mode 2: r8z_TYPE_quad1),
- * the last one to three through ONE_FN (the pairs or the plain kernel); more
- * tokens: the plain kernel. */
-#define R8_KERNEL_QUADS1(type, block_t, QB, one_fn)                                                             \
-    void R8_NAME(r8_quads1_##type)(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, \
-                                   int n_act, float *out, size_t out_stride) {                                   \
-        if (n_act != 1) {                                                                                        \
-            R8_NAME(r8_##type)(n, w, n_groups, act, act_stride, n_act, out, out_stride);                         \
-            return;                                                                                              \
-        }                                                                                                        \
+/* One token four groups at a time (r8z_TYPE_quad1), the last one to three
+ * through ONE_FN (the pairs or the plain kernel); more tokens: the plain
+ * kernel. r8_quads1_TYPE (quant_r8_pairs1 mode 2) takes neighbouring groups
+ * 4i .. 4i + 3; r8_spread1_TYPE (mode 3) takes i, i + Q, i + 2Q and i + 3Q
+ * (Q = n_groups / 4), four streams a quarter of the range apart rather than
+ * 9 KB. */
+#define R8_KERNEL_QUADS1(type, block_t, act_t, QB, one_fn)                                                      \
+    static void r8_quads1_run_##type(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, \
+                                     float *out, size_t out_stride, int spread) {                                \
         const int64_t nb = n / (QB);                                                                             \
         const block_t *g = w;                                                                                    \
-        int gi = 0;                                                                                              \
-        for (; n_groups - gi >= 2 * R8_QUAD_PAIRS; gi += 2 * R8_QUAD_PAIRS)                                      \
-            r8z_##type##_quad1(nb, g + (size_t)gi * (size_t)nb, act, out + 8 * (size_t)gi);                      \
-        if (gi < n_groups)                                                                                       \
-            R8_NAME(one_fn)(n, g + (size_t)gi * (size_t)nb, n_groups - gi, act, act_stride, 1, out + 8 * (size_t)gi, \
-                            out_stride);                                                                         \
+        const int q = n_groups / 4;                                                                              \
+        for (int i = 0; i < q; i++) {                                                                            \
+            const block_t *gs[4];                                                                                \
+            float *os[4];                                                                                        \
+            R8_UNROLL for (int k = 0; k < 4; k++) {                                                              \
+                const size_t gi = spread ? (size_t)(i + k * q) : (size_t)(4 * i + k);                            \
+                gs[k] = g + gi * (size_t)nb;                                                                     \
+                os[k] = out + 8 * gi;                                                                            \
+            }                                                                                                    \
+            r8z_##type##_quad1(nb, gs, act, os);                                                                 \
+        }                                                                                                        \
+        if (4 * q < n_groups)                                                                                    \
+            R8_NAME(one_fn)(n, g + (size_t)(4 * q) * (size_t)nb, n_groups - 4 * q, act, act_stride, 1,           \
+                            out + 8 * (size_t)(4 * q), out_stride);                                              \
+    }                                                                                                            \
+    void R8_NAME(r8_quads1_##type)(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, \
+                                   int n_act, float *out, size_t out_stride) {                                   \
+        if (n_act != 1) R8_NAME(r8_##type)(n, w, n_groups, act, act_stride, n_act, out, out_stride);             \
+        else r8_quads1_run_##type(n, w, n_groups, act, act_stride, out, out_stride, 0);                         \
+    }                                                                                                            \
+    void R8_NAME(r8_spread1_##type)(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, \
+                                    int n_act, float *out, size_t out_stride) {                                  \
+        if (n_act != 1) R8_NAME(r8_##type)(n, w, n_groups, act, act_stride, n_act, out, out_stride);             \
+        else r8_quads1_run_##type(n, w, n_groups, act, act_stride, out, out_stride, 1);                         \
     }
-R8_KERNEL_QUADS1(q4_0, block_q4_0x8, QK32, r8_pairs1_q4_0)
-R8_KERNEL_QUADS1(q8_0, block_q8_0x8, QK32, r8_pairs1_q8_0)
-R8_KERNEL_QUADS1(q4_k, block_q4_kx8, QKK, r8_q4_k)
+R8_KERNEL_QUADS1(q4_0, block_q4_0x8, act_q8, QK32, r8_pairs1_q4_0)
+R8_KERNEL_QUADS1(q8_0, block_q8_0x8, act_q8, QK32, r8_pairs1_q8_0)
+R8_KERNEL_QUADS1(q4_k, block_q4_kx8, block_q8_k, QKK, r8_q4_k)
 #else
 R8_INLINE void r8_q8_0_pair(int64_t nb, const block_q8_0x8 *g, const uint8_t *act, size_t astride, const int T,
                             float *out, size_t ostride) {

@@ -453,7 +453,7 @@ static void test_kernel_path(void) {
  * scalar reference for every group count and batch size, and each output
  * within the dot bound of quant_dot_ref on the unpacked row. */
 static void test_r8(uint32_t type, int64_t n) {
-    enum { GROUPS = 7, ROWS = 8 * GROUPS, TOKS = 11 };
+    enum { GROUPS = 11, ROWS = 8 * GROUPS, TOKS = 11 };
     static float x[MAX_N], af[TOKS][MAX_N], yr[MAX_N];
     static uint8_t w[ROWS][MAX_N * 2], packed[ROWS * MAX_N * 2], back[ROWS][MAX_N * 2], act[TOKS * (MAX_N * 2 + 8)];
     uint64_t rb = 0;
@@ -487,12 +487,13 @@ static void test_r8(uint32_t type, int64_t n) {
             CHECK_NEAR(ref[t][r], quant_dot_ref(type, n, w[r], act + (size_t)t * stride), 2e-5 * abs_sum + 1e-6);
         }
     }
-    static const char *const modes[] = {"", "+pairs1", "+quads1"};
-    for (int k = 0; k < 3 * n_isas; k++) { /* every ISA with one-token pairs off, on, then quads */
+    static const char *const modes[] = {"", "+pairs1", "+quads1", "+spread1"};
+    for (int k = 0; k < 4 * n_isas; k++) { /* every ISA with one-token pairs off, on, quads, spread quads */
         CHECK(quant_isa_force(isas[k % n_isas]));
         quant_r8_set_pairs1(k / n_isas);
         static const int shapes[][2] = {{1, 1}, {1, 4}, {3, 11}, {2, 5}, {3, 3}, {1, 8}, {2, 2}, {3, 1},
-                                        {4, 1}, {5, 1}, {6, 1}, {7, 1}, {7, 3}, {4, 2}};
+                                        {4, 1}, {5, 1}, {6, 1}, {7, 1}, {7, 3}, {4, 2},
+                                        {8, 1}, {9, 1}, {10, 1}, {11, 1}, {11, 2}, {8, 3}};
         for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
             const int ng = shapes[sh][0], nt = shapes[sh][1];
             float out[TOKS][ROWS + 3];
@@ -512,7 +513,7 @@ static void test_r8(uint32_t type, int64_t n) {
         }
     }
     quant_r8_set_pairs1(-1);
-    printf("  %-5s n=%-5lld r8 groups bit-identical to the reference on %d ISA(s), one-token pairs off, on and quads\n",
+    printf("  %-5s n=%-5lld r8 groups bit-identical to the reference on %d ISA(s), one-token one/pairs/quads/spread\n",
            quant_get_traits(type)->name, (long long)n, n_isas);
 }
 
@@ -575,9 +576,9 @@ int main(void) {
         test_r8(QUANT_Q6_K, n_ktile[i]);
     }
     /* One-token pairs: forced on, only the AVX-512 table's q4_0 and q8_0 take
-     * them (q6_k's kernel pairs anyway, q4_k keeps one group); quads, those and
-     * q4_k; forced off, none does. */
-    for (int on = 0; on <= 2; on++) {
+     * them (q6_k's kernel pairs anyway, q4_k keeps one group); quads and spread
+     * quads, those and q4_k; forced off, none does. */
+    for (int on = 0; on <= 3; on++) {
         quant_r8_set_pairs1(on);
         CHECK(quant_r8_pairs1() == on);
         for (int k = 0; k < n_isas; k++) {
@@ -585,7 +586,7 @@ int main(void) {
             const int want = isas[k] == QUANT_ISA_AVX512 ? on : 0;
             CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q4_0), want);
             CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q8_0), want);
-            CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q4_K), want == 2 ? 2 : 0);
+            CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q4_K), want >= 2 ? want : 0);
             CHECK(!quant_r8_pairs1_used(QUANT_Q6_K) && !quant_r8_pairs1_used(QUANT_Q5_K));
         }
     }

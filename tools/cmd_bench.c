@@ -20,7 +20,7 @@
 static void bench_usage(FILE *f) {
     fprintf(f, "usage: kvshard bench -m MODEL [-t THREADS] [-p PROMPT_TOKENS] [-n DECODE_TOKENS] [--sessions N]\n"
                "                     [--layers FIRST:LAST] [--no-repack] [--depth D] [--isa NAME]\n"
-               "                     [--pairs1 auto|on|off|quad]\n"
+               "                     [--pairs1 auto|on|off|quad|spread]\n"
                "  --layers          bench one shard's range (hidden-state input/output where it lacks\n"
                "                    the embeddings/head); reports its resident memory (rss_bytes)\n"
                "  --no-repack       keep the weights in the file's row layout (no r8 repacking)\n"
@@ -29,7 +29,8 @@ static void bench_usage(FILE *f) {
                "  --pairs1 MODE     one-token r8 kernels take row groups two at a time (two weight\n"
                "                    streams per thread; AVX-512 VNNI, q4_0 and q8_0) or four (quad:\n"
                "                    q4_0, q8_0, q4_k): auto (quad on an Intel CPU, else off; the default),\n"
-               "                    on, off or quad; the kernels field says +pairs1 or +quads1\n"
+               "                    on, off, quad or spread (quads from four far-apart groups); the\n"
+               "                    kernels field says +pairs1, +quads1 or +spread1\n"
                "  --depth D         also decode a second session after a D-token prompt, alternating\n"
                "                    with the first step by step (both under the same machine state):\n"
                "                    adds decode_depth_tok_s and depth_slowdown (one session)\n"
@@ -214,7 +215,7 @@ static void kernel_paths(const model *m, char *out, size_t cap) {
         if (path)
             len += (size_t)snprintf(out + len, cap - len, "%s\"%s\":\"%s%s\"", len > 1 ? "," : "",
                                     quant_get_traits((uint32_t)t)->name, path,
-                                    !r8[t] ? "" : (const char *[]){"+r8", "+r8+pairs1", "+r8+quads1"}[quant_r8_pairs1_used((uint32_t)t)]);
+                                    !r8[t] ? "" : (const char *[]){"+r8", "+r8+pairs1", "+r8+quads1", "+r8+spread1"}[quant_r8_pairs1_used((uint32_t)t)]);
     }
     if (len < cap) snprintf(out + len, cap - len, "}");
 }
@@ -231,13 +232,13 @@ static void decode_next(engine_req *r, int32_t *slot, int32_t tok, const float *
 
 /* --pairs1 auto|on|off (quant_r8_set_pairs1). */
 static bool bench_pairs1(const char *mode) {
-    static const char *const names[] = {"auto", "off", "on", "quad"};
-    for (int i = 0; i < 4; i++)
+    static const char *const names[] = {"auto", "off", "on", "quad", "spread"};
+    for (int i = 0; i < 5; i++)
         if (!strcmp(mode, names[i])) {
             quant_r8_set_pairs1(i - 1);
             return true;
         }
-    fprintf(stderr, "kvshard bench: --pairs1 wants auto, on, off or quad, got '%s'\n", mode);
+    fprintf(stderr, "kvshard bench: --pairs1 wants auto, on, off, quad or spread, got '%s'\n", mode);
     return false;
 }
 
