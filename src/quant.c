@@ -303,29 +303,29 @@ int quant_r8_pairs1(void) {
     return mode;
 }
 
+/* The kernel table entry whose r8 kernels wtype runs under the current ISA
+ * (the best one that has them); NULL: none. */
+static const quant_kernels *r8_entry(uint32_t wtype) {
+    for (int i = (int)quant_isa_current(); i >= 0; i--)
+        if (isa_tables[i]->k[wtype].r8) return &isa_tables[i]->k[wtype];
+    return NULL;
+}
+
 /* The r8 kernel quant_dot_r8 runs for wtype at n_act tokens; NULL: none. */
 static quant_dot_r8_fn r8_kernel(uint32_t wtype, int n_act) {
-    for (int i = (int)quant_isa_current(); i >= 0; i--) {
-        const quant_kernels *k = &isa_tables[i]->k[wtype];
-        if (!k->r8) continue;
-        if (n_act != 1) return k->r8;
-        const int mode = quant_r8_pairs1();
-        if (mode == 3 && k->r8_spread1) return k->r8_spread1;
-        if (mode >= 2 && k->r8_quads1) return k->r8_quads1;
-        return mode && k->r8_pairs1 ? k->r8_pairs1 : k->r8;
-    }
-    return NULL;
+    const quant_kernels *k = r8_entry(wtype);
+    if (!k || n_act != 1) return k ? k->r8 : NULL;
+    const int mode = quant_r8_pairs1();
+    if (mode == 3 && k->r8_spread1) return k->r8_spread1;
+    if (mode >= 2 && k->r8_quads1) return k->r8_quads1;
+    return mode && k->r8_pairs1 ? k->r8_pairs1 : k->r8;
 }
 
 int quant_r8_pairs1_used(uint32_t wtype) {
     if (!quant_r8_supported(wtype)) return 0;
-    for (int i = (int)quant_isa_current(); i >= 0; i--) {
-        const quant_kernels *k = &isa_tables[i]->k[wtype];
-        if (!k->r8) continue;
-        const quant_dot_r8_fn one = r8_kernel(wtype, 1);
-        return one == k->r8_spread1 ? 3 : one == k->r8_quads1 ? 2 : one == k->r8_pairs1 ? 1 : 0;
-    }
-    return 0;
+    const quant_kernels *k = r8_entry(wtype);
+    const quant_dot_r8_fn one = r8_kernel(wtype, 1);
+    return !k ? 0 : one == k->r8_spread1 ? 3 : one == k->r8_quads1 ? 2 : one == k->r8_pairs1 ? 1 : 0;
 }
 
 void quant_dot_r8(uint32_t wtype, int64_t n, const void *w, int n_groups, const void *act, size_t act_stride,
