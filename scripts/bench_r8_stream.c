@@ -10,8 +10,8 @@
  *
  * Not part of the build. From the repository root, after building build/:
  *   cc -O2 -Isrc -Iinclude scripts/bench_r8_stream.c build/libkvshard_core.a -lm -lpthread \
- *      -o build/bench_r8_stream && build/bench_r8_stream [q4_0|q8_0|q4_k|q6_k [threads [passes]]]
- * (defaults q4_0, 2 threads, 15 passes).
+ *      -o build/bench_r8_stream && build/bench_r8_stream [q4_0|q8_0|q4_k|q6_k [threads [passes [N [rows]]]]]
+ * (defaults q4_0, 2 threads, 15 passes, rows of 2048, 5632 rows per matrix).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,7 +23,8 @@
 #include "vecops.h"
 #include "bench_util.h"
 
-enum { N = 2048, MAT_ROWS = 5632, CHUNK = 16, MAX_PASSES = 64, SEED_ROWS = 64 };
+enum { CHUNK = 16, MAX_PASSES = 64, SEED_ROWS = 64 };
+static int N = 2048, MAT_ROWS = 5632; /* row length and rows per matrix (argv 4, 5) */
 
 typedef struct {
     uint32_t type;
@@ -64,11 +65,15 @@ int main(int argc, char **argv) {
     } types[] = {{"q4_0", QUANT_Q4_0}, {"q8_0", QUANT_Q8_0}, {"q4_k", QUANT_Q4_K}, {"q6_k", QUANT_Q6_K}};
     const char *name = argc > 1 ? argv[1] : "q4_0";
     const int threads = argc > 2 ? atoi(argv[2]) : 2, passes = argc > 3 ? atoi(argv[3]) : 15;
+    if (argc > 4) N = atoi(argv[4]);
+    if (argc > 5) MAT_ROWS = atoi(argv[5]);
     int k = -1;
     for (int i = 0; i < 4; i++)
         if (!strcmp(name, types[i].name)) k = i;
-    if (k < 0 || threads < 1 || threads > 64 || passes < 1 || passes > MAX_PASSES) {
-        fprintf(stderr, "usage: bench_r8_stream [q4_0|q8_0|q4_k|q6_k [threads 1-64 [passes 1-%d]]]\n", MAX_PASSES);
+    if (k < 0 || threads < 1 || threads > 64 || passes < 1 || passes > MAX_PASSES || N < 256 || N % 256 ||
+        MAT_ROWS < 8 || MAT_ROWS % 8) {
+        fprintf(stderr, "usage: bench_r8_stream [q4_0|q8_0|q4_k|q6_k [threads 1-64 [passes 1-%d [row length, a "
+                        "multiple of 256 [rows, a multiple of 8]]]]]\n", MAX_PASSES);
         return 2;
     }
     const uint32_t type = types[k].type;

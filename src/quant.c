@@ -297,7 +297,7 @@ void quant_r8_set_pairs1(int mode) { atomic_store(&r8_pairs1_mode, mode < 0 ? -1
 int quant_r8_pairs1(void) {
     int mode = atomic_load_explicit(&r8_pairs1_mode, memory_order_relaxed);
     if (mode < 0) { /* racing first calls all store the same value */
-        mode = cpu_is_intel() ? 2 : 0;
+        mode = cpu_is_intel() ? 3 : 0;
         atomic_store_explicit(&r8_pairs1_mode, mode, memory_order_relaxed);
     }
     return mode;

@@ -128,12 +128,14 @@ void quant_r8_set_enabled(bool on);
  * such kernels (AVX-512 VNNI): 0 one at a time (one weight stream per
  * thread), 1 two at a time (q4_0, q8_0: two streams), 2 four at a time (q4_0,
  * q8_0, q4_k: two pairs side by side, four streams), 3 four at a time spread
- * over the range (i, i + Q, i + 2Q, i + 3Q: four streams far apart; an
- * option, round 12). By default 2 on an Intel
- * CPU, where more streams read DRAM faster (the Xeon of round 12, 2 threads,
- * scripts/bench_r8_stream.c: q4_0 19.8 / 18.9 / 17.2 GB/s for 2 / 1 / 0, q8_0
- * 22.8 / 20.3 / 17.6, q4_k 18.5 / 17.6 / 17.5), and 0 elsewhere (a Zen 5 EPYC
- * read one stream faster; BENCHMARKS.md rounds 10-12). Same bits every way. */
+ * over the range (i, i + Q, i + 2Q, i + 3Q, Q = the call's groups / 4: four
+ * streams far apart). By default 3 on an Intel CPU, where more streams, and
+ * streams far apart, read DRAM faster (the Xeon of rounds 12-13, 2 threads,
+ * scripts/bench_r8_stream.c, median GB/s 0 / 2 / 3: q4_0 18.0 / 21.7 / 25.0,
+ * q4_k 19.2 / 21.8 / 25.5; end to end, kvshard bench alternating 2 and 3,
+ * q4_0 decode 35.5 -> 40.8 tok/s and q4_k 26.9 -> 29.8, medians of 4), and 0
+ * elsewhere (a Zen 5 EPYC read one stream faster than two; BENCHMARKS.md rounds
+ * 10-13). Same bits every way. */
 int quant_r8_pairs1(void);
 /* -1: by the CPU (the default); 0-3 as above. Process-wide, from the next call. */
 void quant_r8_set_pairs1(int mode);

@@ -28,7 +28,7 @@ static void bench_usage(FILE *f) {
                "                    CPU has; one it lacks is an error), for an A/B on one machine\n"
                "  --pairs1 MODE     one-token r8 kernels take row groups two at a time (two weight\n"
                "                    streams per thread; AVX-512 VNNI, q4_0 and q8_0) or four (quad:\n"
-               "                    q4_0, q8_0, q4_k): auto (quad on an Intel CPU, else off; the default),\n"
+               "                    q4_0, q8_0, q4_k): auto (spread on an Intel CPU, else off; the default),\n"
                "                    on, off, quad or spread (quads from four far-apart groups); the\n"
                "                    kernels field says +pairs1, +quads1 or +spread1\n"
                "  --depth D         also decode a second session after a D-token prompt, alternating\n"
