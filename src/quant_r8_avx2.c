@@ -90,6 +90,18 @@ R8_INLINE void r8_prefetch_q4_0(const block_q4_0x8 *blk) {
     _mm_prefetch((const char *)blk + R8_PREFETCH + 72, _MM_HINT_T0);
 }
 
+/* The scale header of the q4_kx8 (128 bytes) and q6_kx8 (144) block
+ * R8_PREFETCH bytes ahead: the kernels prefetch the quants of that block as
+ * they step through this one's, and without these lines the header of every
+ * block was a demand miss on the stream (each block starts with it). */
+R8_INLINE void r8_prefetch_q4_k_head(const block_q4_kx8 *blk) {
+    _mm_prefetch((const char *)blk + R8_PREFETCH, _MM_HINT_T0);
+    _mm_prefetch((const char *)blk + R8_PREFETCH + 64, _MM_HINT_T0);
+}
+R8_INLINE void r8_prefetch_q6_k_head(const block_q6_kx8 *blk) {
+    R8_UNROLL for (int l = 0; l < 3; l++) _mm_prefetch((const char *)blk + R8_PREFETCH + 64 * l, _MM_HINT_T0);
+}
+
 /* Four 32-byte chunks of nibbles from qs: lo[c] / hi[c] their low / high nibbles. */
 R8_INLINE void r8_nibbles(const uint8_t *qs, __m256i lo[4], __m256i hi[4]) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -279,6 +291,7 @@ R8_INLINE void r8_q4_k_group(int64_t nb, const block_q4_kx8 *g, const uint8_t *a
     R8_GROUP_BEGIN(block_q8_k);
     for (int64_t b = 0; b < nb; b++) {
         __m256i sc32[8], mn32[4], s1[R8_TOKENS];
+        r8_prefetch_q4_k_head(&g[b]);
         r8_q4_k_scales(&g[b], sc32, mn32);
         R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
@@ -341,6 +354,7 @@ R8_INLINE void r8_q6_k_group(int64_t nb, const block_q6_kx8 *g, const uint8_t *a
     const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(0x03);
     for (int64_t b = 0; b < nb; b++) {
         __m256i sc16[16], scp[8], s1[R8_TOKENS];
+        r8_prefetch_q6_k_head(&g[b]);
         r8_q6_k_scales(&g[b], sc16, scp);
         R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
@@ -595,6 +609,8 @@ R8_INLINE void r8z_q4_k_pair_block(const block_q4_kx8 *g, const block_q4_kx8 *h,
                                    const int T, __m512 *acc) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512i sc[8], mn32[4], s1[R8_TOKENS];
+    r8_prefetch_q4_k_head(&g[b]);
+    r8_prefetch_q4_k_head(&h[b]);
     r8z_q4_k_scales_pair(&g[b], &h[b], sc, mn32);
     R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm512_setzero_si512();
     for (int j = 0; j < 8; j++) {
@@ -637,6 +653,7 @@ R8_INLINE void r8z_q4_k_one(int64_t nb, const block_q4_kx8 *g, const block_q8_k 
     for (int64_t b = 0; b < nb; b++) {
         __m128i scp[4];
         __m256i mn32[4];
+        r8_prefetch_q4_k_head(&g[b]);
         r8z_q4_k_scales_one(&g[b], scp, mn32);
         __m512i s1 = _mm512_setzero_si512();
         R8_UNROLL for (int j = 0; j < 8; j += 2) {
@@ -667,6 +684,8 @@ R8_INLINE void r8z_q6_k_pair(int64_t nb, const block_q6_kx8 *g, const uint8_t *a
     const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(0x03);
     for (int64_t b = 0; b < nb; b++) {
         __m512i sc16[16], scp[8], s1[R8_TOKENS];
+        r8_prefetch_q6_k_head(&g[b]);
+        r8_prefetch_q6_k_head(&h[b]);
         R8Z_SCALES(r8_q6_k_scales, 16, sc16, 8, scp);
         R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) {
