@@ -372,7 +372,9 @@ QUANT_R8_DECLS(avx2)
 QUANT_R8_DECLS(avx512)
 QUANT_R8_DECL(avx512, pairs1_q4_0) QUANT_R8_DECL(avx512, pairs1_q8_0)
 QUANT_R8_DECL(avx512, quads1_q4_0) QUANT_R8_DECL(avx512, quads1_q8_0) QUANT_R8_DECL(avx512, quads1_q4_k)
+    QUANT_R8_DECL(avx512, quads1_q6_k)
 QUANT_R8_DECL(avx512, spread1_q4_0) QUANT_R8_DECL(avx512, spread1_q8_0) QUANT_R8_DECL(avx512, spread1_q4_k)
+    QUANT_R8_DECL(avx512, spread1_q6_k)
 
 void quant_ref_dequant_q2_k(const void *w, float *y, int64_t n);
 void quant_ref_dequant_q3_k(const void *w, float *y, int64_t n);

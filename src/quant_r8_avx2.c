@@ -677,52 +677,48 @@ R8_INLINE void r8z_q4_k_one(int64_t nb, const block_q4_kx8 *g, const block_q8_k 
 }
 
 /* q6_k: r8_q6_k_group's steps on 16 lanes. */
-R8_INLINE void r8z_q6_k_pair(int64_t nb, const block_q6_kx8 *g, const uint8_t *act, size_t astride, const int T,
-                             float *out, size_t ostride) {
-    R8Z_PAIR_BEGIN(block_q8_k);
-    const block_q6_kx8 *h = g + nb;
+R8_INLINE void r8z_q6_k_pair_block(const block_q6_kx8 *g, const block_q6_kx8 *h, int64_t b, const block_q8_k *const *a,
+                                   const int T, __m512 *acc) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(0x03);
-    for (int64_t b = 0; b < nb; b++) {
-        __m512i sc16[16], scp[8], s1[R8_TOKENS];
-        r8_prefetch_q6_k_head(&g[b]);
-        r8_prefetch_q6_k_head(&h[b]);
-        R8Z_SCALES(r8_q6_k_scales, 16, sc16, 8, scp);
-        R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm512_setzero_si512();
-        for (int j = 0; j < 8; j++) {
-            const uint8_t *lg = g[b].ql + 128 * j, *hg = g[b].qh + 64 * j;
-            const uint8_t *lh = h[b].ql + 128 * j, *hh = h[b].qh + 64 * j;
-            _mm_prefetch((const char *)lg + R8_PREFETCH, _MM_HINT_T0);
-            _mm_prefetch((const char *)lg + R8_PREFETCH + 64, _MM_HINT_T0);
-            _mm_prefetch((const char *)hg + R8_PREFETCH, _MM_HINT_T0);
-            _mm_prefetch((const char *)lh + R8_PREFETCH, _MM_HINT_T0);
-            _mm_prefetch((const char *)lh + R8_PREFETCH + 64, _MM_HINT_T0);
-            _mm_prefetch((const char *)hh + R8_PREFETCH, _MM_HINT_T0);
-            R8_UNROLL for (int k = 0; k < 2; k++) {
-                const __m512i q0 = z_load2(lg + 64 * k, lh + 64 * k), q1 = z_load2(lg + 64 * k + 32, lh + 64 * k + 32),
-                              hb = z_load2(hg + 32 * k, hh + 32 * k);
-                __m512i u[4];
-                R8_Q6_K_UNPACK(_mm512, si512, q0, q1, hb, m4, m3, u);
-                const __m512i sc = sc16[2 * j + k];
-                R8_UNROLL for (int t = 0; t < T; t++) {
-                    const int8_t *q = a[t][b].qs + 32 * j + 16 * k;
-                    __m512i x, y;
-                    R8_Q6_K_SUMS16(_mm512, z_bcast4, u, q, x, y);
-                    s1[t] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(s1[t], x, sc), y, sc);
-                }
+    __m512i sc16[16], scp[8], s1[R8_TOKENS];
+    r8_prefetch_q6_k_head(&g[b]);
+    r8_prefetch_q6_k_head(&h[b]);
+    R8Z_SCALES(r8_q6_k_scales, 16, sc16, 8, scp);
+    R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; j++) {
+        const uint8_t *lg = g[b].ql + 128 * j, *hg = g[b].qh + 64 * j;
+        const uint8_t *lh = h[b].ql + 128 * j, *hh = h[b].qh + 64 * j;
+        _mm_prefetch((const char *)lg + R8_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)lg + R8_PREFETCH + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)hg + R8_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)lh + R8_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)lh + R8_PREFETCH + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)hh + R8_PREFETCH, _MM_HINT_T0);
+        R8_UNROLL for (int k = 0; k < 2; k++) {
+            const __m512i q0 = z_load2(lg + 64 * k, lh + 64 * k), q1 = z_load2(lg + 64 * k + 32, lh + 64 * k + 32),
+                          hb = z_load2(hg + 32 * k, hh + 32 * k);
+            __m512i u[4];
+            R8_Q6_K_UNPACK(_mm512, si512, q0, q1, hb, m4, m3, u);
+            const __m512i sc = sc16[2 * j + k];
+            R8_UNROLL for (int t = 0; t < T; t++) {
+                const int8_t *q = a[t][b].qs + 32 * j + 16 * k;
+                __m512i x, y;
+                R8_Q6_K_SUMS16(_mm512, z_bcast4, u, q, x, y);
+                s1[t] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(s1[t], x, sc), y, sc);
             }
         }
-        const __m512 d = z_f16x2(g[b].d, h[b].d);
-        R8_UNROLL for (int t = 0; t < T; t++) {
-            const block_q8_k *y = &a[t][b];
-            __m512i s2 = _mm512_setzero_si512();
-            R8_UNROLL for (int p = 0; p < 8; p++)
-                s2 = _mm512_dpwssd_epi32(s2, scp[p], z_bcast4((const int8_t *)(y->bsums + 2 * p)));
-            const __m512i sum = _mm512_sub_epi32(s1[t], _mm512_slli_epi32(s2, 5));
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(y->d)), acc[t]);
-        }
     }
-    R8Z_PAIR_END();
+    const __m512 d = z_f16x2(g[b].d, h[b].d);
+    R8_UNROLL for (int t = 0; t < T; t++) {
+        const block_q8_k *y = &a[t][b];
+        __m512i s2 = _mm512_setzero_si512();
+        R8_UNROLL for (int p = 0; p < 8; p++)
+            s2 = _mm512_dpwssd_epi32(s2, scp[p], z_bcast4((const int8_t *)(y->bsums + 2 * p)));
+        const __m512i sum = _mm512_sub_epi32(s1[t], _mm512_slli_epi32(s2, 5));
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(y->d)), acc[t]);
+    }
 }
+R8Z_PAIR_KERNELS(q6_k, block_q6_kx8, block_q8_k)
 #endif /* QUANT_R8_VNNI */
 
 /* The exported kernel of a type: groups two at a time through PAIR_FN when
@@ -833,6 +829,7 @@ R8_KERNEL(r8_pairs1_q8_0, q8_0, block_q8_0x8, QK32, 1, r8z_q8_0_pair)
 R8_KERNEL_QUADS1(q4_0, block_q4_0x8, act_q8, QK32, r8_pairs1_q4_0)
 R8_KERNEL_QUADS1(q8_0, block_q8_0x8, act_q8, QK32, r8_pairs1_q8_0)
 R8_KERNEL_QUADS1(q4_k, block_q4_kx8, block_q8_k, QKK, r8_q4_k)
+R8_KERNEL_QUADS1(q6_k, block_q6_kx8, block_q8_k, QKK, r8_q6_k)
 #else
 R8_INLINE void r8_q8_0_pair(int64_t nb, const block_q8_0x8 *g, const uint8_t *act, size_t astride, const int T,
                             float *out, size_t ostride) {

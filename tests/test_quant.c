@@ -592,7 +592,7 @@ int main(void) {
     }
     /* One-token pairs: forced on, only the AVX-512 table's q4_0 and q8_0 take
      * them (q6_k's kernel pairs anyway, q4_k keeps one group); quads and spread
-     * quads, those and q4_k; forced off, none does. */
+     * quads, those and q4_k and q6_k; forced off, none does. */
     for (int on = 0; on <= 3; on++) {
         quant_r8_set_pairs1(on);
         CHECK(quant_r8_pairs1() == on);
@@ -602,7 +602,8 @@ int main(void) {
             CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q4_0), want);
             CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q8_0), want);
             CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q4_K), want >= 2 ? want : 0);
-            CHECK(!quant_r8_pairs1_used(QUANT_Q6_K) && !quant_r8_pairs1_used(QUANT_Q5_K));
+            CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q6_K), want >= 2 ? want : 0);
+            CHECK(!quant_r8_pairs1_used(QUANT_Q5_K));
         }
     }
     /* By default the spread quads on an Intel CPU, one group elsewhere. */
