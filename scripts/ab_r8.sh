@@ -29,7 +29,8 @@ for v in a b; do
         -Dquant_${isa}_r8_pairs1_q4_0=v${v}_r8_pairs1_q4_0 -Dquant_${isa}_r8_pairs1_q8_0=v${v}_r8_pairs1_q8_0 \
         -Dquant_${isa}_r8_quads1_q4_0=v${v}_r8_quads1_q4_0 -Dquant_${isa}_r8_quads1_q8_0=v${v}_r8_quads1_q8_0 \
         -Dquant_${isa}_r8_quads1_q4_k=v${v}_r8_quads1_q4_k -Dquant_${isa}_r8_spread1_q4_0=v${v}_r8_spread1_q4_0 \
-        -Dquant_${isa}_r8_spread1_q8_0=v${v}_r8_spread1_q8_0 -Dquant_${isa}_r8_spread1_q4_k=v${v}_r8_spread1_q4_k
+        -Dquant_${isa}_r8_spread1_q8_0=v${v}_r8_spread1_q8_0 -Dquant_${isa}_r8_spread1_q4_k=v${v}_r8_spread1_q4_k \
+        -Dquant_${isa}_r8_quads1_q6_k=v${v}_r8_quads1_q6_k -Dquant_${isa}_r8_spread1_q6_k=v${v}_r8_spread1_q6_k
 done
 abflags=(); [ "${VNNI:-0}" = 1 ] && abflags=(-DAB_R8_VNNI=1)
 gcc -O2 -Isrc -Iinclude "${abflags[@]}" scripts/ab_r8.c "$tmp/a.o" "$tmp/b.o" build/libkvshard_core.a -lm -lpthread -o build/ab_r8

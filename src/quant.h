@@ -127,7 +127,7 @@ void quant_r8_set_enabled(bool on);
 /* How the r8 kernels take row groups for a single token where the ISA has
  * such kernels (AVX-512 VNNI): 0 one at a time (one weight stream per
  * thread), 1 two at a time (q4_0, q8_0: two streams), 2 four at a time (q4_0,
- * q8_0, q4_k: two pairs side by side, four streams), 3 four at a time spread
+ * q8_0, q4_k, q6_k: two pairs side by side, four streams), 3 four at a time spread
  * over the range (i, i + Q, i + 2Q, i + 3Q, Q = the call's groups / 4: four
  * streams far apart). By default 3 on an Intel CPU, where more streams, and
  * streams far apart, read DRAM faster (the Xeon of rounds 12-13, 2 threads,

@@ -735,9 +735,11 @@ R8Z_PAIR_KERNELS(q6_k, block_q6_kx8, block_q8_k)
  * streams no better alone and keeps its pairs. On the Intel Xeon of round 11
  * two streams per thread read faster than one for q4_0 and q8_0, so the VNNI
  * build also exports r8_pairs1_* for them (pairs from one token), and four
- * faster still (round 12), so r8_quads1_* for them and q4_k (two pairs side by
- * side, R8_KERNEL_QUADS1), which quant_dot_r8 takes at one token where
- * quant_r8_pairs1 says so. */
+ * faster still (round 12), so r8_quads1_* for them, q4_k and (round 13) q6_k
+ * (two pairs side by side, R8_KERNEL_QUADS1), which quant_dot_r8 takes at one
+ * token where quant_r8_pairs1 says so: four groups a quarter of the call's
+ * range apart, r8_spread1_*, read fastest there, q6_k's too (its pair step is
+ * no cheaper, but its streams far apart read 1.15-1.2x its pairs). */
 #define R8_PASS(type, TT, pair_fn)                                                                            \
     case TT:                                                                                                  \
         if (two) pair_fn(nb, g, at, act_stride, TT, ot, out_stride);                                          \
