@@ -311,9 +311,8 @@ static const quant_kernels *r8_entry(uint32_t wtype) {
     return NULL;
 }
 
-/* The r8 kernel quant_dot_r8 runs for wtype at n_act tokens; NULL: none. */
-static quant_dot_r8_fn r8_kernel(uint32_t wtype, int n_act) {
-    const quant_kernels *k = r8_entry(wtype);
+/* The kernel of entry k (r8_entry) for n_act tokens; NULL: none. */
+static quant_dot_r8_fn r8_kernel(const quant_kernels *k, int n_act) {
     if (!k || n_act != 1) return k ? k->r8 : NULL;
     const int mode = quant_r8_pairs1();
     if (mode == 3 && k->r8_spread1) return k->r8_spread1;
@@ -324,7 +323,7 @@ static quant_dot_r8_fn r8_kernel(uint32_t wtype, int n_act) {
 int quant_r8_pairs1_used(uint32_t wtype) {
     if (!quant_r8_supported(wtype)) return 0;
     const quant_kernels *k = r8_entry(wtype);
-    const quant_dot_r8_fn one = r8_kernel(wtype, 1);
+    const quant_dot_r8_fn one = r8_kernel(k, 1);
     return !k ? 0 : one == k->r8_spread1 ? 3 : one == k->r8_quads1 ? 2 : one == k->r8_pairs1 ? 1 : 0;
 }
 
@@ -333,7 +332,7 @@ void quant_dot_r8(uint32_t wtype, int64_t n, const void *w, int n_groups, const 
     KVS_ASSERT(quant_r8_supported(wtype));
     check_n(wtype, n);
     if (n_groups <= 0 || n_act <= 0) return;
-    quant_dot_r8_fn f = r8_kernel(wtype, n_act);
+    quant_dot_r8_fn f = r8_kernel(r8_entry(wtype), n_act);
     KVS_ASSERT(f && "no r8 kernel");
     f(n, w, n_groups, act, act_stride, n_act, out, out_stride);
 }

@@ -19,6 +19,7 @@
  * batch invariant, and bit-identical to the scalar reference.
  */
 #include <immintrin.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "quant_impl.h"
@@ -90,16 +91,13 @@ R8_INLINE void r8_prefetch_q4_0(const block_q4_0x8 *blk) {
     _mm_prefetch((const char *)blk + R8_PREFETCH + 72, _MM_HINT_T0);
 }
 
-/* The scale header of the q4_kx8 (128 bytes) and q6_kx8 (144) block
- * R8_PREFETCH bytes ahead: the kernels prefetch the quants of that block as
- * they step through this one's, and without these lines the header of every
- * block was a demand miss on the stream (each block starts with it). */
-R8_INLINE void r8_prefetch_q4_k_head(const block_q4_kx8 *blk) {
-    _mm_prefetch((const char *)blk + R8_PREFETCH, _MM_HINT_T0);
-    _mm_prefetch((const char *)blk + R8_PREFETCH + 64, _MM_HINT_T0);
-}
-R8_INLINE void r8_prefetch_q6_k_head(const block_q6_kx8 *blk) {
-    R8_UNROLL for (int l = 0; l < 3; l++) _mm_prefetch((const char *)blk + R8_PREFETCH + 64 * l, _MM_HINT_T0);
+/* The scale header (the first head bytes, those before the quants: q4_kx8
+ * 128, q6_kx8 144) of the block R8_PREFETCH bytes ahead of blk: the kernels
+ * prefetch the quants of that block as they step through this one's, and
+ * without these lines the header of every block was a demand miss on the
+ * stream (each block starts with it). */
+R8_INLINE void r8_prefetch_head(const void *blk, size_t head) {
+    R8_UNROLL for (size_t l = 0; l < head; l += 64) _mm_prefetch((const char *)blk + R8_PREFETCH + l, _MM_HINT_T0);
 }
 
 /* Four 32-byte chunks of nibbles from qs: lo[c] / hi[c] their low / high nibbles. */
@@ -291,7 +289,7 @@ R8_INLINE void r8_q4_k_group(int64_t nb, const block_q4_kx8 *g, const uint8_t *a
     R8_GROUP_BEGIN(block_q8_k);
     for (int64_t b = 0; b < nb; b++) {
         __m256i sc32[8], mn32[4], s1[R8_TOKENS];
-        r8_prefetch_q4_k_head(&g[b]);
+        r8_prefetch_head(&g[b], offsetof(block_q4_kx8, qs));
         r8_q4_k_scales(&g[b], sc32, mn32);
         R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
@@ -354,7 +352,7 @@ R8_INLINE void r8_q6_k_group(int64_t nb, const block_q6_kx8 *g, const uint8_t *a
     const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(0x03);
     for (int64_t b = 0; b < nb; b++) {
         __m256i sc16[16], scp[8], s1[R8_TOKENS];
-        r8_prefetch_q6_k_head(&g[b]);
+        r8_prefetch_head(&g[b], offsetof(block_q6_kx8, ql));
         r8_q6_k_scales(&g[b], sc16, scp);
         R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
@@ -609,8 +607,8 @@ R8_INLINE void r8z_q4_k_pair_block(const block_q4_kx8 *g, const block_q4_kx8 *h,
                                    const int T, __m512 *acc) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512i sc[8], mn32[4], s1[R8_TOKENS];
-    r8_prefetch_q4_k_head(&g[b]);
-    r8_prefetch_q4_k_head(&h[b]);
+    r8_prefetch_head(&g[b], offsetof(block_q4_kx8, qs));
+    r8_prefetch_head(&h[b], offsetof(block_q4_kx8, qs));
     r8z_q4_k_scales_pair(&g[b], &h[b], sc, mn32);
     R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm512_setzero_si512();
     for (int j = 0; j < 8; j++) {
@@ -653,7 +651,7 @@ R8_INLINE void r8z_q4_k_one(int64_t nb, const block_q4_kx8 *g, const block_q8_k 
     for (int64_t b = 0; b < nb; b++) {
         __m128i scp[4];
         __m256i mn32[4];
-        r8_prefetch_q4_k_head(&g[b]);
+        r8_prefetch_head(&g[b], offsetof(block_q4_kx8, qs));
         r8z_q4_k_scales_one(&g[b], scp, mn32);
         __m512i s1 = _mm512_setzero_si512();
         R8_UNROLL for (int j = 0; j < 8; j += 2) {
@@ -681,8 +679,8 @@ R8_INLINE void r8z_q6_k_pair_block(const block_q6_kx8 *g, const block_q6_kx8 *h,
                                    const int T, __m512 *acc) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(0x03);
     __m512i sc16[16], scp[8], s1[R8_TOKENS];
-    r8_prefetch_q6_k_head(&g[b]);
-    r8_prefetch_q6_k_head(&h[b]);
+    r8_prefetch_head(&g[b], offsetof(block_q6_kx8, ql));
+    r8_prefetch_head(&h[b], offsetof(block_q6_kx8, ql));
     R8Z_SCALES(r8_q6_k_scales, 16, sc16, 8, scp);
     R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm512_setzero_si512();
     for (int j = 0; j < 8; j++) {
@@ -798,7 +796,7 @@ R8_KERNEL(r8_pairs1_q8_0, q8_0, block_q8_0x8, QK32, 1, r8z_q8_0_pair)
  * 4i .. 4i + 3; r8_spread1_TYPE (mode 3) takes i, i + Q, i + 2Q and i + 3Q
  * (Q = n_groups / 4), four streams a quarter of the range apart rather than
  * 9 KB. */
-#define R8_KERNEL_QUADS1(type, block_t, act_t, QB, one_fn)                                                      \
+#define R8_KERNEL_QUADS1(type, block_t, QB, one_fn)                                                      \
     static void r8_quads1_run_##type(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, \
                                      float *out, size_t out_stride, int spread) {                                \
         const int64_t nb = n / (QB);                                                                             \
@@ -828,10 +826,10 @@ R8_KERNEL(r8_pairs1_q8_0, q8_0, block_q8_0x8, QK32, 1, r8z_q8_0_pair)
         if (n_act != 1) R8_NAME(r8_##type)(n, w, n_groups, act, act_stride, n_act, out, out_stride);             \
         else r8_quads1_run_##type(n, w, n_groups, act, act_stride, out, out_stride, 1);                         \
     }
-R8_KERNEL_QUADS1(q4_0, block_q4_0x8, act_q8, QK32, r8_pairs1_q4_0)
-R8_KERNEL_QUADS1(q8_0, block_q8_0x8, act_q8, QK32, r8_pairs1_q8_0)
-R8_KERNEL_QUADS1(q4_k, block_q4_kx8, block_q8_k, QKK, r8_q4_k)
-R8_KERNEL_QUADS1(q6_k, block_q6_kx8, block_q8_k, QKK, r8_q6_k)
+R8_KERNEL_QUADS1(q4_0, block_q4_0x8, QK32, r8_pairs1_q4_0)
+R8_KERNEL_QUADS1(q8_0, block_q8_0x8, QK32, r8_pairs1_q8_0)
+R8_KERNEL_QUADS1(q4_k, block_q4_kx8, QKK, r8_q4_k)
+R8_KERNEL_QUADS1(q6_k, block_q6_kx8, QKK, r8_q6_k)
 #else
 R8_INLINE void r8_q8_0_pair(int64_t nb, const block_q8_0x8 *g, const uint8_t *act, size_t astride, const int T,
                             float *out, size_t ostride) {

@@ -230,10 +230,10 @@ static void decode_next(engine_req *r, int32_t *slot, int32_t tok, const float *
     r->hidden = hidden_row;
 }
 
-/* --pairs1 auto|on|off (quant_r8_set_pairs1). */
+/* --pairs1 auto|off|on|quad|spread: quant_r8_set_pairs1(-1 .. 3). */
 static bool bench_pairs1(const char *mode) {
     static const char *const names[] = {"auto", "off", "on", "quad", "spread"};
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
         if (!strcmp(mode, names[i])) {
             quant_r8_set_pairs1(i - 1);
             return true;
