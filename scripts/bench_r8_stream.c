@@ -1,6 +1,7 @@
 /*
  * bench_r8_stream — the one-token r8 kernel modes (quant_r8_set_pairs1: off,
- * pairs, quads, spread quads) and the bandwidth probe's stream counts, streaming weights
+ * pairs, quads, spread quads), the same hand-out with no arithmetic ("no math":
+ * its ceiling) and the bandwidth probe's stream counts, streaming weights
  * from DRAM the way decode does, side by side in one run: a 512 MiB buffer of
  * repacked rows of 2048 elements cut into matrices of 5632 rows (TinyLlama's
  * FFN), each matrix split over the threads in guided chunks of 16 rows as
@@ -34,6 +35,14 @@ typedef struct {
     size_t ab;
     float *out;
 } mat_task;
+
+/* The same hand-out with no arithmetic: the call's rows read by vec_read_sum
+ * as four streams a quarter of the range apart, as the spread quads walk
+ * them (the ceiling of the matmul's structure: chunks, one barrier per matrix). */
+static void mat_read(void *p, int64_t r0, int64_t r1, int slot) {
+    const mat_task *t = p;
+    t->out[slot & 63] += (float)vec_read_sum(t->w + (size_t)r0 * t->rb, (size_t)(r1 - r0) * t->rb, 4);
+}
 
 static void mat_rows(void *p, int64_t r0, int64_t r1, int slot) {
     (void)slot;
@@ -95,18 +104,18 @@ int main(int argc, char **argv) {
         const size_t n = n_mat * mat_bytes - off < rb * SEED_ROWS ? n_mat * mat_bytes - off : rb * SEED_ROWS;
         memcpy(buf + off, packed, n);
     }
-    static const char *const mode_names[] = {"off", "pairs", "quads", "spread"};
-    enum { MODES = 4, PROBES = 4 };
+    static const char *const mode_names[] = {"off", "pairs", "quads", "spread", "no math"};
+    enum { MODES = 5, PROBES = 4 };
     static double gbs[MODES + PROBES][MAX_PASSES];
     const double bytes = (double)n_mat * (double)mat_bytes;
     probe_task pt = {.buf = buf, .chunk = (size_t)1 << 20};
     for (int pass = 0; pass < passes; pass++) {
         for (int m = 0; m < MODES; m++) {
-            quant_r8_set_pairs1(m);
+            quant_r8_set_pairs1(m < 4 ? m : -1);
             const double t0 = bench_now_s();
             for (size_t i = 0; i < n_mat; i++) {
                 mat_task t = {.type = type, .w = buf + i * mat_bytes, .rb = rb, .act = act, .ab = ab, .out = out};
-                ops_parallel_for_guided(pool, MAT_ROWS, CHUNK, mat_rows, &t);
+                ops_parallel_for_guided(pool, MAT_ROWS, CHUNK, m < 4 ? mat_rows : mat_read, &t);
             }
             gbs[m][pass] = bytes / (bench_now_s() - t0) / 1e9;
         }
@@ -129,7 +138,7 @@ int main(int argc, char **argv) {
     printf("%s, %d threads, %.0f MiB in %zu matrices of %d rows, %d passes (GB/s median / best, median/probe-best)\n", name,
            threads, bytes / 1048576.0, n_mat, MAT_ROWS, passes);
     for (int m = 0; m < MODES; m++)
-        printf("  r8 one token, %-6s %6.2f / %6.2f  %.3f\n", mode_names[m], med[m], best[m], med[m] / probe_best);
+        printf("  r8 one token, %-7s %6.2f / %6.2f  %.3f\n", mode_names[m], med[m], best[m], med[m] / probe_best);
     for (int p = 0; p < PROBES; p++)
         printf("  probe, %d stream%s    %6.2f / %6.2f\n", 1 << p, p ? "s" : " ", med[MODES + p], best[MODES + p]);
     kvs_unmap_big(buf, mapped);

@@ -32,4 +32,12 @@ static inline simde__m512i kvs_emu_mm512_cvtepu8_epi32(simde__m128i a) {
                                    simde_mm256_cvtepu8_epi32(simde_mm_srli_si128(a, 8)), 1);
 }
 #define _mm512_cvtepu8_epi32(a) kvs_emu_mm512_cvtepu8_epi32(a)
+
+/* Nor for this one: bytes 0-15 zero-extended into the low half, 16-31 into
+ * the high half, as vpmovzxbw does. */
+static inline simde__m512i kvs_emu_mm512_cvtepu8_epi16(simde__m256i a) {
+    return simde_mm512_inserti64x4(simde_mm512_castsi256_si512(simde_mm256_cvtepu8_epi16(simde_mm256_castsi256_si128(a))),
+                                   simde_mm256_cvtepu8_epi16(simde_mm256_extracti128_si256(a, 1)), 1);
+}
+#define _mm512_cvtepu8_epi16(a) kvs_emu_mm512_cvtepu8_epi16(a)
 #endif

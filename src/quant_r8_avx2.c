@@ -227,18 +227,26 @@ R8_INLINE __m256i r8_sub_sum16(const __m256i lo[4], const __m256i hi[4], const i
  * by one madd (exact: S1 <= 8 x 63 x 60960), and per token the mins against
  * the activation's sub-block sums by four madds; float steps of
  * quant_r8_ref.c. */
-/* The 6-bit scale and min bytes of a q4_kx8 super-block: b[0] / b[1] = scales
- * 0-3 / 4-7 (byte 8j + r: row r's scale j or 4 + j), b[2] / b[3] the mins. */
+/* The 6-bit scale and min bytes of a q4_kx8 super-block from its sc_lo (l),
+ * m_lo (ml) and hi (h) bytes: b[0] / b[1] = scales 0-3 / 4-7 (byte 8j + r:
+ * row r's scale j or 4 + j), b[2] / b[3] the mins; at either width (P _mm256
+ * or _mm512, S si256 or si512, m4_ / m3_ bytes 0x0F / 0x03; at 512 bits, two
+ * super-blocks side by side). */
+#define R8_Q4_K_SCALE_BYTES(P, S, l, ml, h, m4_, m3_, b)                                                          \
+    do {                                                                                                       \
+        b[0] = P##_or_##S(P##_and_##S(l, m4_), P##_slli_epi16(P##_and_##S(h, m3_), 4));                          \
+        b[1] = P##_or_##S(P##_and_##S(P##_srli_epi16(l, 4), m4_),                                              \
+                          P##_slli_epi16(P##_and_##S(P##_srli_epi16(h, 2), m3_), 4));                           \
+        b[2] = P##_or_##S(P##_and_##S(ml, m4_), P##_slli_epi16(P##_and_##S(P##_srli_epi16(h, 4), m3_), 4));     \
+        b[3] = P##_or_##S(P##_and_##S(P##_srli_epi16(ml, 4), m4_),                                             \
+                          P##_slli_epi16(P##_and_##S(P##_srli_epi16(h, 6), m3_), 4));                           \
+    } while (0)
+
 R8_INLINE void r8_q4_k_scale_bytes(const block_q4_kx8 *g, __m256i b[4]) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(0x03);
     const __m256i l = _mm256_loadu_si256((const __m256i *)g->sc_lo), ml = _mm256_loadu_si256((const __m256i *)g->m_lo),
                   h = _mm256_loadu_si256((const __m256i *)g->hi);
-    b[0] = _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
-    b[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 4), m4),
-                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
-    b[2] = _mm256_or_si256(_mm256_and_si256(ml, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
-    b[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ml, 4), m4),
-                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
+    R8_Q4_K_SCALE_BYTES(_mm256, si256, l, ml, h, m4, m3, b);
 }
 
 R8_INLINE void r8_q4_k_scales(const block_q4_kx8 *g, __m256i sc32[8], __m256i mn32[4]) {
@@ -590,16 +598,24 @@ R8_INLINE void r8z_q4_k_scales_one(const block_q4_kx8 *g, __m128i scp[4], __m256
 
 /* Super-block b's scales of groups g and h as 16 lanes (sc[j] lane r: row
  * r's scale j, g's rows then h's) and their mins as pairs of i16s (mn32[p]
- * lane r: mins 2p and 2p + 1), from r8z_q4_k_scales_one's registers. */
+ * lane r: mins 2p and 2p + 1), decoded for both groups at once in 512-bit
+ * registers (r8_q4_k_scale_bytes' bytes, g's in the low half, h's in the
+ * high), then per sub-block one qword permute and one widening: 48 vector
+ * instructions where two 256-bit decodes and their joins took 84. */
 R8_INLINE void r8z_q4_k_scales_pair(const block_q4_kx8 *g, const block_q4_kx8 *h, __m512i sc[8], __m512i mn32[4]) {
-    __m128i sg[4], sh[4];
-    __m256i mg[4], mh[4];
-    r8z_q4_k_scales_one(g, sg, mg);
-    r8z_q4_k_scales_one(h, sh, mh);
-    R8_UNROLL for (int p = 0; p < 4; p++) {
-        sc[2 * p] = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(sg[p], sh[p]));
-        sc[2 * p + 1] = _mm512_cvtepu8_epi32(_mm_unpackhi_epi64(sg[p], sh[p]));
-        mn32[p] = z_join(mg[p], mh[p]);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(0x03);
+    const __m512i l = z_load2(g->sc_lo, h->sc_lo), ml = z_load2(g->m_lo, h->m_lo), hb = z_load2(g->hi, h->hi);
+    __m512i b[4];
+    R8_Q4_K_SCALE_BYTES(_mm512, si512, l, ml, hb, m4, m3, b);
+    R8_UNROLL for (int j = 0; j < 8; j++) { /* qwords j % 4 (g) and 4 + j % 4 (h) of b[j / 4] */
+        const __m512i pick = _mm512_set_epi64(0, 0, 0, 0, 0, 0, 4 + j % 4, j % 4);
+        sc[j] = _mm512_cvtepu8_epi32(_mm512_castsi512_si128(_mm512_permutexvar_epi64(pick, b[j / 4])));
+    }
+    R8_UNROLL for (int k = 0; k < 2; k++) {
+        /* 128-bit lane i of t: mins 2p and 2p + 1 of each row, interleaved (p = 2k + i % 2; g's for i < 2) */
+        const __m512i t = _mm512_unpacklo_epi8(b[2 + k], _mm512_unpackhi_epi64(b[2 + k], b[2 + k]));
+        mn32[2 * k] = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(_mm512_shuffle_i32x4(t, t, 0x08))); /* lanes 0, 2 */
+        mn32[2 * k + 1] = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(_mm512_shuffle_i32x4(t, t, 0x0D))); /* 1, 3 */
     }
 }
 
