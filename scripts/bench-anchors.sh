@@ -11,6 +11,8 @@
 # An anchor left unset is skipped (its columns say "-"). Other settings (defaults):
 #   KVSHARD=build/kvshard  SCRATCH=/tmp/kvshard-anchors (model files, logs; outside the repo)
 #   TYPES="q4_0 q8_0 q4_k q4_k_m"  ROUNDS=2  THREADS=2  PP=128  TG=32  SESSIONS="1 4 8" (empty: no batched part)
+#   PAIRED=32 (empty: none): kvshard bench --paired PAIRED, the roofline per decode step against
+#   a probe pass right after it (the "paired" column; "roofline" is the bench's decode_roofline)
 #   IK_LLAMA_ARGS=""  (extra llama-bench arguments for ik_llama.cpp, e.g. "-rtr 1": its run-time repacking)
 #   DEPTH=2016 (empty: no depth part): decode after DEPTH positions against after PP, per type —
 #   kvshard bench --depth (both sessions in one process, alternating step by step) and, when
@@ -28,6 +30,7 @@ PP=${PP:-128}
 TG=${TG:-32}
 SESSIONS=${SESSIONS-1 4 8}
 DEPTH=${DEPTH-2016}
+PAIRED=${PAIRED-32}
 LLAMA_BENCH=${LLAMA_BENCH:-}
 IK_LLAMA_BENCH=${IK_LLAMA_BENCH:-}
 LLAMA_BATCHED_BENCH=${LLAMA_BATCHED_BENCH:-}
@@ -86,11 +89,12 @@ get() { cat "$res/$1.$2.$3" 2>/dev/null || true; }
 
 run_kvshard() { # type round
     local f="$scratch/tinyllama-$1.gguf" o="$log/kvshard-$1-r$2.json"
-    "$KVSHARD" bench -m "$f" -t "$THREADS" -p "$PP" -n "$TG" > "$o" 2> "$log/kvshard-$1-r$2.err"
+    "$KVSHARD" bench -m "$f" -t "$THREADS" -p "$PP" -n "$TG" ${PAIRED:+--paired "$PAIRED"} > "$o" 2> "$log/kvshard-$1-r$2.err"
     put kv "$1" "r$2.pp" "$(jnum prefill_tok_s "$o")"
     put kv "$1" "r$2.tg" "$(jnum decode_tok_s "$o")"
     put kv "$1" "r$2.bw" "$(jnum mem_bw_gbs "$o")"
     put kv "$1" "r$2.roof" "$(jnum decode_roofline "$o")"
+    put kv "$1" "r$2.proof" "$(jnum decode_roofline_paired "$o")"
     put kv "$1" "r$2.load" "$(jnum load_s "$o")"
     put kv "$1" "kernels" "$(jkern "$o")"
     put kv "$1" "commit" "$(jstr commit "$o")"
@@ -169,8 +173,8 @@ echo
 echo "kvshard $(get kv "${TYPES%% *}" commit), $THREADS threads, pp$PP / tg$TG, $ROUNDS alternating round(s);" \
      "cpu $(lscpu | sed -n 's/^Model name: *//p' | head -1); load average now $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
-echo "| type | round | kvshard pp / tg (tok/s) | bw GB/s | roofline | kvshard load s | llama.cpp pp / tg | ik_llama.cpp pp / tg | pp vs ik | tg vs best anchor | kvshard kernels |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| type | round | kvshard pp / tg (tok/s) | bw GB/s | roofline | paired | kvshard load s | llama.cpp pp / tg | ik_llama.cpp pp / tg | pp vs ik | tg vs best anchor | kvshard kernels |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 for t in $TYPES; do
     for ((r = 1; r <= ROUNDS; r++)); do
         kp=$(or_dash "$(get kv "$t" "r$r.pp")"); kt=$(or_dash "$(get kv "$t" "r$r.tg")")
@@ -178,7 +182,7 @@ for t in $TYPES; do
         ip=$(or_dash "$(get ik "$t" "r$r.pp")"); it=$(or_dash "$(get ik "$t" "r$r.tg")")
         best=$(awk -v a="$lt" -v b="$it" 'BEGIN { a = (a == "-") ? -1 : a + 0; b = (b == "-") ? -1 : b + 0;
                                                m = a > b ? a : b; if (m < 0) print "-"; else print m }')
-        echo "| $t | $r | $kp / $kt | $(or_dash "$(get kv "$t" "r$r.bw")") | $(or_dash "$(get kv "$t" "r$r.roof")") |" \
+        echo "| $t | $r | $kp / $kt | $(or_dash "$(get kv "$t" "r$r.bw")") | $(or_dash "$(get kv "$t" "r$r.roof")") | $(or_dash "$(get kv "$t" "r$r.proof")") |" \
              "$(or_dash "$(get kv "$t" "r$r.load")") | $lp / $lt | $ip / $it | $(ratio "$kp" "$ip") | $(ratio "$kt" "$best") | $(get kv "$t" kernels) |"
     done
 done

@@ -111,13 +111,20 @@ int main(void) {
         cJSON_Delete(o);
         free(out);
 
-        /* bench --isa scalar: runs the scalar kernels and says so, whatever the CPU's best. */
-        const char *bs[] = {"bench", "-m", model, "-p", "4", "-n", "2", "-t", "1", "--isa", "scalar", NULL};
+        /* bench --isa scalar: runs the scalar kernels and says so, whatever the CPU's best;
+         * --paired 3: three more steps, each with its probe pass, and their medians. */
+        const char *bs[] = {"bench", "-m", model, "-p", "4", "-n", "2", "-t", "1", "--isa", "scalar", "--paired", "3", NULL};
         CHECK_EQ_INT(cli(bs, &out), 0);
         o = cJSON_Parse(out);
         CHECK(o != NULL);
         CHECK(cJSON_IsString(cJSON_GetObjectItem(o, "isa")) && !strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(o, "isa")), "scalar"));
         CHECK(strstr(out, "\"f32\":\"scalar") != NULL);
+        CHECK_EQ_INT(cJSON_GetNumberValue(cJSON_GetObjectItem(o, "paired")), 3);
+        CHECK(cJSON_GetNumberValue(cJSON_GetObjectItem(o, "decode_roofline_paired")) > 0);
+        CHECK(cJSON_GetNumberValue(cJSON_GetObjectItem(o, "paired_bw_gbs")) > 0);
+        CHECK(cJSON_GetNumberValue(cJSON_GetObjectItem(o, "paired_step_ms")) > 0);
+        /* the paired steps' KV is counted: held bytes stay under one block over the need */
+        CHECK(cJSON_IsTrue(cJSON_GetObjectItem(o, "kv_waste_under_one_block_per_session")));
         cJSON_Delete(o);
         free(out);
 

@@ -20,7 +20,7 @@
 static void bench_usage(FILE *f) {
     fprintf(f, "usage: kvshard bench -m MODEL [-t THREADS] [-p PROMPT_TOKENS] [-n DECODE_TOKENS] [--sessions N]\n"
                "                     [--layers FIRST:LAST] [--no-repack] [--depth D] [--isa NAME]\n"
-               "                     [--pairs1 auto|on|off|quad|spread]\n"
+               "                     [--pairs1 auto|on|off|quad|spread] [--paired K]\n"
                "  --layers          bench one shard's range (hidden-state input/output where it lacks\n"
                "                    the embeddings/head); reports its resident memory (rss_bytes)\n"
                "  --no-repack       keep the weights in the file's row layout (no r8 repacking)\n"
@@ -34,6 +34,11 @@ static void bench_usage(FILE *f) {
                "  --depth D         also decode a second session after a D-token prompt, alternating\n"
                "                    with the first step by step (both under the same machine state):\n"
                "                    adds decode_depth_tok_s and depth_slowdown (one session)\n"
+               "  --paired K        then K more decode steps, each followed by one bandwidth-probe pass\n"
+               "                    at mem_bw_streams: adds decode_roofline_paired (the median over the\n"
+               "                    K pairs of the step's roofline against its own pass's bandwidth,\n"
+               "                    so a slow spell of the machine falls on both), paired_step_ms and\n"
+               "                    paired_bw_gbs (medians); decode_roofline stays as it is\n"
                "  prints one JSON object: prefill_tok_s, decode_tok_s, mem_bw_gbs, weight_bytes_per_token,\n"
                "  decode_roofline, load_s (engine open: threads, map + repack, KV pool), model_sha256, threads,\n"
                "  cpu, isa, kernels\n"
@@ -62,36 +67,65 @@ static void bw_read(void *p, int64_t c0, int64_t c1, int slot) {
     atomic_fetch_add(&t->sink, vec_read_sum(t->buf + lo, hi - lo, t->streams));
 }
 
+/* The probe's buffer: 512 MiB in 2 MiB pages where the kernel gives them, as
+ * the repacked weights are, written once so every page is resident. */
+typedef struct {
+    uint8_t *buf;
+    size_t bytes, mapped;
+} bw_buffer;
+
+static bool bw_open(bw_buffer *b) {
+    b->bytes = 512u << 20;
+    b->mapped = 0;
+    b->buf = kvs_map_big(b->bytes, false, &b->mapped);
+    if (!b->buf) return false;
+    memset(b->buf, 1, b->bytes);
+    return true;
+}
+
+static void bw_close(bw_buffer *b) {
+    if (b->buf) kvs_unmap_big(b->buf, b->mapped);
+    b->buf = NULL;
+}
+
+/* One read of the whole buffer by every thread, `streams` per chunk: GB/s. */
+static double bw_pass(ops_pool *pool, const bw_buffer *b, int streams) {
+    bw_task t = {.buf = b->buf, .bytes = b->bytes, .streams = streams};
+    atomic_init(&t.sink, 0);
+    uint64_t t0 = kvs_now_ns();
+    ops_parallel_for(pool, (int64_t)((b->bytes + BW_CHUNK - 1) / BW_CHUNK), 4, bw_read, &t);
+    return (double)b->bytes / ((double)(kvs_now_ns() - t0) / 1e9) / 1e9;
+}
+
 /* The best of five passes at each of 1, 2, 4 and 8 streams per chunk: a core
  * that reads one stream at a time leaves DRAM bandwidth unused on some
  * machines (round 12), and a decode kernel may walk several row groups at
  * once, so the roofline is the most any of them reads. *best_streams: the
  * stream count that read it. */
-static double measure_bw_gbs(ops_pool *pool, int *best_streams) {
-    size_t bytes = 512u << 20;
-    size_t mapped = 0; /* in 2 MiB pages where the kernel gives them, as the repacked weights are */
-    *best_streams = 0;
-    uint8_t *buf = kvs_map_big(bytes, false, &mapped);
-    if (!buf) return 0;
-    memset(buf, 1, bytes);
-    bw_task t = {.buf = buf, .bytes = bytes};
-    atomic_init(&t.sink, 0);
+static double measure_bw_gbs(ops_pool *pool, const bw_buffer *b, int *best_streams) {
     double best = 0;
-    for (int streams = 1; streams <= 8; streams *= 2) {
-        t.streams = streams;
+    *best_streams = 0;
+    for (int streams = 1; streams <= 8; streams *= 2)
         for (int rep = 0; rep < 5; rep++) {
-            uint64_t t0 = kvs_now_ns();
-            ops_parallel_for(pool, (int64_t)((bytes + BW_CHUNK - 1) / BW_CHUNK), 4, bw_read, &t);
-            double s = (double)(kvs_now_ns() - t0) / 1e9;
-            double gbs = (double)bytes / s / 1e9;
+            const double gbs = bw_pass(pool, b, streams);
             if (gbs > best) {
                 best = gbs;
                 *best_streams = streams;
             }
         }
-    }
-    kvs_unmap_big(buf, mapped);
     return best;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The median of v[0..n) (sorts v); 0 when n is 0. */
+static double median(double *v, long n) {
+    if (n <= 0) return 0;
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 /* Resident set size of this process (VmRSS), bytes; 0 when unknown. */
@@ -253,7 +287,7 @@ static bool bench_force_isa(const char *name) {
 int cmd_bench(int argc, char **argv) {
     const char *path = NULL, *layers = NULL;
     const char *isa = NULL, *pairs1 = NULL;
-    long threads = 0, n_prompt = 128, n_decode = 32, n_sessions = 1, depth = 0;
+    long threads = 0, n_prompt = 128, n_decode = 32, n_sessions = 1, depth = 0, paired = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool ok = true;
@@ -265,6 +299,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--sessions")) ok = args_int(argc, argv, &i, 1, 256, &n_sessions);
         else if (!strcmp(a, "--layers")) ok = args_str(argc, argv, &i, &layers);
         else if (!strcmp(a, "--depth")) ok = args_int(argc, argv, &i, 1, 1 << 16, &depth);
+        else if (!strcmp(a, "--paired")) ok = args_int(argc, argv, &i, 1, 1 << 16, &paired);
         else if (!strcmp(a, "--no-repack")) quant_r8_set_enabled(false);
         else if (!strcmp(a, "--isa")) ok = args_str(argc, argv, &i, &isa) && bench_force_isa(isa);
         else if (!strcmp(a, "--pairs1")) ok = args_str(argc, argv, &i, &pairs1) && bench_pairs1(pairs1);
@@ -286,14 +321,14 @@ int cmd_bench(int argc, char **argv) {
     ep.last = last;
     /* Every session's prompt + decode, plus a block of slack each. */
     const long n_toks = depth > n_prompt ? depth : n_prompt; /* prompt tokens made */
-    ep.kv_positions = (uint32_t)(n_toks + n_decode);
+    ep.kv_positions = (uint32_t)(n_toks + n_decode + paired);
     ep.kv_sessions = (uint32_t)(n_sessions + (depth ? 1 : 0));
     engine *e = NULL;
     int err;
     if ((err = engine_open(&ep, &e, msg, sizeof(msg)))) { fprintf(stderr, "kvshard bench: %s: %s\n", path, msg); return 1; }
     const model *m = e->m;
-    if (n_toks + n_decode > (long)m->hp.n_ctx) {
-        fprintf(stderr, "kvshard bench: -p (or --depth) + -n exceed the context %u\n", m->hp.n_ctx);
+    if (n_toks + n_decode + paired > (long)m->hp.n_ctx) {
+        fprintf(stderr, "kvshard bench: -p (or --depth) + -n + --paired exceed the context %u\n", m->hp.n_ctx);
         engine_close(e);
         return 2;
     }
@@ -385,9 +420,41 @@ int cmd_bench(int argc, char **argv) {
     uint64_t rss = rss_bytes(); /* before the bandwidth probe allocates its buffer */
     fprintf(stderr, "bench: measuring memory bandwidth\n");
     int bw_streams = 0;
-    double bw = measure_bw_gbs(e->pool, &bw_streams);
+    bw_buffer bwb;
+    if (!bw_open(&bwb)) { fprintf(stderr, "kvshard bench: no memory for the bandwidth probe's 512 MiB\n"); return 1; }
+    double bw = measure_bw_gbs(e->pool, &bwb, &bw_streams);
     uint64_t wbytes = m->weight_bytes;
     if (m->has_embd && m->output.data != m->tok_embd.data) wbytes -= (uint64_t)m->tok_embd.row_bytes * m->tok_embd.n_out;
+    /* --paired K: K more decode steps, each followed by one probe pass at its
+     * best stream count; per pair the step's roofline against the bandwidth of
+     * that pass, moments apart, so a slow spell of the machine falls on both
+     * (decode_roofline sets the mean of the steps above against the best probe
+     * pass after them). Reported beside decode_roofline, not in its place. */
+    double paired_roof = 0, paired_bw = 0, paired_ms = 0;
+    if (paired) {
+        fprintf(stderr, "bench: %ld paired decode steps and probe passes\n", paired);
+        double *roof = malloc(3 * (size_t)paired * sizeof(double)), *pbw = roof + paired, *pms = pbw + paired;
+        if (!roof) { fprintf(stderr, "kvshard bench: out of memory\n"); return 1; }
+        for (long k = 0; k < paired; k++) {
+            const long step = n_decode + k;
+            for (long s = 0; s < n_sessions; s++)
+                decode_next(&reqs[s], &next[s], (int32_t)((toks[(step + s) % n_prompt] + step) % nv),
+                            hidden ? hidden + (size_t)((step + s) % n_prompt) * d : NULL);
+            uint64_t t0 = kvs_now_ns();
+            engine_step(e, reqs, (int)n_sessions);
+            const double dt = (double)(kvs_now_ns() - t0) / 1e9;
+            for (long s = 0; s < n_sessions; s++)
+                if (reqs[s].status) { fprintf(stderr, "kvshard bench: decode failed: %s\n", kvs_strerror(reqs[s].status)); return 1; }
+            pbw[k] = bw_pass(e->pool, &bwb, bw_streams);
+            pms[k] = dt * 1e3;
+            roof[k] = (double)wbytes / (pbw[k] * 1e9) / dt;
+        }
+        paired_roof = median(roof, paired);
+        paired_bw = median(pbw, paired);
+        paired_ms = median(pms, paired);
+        free(roof);
+    }
+    bw_close(&bwb);
     double decode_tok_s = (double)(n_decode * n_sessions) / decode_s;
     double step_s = decode_s / (double)n_decode;
     double floor_s = bw > 0 ? (double)wbytes / (bw * 1e9) : 0;
@@ -402,13 +469,19 @@ int cmd_bench(int argc, char **argv) {
     kv_get_stats(e->kv, &ks);
     /* DESIGN §2: block_bytes = block_tokens x n_local_layers x 2 x n_kv_heads x head_dim x sizeof(kv).
      * Held bytes over the exact need must stay under one block per session. */
-    uint64_t positions = (uint64_t)(n_prompt + n_decode);
+    uint64_t positions = (uint64_t)(n_prompt + n_decode + paired);
     uint64_t kv_need = ((uint64_t)n_sessions * positions + (depth ? (uint64_t)(depth + n_decode) : 0)) * kv_tok;
     uint64_t kv_waste = ks.bytes_used - kv_need;
-    char depth_json[160] = "";
+    char depth_json[320] = "";
     if (depth)
         snprintf(depth_json, sizeof(depth_json), ",\"depth\":%ld,\"decode_depth_tok_s\":%.2f,\"depth_slowdown\":%.3f", depth,
                  (double)n_decode / depth_s, depth_s / decode_s);
+    if (paired) {
+        const size_t len = strlen(depth_json);
+        snprintf(depth_json + len, sizeof(depth_json) - len,
+                 ",\"paired\":%ld,\"paired_step_ms\":%.3f,\"paired_bw_gbs\":%.2f,\"decode_roofline_paired\":%.3f", paired,
+                 paired_ms, paired_bw, paired_roof);
+    }
     kv_op_costs ops = {0};
     measure_kv_ops(kv_get_params(e->kv), &ops);
     printf("{\"model\":\"%s\",\"model_sha256\":\"%s\",\"threads\":%d,\"cpu\":\"%s\",\"isa\":\"%s\",\"kernels\":%s,\"commit\":\"%s\","
