@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # bench-anchors.sh — kvshard bench next to llama.cpp's and ik_llama.cpp's llama-bench (and
-# llama.cpp's llama-batched-bench) on the same TinyLlama-1.1B-shape files, in alternating
+# llama.cpp's llama-batched-bench) on the same TinyLlama-1.1B-shape files (or another
+# kvshard mkmodel shape: SHAPE), in alternating
 # rounds, printed as one table. The anchors are not part of this repository: build them
 # yourself, outside it, and name their binaries in the environment:
 #
@@ -10,6 +11,8 @@
 #
 # An anchor left unset is skipped (its columns say "-"). Other settings (defaults):
 #   KVSHARD=build/kvshard  SCRATCH=/tmp/kvshard-anchors (model files, logs; outside the repo)
+#   SHAPE=tinyllama-1.1b (kvshard mkmodel --shape; files SCRATCH/tinyllama-TYPE.gguf, other shapes
+#   SCRATCH/SHAPE-TYPE.gguf, e.g. SHAPE=smollm2-360m TYPES="q4_0 q8_0": rows of 960 take no k-quant)
 #   TYPES="q4_0 q8_0 q4_k q4_k_m"  ROUNDS=2  THREADS=2  PP=128  TG=32  SESSIONS="1 4 8" (empty: no batched part)
 #   PAIRED=32 (empty: none): kvshard bench --paired PAIRED, the roofline per decode step against
 #   a probe pass right after it (the "paired" column; "roofline" is the bench's decode_roofline)
@@ -24,6 +27,9 @@ set -euo pipefail
 KVSHARD=${KVSHARD:-build/kvshard}
 SCRATCH=${SCRATCH:-/tmp/kvshard-anchors}
 TYPES=${TYPES:-q4_0 q8_0 q4_k q4_k_m}
+SHAPE=${SHAPE:-tinyllama-1.1b}
+prefix=$SHAPE
+[ "$SHAPE" = tinyllama-1.1b ] && prefix=tinyllama
 ROUNDS=${ROUNDS:-2}
 THREADS=${THREADS:-2}
 PP=${PP:-128}
@@ -73,10 +79,10 @@ or_dash() { if [ -n "$1" ]; then echo "$1"; else echo "-"; fi; }
 echo "bench-anchors: $(date -u +%FT%TZ) cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) CPUs;" \
      "load average: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 for t in $TYPES; do
-    f="$scratch/tinyllama-$t.gguf"
+    f="$scratch/$prefix-$t.gguf"
     if [ ! -s "$f" ]; then
         echo "bench-anchors: making $f" >&2
-        "$KVSHARD" mkmodel -o "$f" --shape tinyllama-1.1b --type "$t" --seed 1 -q
+        "$KVSHARD" mkmodel -o "$f" --shape "$SHAPE" --type "$t" --seed 1 -q
     fi
 done
 
@@ -88,7 +94,7 @@ put() { echo "$4" > "$res/$1.$2.$3"; }                      # engine type round 
 get() { cat "$res/$1.$2.$3" 2>/dev/null || true; }
 
 run_kvshard() { # type round
-    local f="$scratch/tinyllama-$1.gguf" o="$log/kvshard-$1-r$2.json"
+    local f="$scratch/$prefix-$1.gguf" o="$log/kvshard-$1-r$2.json"
     "$KVSHARD" bench -m "$f" -t "$THREADS" -p "$PP" -n "$TG" ${PAIRED:+--paired "$PAIRED"} > "$o" 2> "$log/kvshard-$1-r$2.err"
     put kv "$1" "r$2.pp" "$(jnum prefill_tok_s "$o")"
     put kv "$1" "r$2.tg" "$(jnum decode_tok_s "$o")"
@@ -100,7 +106,7 @@ run_kvshard() { # type round
     put kv "$1" "commit" "$(jstr commit "$o")"
 }
 run_llama_bench() { # tag binary type round output-format [extra args]
-    local f="$scratch/tinyllama-$3.gguf" o="$log/$1-$3-r$4.$5"
+    local f="$scratch/$prefix-$3.gguf" o="$log/$1-$3-r$4.$5"
     "$2" -m "$f" -t "$THREADS" -p "$PP" -n "$TG" -r 1 -o "$5" ${6:-} > "$o" 2> "$log/$1-$3-r$4.err" || true
     put "$1" "$3" "r$4.pp" "$(lb_ts "$o" "$PP" 0)"
     put "$1" "$3" "r$4.tg" "$(lb_ts "$o" 0 "$TG")"
@@ -130,7 +136,7 @@ done
 # session count, kvshard bench --sessions N vs llama-batched-bench -npl N (S_TG column).
 btype=q4_0
 case " $TYPES " in *" q4_0 "*) ;; *) btype=${TYPES%% *} ;; esac
-bf="$scratch/tinyllama-$btype.gguf"
+bf="$scratch/$prefix-$btype.gguf"
 for ((r = 1; r <= ROUNDS && ${#SESSIONS} > 0; r++)); do
     for s in $SESSIONS; do
         echo "bench-anchors: round $r batched $btype x$s" >&2
@@ -150,7 +156,7 @@ done
 # Decode at DEPTH positions against PP: kvshard bench --depth, and llama-batched-bench's S_TG.
 for ((r = 1; r <= ROUNDS && ${#DEPTH} > 0; r++)); do
     for t in $TYPES; do
-        f="$scratch/tinyllama-$t.gguf"
+        f="$scratch/$prefix-$t.gguf"
         echo "bench-anchors: round $r depth $t" >&2
         o="$log/kvshard-depth-$t-r$r.json"
         "$KVSHARD" bench -m "$f" -t "$THREADS" -p "$PP" -n "$TG" --depth "$DEPTH" > "$o" 2> /dev/null || true
@@ -170,7 +176,7 @@ done
 
 # ---- the table ----
 echo
-echo "kvshard $(get kv "${TYPES%% *}" commit), $THREADS threads, pp$PP / tg$TG, $ROUNDS alternating round(s);" \
+echo "kvshard $(get kv "${TYPES%% *}" commit), shape $SHAPE, $THREADS threads, pp$PP / tg$TG, $ROUNDS alternating round(s);" \
      "cpu $(lscpu | sed -n 's/^Model name: *//p' | head -1); load average now $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
 echo "| type | round | kvshard pp / tg (tok/s) | bw GB/s | roofline | paired | kvshard load s | llama.cpp pp / tg | ik_llama.cpp pp / tg | pp vs ik | tg vs best anchor | kvshard kernels |"

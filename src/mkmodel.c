@@ -32,6 +32,7 @@ static const mkmodel_shape shapes[] = {
     /* name, n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx */
     {"tiny", 64, 2, 4, 2, 128, 512, 256},
     {"small", 256, 2, 4, 2, 512, 512, 512},
+    {"smollm2-360m", 960, 32, 15, 5, 2560, 49152, 8192},
     {"tinyllama-1.1b", 2048, 22, 32, 4, 5632, 32000, 2048},
     {"llama-7b", 4096, 32, 32, 32, 11008, 32000, 4096},
 };

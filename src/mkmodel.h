@@ -23,7 +23,7 @@
 #include <stdint.h>
 
 typedef struct {
-    const char *name; /* "tiny", "small", "tinyllama-1.1b", "llama-7b" */
+    const char *name; /* "tiny", "small", "smollm2-360m", "tinyllama-1.1b", "llama-7b" */
     uint32_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
 } mkmodel_shape;
 

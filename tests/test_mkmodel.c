@@ -244,6 +244,9 @@ static void test_determinism(void) {
     CHECK(access(a, F_OK) != 0);
     CHECK(mkmodel_find_shape("tinyllama-1.1b") && mkmodel_find_shape("llama-7b"));
     CHECK(mkmodel_find_shape("tinyllama-1.1b")->n_vocab == 32000);
+    const mkmodel_shape *sm = mkmodel_find_shape("smollm2-360m"); /* SmolLM2-360M's config */
+    CHECK(sm && sm->n_embd == 960 && sm->n_layer == 32 && sm->n_head == 15 && sm->n_head_kv == 5 && sm->n_ff == 2560 &&
+          sm->n_vocab == 49152);
     n_run++;
 }
 
