@@ -264,6 +264,39 @@ static void decode_next(engine_req *r, int32_t *slot, int32_t tok, const float *
     r->hidden = hidden_row;
 }
 
+/* The bench's sessions as decode steps them: step s of session j takes token
+ * (toks[(s + j) % n_prompt] + s) % nv, or hidden row (s + j) % n_prompt for a
+ * range without the embeddings. */
+typedef struct {
+    engine *e;
+    engine_req *reqs; /* n_sessions, prefilled */
+    int32_t *next;    /* n_sessions token slots */
+    long n_sessions, n_prompt;
+    const int32_t *toks;
+    const float *hidden; /* n_prompt rows of d, or NULL */
+    size_t d;
+    int nv;
+} bench_sessions;
+
+/* Decode step `step` of every session in one engine_step: its seconds, or -1
+ * after printing why a session failed. */
+static double step_sessions(const bench_sessions *b, long step) {
+    for (long s = 0; s < b->n_sessions; s++) {
+        const long row = (step + s) % b->n_prompt;
+        decode_next(&b->reqs[s], &b->next[s], (int32_t)((b->toks[row] + step) % b->nv),
+                    b->hidden ? b->hidden + (size_t)row * b->d : NULL);
+    }
+    uint64_t t0 = kvs_now_ns();
+    engine_step(b->e, b->reqs, (int)b->n_sessions);
+    const double dt = (double)(kvs_now_ns() - t0) / 1e9;
+    for (long s = 0; s < b->n_sessions; s++)
+        if (b->reqs[s].status) {
+            fprintf(stderr, "kvshard bench: decode failed: %s\n", kvs_strerror(b->reqs[s].status));
+            return -1;
+        }
+    return dt;
+}
+
 /* --pairs1 auto|off|on|quad|spread: quant_r8_set_pairs1(-1 .. 3). */
 static bool bench_pairs1(const char *mode) {
     static const char *const names[] = {"auto", "off", "on", "quad", "spread"};
@@ -398,6 +431,8 @@ int cmd_bench(int argc, char **argv) {
             depth ? ", alternating with the --depth session" : "");
     double decode_s = 0, depth_s = 0;
     int32_t deep_next = 0;
+    const bench_sessions bs = {.e = e, .reqs = reqs, .next = next, .n_sessions = n_sessions, .n_prompt = n_prompt,
+                               .toks = toks, .hidden = hidden, .d = d, .nv = nv};
     for (long step = 0; step < n_decode; step++) {
         if (depth) { /* a step of the deep session, then one of the others */
             decode_next(&deep, &deep_next, (int32_t)((toks[step % n_toks] + step + 1) % nv),
@@ -407,22 +442,17 @@ int cmd_bench(int argc, char **argv) {
             depth_s += (double)(kvs_now_ns() - t1) / 1e9;
             if (deep.status) { fprintf(stderr, "kvshard bench: decode failed: %s\n", kvs_strerror(deep.status)); return 1; }
         }
-        for (long s = 0; s < n_sessions; s++) {
-            decode_next(&reqs[s], &next[s], (int32_t)((toks[(step + s) % n_prompt] + step) % nv),
-                        hidden ? hidden + (size_t)((step + s) % n_prompt) * d : NULL);
-        }
-        uint64_t t0 = kvs_now_ns();
-        engine_step(e, reqs, (int)n_sessions);
-        decode_s += (double)(kvs_now_ns() - t0) / 1e9;
-        for (long s = 0; s < n_sessions; s++)
-            if (reqs[s].status) { fprintf(stderr, "kvshard bench: decode failed: %s\n", kvs_strerror(reqs[s].status)); return 1; }
+        const double dt = step_sessions(&bs, step);
+        if (dt < 0) return 1;
+        decode_s += dt;
     }
     uint64_t rss = rss_bytes(); /* before the bandwidth probe allocates its buffer */
     fprintf(stderr, "bench: measuring memory bandwidth\n");
     int bw_streams = 0;
     bw_buffer bwb;
-    if (!bw_open(&bwb)) { fprintf(stderr, "kvshard bench: no memory for the bandwidth probe's 512 MiB\n"); return 1; }
-    double bw = measure_bw_gbs(e->pool, &bwb, &bw_streams);
+    const bool have_bw = bw_open(&bwb); /* without its 512 MiB: mem_bw_gbs 0, no paired steps */
+    if (!have_bw) fprintf(stderr, "kvshard bench: no memory for the bandwidth probe's 512 MiB\n");
+    double bw = have_bw ? measure_bw_gbs(e->pool, &bwb, &bw_streams) : 0;
     uint64_t wbytes = m->weight_bytes;
     if (m->has_embd && m->output.data != m->tok_embd.data) wbytes -= (uint64_t)m->tok_embd.row_bytes * m->tok_embd.n_out;
     /* --paired K: K more decode steps, each followed by one probe pass at its
@@ -431,20 +461,14 @@ int cmd_bench(int argc, char **argv) {
      * (decode_roofline sets the mean of the steps above against the best probe
      * pass after them). Reported beside decode_roofline, not in its place. */
     double paired_roof = 0, paired_bw = 0, paired_ms = 0;
-    if (paired) {
+    if (paired && have_bw) {
         fprintf(stderr, "bench: %ld paired decode steps and probe passes\n", paired);
-        double *roof = malloc(3 * (size_t)paired * sizeof(double)), *pbw = roof + paired, *pms = pbw + paired;
+        double *roof = malloc(3 * (size_t)paired * sizeof(double));
         if (!roof) { fprintf(stderr, "kvshard bench: out of memory\n"); return 1; }
+        double *pbw = roof + paired, *pms = pbw + paired;
         for (long k = 0; k < paired; k++) {
-            const long step = n_decode + k;
-            for (long s = 0; s < n_sessions; s++)
-                decode_next(&reqs[s], &next[s], (int32_t)((toks[(step + s) % n_prompt] + step) % nv),
-                            hidden ? hidden + (size_t)((step + s) % n_prompt) * d : NULL);
-            uint64_t t0 = kvs_now_ns();
-            engine_step(e, reqs, (int)n_sessions);
-            const double dt = (double)(kvs_now_ns() - t0) / 1e9;
-            for (long s = 0; s < n_sessions; s++)
-                if (reqs[s].status) { fprintf(stderr, "kvshard bench: decode failed: %s\n", kvs_strerror(reqs[s].status)); return 1; }
+            const double dt = step_sessions(&bs, n_decode + k);
+            if (dt < 0) return 1;
             pbw[k] = bw_pass(e->pool, &bwb, bw_streams);
             pms[k] = dt * 1e3;
             roof[k] = (double)wbytes / (pbw[k] * 1e9) / dt;
@@ -454,7 +478,7 @@ int cmd_bench(int argc, char **argv) {
         paired_ms = median(pms, paired);
         free(roof);
     }
-    bw_close(&bwb);
+    if (have_bw) bw_close(&bwb);
     double decode_tok_s = (double)(n_decode * n_sessions) / decode_s;
     double step_s = decode_s / (double)n_decode;
     double floor_s = bw > 0 ? (double)wbytes / (bw * 1e9) : 0;
