@@ -254,6 +254,16 @@ typedef struct {
 } block_q4_kx8;
 static_assert(sizeof(block_q4_kx8) == 8 * sizeof(block_q4_k), "q4_kx8 block size");
 
+/* r8 layout of q5_k: lo is q4_kx8's layout of the scales, the mins and every
+ * element's low four bits; qh[32 j + 4 r + i] holds their fifth bits for byte
+ * 4 r + i of lo.qs' four chunks of sub-block j: bit 2c for row r's element
+ * 32 j + 8 c + i (chunk c's low nibble), bit 2c + 1 for 32 j + 8 c + 4 + i. */
+typedef struct {
+    block_q4_kx8 lo;
+    uint8_t qh[256];
+} block_q5_kx8;
+static_assert(sizeof(block_q5_kx8) == 8 * sizeof(block_q5_k), "q5_kx8 block size");
+
 /* r8 layout of q6_k: one super-block of eight rows; u = q + 32 (0..63).
  * ql[128 j + 32 c + 4 r + i]: low four bits of u of row r's elements
  * 32 j + 8 c + i (low nibble) and 32 j + 8 c + 4 + i (high), as in q4_kx8;
@@ -366,15 +376,15 @@ QUANT_LOWBIT_TILES(avx512)
     void quant_##isa##_r8_##type(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, \
                                  int n_act, float *out, size_t out_stride);
 #define QUANT_R8_DECLS(isa) QUANT_R8_DECL(isa, q4_0) QUANT_R8_DECL(isa, q8_0) QUANT_R8_DECL(isa, q4_k) \
-    QUANT_R8_DECL(isa, q6_k)
+    QUANT_R8_DECL(isa, q5_k) QUANT_R8_DECL(isa, q6_k)
 QUANT_R8_DECLS(ref)
 QUANT_R8_DECLS(avx2)
 QUANT_R8_DECLS(avx512)
 QUANT_R8_DECL(avx512, pairs1_q4_0) QUANT_R8_DECL(avx512, pairs1_q8_0)
 QUANT_R8_DECL(avx512, quads1_q4_0) QUANT_R8_DECL(avx512, quads1_q8_0) QUANT_R8_DECL(avx512, quads1_q4_k)
-    QUANT_R8_DECL(avx512, quads1_q6_k)
+    QUANT_R8_DECL(avx512, quads1_q5_k) QUANT_R8_DECL(avx512, quads1_q6_k)
 QUANT_R8_DECL(avx512, spread1_q4_0) QUANT_R8_DECL(avx512, spread1_q8_0) QUANT_R8_DECL(avx512, spread1_q4_k)
-    QUANT_R8_DECL(avx512, spread1_q6_k)
+    QUANT_R8_DECL(avx512, spread1_q5_k) QUANT_R8_DECL(avx512, spread1_q6_k)
 
 void quant_ref_dequant_q2_k(const void *w, float *y, int64_t n);
 void quant_ref_dequant_q3_k(const void *w, float *y, int64_t n);

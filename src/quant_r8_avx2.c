@@ -321,6 +321,70 @@ R8_INLINE void r8_q4_k_group(int64_t nb, const block_q4_kx8 *g, const uint8_t *a
     R8_GROUP_END();
 }
 
+/* h shifted left by k bits in each 16-bit lane (right by -k; k a constant
+ * after inlining): moves bit 4 - k of each byte to bit 4 for k in -3..4. */
+R8_INLINE __m256i r8_shift16(__m256i h, const int k) {
+    return k > 0 ? _mm256_slli_epi16(h, k) : k < 0 ? _mm256_srli_epi16(h, -k) : h;
+}
+
+/* q5_k's 5-bit values of sub-block j: r8_nibbles of its four chunks with each
+ * element's fifth bit from qh (bit 2c / 2c + 1 of the byte, block_q5_kx8)
+ * moved to bit 4: lo[c] / hi[c] in 0..31. */
+R8_INLINE void r8_q5_nibbles(const uint8_t *qs, const uint8_t *qh, __m256i lo[4], __m256i hi[4]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m10 = _mm256_set1_epi8(0x10);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+    R8_UNROLL for (int c = 0; c < 4; c++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+        lo[c] = _mm256_or_si256(_mm256_and_si256(v, m4), _mm256_and_si256(r8_shift16(h, 4 - 2 * c), m10));
+        hi[c] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), _mm256_and_si256(r8_shift16(h, 3 - 2 * c), m10));
+    }
+}
+
+/* Lane r: row r's sum of the 16 products of x[0..3] with q (bytes off,
+ * 8 + off, ..) as two i16 halves: each <= 8 x 31 x 127, so a 5-bit
+ * sub-block sums its low and its high chunks apart (r8_sub_sum16's one sum
+ * of 32 would overflow). */
+R8_INLINE __m256i r8_half_sum16(const __m256i x[4], const int8_t *q, const int off) {
+    __m256i s = _mm256_maddubs_epi16(x[0], bcast4(q + off));
+    R8_UNROLL for (int c = 1; c < 4; c++) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(x[c], bcast4(q + 8 * c + off)));
+    return s;
+}
+
+/* q5_k: r8_q4_k_group with 5-bit values (the same scales, mins and float
+ * steps; S1 <= 8 x 63 x 32 x 31 x 127, exact in i32). */
+R8_INLINE void r8_q5_k_group(int64_t nb, const block_q5_kx8 *g, const uint8_t *act, size_t astride, const int T,
+                             float *out, size_t ostride) {
+    R8_GROUP_BEGIN(block_q8_k);
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i sc32[8], mn32[4], s1[R8_TOKENS];
+        r8_prefetch_head(&g[b], offsetof(block_q4_kx8, qs));
+        r8_q4_k_scales(&g[b].lo, sc32, mn32);
+        R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *qs = g[b].lo.qs + 128 * j, *qh = g[b].qh + 32 * j;
+            _mm_prefetch((const char *)qs + R8_PREFETCH, _MM_HINT_T0);
+            _mm_prefetch((const char *)qs + R8_PREFETCH + 64, _MM_HINT_T0);
+            _mm_prefetch((const char *)qh + R8_PREFETCH, _MM_HINT_T0);
+            __m256i lo[4], hi[4];
+            r8_q5_nibbles(qs, qh, lo, hi);
+            R8_UNROLL for (int t = 0; t < T; t++) {
+                const int8_t *q = a[t][b].qs + 32 * j;
+#ifdef QUANT_R8_VNNI
+                s1[t] = _mm256_dpwssd_epi32(_mm256_dpwssd_epi32(s1[t], r8_half_sum16(lo, q, 0), sc32[j]),
+                                            r8_half_sum16(hi, q, 4), sc32[j]);
+#else
+                s1[t] = _mm256_add_epi32(s1[t], _mm256_add_epi32(_mm256_madd_epi16(r8_half_sum16(lo, q, 0), sc32[j]),
+                                                                 _mm256_madd_epi16(r8_half_sum16(hi, q, 4), sc32[j])));
+#endif
+            }
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].lo.d));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].lo.dmin));
+        R8_UNROLL for (int t = 0; t < T; t++) acc[t] = r8_q4_k_step(s1[t], &a[t][b], mn32, d, dmin, acc[t]);
+    }
+    R8_GROUP_END();
+}
+
 /* q6_k, per super-block of eight rows: lane r of sc16[g] = row r's scale of
  * group g in both i16 halves, of scp[p] = its scales of groups 2p and 2p + 1.
  * Per sub-block the 6-bit u = q + 32 are rebuilt from ql and qh; per 16-element
@@ -619,6 +683,24 @@ R8_INLINE void r8z_q4_k_scales_pair(const block_q4_kx8 *g, const block_q4_kx8 *h
     }
 }
 
+/* q4_k's (and q5_k's) float steps of super-block b for groups g and h, from
+ * each token's integer sums s1[t] and the mins mn32: the mins against the
+ * activation's 32-element sums (q8_k_sums32), then acc += S1 d da, acc -=
+ * S2 dmin da. */
+R8_INLINE void r8z_q4_k_steps(const block_q4_kx8 *g, const block_q4_kx8 *h, int64_t b, const block_q8_k *const *a,
+                              const int T, const __m512i *s1, const __m512i mn32[4], __m512 *acc) {
+    const __m512 d = z_f16x2(g->d, h->d), dmin = z_f16x2(g->dmin, h->dmin);
+    R8_UNROLL for (int t = 0; t < T; t++) {
+        const block_q8_k *y = &a[t][b];
+        __m512i s2 = _mm512_setzero_si512();
+        R8_UNROLL for (int p = 0; p < 4; p++) /* sub-blocks 2p and 2p + 1 */
+            s2 = _mm512_dpwssd_epi32(s2, mn32[p], z_bcast4((const int8_t *)(y->bsums + 2 * p)));
+        const __m512 da = _mm512_set1_ps(y->d);
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1[t]), _mm512_mul_ps(d, da), acc[t]);
+        acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(s2), _mm512_mul_ps(dmin, da), acc[t]);
+    }
+}
+
 R8_INLINE void r8z_q4_k_pair_block(const block_q4_kx8 *g, const block_q4_kx8 *h, int64_t b, const block_q8_k *const *a,
                                    const int T, __m512 *acc) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
@@ -642,18 +724,50 @@ R8_INLINE void r8z_q4_k_pair_block(const block_q4_kx8 *g, const block_q4_kx8 *h,
         R8_UNROLL for (int t = 0; t < T; t++)
             s1[t] = _mm512_add_epi32(s1[t], _mm512_mullo_epi32(z_block_sum(lo, hi, a[t][b].qs + 32 * j), sc[j]));
     }
-    const __m512 d = z_f16x2(g[b].d, h[b].d), dmin = z_f16x2(g[b].dmin, h[b].dmin);
-    R8_UNROLL for (int t = 0; t < T; t++) {
-        const block_q8_k *y = &a[t][b];
-        __m512i s2 = _mm512_setzero_si512();
-        R8_UNROLL for (int p = 0; p < 4; p++) /* sub-blocks 2p and 2p + 1 (q8_k_sums32) */
-            s2 = _mm512_dpwssd_epi32(s2, mn32[p], z_bcast4((const int8_t *)(y->bsums + 2 * p)));
-        const __m512 da = _mm512_set1_ps(y->d);
-        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1[t]), _mm512_mul_ps(d, da), acc[t]);
-        acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(s2), _mm512_mul_ps(dmin, da), acc[t]);
-    }
+    r8z_q4_k_steps(&g[b], &h[b], b, a, T, s1, mn32, acc);
 }
 R8Z_PAIR_KERNELS(q4_k, block_q4_kx8, block_q8_k)
+
+/* r8_shift16 at 512 bits. */
+R8_INLINE __m512i z_shift16(__m512i h, const int k) {
+    return k > 0 ? _mm512_slli_epi16(h, (unsigned)k) : k < 0 ? _mm512_srli_epi16(h, (unsigned)-k) : h;
+}
+
+/* q5_k: q4_k's pair step with each element's fifth bit or-ed in at bit 4
+ * (one vpternlogd: nibble | (shifted qh & 0x10)); P <= 32 x 31 x 127 whole
+ * from vpdpbusd, S1 <= 8 x 63 x P: exact, the reference's integers. */
+R8_INLINE void r8z_q5_k_pair_block(const block_q5_kx8 *g, const block_q5_kx8 *h, int64_t b, const block_q8_k *const *a,
+                                   const int T, __m512 *acc) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10);
+    __m512i sc[8], mn32[4], s1[R8_TOKENS];
+    r8_prefetch_head(&g[b], offsetof(block_q4_kx8, qs));
+    r8_prefetch_head(&h[b], offsetof(block_q4_kx8, qs));
+    r8z_q4_k_scales_pair(&g[b].lo, &h[b].lo, sc, mn32);
+    R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; j++) {
+        const uint8_t *qg = g[b].lo.qs + 128 * j, *qh = h[b].lo.qs + 128 * j;
+        const uint8_t *bg = g[b].qh + 32 * j, *bh = h[b].qh + 32 * j;
+        _mm_prefetch((const char *)qg + R8_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)qg + R8_PREFETCH + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)qh + R8_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)qh + R8_PREFETCH + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)bg + R8_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)bh + R8_PREFETCH, _MM_HINT_T0);
+        const __m512i hb = z_load2(bg, bh);
+        __m512i lo[4], hi[4];
+        R8_UNROLL for (int c = 0; c < 4; c++) {
+            const __m512i v = z_load2(qg + 32 * c, qh + 32 * c);
+            /* 0xF8: a | (b & c) */
+            lo[c] = _mm512_ternarylogic_epi32(_mm512_and_si512(v, m4), z_shift16(hb, 4 - 2 * c), m10, 0xF8);
+            hi[c] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), z_shift16(hb, 3 - 2 * c), m10,
+                                              0xF8);
+        }
+        R8_UNROLL for (int t = 0; t < T; t++)
+            s1[t] = _mm512_add_epi32(s1[t], _mm512_mullo_epi32(z_block_sum(lo, hi, a[t][b].qs + 32 * j), sc[j]));
+    }
+    r8z_q4_k_steps(&g[b].lo, &h[b].lo, b, a, T, s1, mn32, acc);
+}
+R8Z_PAIR_KERNELS(q5_k, block_q5_kx8, block_q8_k)
 
 /* q4_k, one token (decode): one group, two neighbouring sub-blocks per zmm
  * (lanes 0-7 sub-block j's rows, 8-15 sub-block j + 1's; their quants and the
@@ -800,6 +914,7 @@ R8_INLINE void r8_q8_0_group(int64_t nb, const block_q8_0x8 *g, const uint8_t *a
 R8_KERNEL(r8_q4_0, q4_0, block_q4_0x8, QK32, 2, r8z_q4_0_pair)
 R8_KERNEL(r8_q8_0, q8_0, block_q8_0x8, QK32, 2, r8z_q8_0_pair)
 R8_KERNEL(r8_q4_k, q4_k, block_q4_kx8, QKK, 2, r8z_q4_k_pair)
+R8_KERNEL(r8_q5_k, q5_k, block_q5_kx8, QKK, 2, r8z_q5_k_pair)
 R8_KERNEL(r8_q6_k, q6_k, block_q6_kx8, QKK, 1, r8z_q6_k_pair)
 /* q4_0 and q8_0 with pairs from one token (quant_r8_pairs1: two weight streams
  * per thread, which an Intel Xeon reads faster than one; q4_k read the same
@@ -845,6 +960,7 @@ R8_KERNEL(r8_pairs1_q8_0, q8_0, block_q8_0x8, QK32, 1, r8z_q8_0_pair)
 R8_KERNEL_QUADS1(q4_0, block_q4_0x8, QK32, r8_pairs1_q4_0)
 R8_KERNEL_QUADS1(q8_0, block_q8_0x8, QK32, r8_pairs1_q8_0)
 R8_KERNEL_QUADS1(q4_k, block_q4_kx8, QKK, r8_q4_k)
+R8_KERNEL_QUADS1(q5_k, block_q5_kx8, QKK, r8_q5_k)
 R8_KERNEL_QUADS1(q6_k, block_q6_kx8, QKK, r8_q6_k)
 #else
 R8_INLINE void r8_q8_0_pair(int64_t nb, const block_q8_0x8 *g, const uint8_t *act, size_t astride, const int T,
@@ -854,5 +970,6 @@ R8_INLINE void r8_q8_0_pair(int64_t nb, const block_q8_0x8 *g, const uint8_t *ac
 R8_KERNEL(r8_q4_0, q4_0, block_q4_0x8, QK32, 0, r8_q4_0_group)
 R8_KERNEL(r8_q8_0, q8_0, block_q8_0x8, QK32, 1, r8_q8_0_pair)
 R8_KERNEL(r8_q4_k, q4_k, block_q4_kx8, QKK, 0, r8_q4_k_group)
+R8_KERNEL(r8_q5_k, q5_k, block_q5_kx8, QKK, 0, r8_q5_k_group)
 R8_KERNEL(r8_q6_k, q6_k, block_q6_kx8, QKK, 0, r8_q6_k_group)
 #endif

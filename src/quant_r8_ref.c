@@ -122,37 +122,69 @@ static int q4_kx8_entry(const block_q4_kx8 *g, int k, bool min) {
     return low4 | ((g->hi[k % 32] >> hi_shift) & 3) << 4;
 }
 
+/* Row r of o from x: its scales, mins and nibbles in q4_kx8's places (o's
+ * shared bytes or-ed into, so o starts zeroed). */
+static void pack_q4_k_row(block_q4_kx8 *o, int r, const block_q4_k *x) {
+    o->d[r] = x->d;
+    o->dmin[r] = x->dmin;
+    for (int j = 0; j < 8; j++) {
+        uint8_t sc, m;
+        quant_scale_min_k4(j, x->scales, &sc, &m);
+        const int k = 8 * j + r, sh = k < 32 ? 0 : 4;
+        o->sc_lo[k % 32] |= (uint8_t)((sc & 0xF) << sh);
+        o->m_lo[k % 32] |= (uint8_t)((m & 0xF) << sh);
+        o->hi[k % 32] |= (uint8_t)((sc >> 4) << (k < 32 ? 0 : 2) | (m >> 4) << (k < 32 ? 4 : 6));
+    }
+    /* Elements 32 j + 8 c + i and + 4. A q4_k block holds element 64 jj + l
+     * (l < 32) in the low nibble of qs[32 jj + l], 64 jj + 32 + l in the high
+     * one: the low nibbles of qs[32 (j / 2) + 8 c + i] and qs[.. + 4] for
+     * even j, their high ones for odd j. */
+    for (int jj = 0; jj < 4; jj++)
+        for (int c = 0; c < 4; c++) {
+            const uint32_t lo = ld32(x->qs + 32 * jj + 8 * c), hi = ld32(x->qs + 32 * jj + 8 * c + 4);
+            st32(o->qs + 128 * (2 * jj) + 32 * c + 4 * r, nib_pair(lo, hi, false));
+            st32(o->qs + 128 * (2 * jj + 1) + 32 * c + 4 * r, nib_pair(lo, hi, true));
+        }
+}
+
 static void pack_q4_k(int64_t n, const void *rows, size_t row_stride, void *out) {
     const int64_t nb = n / QKK;
     block_q4_kx8 *g = (block_q4_kx8 *)out;
     for (int64_t b = 0; b < nb; b++) {
         block_q4_kx8 o;
         memset(&o, 0, sizeof o);
-        for (int r = 0; r < 8; r++) {
-            const block_q4_k *x = (const block_q4_k *)((const uint8_t *)rows + (size_t)r * row_stride) + b;
-            o.d[r] = x->d;
-            o.dmin[r] = x->dmin;
-            for (int j = 0; j < 8; j++) {
-                uint8_t sc, m;
-                quant_scale_min_k4(j, x->scales, &sc, &m);
-                const int k = 8 * j + r, sh = k < 32 ? 0 : 4;
-                o.sc_lo[k % 32] |= (uint8_t)((sc & 0xF) << sh);
-                o.m_lo[k % 32] |= (uint8_t)((m & 0xF) << sh);
-                o.hi[k % 32] |= (uint8_t)((sc >> 4) << (k < 32 ? 0 : 2) | (m >> 4) << (k < 32 ? 4 : 6));
-            }
-            /* Elements 32 j + 8 c + i and + 4. A q4_k block holds element 64 jj + l
-             * (l < 32) in the low nibble of qs[32 jj + l], 64 jj + 32 + l in the high
-             * one: the low nibbles of qs[32 (j / 2) + 8 c + i] and qs[.. + 4] for
-             * even j, their high ones for odd j. */
-            for (int jj = 0; jj < 4; jj++)
-                for (int c = 0; c < 4; c++) {
-                    const uint32_t lo = ld32(x->qs + 32 * jj + 8 * c), hi = ld32(x->qs + 32 * jj + 8 * c + 4);
-                    st32(o.qs + 128 * (2 * jj) + 32 * c + 4 * r, nib_pair(lo, hi, false));
-                    st32(o.qs + 128 * (2 * jj + 1) + 32 * c + 4 * r, nib_pair(lo, hi, true));
-                }
-        }
+        for (int r = 0; r < 8; r++)
+            pack_q4_k_row(&o, r, (const block_q4_k *)((const uint8_t *)rows + (size_t)r * row_stride) + b);
         memcpy(&g[b], &o, sizeof o);
     }
+}
+
+/* Row r of g as a q4_k block (the inverse of pack_q4_k_row). */
+static void unpack_q4_k_row(const block_q4_kx8 *g, int r, block_q4_k *x) {
+    memset(x, 0, sizeof *x);
+    x->d = g->d[r];
+    x->dmin = g->dmin[r];
+    for (int j = 0; j < 8; j++) { /* the inverse of quant_scale_min_k4 */
+        const int sc = q4_kx8_entry(g, 8 * j + r, false), m = q4_kx8_entry(g, 8 * j + r, true);
+        if (j < 4) {
+            x->scales[j] |= (uint8_t)(sc & 63);
+            x->scales[j + 4] |= (uint8_t)(m & 63);
+        } else {
+            x->scales[j + 4] = (uint8_t)((sc & 0xF) | (m & 0xF) << 4);
+            x->scales[j - 4] |= (uint8_t)((sc >> 4) << 6);
+            x->scales[j] |= (uint8_t)((m >> 4) << 6);
+        }
+    }
+    for (int j = 0; j < 8; j++)
+        for (int c = 0; c < 4; c++)
+            for (int i = 0; i < 4; i++) {
+                const uint8_t v = g->qs[128 * j + 32 * c + 4 * r + i];
+                const int e = 32 * j + 8 * c + i;
+                const int e2 = e + 4;
+                const int ce = e / 64, we = e % 64, ce2 = e2 / 64, we2 = e2 % 64;
+                if (we < 32) x->qs[32 * ce + we] |= v & 0xF; else x->qs[32 * ce + we - 32] |= (uint8_t)((v & 0xF) << 4);
+                if (we2 < 32) x->qs[32 * ce2 + we2] |= v >> 4; else x->qs[32 * ce2 + we2 - 32] |= (uint8_t)((v >> 4) << 4);
+            }
 }
 
 static void unpack_q4_k(int64_t n, const void *group, void *rows, size_t row_stride) {
@@ -161,30 +193,61 @@ static void unpack_q4_k(int64_t n, const void *group, void *rows, size_t row_str
     for (int64_t b = 0; b < nb; b++)
         for (int r = 0; r < 8; r++) {
             block_q4_k x;
-            memset(&x, 0, sizeof x);
-            x.d = g[b].d[r];
-            x.dmin = g[b].dmin[r];
-            for (int j = 0; j < 8; j++) { /* the inverse of quant_scale_min_k4 */
-                const int sc = q4_kx8_entry(&g[b], 8 * j + r, false), m = q4_kx8_entry(&g[b], 8 * j + r, true);
-                if (j < 4) {
-                    x.scales[j] |= (uint8_t)(sc & 63);
-                    x.scales[j + 4] |= (uint8_t)(m & 63);
-                } else {
-                    x.scales[j + 4] = (uint8_t)((sc & 0xF) | (m & 0xF) << 4);
-                    x.scales[j - 4] |= (uint8_t)((sc >> 4) << 6);
-                    x.scales[j] |= (uint8_t)((m >> 4) << 6);
-                }
-            }
+            unpack_q4_k_row(&g[b], r, &x);
+            memcpy((uint8_t *)rows + (size_t)r * row_stride + (size_t)b * sizeof x, &x, sizeof x);
+        }
+}
+
+/* q5_k: the low four bits and the scales through q4_k's packing, then each
+ * element's fifth bit (bit e / 32 of qh[e % 32] in a q5_k block) to its place
+ * in qh (block_q5_kx8). */
+static int q5_k_bit(const block_q5_k *x, int e) { return (x->qh[e % 32] >> (e / 32)) & 1; }
+
+static void pack_q5_k(int64_t n, const void *rows, size_t row_stride, void *out) {
+    const int64_t nb = n / QKK;
+    block_q5_kx8 *g = (block_q5_kx8 *)out;
+    for (int64_t b = 0; b < nb; b++) {
+        block_q5_kx8 o;
+        memset(&o, 0, sizeof o);
+        for (int r = 0; r < 8; r++) {
+            const block_q5_k *x = (const block_q5_k *)((const uint8_t *)rows + (size_t)r * row_stride) + b;
+            block_q4_k low = {.d = x->d, .dmin = x->dmin};
+            memcpy(low.scales, x->scales, sizeof low.scales);
+            memcpy(low.qs, x->qs, sizeof low.qs);
+            pack_q4_k_row(&o.lo, r, &low);
             for (int j = 0; j < 8; j++)
                 for (int c = 0; c < 4; c++)
                     for (int i = 0; i < 4; i++) {
-                        const uint8_t v = g[b].qs[128 * j + 32 * c + 4 * r + i];
                         const int e = 32 * j + 8 * c + i;
-                        const int e2 = e + 4;
-                        const int ce = e / 64, we = e % 64, ce2 = e2 / 64, we2 = e2 % 64;
-                        if (we < 32) x.qs[32 * ce + we] |= v & 0xF; else x.qs[32 * ce + we - 32] |= (uint8_t)((v & 0xF) << 4);
-                        if (we2 < 32) x.qs[32 * ce2 + we2] |= v >> 4; else x.qs[32 * ce2 + we2 - 32] |= (uint8_t)((v >> 4) << 4);
+                        o.qh[32 * j + 4 * r + i] |= (uint8_t)(q5_k_bit(x, e) << (2 * c) | q5_k_bit(x, e + 4) << (2 * c + 1));
                     }
+        }
+        memcpy(&g[b], &o, sizeof o);
+    }
+}
+
+/* Row r's fifth bit of element 32 j + 8 c + i + 4 h (h 0: low nibble, 1: high). */
+static int q5_kx8_bit(const block_q5_kx8 *g, int r, int j, int c, int i, int h) {
+    return (g->qh[32 * j + 4 * r + i] >> (2 * c + h)) & 1;
+}
+
+static void unpack_q5_k(int64_t n, const void *group, void *rows, size_t row_stride) {
+    const int64_t nb = n / QKK;
+    const block_q5_kx8 *g = (const block_q5_kx8 *)group;
+    for (int64_t b = 0; b < nb; b++)
+        for (int r = 0; r < 8; r++) {
+            block_q4_k low;
+            unpack_q4_k_row(&g[b].lo, r, &low);
+            block_q5_k x = {.d = low.d, .dmin = low.dmin};
+            memcpy(x.scales, low.scales, sizeof x.scales);
+            memcpy(x.qs, low.qs, sizeof x.qs);
+            for (int j = 0; j < 8; j++)
+                for (int c = 0; c < 4; c++)
+                    for (int i = 0; i < 4; i++)
+                        for (int h = 0; h < 2; h++) {
+                            const int e = 32 * j + 8 * c + i + 4 * h;
+                            x.qh[e % 32] |= (uint8_t)(q5_kx8_bit(&g[b], r, j, c, i, h) << (e / 32));
+                        }
             memcpy((uint8_t *)rows + (size_t)r * row_stride + (size_t)b * sizeof x, &x, sizeof x);
         }
 }
@@ -206,6 +269,26 @@ static float step_q4_k(const block_q4_kx8 *g, const block_q8_k *a, int r, float 
         s2 += q4_kx8_entry(g, 8 * j + r, true) * a->bsums[j]; /* 32-element sums (q8_k_sums32) */
     }
     const float dd = quant_f16_to_f32(g->d[r]) * a->d, dm = quant_f16_to_f32(g->dmin[r]) * a->d;
+    acc = fmaf((float)s1, dd, acc);
+    return fmaf((float)s2, -dm, acc);
+}
+
+/* q5_k: step_q4_k with each element's fifth bit (u = nibble + 16 bit, 0..31). */
+static float step_q5_k(const block_q5_kx8 *g, const block_q8_k *a, int r, float acc) {
+    int32_t s1 = 0, s2 = 0;
+    for (int j = 0; j < 8; j++) {
+        int32_t p = 0;
+        for (int c = 0; c < 4; c++)
+            for (int i = 0; i < 4; i++) {
+                const uint8_t v = g->lo.qs[128 * j + 32 * c + 4 * r + i];
+                const int e = 32 * j + 8 * c + i;
+                p += ((v & 0xF) + 16 * q5_kx8_bit(g, r, j, c, i, 0)) * a->qs[e] +
+                     ((v >> 4) + 16 * q5_kx8_bit(g, r, j, c, i, 1)) * a->qs[e + 4];
+            }
+        s1 += q4_kx8_entry(&g->lo, 8 * j + r, false) * p;
+        s2 += q4_kx8_entry(&g->lo, 8 * j + r, true) * a->bsums[j]; /* 32-element sums (q8_k_sums32) */
+    }
+    const float dd = quant_f16_to_f32(g->lo.d[r]) * a->d, dm = quant_f16_to_f32(g->lo.dmin[r]) * a->d;
     acc = fmaf((float)s1, dd, acc);
     return fmaf((float)s2, -dm, acc);
 }
@@ -324,15 +407,17 @@ static float step_q6_k(const block_q6_kx8 *g, const block_q8_k *a, int r, float 
 R8_REF_KERNEL(q4_0, block_q4_0x8, act_q8, QK32)
 R8_REF_KERNEL(q8_0, block_q8_0x8, act_q8, QK32)
 R8_REF_KERNEL(q4_k, block_q4_kx8, block_q8_k, QKK)
+R8_REF_KERNEL(q5_k, block_q5_kx8, block_q8_k, QKK)
 R8_REF_KERNEL(q6_k, block_q6_kx8, block_q8_k, QKK)
 
 bool quant_r8_supported(uint32_t wtype) {
-    return wtype == QUANT_Q4_0 || wtype == QUANT_Q8_0 || wtype == QUANT_Q4_K || wtype == QUANT_Q6_K;
+    return wtype == QUANT_Q4_0 || wtype == QUANT_Q8_0 || wtype == QUANT_Q4_K || wtype == QUANT_Q5_K ||
+           wtype == QUANT_Q6_K;
 }
 
 static void check_r8(uint32_t wtype, int64_t n) {
     KVS_ASSERT(quant_r8_supported(wtype) && n >= 0 &&
-               n % (wtype == QUANT_Q4_K || wtype == QUANT_Q6_K ? QKK : QK32) == 0);
+               n % (wtype == QUANT_Q4_K || wtype == QUANT_Q5_K || wtype == QUANT_Q6_K ? QKK : QK32) == 0);
 }
 
 void quant_r8_pack(uint32_t wtype, int64_t n, const void *rows, size_t row_stride, void *out) {
@@ -340,6 +425,7 @@ void quant_r8_pack(uint32_t wtype, int64_t n, const void *rows, size_t row_strid
     if (wtype == QUANT_Q4_0) pack_q4_0(n, rows, row_stride, out);
     else if (wtype == QUANT_Q8_0) pack_q8_0(n, rows, row_stride, out);
     else if (wtype == QUANT_Q4_K) pack_q4_k(n, rows, row_stride, out);
+    else if (wtype == QUANT_Q5_K) pack_q5_k(n, rows, row_stride, out);
     else pack_q6_k(n, rows, row_stride, out);
 }
 
@@ -348,6 +434,7 @@ void quant_r8_unpack(uint32_t wtype, int64_t n, const void *group, void *rows, s
     if (wtype == QUANT_Q4_0) unpack_q4_0(n, group, rows, row_stride);
     else if (wtype == QUANT_Q8_0) unpack_q8_0(n, group, rows, row_stride);
     else if (wtype == QUANT_Q4_K) unpack_q4_k(n, group, rows, row_stride);
+    else if (wtype == QUANT_Q5_K) unpack_q5_k(n, group, rows, row_stride);
     else unpack_q6_k(n, group, rows, row_stride);
 }
 

@@ -429,7 +429,7 @@ const quant_isa_table quant_table_ref = {
         [QUANT_Q5_1] = {.dot = dot_q5_1_multi, .dequant = dq_q5_1, .act = act_q8_ref},
         [QUANT_Q8_0] = {.dot = dot_q8_0_multi, .dequant = dq_q8_0, .act = act_q8_0_ref, .r8 = quant_ref_r8_q8_0},
         [QUANT_Q4_K] = {.dot = dot_q4_k_multi, .dequant = dq_q4_k, .act = act_q8k32_ref, .r8 = quant_ref_r8_q4_k},
-        [QUANT_Q5_K] = {.dot = dot_q5_k_multi, .dequant = dq_q5_k, .act = act_q8k32_ref},
+        [QUANT_Q5_K] = {.dot = dot_q5_k_multi, .dequant = dq_q5_k, .act = act_q8k32_ref, .r8 = quant_ref_r8_q5_k},
         [QUANT_Q6_K] = {.dot = dot_q6_k_multi, .dequant = dq_q6_k, .act = act_q8k_ref, .r8 = quant_ref_r8_q6_k},
         [QUANT_Q2_K] = {.dot = quant_ref_dot_q2_k, .dequant = quant_ref_dequant_q2_k, .act = act_q8k_ref},
         [QUANT_Q3_K] = {.dot = quant_ref_dot_q3_k, .dequant = quant_ref_dequant_q3_k, .act = act_q8k_ref},
