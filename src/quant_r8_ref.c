@@ -198,10 +198,22 @@ static void unpack_q4_k(int64_t n, const void *group, void *rows, size_t row_str
         }
 }
 
-/* q5_k: the low four bits and the scales through q4_k's packing, then each
- * element's fifth bit (bit e / 32 of qh[e % 32] in a q5_k block) to its place
- * in qh (block_q5_kx8). */
-static int q5_k_bit(const block_q5_k *x, int e) { return (x->qh[e % 32] >> (e / 32)) & 1; }
+/* The 8 x 8 bit matrix x (bit j of byte k) transposed (to bit k of byte j). */
+static uint64_t bit_transpose8(uint64_t x) {
+    uint64_t t = (x ^ (x >> 7)) & 0x00AA00AA00AA00AAull;
+    x ^= t ^ (t << 7);
+    t = (x ^ (x >> 14)) & 0x0000CCCC0000CCCCull;
+    x ^= t ^ (t << 14);
+    t = (x ^ (x >> 28)) & 0x00000000F0F0F0F0ull;
+    return x ^ t ^ (t << 28);
+}
+
+/* q5_k: the low four bits and the scales through q4_k's packing, then the
+ * fifth bits. A q5_k block keeps element e's in bit e / 32 of qh[e % 32], so
+ * byte 8 c + 4 h + i of its qh holds, in bit j, the fifth bit of element
+ * 32 j + 8 c + 4 h + i, which block_q5_kx8 wants in bit 2 c + h of
+ * qh[32 j + 4 r + i]: for each i, the eight bytes (c, h) as one 8 x 8 bit
+ * matrix, transposed. */
 
 static void pack_q5_k(int64_t n, const void *rows, size_t row_stride, void *out) {
     const int64_t nb = n / QKK;
@@ -215,12 +227,12 @@ static void pack_q5_k(int64_t n, const void *rows, size_t row_stride, void *out)
             memcpy(low.scales, x->scales, sizeof low.scales);
             memcpy(low.qs, x->qs, sizeof low.qs);
             pack_q4_k_row(&o.lo, r, &low);
-            for (int j = 0; j < 8; j++)
-                for (int c = 0; c < 4; c++)
-                    for (int i = 0; i < 4; i++) {
-                        const int e = 32 * j + 8 * c + i;
-                        o.qh[32 * j + 4 * r + i] |= (uint8_t)(q5_k_bit(x, e) << (2 * c) | q5_k_bit(x, e + 4) << (2 * c + 1));
-                    }
+            for (int i = 0; i < 4; i++) {
+                uint64_t m = 0; /* byte 2 c + h: qh[8 c + 4 h + i] */
+                for (int k = 0; k < 8; k++) m |= (uint64_t)x->qh[8 * (k / 2) + 4 * (k % 2) + i] << (8 * k);
+                m = bit_transpose8(m);
+                for (int j = 0; j < 8; j++) o.qh[32 * j + 4 * r + i] = (uint8_t)(m >> (8 * j));
+            }
         }
         memcpy(&g[b], &o, sizeof o);
     }
