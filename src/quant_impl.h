@@ -264,6 +264,20 @@ typedef struct {
 } block_q5_kx8;
 static_assert(sizeof(block_q5_kx8) == 8 * sizeof(block_q5_k), "q5_kx8 block size");
 
+/* r8 layout of iq4_xs: one super-block of eight rows. Scale j of row r is
+ * entry k = 8 j + r of 64 six-bit values (unsigned; subtract 32 to use): the
+ * low four bits of entries k and k + 32 in the low / high nibble of sc_lo[k %
+ * 32], the top two bits of entry k at bits 2 (k / 16) of sc_hi[k % 16]. qs as
+ * in q4_kx8: qs[128 j + 32 c + 4 r + i] holds the table indices of row r's
+ * elements 32 j + 8 c + i (low nibble) and 32 j + 8 c + 4 + i (high). */
+typedef struct {
+    uint16_t d[8];     /* f16 scale of the scales, row r */
+    uint8_t sc_lo[32];
+    uint8_t sc_hi[16];
+    uint8_t qs[1024];
+} block_iq4_xsx8;
+static_assert(sizeof(block_iq4_xsx8) == 8 * sizeof(block_iq4_xs), "iq4_xsx8 block size");
+
 /* r8 layout of q6_k: one super-block of eight rows; u = q + 32 (0..63).
  * ql[128 j + 32 c + 4 r + i]: low four bits of u of row r's elements
  * 32 j + 8 c + i (low nibble) and 32 j + 8 c + 4 + i (high), as in q4_kx8;
@@ -378,6 +392,8 @@ QUANT_LOWBIT_TILES(avx512)
 #define QUANT_R8_DECLS(isa) QUANT_R8_DECL(isa, q4_0) QUANT_R8_DECL(isa, q8_0) QUANT_R8_DECL(isa, q4_k) \
     QUANT_R8_DECL(isa, q5_k) QUANT_R8_DECL(isa, q6_k)
 QUANT_R8_DECLS(ref)
+QUANT_R8_DECL(ref, iq4_xs) QUANT_R8_DECL(avx512, iq4_xs) QUANT_R8_DECL(avx512, quads1_iq4_xs)
+    QUANT_R8_DECL(avx512, spread1_iq4_xs)
 QUANT_R8_DECLS(avx2)
 QUANT_R8_DECLS(avx512)
 QUANT_R8_DECL(avx512, pairs1_q4_0) QUANT_R8_DECL(avx512, pairs1_q8_0)

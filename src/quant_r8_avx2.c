@@ -769,6 +769,129 @@ R8_INLINE void r8z_q5_k_pair_block(const block_q5_kx8 *g, const block_q5_kx8 *h,
 }
 R8Z_PAIR_KERNELS(q5_k, block_q5_kx8, block_q8_k)
 
+/* iq4_xs (VNNI build only). Each nibble indexes the table by vpshufb; the
+ * table's values plus 128 (0..255, a flipped top bit) are the unsigned side
+ * of vpdpbusd, so a sub-block's sum comes back as P' = P + 128 S_j, S_j the
+ * activation's sum over it (bsums[2j] + bsums[2j + 1]). Per row and token
+ * S = sum_j (sc_j - 32) P'_j - 128 sum_j (sc_j - 32) S_j, the reference's
+ * exact integer (|S| < 2^28), then acc = fma(S, d da, acc). AVX2 keeps the
+ * row kernels: maddubs would saturate on these unsigned values. */
+R8_INLINE __m256i r8_iq4_xs_table(void) {
+    return _mm256_xor_si256(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)quant_iq4_values)),
+                            _mm256_set1_epi8((char)0x80));
+}
+
+/* The scale bytes (0..63) of an iq4_xsx8 super-block, r8_q4_k_scale_bytes'
+ * arrangement: b[0] byte k = entry k, b[1] byte k = entry 32 + k. The top
+ * bits of entries k and k + 16 share sc_hi[k % 16], so sc_hi sits in both
+ * 128-bit lanes of hb and each lane shifts its own pair of bits down (m4_ /
+ * m3_: bytes 0x0F / 0x03). */
+#define R8_IQ4_XS_SCALE_BYTES(P, S, l, hb, cnt_lo, cnt_hi, m4_, m3_, b)                                             \
+    do {                                                                                                          \
+        b[0] = P##_or_##S(P##_and_##S(l, m4_), P##_slli_epi16(P##_and_##S(P##_srlv_epi32(hb, cnt_lo), m3_), 4)); \
+        b[1] = P##_or_##S(P##_and_##S(P##_srli_epi16(l, 4), m4_),                                              \
+                          P##_slli_epi16(P##_and_##S(P##_srlv_epi32(hb, cnt_hi), m3_), 4));                    \
+    } while (0)
+
+/* Lane r of sc[j]: row r's scale j minus 32. */
+R8_INLINE void r8_iq4_xs_scales(const block_iq4_xsx8 *g, __m256i sc[8]) {
+    const __m256i l = _mm256_loadu_si256((const __m256i *)g->sc_lo),
+                  hb = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)g->sc_hi));
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(0x03);
+    __m256i b[2];
+    R8_IQ4_XS_SCALE_BYTES(_mm256, si256, l, hb, _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2),
+                          _mm256_setr_epi32(4, 4, 4, 4, 6, 6, 6, 6), m4, m3, b);
+    uint8_t e[64];
+    _mm256_storeu_si256((__m256i *)e, b[0]);
+    _mm256_storeu_si256((__m256i *)(e + 32), b[1]);
+    R8_UNROLL for (int j = 0; j < 8; j++)
+        sc[j] = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(e + 8 * j))), _mm256_set1_epi32(32));
+}
+
+/* The scale as the same i16 in both halves of each lane, for vpdpwssd. */
+#define R8_I16_PAIR(P, S, x) P##_or_##S(P##_and_##S(x, P##_set1_epi32(0xFFFF)), P##_slli_epi32(x, 16))
+
+R8_INLINE void r8_iq4_xs_group(int64_t nb, const block_iq4_xsx8 *g, const uint8_t *act, size_t astride, const int T,
+                               float *out, size_t ostride) {
+    R8_GROUP_BEGIN(block_q8_k);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), tbl = r8_iq4_xs_table();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i sc[8], s1[R8_TOKENS], s2[R8_TOKENS];
+        r8_prefetch_head(&g[b], offsetof(block_iq4_xsx8, qs));
+        r8_iq4_xs_scales(&g[b], sc);
+        R8_UNROLL for (int t = 0; t < T; t++) s1[t] = s2[t] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *qs = g[b].qs + 128 * j;
+            _mm_prefetch((const char *)qs + R8_PREFETCH, _MM_HINT_T0);
+            _mm_prefetch((const char *)qs + R8_PREFETCH + 64, _MM_HINT_T0);
+            __m256i lo[4], hi[4];
+            R8_UNROLL for (int c = 0; c < 4; c++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+                lo[c] = _mm256_shuffle_epi8(tbl, _mm256_and_si256(v, m4));
+                hi[c] = _mm256_shuffle_epi8(tbl, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+            }
+            const __m256i scp = R8_I16_PAIR(_mm256, si256, sc[j]);
+            R8_UNROLL for (int t = 0; t < T; t++) {
+                s1[t] = _mm256_add_epi32(s1[t], _mm256_mullo_epi32(r8_block_sum(lo, hi, a[t][b].qs + 32 * j), sc[j]));
+                s2[t] = _mm256_dpwssd_epi32(s2[t], scp, bcast4((const int8_t *)(a[t][b].bsums + 2 * j)));
+            }
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d));
+        R8_UNROLL for (int t = 0; t < T; t++) {
+            const __m256i sum = _mm256_sub_epi32(s1[t], _mm256_slli_epi32(s2[t], 7));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(a[t][b].d)), acc[t]);
+        }
+    }
+    R8_GROUP_END();
+}
+
+/* r8_iq4_xs_group's step on 16 lanes: groups g and h. */
+R8_INLINE void r8z_iq4_xs_pair_block(const block_iq4_xsx8 *g, const block_iq4_xsx8 *h, int64_t b,
+                                     const block_q8_k *const *a, const int T, __m512 *acc) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), tbl = _mm512_broadcast_i32x4(_mm256_castsi256_si128(r8_iq4_xs_table()));
+    __m512i sc[8], s1[R8_TOKENS], s2[R8_TOKENS];
+    r8_prefetch_head(&g[b], offsetof(block_iq4_xsx8, qs));
+    r8_prefetch_head(&h[b], offsetof(block_iq4_xsx8, qs));
+    {
+        const __m512i l = z_load2(g[b].sc_lo, h[b].sc_lo);
+        const __m512i hb = z_join(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)g[b].sc_hi)),
+                                  _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)h[b].sc_hi)));
+        const __m256i c02 = _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2), c46 = _mm256_setr_epi32(4, 4, 4, 4, 6, 6, 6, 6);
+        __m512i bytes[2];
+        R8_IQ4_XS_SCALE_BYTES(_mm512, si512, l, hb, z_join(c02, c02), z_join(c46, c46), m4, _mm512_set1_epi8(0x03), bytes);
+        R8_UNROLL for (int j = 0; j < 8; j++) { /* qwords j % 4 (g) and 4 + j % 4 (h) of bytes[j / 4] */
+            const __m512i pick = _mm512_set_epi64(0, 0, 0, 0, 0, 0, 4 + j % 4, j % 4);
+            sc[j] = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm512_castsi512_si128(_mm512_permutexvar_epi64(pick, bytes[j / 4]))),
+                                     _mm512_set1_epi32(32));
+        }
+    }
+    R8_UNROLL for (int t = 0; t < T; t++) s1[t] = s2[t] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; j++) {
+        const uint8_t *qg = g[b].qs + 128 * j, *qh = h[b].qs + 128 * j;
+        _mm_prefetch((const char *)qg + R8_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)qg + R8_PREFETCH + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)qh + R8_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)qh + R8_PREFETCH + 64, _MM_HINT_T0);
+        __m512i lo[4], hi[4];
+        R8_UNROLL for (int c = 0; c < 4; c++) {
+            const __m512i v = z_load2(qg + 32 * c, qh + 32 * c);
+            lo[c] = _mm512_shuffle_epi8(tbl, _mm512_and_si512(v, m4));
+            hi[c] = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+        }
+        const __m512i scp = R8_I16_PAIR(_mm512, si512, sc[j]);
+        R8_UNROLL for (int t = 0; t < T; t++) {
+            s1[t] = _mm512_add_epi32(s1[t], _mm512_mullo_epi32(z_block_sum(lo, hi, a[t][b].qs + 32 * j), sc[j]));
+            s2[t] = _mm512_dpwssd_epi32(s2[t], scp, z_bcast4((const int8_t *)(a[t][b].bsums + 2 * j)));
+        }
+    }
+    const __m512 d = z_f16x2(g[b].d, h[b].d);
+    R8_UNROLL for (int t = 0; t < T; t++) {
+        const __m512i sum = _mm512_sub_epi32(s1[t], _mm512_slli_epi32(s2[t], 7));
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(a[t][b].d)), acc[t]);
+    }
+}
+R8Z_PAIR_KERNELS(iq4_xs, block_iq4_xsx8, block_q8_k)
+
 /* q4_k, one token (decode): one group, two neighbouring sub-blocks per zmm
  * (lanes 0-7 sub-block j's rows, 8-15 sub-block j + 1's; their quants and the
  * activation's are adjacent), one weight stream per thread as r8z_q4_0_one.
@@ -915,6 +1038,7 @@ R8_KERNEL(r8_q4_0, q4_0, block_q4_0x8, QK32, 2, r8z_q4_0_pair)
 R8_KERNEL(r8_q8_0, q8_0, block_q8_0x8, QK32, 2, r8z_q8_0_pair)
 R8_KERNEL(r8_q4_k, q4_k, block_q4_kx8, QKK, 2, r8z_q4_k_pair)
 R8_KERNEL(r8_q5_k, q5_k, block_q5_kx8, QKK, 2, r8z_q5_k_pair)
+R8_KERNEL(r8_iq4_xs, iq4_xs, block_iq4_xsx8, QKK, 2, r8z_iq4_xs_pair)
 R8_KERNEL(r8_q6_k, q6_k, block_q6_kx8, QKK, 1, r8z_q6_k_pair)
 /* q4_0 and q8_0 with pairs from one token (quant_r8_pairs1: two weight streams
  * per thread, which an Intel Xeon reads faster than one; q4_k read the same
@@ -961,6 +1085,7 @@ R8_KERNEL_QUADS1(q4_0, block_q4_0x8, QK32, r8_pairs1_q4_0)
 R8_KERNEL_QUADS1(q8_0, block_q8_0x8, QK32, r8_pairs1_q8_0)
 R8_KERNEL_QUADS1(q4_k, block_q4_kx8, QKK, r8_q4_k)
 R8_KERNEL_QUADS1(q5_k, block_q5_kx8, QKK, r8_q5_k)
+R8_KERNEL_QUADS1(iq4_xs, block_iq4_xsx8, QKK, r8_iq4_xs)
 R8_KERNEL_QUADS1(q6_k, block_q6_kx8, QKK, r8_q6_k)
 #else
 R8_INLINE void r8_q8_0_pair(int64_t nb, const block_q8_0x8 *g, const uint8_t *act, size_t astride, const int T,

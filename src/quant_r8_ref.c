@@ -305,6 +305,82 @@ static float step_q5_k(const block_q5_kx8 *g, const block_q8_k *a, int r, float 
     return fmaf((float)s2, -dm, acc);
 }
 
+/* iq4_xs: the six-bit scale (0..63) of entry k (8 j + r) of an iq4_xsx8 block. */
+static int iq4_xsx8_scale(const block_iq4_xsx8 *g, int k) {
+    const int low4 = k < 32 ? g->sc_lo[k] & 0xF : g->sc_lo[k - 32] >> 4;
+    return low4 | ((g->sc_hi[k % 16] >> (2 * (k / 16))) & 3) << 4;
+}
+
+/* An iq4_xs block keeps element e (0..31) of sub-block j in the low nibble of
+ * qs[16 j + e] (e < 16) or the high one of qs[16 j + e - 16]: elements 8 c + i
+ * and 8 c + 4 + i are the low (c < 2) or high (c >= 2) nibbles of qs[16 j +
+ * 8 (c % 2) + i] and [.. + 4]. */
+static void pack_iq4_xs(int64_t n, const void *rows, size_t row_stride, void *out) {
+    const int64_t nb = n / QKK;
+    block_iq4_xsx8 *g = (block_iq4_xsx8 *)out;
+    for (int64_t b = 0; b < nb; b++) {
+        block_iq4_xsx8 o;
+        memset(&o, 0, sizeof o);
+        for (int r = 0; r < 8; r++) {
+            const block_iq4_xs *x = (const block_iq4_xs *)((const uint8_t *)rows + (size_t)r * row_stride) + b;
+            o.d[r] = x->d;
+            for (int j = 0; j < 8; j++) {
+                const int ls = quant_iq4_xs_scale(x, j), k = 8 * j + r;
+                o.sc_lo[k % 32] |= (uint8_t)((ls & 0xF) << (k < 32 ? 0 : 4));
+                o.sc_hi[k % 16] |= (uint8_t)((ls >> 4) << (2 * (k / 16)));
+                for (int c = 0; c < 4; c++) {
+                    const uint8_t *q = x->qs + 16 * j + 8 * (c % 2);
+                    st32(o.qs + 128 * j + 32 * c + 4 * r, nib_pair(ld32(q), ld32(q + 4), c >= 2));
+                }
+            }
+        }
+        memcpy(&g[b], &o, sizeof o);
+    }
+}
+
+static void unpack_iq4_xs(int64_t n, const void *group, void *rows, size_t row_stride) {
+    const int64_t nb = n / QKK;
+    const block_iq4_xsx8 *g = (const block_iq4_xsx8 *)group;
+    for (int64_t b = 0; b < nb; b++)
+        for (int r = 0; r < 8; r++) {
+            block_iq4_xs x;
+            memset(&x, 0, sizeof x);
+            x.d = g[b].d[r];
+            for (int j = 0; j < 8; j++) {
+                const int ls = iq4_xsx8_scale(&g[b], 8 * j + r);
+                x.scales_l[j / 2] |= (uint8_t)((ls & 0xF) << (4 * (j % 2)));
+                x.scales_h |= (uint16_t)((ls >> 4) << (2 * j));
+                for (int c = 0; c < 4; c++)
+                    for (int i = 0; i < 4; i++) {
+                        const uint8_t v = g[b].qs[128 * j + 32 * c + 4 * r + i];
+                        for (int h = 0; h < 2; h++) {
+                            const int e = 8 * c + i + 4 * h, nib = h ? v >> 4 : v & 0xF;
+                            if (e < 16) x.qs[16 * j + e] |= (uint8_t)nib;
+                            else x.qs[16 * j + e - 16] |= (uint8_t)(nib << 4);
+                        }
+                    }
+            }
+            memcpy((uint8_t *)rows + (size_t)r * row_stride + (size_t)b * sizeof x, &x, sizeof x);
+        }
+}
+
+/* Row r's super-block step: S = sum_j (sc_j - 32) P_j, P_j the exact sum of
+ * sub-block j's table values times the activation, acc = fma(S, d da, acc). */
+static float step_iq4_xs(const block_iq4_xsx8 *g, const block_q8_k *a, int r, float acc) {
+    int32_t s = 0;
+    for (int j = 0; j < 8; j++) {
+        int32_t p = 0;
+        for (int c = 0; c < 4; c++)
+            for (int i = 0; i < 4; i++) {
+                const uint8_t v = g->qs[128 * j + 32 * c + 4 * r + i];
+                const int e = 32 * j + 8 * c + i;
+                p += quant_iq4_values[v & 0xF] * a->qs[e] + quant_iq4_values[v >> 4] * a->qs[e + 4];
+            }
+        s += (iq4_xsx8_scale(g, 8 * j + r) - 32) * p;
+    }
+    return fmaf((float)s, quant_f16_to_f32(g->d[r]) * a->d, acc);
+}
+
 /* q6_k: element e = 128 half + 32 k + l of a block has u (0..63) with its low
  * four bits in ql[64 half + 32 (k & 1) + l] (the low nibble for k < 2, the
  * high one for k >= 2) and its top two in bits 2k, 2k + 1 of qh[32 half + l].
@@ -420,16 +496,17 @@ R8_REF_KERNEL(q4_0, block_q4_0x8, act_q8, QK32)
 R8_REF_KERNEL(q8_0, block_q8_0x8, act_q8, QK32)
 R8_REF_KERNEL(q4_k, block_q4_kx8, block_q8_k, QKK)
 R8_REF_KERNEL(q5_k, block_q5_kx8, block_q8_k, QKK)
+R8_REF_KERNEL(iq4_xs, block_iq4_xsx8, block_q8_k, QKK)
 R8_REF_KERNEL(q6_k, block_q6_kx8, block_q8_k, QKK)
 
 bool quant_r8_supported(uint32_t wtype) {
     return wtype == QUANT_Q4_0 || wtype == QUANT_Q8_0 || wtype == QUANT_Q4_K || wtype == QUANT_Q5_K ||
-           wtype == QUANT_Q6_K;
+           wtype == QUANT_Q6_K || wtype == QUANT_IQ4_XS;
 }
 
 static void check_r8(uint32_t wtype, int64_t n) {
     KVS_ASSERT(quant_r8_supported(wtype) && n >= 0 &&
-               n % (wtype == QUANT_Q4_K || wtype == QUANT_Q5_K || wtype == QUANT_Q6_K ? QKK : QK32) == 0);
+               n % (wtype == QUANT_Q4_0 || wtype == QUANT_Q8_0 ? QK32 : QKK) == 0);
 }
 
 void quant_r8_pack(uint32_t wtype, int64_t n, const void *rows, size_t row_stride, void *out) {
@@ -438,6 +515,7 @@ void quant_r8_pack(uint32_t wtype, int64_t n, const void *rows, size_t row_strid
     else if (wtype == QUANT_Q8_0) pack_q8_0(n, rows, row_stride, out);
     else if (wtype == QUANT_Q4_K) pack_q4_k(n, rows, row_stride, out);
     else if (wtype == QUANT_Q5_K) pack_q5_k(n, rows, row_stride, out);
+    else if (wtype == QUANT_IQ4_XS) pack_iq4_xs(n, rows, row_stride, out);
     else pack_q6_k(n, rows, row_stride, out);
 }
 
@@ -447,6 +525,7 @@ void quant_r8_unpack(uint32_t wtype, int64_t n, const void *group, void *rows, s
     else if (wtype == QUANT_Q8_0) unpack_q8_0(n, group, rows, row_stride);
     else if (wtype == QUANT_Q4_K) unpack_q4_k(n, group, rows, row_stride);
     else if (wtype == QUANT_Q5_K) unpack_q5_k(n, group, rows, row_stride);
+    else if (wtype == QUANT_IQ4_XS) unpack_iq4_xs(n, group, rows, row_stride);
     else unpack_q6_k(n, group, rows, row_stride);
 }
 

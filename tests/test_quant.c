@@ -589,12 +589,13 @@ int main(void) {
         test_tile(QUANT_IQ4_XS, n_ktile[i]);
         test_r8(QUANT_Q4_K, n_ktile[i]);
         test_r8(QUANT_Q5_K, n_ktile[i]);
+        test_r8(QUANT_IQ4_XS, n_ktile[i]);
         test_r8(QUANT_Q6_K, n_ktile[i]);
     }
     /* One-token pairs: forced on, only the AVX-512 table's q4_0 and q8_0 take
      * them (q6_k's kernel pairs anyway, q4_k and q5_k keep one group); quads and
-     * spread quads, those and q4_k, q5_k and q6_k; forced off, none does; q3_k
-     * has no r8 layout. */
+     * spread quads, those and q4_k, q5_k, q6_k and iq4_xs (whose r8 kernels are
+     * VNNI only); forced off, none does; q3_k has no r8 layout. */
     for (int on = 0; on <= 3; on++) {
         quant_r8_set_pairs1(on);
         CHECK(quant_r8_pairs1() == on);
@@ -606,6 +607,7 @@ int main(void) {
             CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q4_K), want >= 2 ? want : 0);
             CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q5_K), want >= 2 ? want : 0);
             CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q6_K), want >= 2 ? want : 0);
+            CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_IQ4_XS), want >= 2 ? want : 0); /* VNNI only */
             CHECK(!quant_r8_pairs1_used(QUANT_Q3_K));
         }
     }
