@@ -30,7 +30,10 @@ for v in a b; do
         -Dquant_${isa}_r8_quads1_q4_0=v${v}_r8_quads1_q4_0 -Dquant_${isa}_r8_quads1_q8_0=v${v}_r8_quads1_q8_0 \
         -Dquant_${isa}_r8_quads1_q4_k=v${v}_r8_quads1_q4_k -Dquant_${isa}_r8_spread1_q4_0=v${v}_r8_spread1_q4_0 \
         -Dquant_${isa}_r8_spread1_q8_0=v${v}_r8_spread1_q8_0 -Dquant_${isa}_r8_spread1_q4_k=v${v}_r8_spread1_q4_k \
-        -Dquant_${isa}_r8_quads1_q6_k=v${v}_r8_quads1_q6_k -Dquant_${isa}_r8_spread1_q6_k=v${v}_r8_spread1_q6_k
+        -Dquant_${isa}_r8_quads1_q6_k=v${v}_r8_quads1_q6_k -Dquant_${isa}_r8_spread1_q6_k=v${v}_r8_spread1_q6_k \
+        -Dquant_${isa}_r8_q5_k=v${v}_r8_q5_k -Dquant_${isa}_r8_quads1_q5_k=v${v}_r8_quads1_q5_k \
+        -Dquant_${isa}_r8_spread1_q5_k=v${v}_r8_spread1_q5_k -Dquant_${isa}_r8_iq4_xs=v${v}_r8_iq4_xs \
+        -Dquant_${isa}_r8_quads1_iq4_xs=v${v}_r8_quads1_iq4_xs -Dquant_${isa}_r8_spread1_iq4_xs=v${v}_r8_spread1_iq4_xs
 done
 abflags=(); [ "${VNNI:-0}" = 1 ] && abflags=(-DAB_R8_VNNI=1)
 gcc -O2 -Isrc -Iinclude "${abflags[@]}" scripts/ab_r8.c "$tmp/a.o" "$tmp/b.o" build/libkvshard_core.a -lm -lpthread -o build/ab_r8

@@ -683,6 +683,22 @@ R8_INLINE void r8z_q4_k_scales_pair(const block_q4_kx8 *g, const block_q4_kx8 *h
     }
 }
 
+/* Sub-block chunks of groups g and h side by side (qg, qh: 128 bytes each,
+ * q4_kx8's order), prefetched R8_PREFETCH ahead and split into their low
+ * (lo[c]) and high (hi[c]) nibbles. */
+R8_INLINE void z_nibbles2(const uint8_t *qg, const uint8_t *qh, __m512i lo[4], __m512i hi[4]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    _mm_prefetch((const char *)qg + R8_PREFETCH, _MM_HINT_T0);
+    _mm_prefetch((const char *)qg + R8_PREFETCH + 64, _MM_HINT_T0);
+    _mm_prefetch((const char *)qh + R8_PREFETCH, _MM_HINT_T0);
+    _mm_prefetch((const char *)qh + R8_PREFETCH + 64, _MM_HINT_T0);
+    R8_UNROLL for (int c = 0; c < 4; c++) {
+        const __m512i v = z_load2(qg + 32 * c, qh + 32 * c);
+        lo[c] = _mm512_and_si512(v, m4);
+        hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    }
+}
+
 /* q4_k's (and q5_k's) float steps of super-block b for groups g and h, from
  * each token's integer sums s1[t] and the mins mn32: the mins against the
  * activation's 32-element sums (q8_k_sums32), then acc += S1 d da, acc -=
@@ -703,24 +719,14 @@ R8_INLINE void r8z_q4_k_steps(const block_q4_kx8 *g, const block_q4_kx8 *h, int6
 
 R8_INLINE void r8z_q4_k_pair_block(const block_q4_kx8 *g, const block_q4_kx8 *h, int64_t b, const block_q8_k *const *a,
                                    const int T, __m512 *acc) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512i sc[8], mn32[4], s1[R8_TOKENS];
     r8_prefetch_head(&g[b], offsetof(block_q4_kx8, qs));
     r8_prefetch_head(&h[b], offsetof(block_q4_kx8, qs));
     r8z_q4_k_scales_pair(&g[b], &h[b], sc, mn32);
     R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm512_setzero_si512();
     for (int j = 0; j < 8; j++) {
-        const uint8_t *qg = g[b].qs + 128 * j, *qh = h[b].qs + 128 * j;
-        _mm_prefetch((const char *)qg + R8_PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)qg + R8_PREFETCH + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)qh + R8_PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)qh + R8_PREFETCH + 64, _MM_HINT_T0);
         __m512i lo[4], hi[4];
-        R8_UNROLL for (int c = 0; c < 4; c++) {
-            const __m512i v = z_load2(qg + 32 * c, qh + 32 * c);
-            lo[c] = _mm512_and_si512(v, m4);
-            hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-        }
+        z_nibbles2(g[b].qs + 128 * j, h[b].qs + 128 * j, lo, hi);
         R8_UNROLL for (int t = 0; t < T; t++)
             s1[t] = _mm512_add_epi32(s1[t], _mm512_mullo_epi32(z_block_sum(lo, hi, a[t][b].qs + 32 * j), sc[j]));
     }
@@ -738,29 +744,22 @@ R8_INLINE __m512i z_shift16(__m512i h, const int k) {
  * from vpdpbusd, S1 <= 8 x 63 x P: exact, the reference's integers. */
 R8_INLINE void r8z_q5_k_pair_block(const block_q5_kx8 *g, const block_q5_kx8 *h, int64_t b, const block_q8_k *const *a,
                                    const int T, __m512 *acc) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10);
+    const __m512i m10 = _mm512_set1_epi8(0x10);
     __m512i sc[8], mn32[4], s1[R8_TOKENS];
     r8_prefetch_head(&g[b], offsetof(block_q4_kx8, qs));
     r8_prefetch_head(&h[b], offsetof(block_q4_kx8, qs));
     r8z_q4_k_scales_pair(&g[b].lo, &h[b].lo, sc, mn32);
     R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm512_setzero_si512();
     for (int j = 0; j < 8; j++) {
-        const uint8_t *qg = g[b].lo.qs + 128 * j, *qh = h[b].lo.qs + 128 * j;
         const uint8_t *bg = g[b].qh + 32 * j, *bh = h[b].qh + 32 * j;
-        _mm_prefetch((const char *)qg + R8_PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)qg + R8_PREFETCH + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)qh + R8_PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)qh + R8_PREFETCH + 64, _MM_HINT_T0);
         _mm_prefetch((const char *)bg + R8_PREFETCH, _MM_HINT_T0);
         _mm_prefetch((const char *)bh + R8_PREFETCH, _MM_HINT_T0);
         const __m512i hb = z_load2(bg, bh);
         __m512i lo[4], hi[4];
-        R8_UNROLL for (int c = 0; c < 4; c++) {
-            const __m512i v = z_load2(qg + 32 * c, qh + 32 * c);
-            /* 0xF8: a | (b & c) */
-            lo[c] = _mm512_ternarylogic_epi32(_mm512_and_si512(v, m4), z_shift16(hb, 4 - 2 * c), m10, 0xF8);
-            hi[c] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), z_shift16(hb, 3 - 2 * c), m10,
-                                              0xF8);
+        z_nibbles2(g[b].lo.qs + 128 * j, h[b].lo.qs + 128 * j, lo, hi);
+        R8_UNROLL for (int c = 0; c < 4; c++) { /* 0xF8: a | (b & c) */
+            lo[c] = _mm512_ternarylogic_epi32(lo[c], z_shift16(hb, 4 - 2 * c), m10, 0xF8);
+            hi[c] = _mm512_ternarylogic_epi32(hi[c], z_shift16(hb, 3 - 2 * c), m10, 0xF8);
         }
         R8_UNROLL for (int t = 0; t < T; t++)
             s1[t] = _mm512_add_epi32(s1[t], _mm512_mullo_epi32(z_block_sum(lo, hi, a[t][b].qs + 32 * j), sc[j]));
@@ -867,16 +866,11 @@ R8_INLINE void r8z_iq4_xs_pair_block(const block_iq4_xsx8 *g, const block_iq4_xs
     }
     R8_UNROLL for (int t = 0; t < T; t++) s1[t] = s2[t] = _mm512_setzero_si512();
     for (int j = 0; j < 8; j++) {
-        const uint8_t *qg = g[b].qs + 128 * j, *qh = h[b].qs + 128 * j;
-        _mm_prefetch((const char *)qg + R8_PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)qg + R8_PREFETCH + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)qh + R8_PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)qh + R8_PREFETCH + 64, _MM_HINT_T0);
         __m512i lo[4], hi[4];
+        z_nibbles2(g[b].qs + 128 * j, h[b].qs + 128 * j, lo, hi);
         R8_UNROLL for (int c = 0; c < 4; c++) {
-            const __m512i v = z_load2(qg + 32 * c, qh + 32 * c);
-            lo[c] = _mm512_shuffle_epi8(tbl, _mm512_and_si512(v, m4));
-            hi[c] = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+            lo[c] = _mm512_shuffle_epi8(tbl, lo[c]);
+            hi[c] = _mm512_shuffle_epi8(tbl, hi[c]);
         }
         const __m512i scp = R8_I16_PAIR(_mm512, si512, sc[j]);
         R8_UNROLL for (int t = 0; t < T; t++) {
