@@ -364,7 +364,7 @@ R8_INLINE void r8_q5_k_group(int64_t nb, const block_q5_kx8 *g, const uint8_t *a
             const uint8_t *qs = g[b].lo.qs + 128 * j, *qh = g[b].qh + 32 * j;
             _mm_prefetch((const char *)qs + R8_PREFETCH, _MM_HINT_T0);
             _mm_prefetch((const char *)qs + R8_PREFETCH + 64, _MM_HINT_T0);
-            _mm_prefetch((const char *)qh + R8_PREFETCH, _MM_HINT_T0);
+            if (j % 2 == 0) _mm_prefetch((const char *)qh + R8_PREFETCH, _MM_HINT_T0); /* a line: two sub-blocks */
             __m256i lo[4], hi[4];
             r8_q5_nibbles(qs, qh, lo, hi);
             R8_UNROLL for (int t = 0; t < T; t++) {
@@ -752,8 +752,10 @@ R8_INLINE void r8z_q5_k_pair_block(const block_q5_kx8 *g, const block_q5_kx8 *h,
     R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm512_setzero_si512();
     for (int j = 0; j < 8; j++) {
         const uint8_t *bg = g[b].qh + 32 * j, *bh = h[b].qh + 32 * j;
-        _mm_prefetch((const char *)bg + R8_PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)bh + R8_PREFETCH, _MM_HINT_T0);
+        if (j % 2 == 0) { /* a line holds two sub-blocks' fifth bits */
+            _mm_prefetch((const char *)bg + R8_PREFETCH, _MM_HINT_T0);
+            _mm_prefetch((const char *)bh + R8_PREFETCH, _MM_HINT_T0);
+        }
         const __m512i hb = z_load2(bg, bh);
         __m512i lo[4], hi[4];
         z_nibbles2(g[b].lo.qs + 128 * j, h[b].lo.qs + 128 * j, lo, hi);
