@@ -41,8 +41,9 @@
  *     q4_0 pairs blocks m and m+4 instead of transposing (quant_avx2.c), and
  *     takes the tile path from one token on (quant_kernels.tile_min_tokens).
  *  7. r8 layout (quant.h; block_q4_0x8, block_q8_0x8, block_q4_kx8,
- *     block_q6_kx8 below): groups of eight rows, interleaved so that i32 lane r
- *     of a 32-byte chunk holds four elements of row r. A kernel broadcasts four
+ *     block_q5_kx8, block_iq4_xsx8, block_q3_kx8, block_q6_kx8 below):
+ *     groups of eight rows, interleaved so that i32 lane r of a 32-byte chunk
+ *     holds four elements of row r. A kernel broadcasts four
  *     activation bytes, and lane r sums row r exactly — no horizontal step, no
  *     weight transpose, one kernel for decode and prefill (quant_kernels.r8,
  *     falling back like dot). Per (row, token) it runs the float steps of its
@@ -278,6 +279,24 @@ typedef struct {
 } block_iq4_xsx8;
 static_assert(sizeof(block_iq4_xsx8) == 8 * sizeof(block_iq4_xs), "iq4_xsx8 block size");
 
+/* r8 layout of q3_k: one super-block of eight rows; u = q + 4 (0..7). Scale g
+ * of row r is entry k = 8 g + r of 128 six-bit values (stored + 32): the low
+ * four bits of entries k and k + 64 in the low / high nibble of sc_lo[k % 64],
+ * the top two bits of entry k at bits 2 (k / 32) of sc_hi[k % 32].
+ * qs[32 g + 4 r + i] bits 2c, 2c + 1: the low two bits of u of row r's element
+ * 16 g + 4 c + i (group g 0..15, c 0..3, i 0..3), so chunk g shifted by 2c
+ * gives every row's elements 16 g + 4 c .. + 3 in its lane r;
+ * hm[32 j + 4 r + i] bit 4 h + c: the top bit of u of element 32 j + 16 h +
+ * 4 c + i (sub-block j 0..7, its group h 0..1). */
+typedef struct {
+    uint16_t d[8];     /* f16 super-block scale, row r */
+    uint8_t sc_lo[64];
+    uint8_t sc_hi[32];
+    uint8_t qs[512];
+    uint8_t hm[256];
+} block_q3_kx8;
+static_assert(sizeof(block_q3_kx8) == 8 * sizeof(block_q3_k), "q3_kx8 block size");
+
 /* r8 layout of q6_k: one super-block of eight rows; u = q + 32 (0..63).
  * ql[128 j + 32 c + 4 r + i]: low four bits of u of row r's elements
  * 32 j + 8 c + i (low nibble) and 32 j + 8 c + 4 + i (high), as in q4_kx8;
@@ -390,7 +409,7 @@ QUANT_LOWBIT_TILES(avx512)
     void quant_##isa##_r8_##type(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, \
                                  int n_act, float *out, size_t out_stride);
 #define QUANT_R8_DECLS(isa) QUANT_R8_DECL(isa, q4_0) QUANT_R8_DECL(isa, q8_0) QUANT_R8_DECL(isa, q4_k) \
-    QUANT_R8_DECL(isa, q5_k) QUANT_R8_DECL(isa, q6_k)
+    QUANT_R8_DECL(isa, q5_k) QUANT_R8_DECL(isa, q6_k) QUANT_R8_DECL(isa, q3_k)
 QUANT_R8_DECLS(ref)
 QUANT_R8_DECL(ref, iq4_xs) QUANT_R8_DECL(avx512, iq4_xs) QUANT_R8_DECL(avx512, quads1_iq4_xs)
     QUANT_R8_DECL(avx512, spread1_iq4_xs)
@@ -398,9 +417,9 @@ QUANT_R8_DECLS(avx2)
 QUANT_R8_DECLS(avx512)
 QUANT_R8_DECL(avx512, pairs1_q4_0) QUANT_R8_DECL(avx512, pairs1_q8_0)
 QUANT_R8_DECL(avx512, quads1_q4_0) QUANT_R8_DECL(avx512, quads1_q8_0) QUANT_R8_DECL(avx512, quads1_q4_k)
-    QUANT_R8_DECL(avx512, quads1_q5_k) QUANT_R8_DECL(avx512, quads1_q6_k)
+    QUANT_R8_DECL(avx512, quads1_q5_k) QUANT_R8_DECL(avx512, quads1_q6_k) QUANT_R8_DECL(avx512, quads1_q3_k)
 QUANT_R8_DECL(avx512, spread1_q4_0) QUANT_R8_DECL(avx512, spread1_q8_0) QUANT_R8_DECL(avx512, spread1_q4_k)
-    QUANT_R8_DECL(avx512, spread1_q5_k) QUANT_R8_DECL(avx512, spread1_q6_k)
+    QUANT_R8_DECL(avx512, spread1_q5_k) QUANT_R8_DECL(avx512, spread1_q6_k) QUANT_R8_DECL(avx512, spread1_q3_k)
 
 void quant_ref_dequant_q2_k(const void *w, float *y, int64_t n);
 void quant_ref_dequant_q3_k(const void *w, float *y, int64_t n);

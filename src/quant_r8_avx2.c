@@ -386,19 +386,25 @@ R8_INLINE void r8_q5_k_group(int64_t nb, const block_q5_kx8 *g, const uint8_t *a
 }
 
 /* q6_k, per super-block of eight rows: lane r of sc16[g] = row r's scale of
- * group g in both i16 halves, of scp[p] = its scales of groups 2p and 2p + 1.
+ * group g in both i16 halves (r8_i8_scales with both; without, in the low
+ * half only), of scp[p] = its scales of groups 2p and 2p + 1.
  * Per sub-block the 6-bit u = q + 32 are rebuilt from ql and qh; per 16-element
  * group two maddubs add in i16 (|sum| <= 4 x 63 x 127) and one madd applies
  * the scale; the -32 offset comes back as 32 sum_g sc_g bs_g (eight madds per
  * token); float steps of quant_r8_ref.c. */
-R8_INLINE void r8_q6_k_scales(const block_q6_kx8 *g, __m256i sc16[16], __m256i scp[8]) {
+R8_INLINE void r8_i8_scales(const int8_t *sc, const int both, __m256i sc16[16], __m256i scp[8]) {
     const __m256i lo16 = _mm256_set1_epi32(0xFFFF);
+    __m256i v[16];
     R8_UNROLL for (int k = 0; k < 16; k++) {
-        const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(g->sc + 8 * k)));
-        sc16[k] = _mm256_or_si256(_mm256_and_si256(v, lo16), _mm256_slli_epi32(v, 16));
+        v[k] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8 * k)));
+        sc16[k] = both ? _mm256_or_si256(_mm256_and_si256(v[k], lo16), _mm256_slli_epi32(v[k], 16))
+                       : _mm256_and_si256(v[k], lo16);
     }
-    R8_UNROLL for (int p = 0; p < 8; p++) scp[p] = _mm256_or_si256(_mm256_and_si256(sc16[2 * p], lo16),
-                                                                 _mm256_andnot_si256(lo16, sc16[2 * p + 1]));
+    R8_UNROLL for (int p = 0; p < 8; p++)
+        scp[p] = _mm256_or_si256(_mm256_and_si256(v[2 * p], lo16), _mm256_slli_epi32(v[2 * p + 1], 16));
+}
+R8_INLINE void r8_q6_k_scales(const block_q6_kx8 *g, __m256i sc16[16], __m256i scp[8]) {
+    r8_i8_scales(g->sc, 1, sc16, scp);
 }
 
 /* The 6-bit u = q + 32 of four 32-byte registers u[0..3] from two ql chunks
@@ -458,6 +464,95 @@ R8_INLINE void r8_q6_k_group(int64_t nb, const block_q6_kx8 *g, const uint8_t *a
             R8_UNROLL for (int p = 1; p < 8; p++)
                 s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(scp[p], bcast4((const int8_t *)(y->bsums + 2 * p))));
             const __m256i sum = _mm256_sub_epi32(s1[t], _mm256_slli_epi32(s2, 5));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(y->d)), acc[t]);
+        }
+    }
+    R8_GROUP_END();
+}
+
+/* q3_k, per super-block of eight rows: the 128 six-bit scales decoded to
+ * signed bytes in q6_kx8's order (sc[8 g + r], 32 subtracted) and taken as
+ * q6_k takes its own. Each 16-element group's u = q + 4 (0..7) come from one
+ * qs chunk (the low two bits at 2c) and the sub-block's hm chunk (the top bit
+ * at 4 h + c, moved to bit 2); the -4 offset comes back as 4 sum_g sc_g bs_g.
+ * Under VNNI a group's four vpdpbusd make its exact sum P (|P| <= 16 x 7 x
+ * 127, an i16), and one vpdpwssd against the scale in the low i16 half only
+ * adds sc P; under AVX2 q6_k's i16 sums and madd. The same integers either
+ * way, and the reference's float steps. */
+R8_INLINE void r8_q3_k_scales(const block_q3_kx8 *g, __m256i sc16[16], __m256i scp[8]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(0x03), k32 = _mm256_set1_epi8(32);
+    const __m256i l0 = _mm256_loadu_si256((const __m256i *)g->sc_lo),
+                  l1 = _mm256_loadu_si256((const __m256i *)(g->sc_lo + 32)),
+                  hb = _mm256_loadu_si256((const __m256i *)g->sc_hi);
+    int8_t sc[128];
+    R8_UNROLL for (int m = 0; m < 4; m++) { /* entries 32 m .. 32 m + 31 */
+        const __m256i l = m % 2 ? l1 : l0;
+        const __m256i lo = m < 2 ? _mm256_and_si256(l, m4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
+        const __m256i hi = _mm256_and_si256(m ? _mm256_srli_epi16(hb, 2 * m) : hb, m3);
+        const __m256i v = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+        _mm256_storeu_si256((__m256i *)(sc + 32 * m), _mm256_sub_epi8(v, k32));
+    }
+#ifdef QUANT_R8_VNNI
+    r8_i8_scales(sc, 0, sc16, scp);
+#else
+    r8_i8_scales(sc, 1, sc16, scp);
+#endif
+}
+
+/* hb shifted so that bit b of each byte lands at bit 2 (b 0..7). */
+#define R8_BIT_TO2(P, hb, b) ((b) > 2 ? P##_srli_epi16(hb, (b) > 2 ? (b) - 2 : 0) : (b) < 2 ? P##_slli_epi16(hb, (b) < 2 ? 2 - (b) : 0) : (hb))
+#ifdef QUANT_R8_VNNI
+#define R8_LOW2_OR(P, S, x, hi, m3) P##_ternarylogic_epi32(x, hi, m3, 0xEC) /* (x & m3) | hi */
+#else
+#define R8_LOW2_OR(P, S, x, hi, m3) P##_or_##S(P##_and_##S(x, m3), hi)
+#endif
+/* The u (0..7) of group h (0, 1) of a sub-block, four registers u[c] (lane r:
+ * row r's elements 16 h + 4 c .. + 3), from its qs chunk q and the
+ * sub-block's hm chunk hb, at either width. */
+#define R8_Q3_K_UNPACK(P, S, q, hb, h, m3, b2, u)                                                               \
+    R8_UNROLL for (int c_ = 0; c_ < 4; c_++) u[c_] =                                                            \
+        R8_LOW2_OR(P, S, c_ ? P##_srli_epi16(q, 2 * c_) : q, P##_and_##S(R8_BIT_TO2(P, hb, 4 * (h) + c_), b2), m3)
+
+R8_INLINE void r8_q3_k_group(int64_t nb, const block_q3_kx8 *g, const uint8_t *act, size_t astride, const int T,
+                             float *out, size_t ostride) {
+    R8_GROUP_BEGIN(block_q8_k);
+    const __m256i m3 = _mm256_set1_epi8(0x03), b2 = _mm256_set1_epi8(0x04);
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i sc16[16], scp[8], s1[R8_TOKENS];
+        r8_prefetch_head(&g[b], offsetof(block_q3_kx8, qs));
+        r8_q3_k_scales(&g[b], sc16, scp);
+        R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *qs = g[b].qs + 64 * j, *hm = g[b].hm + 32 * j;
+            _mm_prefetch((const char *)qs + R8_PREFETCH, _MM_HINT_T0);
+            if (j % 2 == 0) _mm_prefetch((const char *)hm + R8_PREFETCH, _MM_HINT_T0);
+            const __m256i hb = _mm256_loadu_si256((const __m256i *)hm);
+            R8_UNROLL for (int h = 0; h < 2; h++) {
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+                __m256i u[4];
+                R8_Q3_K_UNPACK(_mm256, si256, q, hb, h, m3, b2, u);
+                const __m256i sc = sc16[2 * j + h];
+                R8_UNROLL for (int t = 0; t < T; t++) {
+                    const int8_t *aq = a[t][b].qs + 32 * j + 16 * h;
+#ifdef QUANT_R8_VNNI
+                    __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u[0], bcast4(aq));
+                    R8_UNROLL for (int c = 1; c < 4; c++) p = _mm256_dpbusd_epi32(p, u[c], bcast4(aq + 4 * c));
+                    s1[t] = _mm256_dpwssd_epi32(s1[t], p, sc);
+#else
+                    __m256i x, y;
+                    R8_Q6_K_SUMS16(_mm256, bcast4, u, aq, x, y);
+                    s1[t] = _mm256_add_epi32(s1[t], _mm256_add_epi32(_mm256_madd_epi16(x, sc), _mm256_madd_epi16(y, sc)));
+#endif
+                }
+            }
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d));
+        R8_UNROLL for (int t = 0; t < T; t++) {
+            const block_q8_k *y = &a[t][b];
+            __m256i s2 = _mm256_madd_epi16(scp[0], bcast4((const int8_t *)y->bsums));
+            R8_UNROLL for (int p = 1; p < 8; p++)
+                s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(scp[p], bcast4((const int8_t *)(y->bsums + 2 * p))));
+            const __m256i sum = _mm256_sub_epi32(s1[t], _mm256_slli_epi32(s2, 2));
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(y->d)), acc[t]);
         }
     }
@@ -966,6 +1061,50 @@ R8_INLINE void r8z_q6_k_pair_block(const block_q6_kx8 *g, const block_q6_kx8 *h,
     }
 }
 R8Z_PAIR_KERNELS(q6_k, block_q6_kx8, block_q8_k)
+
+/* q3_k: r8_q3_k_group's VNNI steps on 16 lanes. */
+R8_INLINE void r8z_q3_k_pair_block(const block_q3_kx8 *g, const block_q3_kx8 *h, int64_t b, const block_q8_k *const *a,
+                                   const int T, __m512 *acc) {
+    const __m512i m3 = _mm512_set1_epi8(0x03), b2 = _mm512_set1_epi8(0x04);
+    __m512i sc16[16], scp[8], s1[R8_TOKENS];
+    r8_prefetch_head(&g[b], offsetof(block_q3_kx8, qs));
+    r8_prefetch_head(&h[b], offsetof(block_q3_kx8, qs));
+    R8Z_SCALES(r8_q3_k_scales, 16, sc16, 8, scp);
+    R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; j++) {
+        const uint8_t *qg = g[b].qs + 64 * j, *hg = g[b].hm + 32 * j;
+        const uint8_t *qh = h[b].qs + 64 * j, *hh = h[b].hm + 32 * j;
+        _mm_prefetch((const char *)qg + R8_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)qh + R8_PREFETCH, _MM_HINT_T0);
+        if (j % 2 == 0) {
+            _mm_prefetch((const char *)hg + R8_PREFETCH, _MM_HINT_T0);
+            _mm_prefetch((const char *)hh + R8_PREFETCH, _MM_HINT_T0);
+        }
+        const __m512i hb = z_load2(hg, hh);
+        R8_UNROLL for (int k = 0; k < 2; k++) {
+            const __m512i q = z_load2(qg + 32 * k, qh + 32 * k);
+            __m512i u[4];
+            R8_Q3_K_UNPACK(_mm512, si512, q, hb, k, m3, b2, u);
+            const __m512i sc = sc16[2 * j + k];
+            R8_UNROLL for (int t = 0; t < T; t++) {
+                const int8_t *aq = a[t][b].qs + 32 * j + 16 * k;
+                __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], z_bcast4(aq));
+                R8_UNROLL for (int c = 1; c < 4; c++) p = _mm512_dpbusd_epi32(p, u[c], z_bcast4(aq + 4 * c));
+                s1[t] = _mm512_dpwssd_epi32(s1[t], p, sc);
+            }
+        }
+    }
+    const __m512 d = z_f16x2(g[b].d, h[b].d);
+    R8_UNROLL for (int t = 0; t < T; t++) {
+        const block_q8_k *y = &a[t][b];
+        __m512i s2 = _mm512_setzero_si512();
+        R8_UNROLL for (int p = 0; p < 8; p++)
+            s2 = _mm512_dpwssd_epi32(s2, scp[p], z_bcast4((const int8_t *)(y->bsums + 2 * p)));
+        const __m512i sum = _mm512_sub_epi32(s1[t], _mm512_slli_epi32(s2, 2));
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(y->d)), acc[t]);
+    }
+}
+R8Z_PAIR_KERNELS(q3_k, block_q3_kx8, block_q8_k)
 #endif /* QUANT_R8_VNNI */
 
 /* The exported kernel of a type: groups two at a time through PAIR_FN when
@@ -1036,6 +1175,7 @@ R8_KERNEL(r8_q4_k, q4_k, block_q4_kx8, QKK, 2, r8z_q4_k_pair)
 R8_KERNEL(r8_q5_k, q5_k, block_q5_kx8, QKK, 2, r8z_q5_k_pair)
 R8_KERNEL(r8_iq4_xs, iq4_xs, block_iq4_xsx8, QKK, 2, r8z_iq4_xs_pair)
 R8_KERNEL(r8_q6_k, q6_k, block_q6_kx8, QKK, 1, r8z_q6_k_pair)
+R8_KERNEL(r8_q3_k, q3_k, block_q3_kx8, QKK, 1, r8z_q3_k_pair)
 /* q4_0 and q8_0 with pairs from one token (quant_r8_pairs1: two weight streams
  * per thread, which an Intel Xeon reads faster than one; q4_k read the same
  * either way there, so it keeps one; BENCHMARKS.md round 11). */
@@ -1083,6 +1223,7 @@ R8_KERNEL_QUADS1(q4_k, block_q4_kx8, QKK, r8_q4_k)
 R8_KERNEL_QUADS1(q5_k, block_q5_kx8, QKK, r8_q5_k)
 R8_KERNEL_QUADS1(iq4_xs, block_iq4_xsx8, QKK, r8_iq4_xs)
 R8_KERNEL_QUADS1(q6_k, block_q6_kx8, QKK, r8_q6_k)
+R8_KERNEL_QUADS1(q3_k, block_q3_kx8, QKK, r8_q3_k)
 #else
 R8_INLINE void r8_q8_0_pair(int64_t nb, const block_q8_0x8 *g, const uint8_t *act, size_t astride, const int T,
                             float *out, size_t ostride) {
@@ -1093,4 +1234,5 @@ R8_KERNEL(r8_q8_0, q8_0, block_q8_0x8, QK32, 1, r8_q8_0_pair)
 R8_KERNEL(r8_q4_k, q4_k, block_q4_kx8, QKK, 0, r8_q4_k_group)
 R8_KERNEL(r8_q5_k, q5_k, block_q5_kx8, QKK, 0, r8_q5_k_group)
 R8_KERNEL(r8_q6_k, q6_k, block_q6_kx8, QKK, 0, r8_q6_k_group)
+R8_KERNEL(r8_q3_k, q3_k, block_q3_kx8, QKK, 0, r8_q3_k_group)
 #endif

@@ -473,6 +473,97 @@ static float step_q6_k(const block_q6_kx8 *g, const block_q8_k *a, int r, float 
     return fmaf((float)(s1 - 32 * s2), quant_f16_to_f32(g->d[r]) * a->d, acc);
 }
 
+/* q3_k: the six-bit scale (stored + 32, 0..63) of entry k (8 g + r) of a
+ * q3_kx8 block. */
+static int q3_kx8_scale(const block_q3_kx8 *g, int k) {
+    const int low4 = k < 64 ? g->sc_lo[k] & 0xF : g->sc_lo[k - 64] >> 4;
+    return low4 | ((g->sc_hi[k % 32] >> (2 * (k / 32))) & 3) << 4;
+}
+
+/* u (0..7) of row r's element e (16 g + 4 c + i) of a q3_kx8 block. */
+static int q3_kx8_u(const block_q3_kx8 *g, int r, int e) {
+    const int grp = e / 16, c = (e % 16) / 4, i = e % 4, j = e / 32, h = (e % 32) / 16;
+    return ((g->qs[32 * grp + 4 * r + i] >> (2 * c)) & 3) | ((g->hm[32 * j + 4 * r + i] >> (4 * h + c)) & 1) << 2;
+}
+
+/* A q3_k block's u = low + 4 high of elements 128 h + 32 j + l, four l at a
+ * time (the block's own order, quant_impl.h), into u[256]. */
+static void q3_k_u(const block_q3_k *x, uint8_t u[QKK]) {
+    for (int h = 0; h < 2; h++)
+        for (int l = 0; l < 32; l += 4) {
+            const uint32_t q = ld32(x->qs + 32 * h + l), m = ld32(x->hmask + l);
+            for (int j = 0; j < 4; j++)
+                st32(u + 128 * h + 32 * j + l, (q >> (2 * j) & LO2) | (m >> (4 * h + j) & 0x01010101u) << 2);
+        }
+}
+
+static void pack_q3_k(int64_t n, const void *rows, size_t row_stride, void *out) {
+    const int64_t nb = n / QKK;
+    block_q3_kx8 *g = (block_q3_kx8 *)out;
+    for (int64_t b = 0; b < nb; b++) {
+        block_q3_kx8 o;
+        memset(&o, 0, sizeof o);
+        for (int r = 0; r < 8; r++) {
+            const block_q3_k *x = (const block_q3_k *)((const uint8_t *)rows + (size_t)r * row_stride) + b;
+            uint8_t u[QKK];
+            int8_t sc[16];
+            q3_k_u(x, u);
+            quant_q3_k_scales(x->scales, sc);
+            o.d[r] = x->d;
+            for (int grp = 0; grp < 16; grp++) {
+                const int k = 8 * grp + r, v = sc[grp] + 32;
+                o.sc_lo[k % 64] |= (uint8_t)((v & 0xF) << (k < 64 ? 0 : 4));
+                o.sc_hi[k % 32] |= (uint8_t)((v >> 4) << (2 * (k / 32)));
+                uint32_t w = 0;
+                for (int c = 0; c < 4; c++) w |= (ld32(u + 16 * grp + 4 * c) & LO2) << (2 * c);
+                st32(o.qs + 32 * grp + 4 * r, w);
+            }
+            for (int j = 0; j < 8; j++) {
+                uint32_t w = 0;
+                for (int hc = 0; hc < 8; hc++) w |= (ld32(u + 32 * j + 4 * hc) >> 2 & 0x01010101u) << hc;
+                st32(o.hm + 32 * j + 4 * r, w);
+            }
+        }
+        memcpy(&g[b], &o, sizeof o);
+    }
+}
+
+static void unpack_q3_k(int64_t n, const void *group, void *rows, size_t row_stride) {
+    const int64_t nb = n / QKK;
+    const block_q3_kx8 *g = (const block_q3_kx8 *)group;
+    for (int64_t b = 0; b < nb; b++)
+        for (int r = 0; r < 8; r++) {
+            block_q3_k x;
+            memset(&x, 0, sizeof x);
+            x.d = g[b].d[r];
+            for (int grp = 0; grp < 16; grp++) {
+                const int v = q3_kx8_scale(&g[b], 8 * grp + r);
+                x.scales[grp % 8] |= (uint8_t)((v & 0xF) << (grp < 8 ? 0 : 4));
+                x.scales[8 + grp % 4] |= (uint8_t)((v >> 4) << (2 * (grp / 4)));
+            }
+            for (int e = 0; e < QKK; e++) { /* e = 128 h + 32 j + l */
+                const int u = q3_kx8_u(&g[b], r, e), h = e / 128, j = (e % 128) / 32, l = e % 32;
+                x.qs[32 * h + l] |= (uint8_t)((u & 3) << (2 * j));
+                x.hmask[l] |= (uint8_t)((u >> 2) << (4 * h + j));
+            }
+            memcpy((uint8_t *)rows + (size_t)r * row_stride + (size_t)b * sizeof x, &x, sizeof x);
+        }
+}
+
+/* Row r's super-block step: S = sum_g sc_g (sum_{e in g} u_e a_e - 4 bs_g)
+ * (exact), acc = fma(S, d da, acc). */
+static float step_q3_k(const block_q3_kx8 *g, const block_q8_k *a, int r, float acc) {
+    int32_t s1 = 0, s2 = 0;
+    for (int k = 0; k < 16; k++) {
+        int32_t p = 0;
+        for (int e = 16 * k; e < 16 * k + 16; e++) p += q3_kx8_u(g, r, e) * a->qs[e];
+        const int sc = q3_kx8_scale(g, 8 * k + r) - 32;
+        s1 += sc * p;
+        s2 += sc * a->bsums[k];
+    }
+    return fmaf((float)(s1 - 4 * s2), quant_f16_to_f32(g->d[r]) * a->d, acc);
+}
+
 /* The reference kernels: every (group, token, row), the type's step over the
  * blocks in order from acc = 0. */
 #define R8_REF_KERNEL(type, block_t, act_t, QB)                                                           \
@@ -498,10 +589,11 @@ R8_REF_KERNEL(q4_k, block_q4_kx8, block_q8_k, QKK)
 R8_REF_KERNEL(q5_k, block_q5_kx8, block_q8_k, QKK)
 R8_REF_KERNEL(iq4_xs, block_iq4_xsx8, block_q8_k, QKK)
 R8_REF_KERNEL(q6_k, block_q6_kx8, block_q8_k, QKK)
+R8_REF_KERNEL(q3_k, block_q3_kx8, block_q8_k, QKK)
 
 bool quant_r8_supported(uint32_t wtype) {
     return wtype == QUANT_Q4_0 || wtype == QUANT_Q8_0 || wtype == QUANT_Q4_K || wtype == QUANT_Q5_K ||
-           wtype == QUANT_Q6_K || wtype == QUANT_IQ4_XS;
+           wtype == QUANT_Q6_K || wtype == QUANT_IQ4_XS || wtype == QUANT_Q3_K;
 }
 
 static void check_r8(uint32_t wtype, int64_t n) {
@@ -516,6 +608,7 @@ void quant_r8_pack(uint32_t wtype, int64_t n, const void *rows, size_t row_strid
     else if (wtype == QUANT_Q4_K) pack_q4_k(n, rows, row_stride, out);
     else if (wtype == QUANT_Q5_K) pack_q5_k(n, rows, row_stride, out);
     else if (wtype == QUANT_IQ4_XS) pack_iq4_xs(n, rows, row_stride, out);
+    else if (wtype == QUANT_Q3_K) pack_q3_k(n, rows, row_stride, out);
     else pack_q6_k(n, rows, row_stride, out);
 }
 
@@ -526,6 +619,7 @@ void quant_r8_unpack(uint32_t wtype, int64_t n, const void *group, void *rows, s
     else if (wtype == QUANT_Q4_K) unpack_q4_k(n, group, rows, row_stride);
     else if (wtype == QUANT_Q5_K) unpack_q5_k(n, group, rows, row_stride);
     else if (wtype == QUANT_IQ4_XS) unpack_iq4_xs(n, group, rows, row_stride);
+    else if (wtype == QUANT_Q3_K) unpack_q3_k(n, group, rows, row_stride);
     else unpack_q6_k(n, group, rows, row_stride);
 }
 
