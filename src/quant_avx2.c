@@ -1026,7 +1026,7 @@ static void avx_dq_f16(const void *w, float *y, int64_t n) { avx_f16_to_f32_row(
 #define QK_R8_PAIRS1(type) QK_R8_QUADS1(type), .r8_pairs1 = quant_avx512_r8_pairs1_##type
 #define QK_R8_QUADS1(type) \
     .r8 = quant_avx512_r8_##type, .r8_quads1 = quant_avx512_r8_quads1_##type, .r8_spread1 = quant_avx512_r8_spread1_##type
-#define QK_R8_VNNI_QUADS1(type) , QK_R8_QUADS1(type) /* r8 kernels only VNNI has (iq4_xs) */
+#define QK_R8_VNNI_QUADS1(type) , QK_R8_QUADS1(type) /* r8 kernels only VNNI has (iq4_xs, iq4_nl) */
 #else
 #define QK_R8_VNNI_QUADS1(type)
 #define QK_LOWBIT(name) quant_avx2_##name
@@ -1040,9 +1040,9 @@ static void avx_dq_f16(const void *w, float *y, int64_t n) { avx_f16_to_f32_row(
     [QUANT_F16] = {.dot = avx_f16_multi, .dequant = avx_dq_f16, .act = avx_act_f32},                      \
     [QUANT_BF16] = {.dot = avx_bf16_multi, .act = avx_act_f32},                                           \
     QK_Q4_0_ENTRY,                                                                                        \
-    [QUANT_Q4_1] = {.dot = avx_q4_1_multi, .act = avx_act_q8},                                            \
-    [QUANT_Q5_0] = {.dot = avx_q5_0_multi, .act = avx_act_q8},                                            \
-    [QUANT_Q5_1] = {.dot = avx_q5_1_multi, .act = avx_act_q8},                                            \
+    [QUANT_Q4_1] = {.dot = avx_q4_1_multi, .act = avx_act_q8, QK_R8_QUADS1(q4_1)},                        \
+    [QUANT_Q5_0] = {.dot = avx_q5_0_multi, .act = avx_act_q8, QK_R8_QUADS1(q5_0)},                        \
+    [QUANT_Q5_1] = {.dot = avx_q5_1_multi, .act = avx_act_q8, QK_R8_QUADS1(q5_1)},                        \
     [QUANT_Q8_0] = {.dot = avx_q8_0_multi, .act = avx_act_q8_0, .tile = avx_q8_0_tile, QK_R8_PAIRS1(q8_0)}, \
     [QUANT_Q4_K] = {.dot = avx_q4_k_multi, .act = avx_act_q8k32, .tile = avx_q4_k_tile, QK_R8_QUADS1(q4_k)}, \
     [QUANT_Q5_K] = {.dot = avx_q5_k_multi, .act = avx_act_q8k32, QK_R8_QUADS1(q5_k)},                       \
@@ -1050,7 +1050,7 @@ static void avx_dq_f16(const void *w, float *y, int64_t n) { avx_f16_to_f32_row(
     [QUANT_Q2_K] = {.dot = QK_LOWBIT(dot_q2_k), .act = avx_act_q8k, .tile = QK_LOWBIT(tile_q2_k)},        \
     [QUANT_Q3_K] = {.dot = QK_LOWBIT(dot_q3_k), .act = avx_act_q8k, .tile = QK_LOWBIT(tile_q3_k),         \
                     QK_R8_QUADS1(q3_k)},                                                                  \
-    [QUANT_IQ4_NL] = {.dot = QK_LOWBIT(dot_iq4_nl), .act = avx_act_q8},                                   \
+    [QUANT_IQ4_NL] = {.dot = QK_LOWBIT(dot_iq4_nl), .act = avx_act_q8_0 QK_R8_VNNI_QUADS1(iq4_nl)},       \
     [QUANT_IQ4_XS] = {.dot = QK_LOWBIT(dot_iq4_xs), .act = avx_act_q8k, .tile = QK_LOWBIT(tile_iq4_xs)             \
                       QK_R8_VNNI_QUADS1(iq4_xs)}
 

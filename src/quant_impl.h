@@ -8,8 +8,8 @@
  *     uint16_t bits; weight rows must be at least 2-byte aligned (GGUF tensor
  *     data is 32-byte aligned and every block size is even), f32 rows 4-byte.
  *  2. Activation rows (private format): f32 for float weights; act_q8 blocks
- *     (f32 scale, f32 scaled sum, 32 x int8; for q8_0 weights the exact
- *     128 x sum in place of the scaled sum) for the 32-element types (iq4_nl
+ *     (f32 scale, f32 scaled sum, 32 x int8; for q8_0 and iq4_nl weights the
+ *     exact 128 x sum in place of the scaled sum) for the 32-element types (iq4_nl
  *     included); block_q8_k blocks for the 256-element types (the K-quants and
  *     iq4_xs). Activation rows must be 4-byte aligned and the stride between
  *     them a multiple of 4.
@@ -40,8 +40,9 @@
  *     An ISA may use its own tile layout (quant_kernels.layout): plain AVX2
  *     q4_0 pairs blocks m and m+4 instead of transposing (quant_avx2.c), and
  *     takes the tile path from one token on (quant_kernels.tile_min_tokens).
- *  7. r8 layout (quant.h; block_q4_0x8, block_q8_0x8, block_q4_kx8,
- *     block_q5_kx8, block_iq4_xsx8, block_q3_kx8, block_q6_kx8 below):
+ *  7. r8 layout (quant.h; block_q4_0x8, block_q4_1x8, block_q5_0x8,
+ *     block_q5_1x8, block_q8_0x8, block_q4_kx8, block_q5_kx8,
+ *     block_iq4_xsx8, block_q3_kx8, block_q6_kx8 below; iq4_nl as q4_0x8):
  *     groups of eight rows, interleaved so that i32 lane r of a 32-byte chunk
  *     holds four elements of row r. A kernel broadcasts four
  *     activation bytes, and lane r sums row r exactly — no horizontal step, no
@@ -196,16 +197,18 @@ static_assert(sizeof(block_q8_k) == 292, "q8_k block size");
 typedef struct {
     float d;             /* scale: x ~ d * qs */
     union {
-        float s;         /* d * sum(qs): q4_0's offset term, and the types with a min (q4_1, q5_1) */
-        int32_t qsum128; /* q8_0's activations instead: 128 * sum(qs), exact (the offset of the
-                            VNNI r8 kernel, whose weights go in as w + 128), made once per row */
+        float s;         /* d * sum(qs): the offset term of q4_0 and q5_0, and of the types with a
+                            min (q4_1, q5_1) */
+        int32_t qsum128; /* q8_0's and iq4_nl's activations instead: 128 * sum(qs), exact (the
+                            offset of their VNNI r8 kernels, whose weights go in as w + 128),
+                            made once per row */
     };
     int8_t qs[32];
 } act_q8;
 static_assert(sizeof(act_q8) == 40, "act_q8 size");
 
-/* A quantized block's second field: q8_0's activations (qsum128) carry
- * 128 sum(qs), every other type's d sum(qs). */
+/* A quantized block's second field: q8_0's and iq4_nl's activations
+ * (qsum128) carry 128 sum(qs), every other type's d sum(qs). */
 static inline void act_q8_set_sum(act_q8 *y, float d, int sum, bool qsum128) {
     if (qsum128) y->qsum128 = 128 * sum;
     else y->s = d * (float)sum;
@@ -229,6 +232,35 @@ typedef struct {
     uint8_t qs[128];
 } block_q4_0x8;
 static_assert(sizeof(block_q4_0x8) == 8 * sizeof(block_q4_0), "q4_0x8 block size");
+
+/* r8 layouts of the other 32-element types, in q4_0x8's nibble order (qs):
+ * q4_1x8 and q5_1x8 add row r's f16 min m[r]; q5_0x8 and q5_1x8 the fifth
+ * bits, qh[4 r + i] bit 2 j for row r's element 8 j + i (the low nibble of
+ * chunk j), bit 2 j + 1 for element 8 j + 4 + i (its high nibble). iq4_nl's
+ * r8 layout is q4_0x8's, with table indices in the nibbles. */
+typedef struct {
+    uint16_t d[8];   /* f16 scale of row r's block */
+    uint16_t m[8];   /* f16 min of row r's block */
+    uint8_t qs[128];
+} block_q4_1x8;
+static_assert(sizeof(block_q4_1x8) == 8 * sizeof(block_q4_1), "q4_1x8 block size");
+
+typedef struct {
+    uint16_t d[8];
+    uint8_t qh[32];
+    uint8_t qs[128];
+} block_q5_0x8;
+static_assert(sizeof(block_q5_0x8) == 8 * sizeof(block_q5_0), "q5_0x8 block size");
+
+typedef struct {
+    uint16_t d[8];
+    uint16_t m[8];
+    uint8_t qh[32];
+    uint8_t qs[128];
+} block_q5_1x8;
+static_assert(sizeof(block_q5_1x8) == 8 * sizeof(block_q5_1), "q5_1x8 block size");
+
+typedef block_q4_0x8 block_iq4_nlx8;
 
 /* r8 layout of q8_0: qs[32 j + 4 r + i] = row r's element 4 j + i (j 0..7, i
  * 0..3): 32-byte chunk j has every row's elements 4j..4j+3 in its lane r. */
@@ -409,17 +441,22 @@ QUANT_LOWBIT_TILES(avx512)
     void quant_##isa##_r8_##type(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, \
                                  int n_act, float *out, size_t out_stride);
 #define QUANT_R8_DECLS(isa) QUANT_R8_DECL(isa, q4_0) QUANT_R8_DECL(isa, q8_0) QUANT_R8_DECL(isa, q4_k) \
-    QUANT_R8_DECL(isa, q5_k) QUANT_R8_DECL(isa, q6_k) QUANT_R8_DECL(isa, q3_k)
+    QUANT_R8_DECL(isa, q5_k) QUANT_R8_DECL(isa, q6_k) QUANT_R8_DECL(isa, q3_k) QUANT_R8_DECL(isa, q4_1) \
+    QUANT_R8_DECL(isa, q5_0) QUANT_R8_DECL(isa, q5_1)
 QUANT_R8_DECLS(ref)
 QUANT_R8_DECL(ref, iq4_xs) QUANT_R8_DECL(avx512, iq4_xs) QUANT_R8_DECL(avx512, quads1_iq4_xs)
     QUANT_R8_DECL(avx512, spread1_iq4_xs)
+QUANT_R8_DECL(ref, iq4_nl) QUANT_R8_DECL(avx512, iq4_nl) QUANT_R8_DECL(avx512, quads1_iq4_nl)
+    QUANT_R8_DECL(avx512, spread1_iq4_nl)
 QUANT_R8_DECLS(avx2)
 QUANT_R8_DECLS(avx512)
 QUANT_R8_DECL(avx512, pairs1_q4_0) QUANT_R8_DECL(avx512, pairs1_q8_0)
 QUANT_R8_DECL(avx512, quads1_q4_0) QUANT_R8_DECL(avx512, quads1_q8_0) QUANT_R8_DECL(avx512, quads1_q4_k)
     QUANT_R8_DECL(avx512, quads1_q5_k) QUANT_R8_DECL(avx512, quads1_q6_k) QUANT_R8_DECL(avx512, quads1_q3_k)
+    QUANT_R8_DECL(avx512, quads1_q4_1) QUANT_R8_DECL(avx512, quads1_q5_0) QUANT_R8_DECL(avx512, quads1_q5_1)
 QUANT_R8_DECL(avx512, spread1_q4_0) QUANT_R8_DECL(avx512, spread1_q8_0) QUANT_R8_DECL(avx512, spread1_q4_k)
     QUANT_R8_DECL(avx512, spread1_q5_k) QUANT_R8_DECL(avx512, spread1_q6_k) QUANT_R8_DECL(avx512, spread1_q3_k)
+    QUANT_R8_DECL(avx512, spread1_q4_1) QUANT_R8_DECL(avx512, spread1_q5_0) QUANT_R8_DECL(avx512, spread1_q5_1)
 
 void quant_ref_dequant_q2_k(const void *w, float *y, int64_t n);
 void quant_ref_dequant_q3_k(const void *w, float *y, int64_t n);

@@ -1107,6 +1107,123 @@ R8_INLINE void r8z_q3_k_pair_block(const block_q3_kx8 *g, const block_q3_kx8 *h,
 R8Z_PAIR_KERNELS(q3_k, block_q3_kx8, block_q8_k)
 #endif /* QUANT_R8_VNNI */
 
+/* --- the other 32-element types: q4_1, q5_0, q5_1 and (VNNI) iq4_nl --------
+ * q4_0's frame with each type's values and float steps: VALUES says how a
+ * block's chunks become unsigned bytes (R8_B32_NIB: the nibbles; R8_B32_Q5:
+ * with the fifth bit at bit 4, as q5_k's; R8_B32_NL: iq4_nl's table plus 128
+ * by vpshufb, VNNI only, maddubs would saturate), STEP the reference's float
+ * steps per block (quant_r8_ref.c): R8_B32_OFF16 (q5_0) t = fma(P, da, -16 s),
+ * acc = fma(t, dw, acc); R8_B32_MIN (q4_1, q5_1) acc = fma(P da, dw, acc),
+ * acc = fma(m, s, acc); R8_B32_EXACT (iq4_nl) P less the activation's
+ * qsum128, acc = fma(P da, dw, acc). Under AVX2 a 5-bit block sums its low and
+ * its high chunks apart in i16 (r8_half_sum16: 4 x 2 x 31 x 127 each). */
+enum { R8_B32_NIB, R8_B32_Q5, R8_B32_NL };
+enum { R8_B32_OFF16, R8_B32_MIN, R8_B32_EXACT };
+
+/* A 32-element r8 block's fields (m, qh NULL where the type has none). */
+typedef struct {
+    const uint16_t *d, *m;
+    const uint8_t *qh, *qs;
+} r8_b32_view;
+R8_INLINE r8_b32_view r8_view_q4_1(const block_q4_1x8 *x) { return (r8_b32_view){x->d, x->m, NULL, x->qs}; }
+R8_INLINE r8_b32_view r8_view_q5_0(const block_q5_0x8 *x) { return (r8_b32_view){x->d, NULL, x->qh, x->qs}; }
+R8_INLINE r8_b32_view r8_view_q5_1(const block_q5_1x8 *x) { return (r8_b32_view){x->d, x->m, x->qh, x->qs}; }
+R8_INLINE r8_b32_view r8_view_iq4_nl(const block_iq4_nlx8 *x) { return (r8_b32_view){x->d, NULL, NULL, x->qs}; }
+
+R8_INLINE void r8_b32_values(const r8_b32_view v, const int values, __m256i lo[4], __m256i hi[4]) {
+    if (values == R8_B32_Q5) {
+        r8_q5_nibbles(v.qs, v.qh, lo, hi);
+        return;
+    }
+    r8_nibbles(v.qs, lo, hi);
+#ifdef QUANT_R8_VNNI
+    if (values == R8_B32_NL) {
+        const __m256i tbl = r8_iq4_xs_table();
+        R8_UNROLL for (int c = 0; c < 4; c++) {
+            lo[c] = _mm256_shuffle_epi8(tbl, lo[c]);
+            hi[c] = _mm256_shuffle_epi8(tbl, hi[c]);
+        }
+    }
+#endif
+}
+
+R8_INLINE __m256i r8_b32_sum(const __m256i lo[4], const __m256i hi[4], const int8_t *q, const int values) {
+#ifndef QUANT_R8_VNNI
+    if (values == R8_B32_Q5) {
+        const __m256i ones = _mm256_set1_epi16(1);
+        return _mm256_add_epi32(_mm256_madd_epi16(r8_half_sum16(lo, q, 0), ones),
+                                _mm256_madd_epi16(r8_half_sum16(hi, q, 4), ones));
+    }
+#endif
+    (void)values;
+    return r8_block_sum(lo, hi, q);
+}
+
+#define R8_B32_STEP(P, p, y, dw, mw, step, acc)                                                                 \
+    ((step) == R8_B32_OFF16                                                                                     \
+         ? P##_fmadd_ps(P##_fmadd_ps(P##_cvtepi32_ps(p), P##_set1_ps((y)->d), P##_set1_ps((y)->s * -16.0f)), dw, acc) \
+     : (step) == R8_B32_MIN                                                                                     \
+         ? P##_fmadd_ps(mw, P##_set1_ps((y)->s), P##_fmadd_ps(P##_mul_ps(P##_cvtepi32_ps(p), P##_set1_ps((y)->d)), dw, acc)) \
+         : P##_fmadd_ps(P##_mul_ps(P##_cvtepi32_ps(P##_sub_epi32(p, P##_set1_epi32((y)->qsum128))), P##_set1_ps((y)->d)), \
+                        dw, acc))
+
+/* A type's group kernel (every ISA its VALUES allows). */
+#define R8_B32_GROUP(type, block_t, VALUES, STEP)                                                               \
+    R8_INLINE void r8_##type##_group(int64_t nb, const block_t *g, const uint8_t *act, size_t astride, const int T, \
+                                     float *out, size_t ostride) {                                              \
+        R8_GROUP_BEGIN(act_q8);                                                                                 \
+        for (int64_t b = 0; b < nb; b++) {                                                                      \
+            const r8_b32_view v = r8_view_##type(&g[b]);                                                        \
+            r8_prefetch_head(&g[b], sizeof(block_t));                                                           \
+            __m256i lo[4], hi[4];                                                                               \
+            r8_b32_values(v, VALUES, lo, hi);                                                                   \
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)v.d));                          \
+            const __m256 mw = v.m ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)v.m)) : _mm256_setzero_ps(); \
+            R8_UNROLL for (int t = 0; t < T; t++)                                                               \
+                acc[t] = R8_B32_STEP(_mm256, r8_b32_sum(lo, hi, a[t][b].qs, VALUES), &a[t][b], dw, mw, STEP, acc[t]); \
+        }                                                                                                       \
+        R8_GROUP_END();                                                                                         \
+    }
+R8_B32_GROUP(q4_1, block_q4_1x8, R8_B32_NIB, R8_B32_MIN)
+R8_B32_GROUP(q5_0, block_q5_0x8, R8_B32_Q5, R8_B32_OFF16)
+R8_B32_GROUP(q5_1, block_q5_1x8, R8_B32_Q5, R8_B32_MIN)
+
+#ifdef QUANT_R8_VNNI
+R8_B32_GROUP(iq4_nl, block_iq4_nlx8, R8_B32_NL, R8_B32_EXACT)
+
+/* A type's 512-bit pair step: the group kernel's on 16 lanes. */
+#define R8Z_B32_PAIR(type, block_t, VALUES, STEP)                                                               \
+    R8_INLINE void r8z_##type##_pair_block(const block_t *g, const block_t *h, int64_t b, const act_q8 *const *a, \
+                                           const int T, __m512 *acc) {                                          \
+        const r8_b32_view vg = r8_view_##type(&g[b]), vh = r8_view_##type(&h[b]);                               \
+        r8_prefetch_head(&g[b], offsetof(block_t, qs));                                                         \
+        r8_prefetch_head(&h[b], offsetof(block_t, qs));                                                         \
+        __m512i lo[4], hi[4];                                                                                   \
+        z_nibbles2(vg.qs, vh.qs, lo, hi);                                                                       \
+        if ((VALUES) == R8_B32_Q5) { /* 0xF8: a | (b & c) */                                                    \
+            const __m512i m10 = _mm512_set1_epi8(0x10), hb = z_load2(vg.qh, vh.qh);                             \
+            R8_UNROLL for (int c = 0; c < 4; c++) {                                                             \
+                lo[c] = _mm512_ternarylogic_epi32(lo[c], z_shift16(hb, 4 - 2 * c), m10, 0xF8);                  \
+                hi[c] = _mm512_ternarylogic_epi32(hi[c], z_shift16(hb, 3 - 2 * c), m10, 0xF8);                  \
+            }                                                                                                   \
+        } else if ((VALUES) == R8_B32_NL) {                                                                     \
+            const __m512i tbl = _mm512_broadcast_i32x4(_mm256_castsi256_si128(r8_iq4_xs_table()));              \
+            R8_UNROLL for (int c = 0; c < 4; c++) {                                                             \
+                lo[c] = _mm512_shuffle_epi8(tbl, lo[c]);                                                        \
+                hi[c] = _mm512_shuffle_epi8(tbl, hi[c]);                                                        \
+            }                                                                                                   \
+        }                                                                                                       \
+        const __m512 dw = z_f16x2(vg.d, vh.d), mw = vg.m ? z_f16x2(vg.m, vh.m) : _mm512_setzero_ps();           \
+        R8_UNROLL for (int t = 0; t < T; t++)                                                                   \
+            acc[t] = R8_B32_STEP(_mm512, z_block_sum(lo, hi, a[t][b].qs), &a[t][b], dw, mw, STEP, acc[t]);      \
+    }                                                                                                           \
+    R8Z_PAIR_KERNELS(type, block_t, act_q8)
+R8Z_B32_PAIR(q4_1, block_q4_1x8, R8_B32_NIB, R8_B32_MIN)
+R8Z_B32_PAIR(q5_0, block_q5_0x8, R8_B32_Q5, R8_B32_OFF16)
+R8Z_B32_PAIR(q5_1, block_q5_1x8, R8_B32_Q5, R8_B32_MIN)
+R8Z_B32_PAIR(iq4_nl, block_iq4_nlx8, R8_B32_NL, R8_B32_EXACT)
+#endif
+
 /* The exported kernel of a type: groups two at a time through PAIR_FN when
  * there are at least PAIR tokens, else one at a time; tokens R8_TOKENS at a
  * time, then the rest; the token count T compile-time in each call. A type
@@ -1176,6 +1293,10 @@ R8_KERNEL(r8_q5_k, q5_k, block_q5_kx8, QKK, 2, r8z_q5_k_pair)
 R8_KERNEL(r8_iq4_xs, iq4_xs, block_iq4_xsx8, QKK, 2, r8z_iq4_xs_pair)
 R8_KERNEL(r8_q6_k, q6_k, block_q6_kx8, QKK, 1, r8z_q6_k_pair)
 R8_KERNEL(r8_q3_k, q3_k, block_q3_kx8, QKK, 1, r8z_q3_k_pair)
+R8_KERNEL(r8_q4_1, q4_1, block_q4_1x8, QK32, 2, r8z_q4_1_pair)
+R8_KERNEL(r8_q5_0, q5_0, block_q5_0x8, QK32, 2, r8z_q5_0_pair)
+R8_KERNEL(r8_q5_1, q5_1, block_q5_1x8, QK32, 2, r8z_q5_1_pair)
+R8_KERNEL(r8_iq4_nl, iq4_nl, block_iq4_nlx8, QK32, 2, r8z_iq4_nl_pair)
 /* q4_0 and q8_0 with pairs from one token (quant_r8_pairs1: two weight streams
  * per thread, which an Intel Xeon reads faster than one; q4_k read the same
  * either way there, so it keeps one; BENCHMARKS.md round 11). */
@@ -1224,6 +1345,10 @@ R8_KERNEL_QUADS1(q5_k, block_q5_kx8, QKK, r8_q5_k)
 R8_KERNEL_QUADS1(iq4_xs, block_iq4_xsx8, QKK, r8_iq4_xs)
 R8_KERNEL_QUADS1(q6_k, block_q6_kx8, QKK, r8_q6_k)
 R8_KERNEL_QUADS1(q3_k, block_q3_kx8, QKK, r8_q3_k)
+R8_KERNEL_QUADS1(q4_1, block_q4_1x8, QK32, r8_q4_1)
+R8_KERNEL_QUADS1(q5_0, block_q5_0x8, QK32, r8_q5_0)
+R8_KERNEL_QUADS1(q5_1, block_q5_1x8, QK32, r8_q5_1)
+R8_KERNEL_QUADS1(iq4_nl, block_iq4_nlx8, QK32, r8_iq4_nl)
 #else
 R8_INLINE void r8_q8_0_pair(int64_t nb, const block_q8_0x8 *g, const uint8_t *act, size_t astride, const int T,
                             float *out, size_t ostride) {
@@ -1235,4 +1360,7 @@ R8_KERNEL(r8_q4_k, q4_k, block_q4_kx8, QKK, 0, r8_q4_k_group)
 R8_KERNEL(r8_q5_k, q5_k, block_q5_kx8, QKK, 0, r8_q5_k_group)
 R8_KERNEL(r8_q6_k, q6_k, block_q6_kx8, QKK, 0, r8_q6_k_group)
 R8_KERNEL(r8_q3_k, q3_k, block_q3_kx8, QKK, 0, r8_q3_k_group)
+R8_KERNEL(r8_q4_1, q4_1, block_q4_1x8, QK32, 0, r8_q4_1_group)
+R8_KERNEL(r8_q5_0, q5_0, block_q5_0x8, QK32, 0, r8_q5_0_group)
+R8_KERNEL(r8_q5_1, q5_1, block_q5_1x8, QK32, 0, r8_q5_1_group)
 #endif

@@ -29,44 +29,87 @@ static uint32_t nib_pair(uint32_t lo, uint32_t hi, bool from_hi) {
     return from_hi ? (lo >> 4 & LO4) | (hi & ~LO4) : (lo & LO4) | (hi & LO4) << 4;
 }
 
-static void pack_q4_0(int64_t n, const void *rows, size_t row_stride, void *out) {
-    const int64_t nb = n / QK32;
-    block_q4_0x8 *g = (block_q4_0x8 *)out;
-    for (int64_t b = 0; b < nb; b++) {
-        block_q4_0x8 o;
-        for (int r = 0; r < 8; r++) {
-            const block_q4_0 *x = (const block_q4_0 *)((const uint8_t *)rows + (size_t)r * row_stride) + b;
-            o.d[r] = x->d;
-            /* Elements 8 j + i and 8 j + 4 + i: the low nibbles of qs[8 j + i] and
-             * qs[8 j + 4 + i] for j = 0, 1, their high nibbles for j + 2. */
-            for (int j = 0; j < 2; j++) {
-                const uint32_t lo = ld32(x->qs + 8 * j), hi = ld32(x->qs + 8 * j + 4);
-                st32(o.qs + 32 * j + 4 * r, nib_pair(lo, hi, false));
-                st32(o.qs + 32 * (j + 2) + 4 * r, nib_pair(lo, hi, true));
-            }
-        }
-        memcpy(&g[b], &o, sizeof o);
+/* Row r's 32 nibbles of a q4_0-style block (qs[k]: element k low, k + 16
+ * high) into an r8 block's qs (q4_0x8's order): elements 8 j + i and 8 j + 4 +
+ * i are the low nibbles of qs[8 j + i] and qs[8 j + 4 + i] for j = 0, 1, their
+ * high nibbles for j + 2. */
+static void pack_nibbles32(uint8_t *oqs, int r, const uint8_t qs[16]) {
+    for (int j = 0; j < 2; j++) {
+        const uint32_t lo = ld32(qs + 8 * j), hi = ld32(qs + 8 * j + 4);
+        st32(oqs + 32 * j + 4 * r, nib_pair(lo, hi, false));
+        st32(oqs + 32 * (j + 2) + 4 * r, nib_pair(lo, hi, true));
     }
 }
 
-static void unpack_q4_0(int64_t n, const void *group, void *rows, size_t row_stride) {
-    const int64_t nb = n / QK32;
-    const block_q4_0x8 *g = (const block_q4_0x8 *)group;
-    for (int64_t b = 0; b < nb; b++)
-        for (int r = 0; r < 8; r++) {
-            block_q4_0 x;
-            x.d = g[b].d[r];
-            uint8_t e[32];
-            for (int j = 0; j < 4; j++)
-                for (int i = 0; i < 4; i++) {
-                    uint8_t v = g[b].qs[32 * j + 4 * r + i];
-                    e[8 * j + i] = v & 0xF;
-                    e[8 * j + 4 + i] = v >> 4;
-                }
-            for (int k = 0; k < 16; k++) x.qs[k] = (uint8_t)(e[k] | e[k + 16] << 4);
-            memcpy((uint8_t *)rows + (size_t)r * row_stride + (size_t)b * sizeof x, &x, sizeof x);
-        }
+/* Nibble of row r's element e (0..31) in an r8 block's qs (q4_0x8's order). */
+static int nibble32(const uint8_t *gqs, int r, int e) {
+    const uint8_t v = gqs[32 * (e / 8) + 4 * r + e % 4];
+    return e % 8 < 4 ? v & 0xF : v >> 4;
 }
+
+static void unpack_nibbles32(const uint8_t *gqs, int r, uint8_t qs[16]) {
+    for (int k = 0; k < 16; k++) qs[k] = (uint8_t)(nibble32(gqs, r, k) | nibble32(gqs, r, k + 16) << 4);
+}
+
+/* The fifth bits of a q5 block (bit e of the LE word qh: element e) as q5_0x8 /
+ * q5_1x8 keep them for row r (quant_impl.h), and back. */
+static void pack_qh32(uint8_t *oqh, int r, const uint8_t qh[4]) {
+    const uint32_t h = ld32(qh);
+    for (int i = 0; i < 4; i++) {
+        uint8_t v = 0;
+        for (int j = 0; j < 4; j++) v |= (uint8_t)((h >> (8 * j + i) & 1) << (2 * j) | (h >> (8 * j + 4 + i) & 1) << (2 * j + 1));
+        oqh[4 * r + i] = v;
+    }
+}
+
+static int qh32_bit(const uint8_t *gqh, int r, int e) { return gqh[4 * r + e % 4] >> (2 * (e / 8) + (e % 8) / 4) & 1; }
+
+static void unpack_qh32(const uint8_t *gqh, int r, uint8_t qh[4]) {
+    uint32_t h = 0;
+    for (int e = 0; e < 32; e++) h |= (uint32_t)qh32_bit(gqh, r, e) << e;
+    st32(qh, h);
+}
+
+/* The 32-element types' packers and unpackers (every field a row's block
+ * has, FIELDS: none, the min m, the fifth bits qh, or both). */
+#define R8_B32_MOVE_M(o, x, r) ((o).m[r] = (x)->m)
+#define R8_B32_MOVE_QH(o, x, r) pack_qh32((o).qh, r, (x)->qh)
+#define R8_B32_BACK_M(x, g, r) ((x).m = (g).m[r])
+#define R8_B32_BACK_QH(x, g, r) unpack_qh32((g).qh, r, (x).qh)
+#define R8_B32_NONE(a, b, r) ((void)0)
+#define R8_B32_PACKERS(type, rowblk_t, blk_t, MOVE_M, MOVE_QH, BACK_M, BACK_QH)                                \
+    static void pack_##type(int64_t n, const void *rows, size_t row_stride, void *out) {                      \
+        blk_t *g = (blk_t *)out;                                                                              \
+        for (int64_t b = 0; b < n / QK32; b++) {                                                              \
+            blk_t o;                                                                                          \
+            memset(&o, 0, sizeof o);                                                                          \
+            for (int r = 0; r < 8; r++) {                                                                     \
+                const rowblk_t *x = (const rowblk_t *)((const uint8_t *)rows + (size_t)r * row_stride) + b;   \
+                o.d[r] = x->d;                                                                                \
+                MOVE_M(o, x, r);                                                                              \
+                MOVE_QH(o, x, r);                                                                             \
+                pack_nibbles32(o.qs, r, x->qs);                                                               \
+            }                                                                                                 \
+            memcpy(&g[b], &o, sizeof o);                                                                      \
+        }                                                                                                     \
+    }                                                                                                         \
+    static void unpack_##type(int64_t n, const void *group, void *rows, size_t row_stride) {                  \
+        const blk_t *g = (const blk_t *)group;                                                                \
+        for (int64_t b = 0; b < n / QK32; b++)                                                                \
+            for (int r = 0; r < 8; r++) {                                                                     \
+                rowblk_t x;                                                                                   \
+                x.d = g[b].d[r];                                                                              \
+                BACK_M(x, g[b], r);                                                                           \
+                BACK_QH(x, g[b], r);                                                                          \
+                unpack_nibbles32(g[b].qs, r, x.qs);                                                           \
+                memcpy((uint8_t *)rows + (size_t)r * row_stride + (size_t)b * sizeof x, &x, sizeof x);        \
+            }                                                                                                 \
+    }
+R8_B32_PACKERS(q4_0, block_q4_0, block_q4_0x8, R8_B32_NONE, R8_B32_NONE, R8_B32_NONE, R8_B32_NONE)
+R8_B32_PACKERS(iq4_nl, block_iq4_nl, block_iq4_nlx8, R8_B32_NONE, R8_B32_NONE, R8_B32_NONE, R8_B32_NONE)
+R8_B32_PACKERS(q4_1, block_q4_1, block_q4_1x8, R8_B32_MOVE_M, R8_B32_NONE, R8_B32_BACK_M, R8_B32_NONE)
+R8_B32_PACKERS(q5_0, block_q5_0, block_q5_0x8, R8_B32_NONE, R8_B32_MOVE_QH, R8_B32_NONE, R8_B32_BACK_QH)
+R8_B32_PACKERS(q5_1, block_q5_1, block_q5_1x8, R8_B32_MOVE_M, R8_B32_MOVE_QH, R8_B32_BACK_M, R8_B32_BACK_QH)
 
 /* Row r's block step: t = fma(P, da, -8 s), acc = fma(t, dw, acc). */
 static float step_q4_0(const block_q4_0x8 *g, const act_q8 *a, int r, float acc) {
@@ -78,6 +121,37 @@ static float step_q4_0(const block_q4_0x8 *g, const act_q8 *a, int r, float acc)
         }
     const float tt = fmaf((float)p, a->d, a->s * -8.0f);
     return fmaf(tt, quant_f16_to_f32(g->d[r]), acc);
+}
+
+/* q4_1 / q5_1 (u: the nibble, or with the fifth bit): acc = fma(P da, dw,
+ * acc), then acc = fma(m, s, acc) (s = da sum(a)). */
+static float step_q4_1(const block_q4_1x8 *g, const act_q8 *a, int r, float acc) {
+    int32_t p = 0;
+    for (int e = 0; e < 32; e++) p += nibble32(g->qs, r, e) * a->qs[e];
+    acc = fmaf((float)p * a->d, quant_f16_to_f32(g->d[r]), acc);
+    return fmaf(quant_f16_to_f32(g->m[r]), a->s, acc);
+}
+
+static float step_q5_1(const block_q5_1x8 *g, const act_q8 *a, int r, float acc) {
+    int32_t p = 0;
+    for (int e = 0; e < 32; e++) p += (nibble32(g->qs, r, e) | qh32_bit(g->qh, r, e) << 4) * a->qs[e];
+    acc = fmaf((float)p * a->d, quant_f16_to_f32(g->d[r]), acc);
+    return fmaf(quant_f16_to_f32(g->m[r]), a->s, acc);
+}
+
+/* q5_0: q4_0's steps with u = q + 16: t = fma(P, da, -16 s), acc = fma(t, dw, acc). */
+static float step_q5_0(const block_q5_0x8 *g, const act_q8 *a, int r, float acc) {
+    int32_t p = 0;
+    for (int e = 0; e < 32; e++) p += (nibble32(g->qs, r, e) | qh32_bit(g->qh, r, e) << 4) * a->qs[e];
+    return fmaf(fmaf((float)p, a->d, a->s * -16.0f), quant_f16_to_f32(g->d[r]), acc);
+}
+
+/* iq4_nl: the exact sum of table values P (its activations carry qsum128, the
+ * SIMD kernels' offset), acc = fma(P da, dw, acc). */
+static float step_iq4_nl(const block_iq4_nlx8 *g, const act_q8 *a, int r, float acc) {
+    int32_t p = 0;
+    for (int e = 0; e < 32; e++) p += quant_iq4_values[nibble32(g->qs, r, e)] * a->qs[e];
+    return fmaf((float)p * a->d, quant_f16_to_f32(g->d[r]), acc);
 }
 
 /* q8_0: element e of row r sits at qs[32 (e / 4) + 4 r + e % 4]. */
@@ -585,20 +659,28 @@ static float step_q3_k(const block_q3_kx8 *g, const block_q8_k *a, int r, float 
 
 R8_REF_KERNEL(q4_0, block_q4_0x8, act_q8, QK32)
 R8_REF_KERNEL(q8_0, block_q8_0x8, act_q8, QK32)
+R8_REF_KERNEL(q4_1, block_q4_1x8, act_q8, QK32)
+R8_REF_KERNEL(q5_0, block_q5_0x8, act_q8, QK32)
+R8_REF_KERNEL(q5_1, block_q5_1x8, act_q8, QK32)
+R8_REF_KERNEL(iq4_nl, block_iq4_nlx8, act_q8, QK32)
 R8_REF_KERNEL(q4_k, block_q4_kx8, block_q8_k, QKK)
 R8_REF_KERNEL(q5_k, block_q5_kx8, block_q8_k, QKK)
 R8_REF_KERNEL(iq4_xs, block_iq4_xsx8, block_q8_k, QKK)
 R8_REF_KERNEL(q6_k, block_q6_kx8, block_q8_k, QKK)
 R8_REF_KERNEL(q3_k, block_q3_kx8, block_q8_k, QKK)
 
+static bool r8_b32(uint32_t wtype) {
+    return wtype == QUANT_Q4_0 || wtype == QUANT_Q8_0 || wtype == QUANT_Q4_1 || wtype == QUANT_Q5_0 ||
+           wtype == QUANT_Q5_1 || wtype == QUANT_IQ4_NL;
+}
+
 bool quant_r8_supported(uint32_t wtype) {
-    return wtype == QUANT_Q4_0 || wtype == QUANT_Q8_0 || wtype == QUANT_Q4_K || wtype == QUANT_Q5_K ||
-           wtype == QUANT_Q6_K || wtype == QUANT_IQ4_XS || wtype == QUANT_Q3_K;
+    return r8_b32(wtype) || wtype == QUANT_Q4_K || wtype == QUANT_Q5_K || wtype == QUANT_Q6_K ||
+           wtype == QUANT_IQ4_XS || wtype == QUANT_Q3_K;
 }
 
 static void check_r8(uint32_t wtype, int64_t n) {
-    KVS_ASSERT(quant_r8_supported(wtype) && n >= 0 &&
-               n % (wtype == QUANT_Q4_0 || wtype == QUANT_Q8_0 ? QK32 : QKK) == 0);
+    KVS_ASSERT(quant_r8_supported(wtype) && n >= 0 && n % (r8_b32(wtype) ? QK32 : QKK) == 0);
 }
 
 void quant_r8_pack(uint32_t wtype, int64_t n, const void *rows, size_t row_stride, void *out) {
@@ -609,6 +691,10 @@ void quant_r8_pack(uint32_t wtype, int64_t n, const void *rows, size_t row_strid
     else if (wtype == QUANT_Q5_K) pack_q5_k(n, rows, row_stride, out);
     else if (wtype == QUANT_IQ4_XS) pack_iq4_xs(n, rows, row_stride, out);
     else if (wtype == QUANT_Q3_K) pack_q3_k(n, rows, row_stride, out);
+    else if (wtype == QUANT_Q4_1) pack_q4_1(n, rows, row_stride, out);
+    else if (wtype == QUANT_Q5_0) pack_q5_0(n, rows, row_stride, out);
+    else if (wtype == QUANT_Q5_1) pack_q5_1(n, rows, row_stride, out);
+    else if (wtype == QUANT_IQ4_NL) pack_iq4_nl(n, rows, row_stride, out);
     else pack_q6_k(n, rows, row_stride, out);
 }
 
@@ -620,6 +706,10 @@ void quant_r8_unpack(uint32_t wtype, int64_t n, const void *group, void *rows, s
     else if (wtype == QUANT_Q5_K) unpack_q5_k(n, group, rows, row_stride);
     else if (wtype == QUANT_IQ4_XS) unpack_iq4_xs(n, group, rows, row_stride);
     else if (wtype == QUANT_Q3_K) unpack_q3_k(n, group, rows, row_stride);
+    else if (wtype == QUANT_Q4_1) unpack_q4_1(n, group, rows, row_stride);
+    else if (wtype == QUANT_Q5_0) unpack_q5_0(n, group, rows, row_stride);
+    else if (wtype == QUANT_Q5_1) unpack_q5_1(n, group, rows, row_stride);
+    else if (wtype == QUANT_IQ4_NL) unpack_iq4_nl(n, group, rows, row_stride);
     else unpack_q6_k(n, group, rows, row_stride);
 }
 

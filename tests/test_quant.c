@@ -579,6 +579,10 @@ int main(void) {
         test_tile(QUANT_Q8_0, n_tile[i]);
         test_r8(QUANT_Q4_0, n_tile[i]);
         test_r8(QUANT_Q8_0, n_tile[i]);
+        test_r8(QUANT_Q4_1, n_tile[i]);
+        test_r8(QUANT_Q5_0, n_tile[i]);
+        test_r8(QUANT_Q5_1, n_tile[i]);
+        test_r8(QUANT_IQ4_NL, n_tile[i]);
     }
     CHECK(!quant_r8_supported(QUANT_Q8_K) && !quant_r8_supported(QUANT_F32));
     static const int64_t n_ktile[] = {256, 768, 1024};
@@ -595,8 +599,9 @@ int main(void) {
     }
     /* One-token pairs: forced on, only the AVX-512 table's q4_0 and q8_0 take
      * them (q6_k's kernel pairs anyway, q4_k and q5_k keep one group); quads and
-     * spread quads, those and q4_k, q5_k, q6_k, q3_k and iq4_xs (whose r8
-     * kernels are VNNI only); forced off, none does; q2_k has no r8 layout. */
+     * spread quads, those and q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, q3_k, iq4_nl
+     * and iq4_xs (the last two: r8 kernels under VNNI only); forced off, none
+     * does; q2_k has no r8 layout. */
     for (int on = 0; on <= 3; on++) {
         quant_r8_set_pairs1(on);
         CHECK(quant_r8_pairs1() == on);
@@ -609,6 +614,10 @@ int main(void) {
             CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q5_K), want >= 2 ? want : 0);
             CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q6_K), want >= 2 ? want : 0);
             CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_IQ4_XS), want >= 2 ? want : 0); /* VNNI only */
+            CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_IQ4_NL), want >= 2 ? want : 0); /* VNNI only */
+            CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q4_1), want >= 2 ? want : 0);
+            CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q5_0), want >= 2 ? want : 0);
+            CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q5_1), want >= 2 ? want : 0);
             CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q3_K), want >= 2 ? want : 0);
             CHECK(!quant_r8_pairs1_used(QUANT_Q2_K));
         }
