@@ -1047,7 +1047,8 @@ static void avx_dq_f16(const void *w, float *y, int64_t n) { avx_f16_to_f32_row(
     [QUANT_Q4_K] = {.dot = avx_q4_k_multi, .act = avx_act_q8k32, .tile = avx_q4_k_tile, QK_R8_QUADS1(q4_k)}, \
     [QUANT_Q5_K] = {.dot = avx_q5_k_multi, .act = avx_act_q8k32, QK_R8_QUADS1(q5_k)},                       \
     [QUANT_Q6_K] = {.dot = avx_q6_k_multi, .act = avx_act_q8k, QK_R8_QUADS1(q6_k)},         \
-    [QUANT_Q2_K] = {.dot = QK_LOWBIT(dot_q2_k), .act = avx_act_q8k, .tile = QK_LOWBIT(tile_q2_k)},        \
+    [QUANT_Q2_K] = {.dot = QK_LOWBIT(dot_q2_k), .act = avx_act_q8k, .tile = QK_LOWBIT(tile_q2_k),         \
+                    QK_R8_QUADS1(q2_k)},                                                                  \
     [QUANT_Q3_K] = {.dot = QK_LOWBIT(dot_q3_k), .act = avx_act_q8k, .tile = QK_LOWBIT(tile_q3_k),         \
                     QK_R8_QUADS1(q3_k)},                                                                  \
     [QUANT_IQ4_NL] = {.dot = QK_LOWBIT(dot_iq4_nl), .act = avx_act_q8_0 QK_R8_VNNI_QUADS1(iq4_nl)},       \

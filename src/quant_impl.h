@@ -42,9 +42,9 @@
  *     takes the tile path from one token on (quant_kernels.tile_min_tokens).
  *  7. r8 layout (quant.h; block_q4_0x8, block_q4_1x8, block_q5_0x8,
  *     block_q5_1x8, block_q8_0x8, block_q4_kx8, block_q5_kx8,
- *     block_iq4_xsx8, block_q3_kx8, block_q6_kx8 below; iq4_nl as q4_0x8):
- *     groups of eight rows, interleaved so that i32 lane r of a 32-byte chunk
- *     holds four elements of row r. A kernel broadcasts four
+ *     block_iq4_xsx8, block_q2_kx8, block_q3_kx8, block_q6_kx8 below; iq4_nl
+ *     as q4_0x8): groups of eight rows, interleaved so that i32 lane r of a
+ *     32-byte chunk holds four elements of row r. A kernel broadcasts four
  *     activation bytes, and lane r sums row r exactly — no horizontal step, no
  *     weight transpose, one kernel for decode and prefill (quant_kernels.r8,
  *     falling back like dot). Per (row, token) it runs the float steps of its
@@ -311,6 +311,20 @@ typedef struct {
 } block_iq4_xsx8;
 static_assert(sizeof(block_iq4_xsx8) == 8 * sizeof(block_iq4_xs), "iq4_xsx8 block size");
 
+/* r8 layout of q2_k: one super-block of eight rows. sc[8 g + r] is row r's
+ * byte scales[g] as it stands (the scale of group g in the low nibble, its
+ * min in the high). qs as in q3_kx8: qs[32 g + 4 r + i] bits 2c, 2c + 1 hold
+ * q (0..3) of row r's element 16 g + 4 c + i (group g 0..15, c 0..3, i
+ * 0..3), so chunk g shifted by 2c gives every row's elements 16 g + 4 c .. + 3
+ * in its lane r. */
+typedef struct {
+    uint16_t d[8];     /* f16 scale of the scales, row r */
+    uint16_t dmin[8];  /* f16 scale of the mins, row r */
+    uint8_t sc[128];
+    uint8_t qs[512];
+} block_q2_kx8;
+static_assert(sizeof(block_q2_kx8) == 8 * sizeof(block_q2_k), "q2_kx8 block size");
+
 /* r8 layout of q3_k: one super-block of eight rows; u = q + 4 (0..7). Scale g
  * of row r is entry k = 8 g + r of 128 six-bit values (stored + 32): the low
  * four bits of entries k and k + 64 in the low / high nibble of sc_lo[k % 64],
@@ -442,7 +456,7 @@ QUANT_LOWBIT_TILES(avx512)
                                  int n_act, float *out, size_t out_stride);
 #define QUANT_R8_DECLS(isa) QUANT_R8_DECL(isa, q4_0) QUANT_R8_DECL(isa, q8_0) QUANT_R8_DECL(isa, q4_k) \
     QUANT_R8_DECL(isa, q5_k) QUANT_R8_DECL(isa, q6_k) QUANT_R8_DECL(isa, q3_k) QUANT_R8_DECL(isa, q4_1) \
-    QUANT_R8_DECL(isa, q5_0) QUANT_R8_DECL(isa, q5_1)
+    QUANT_R8_DECL(isa, q5_0) QUANT_R8_DECL(isa, q5_1) QUANT_R8_DECL(isa, q2_k)
 QUANT_R8_DECLS(ref)
 QUANT_R8_DECL(ref, iq4_xs) QUANT_R8_DECL(avx512, iq4_xs) QUANT_R8_DECL(avx512, quads1_iq4_xs)
     QUANT_R8_DECL(avx512, spread1_iq4_xs)
@@ -454,9 +468,11 @@ QUANT_R8_DECL(avx512, pairs1_q4_0) QUANT_R8_DECL(avx512, pairs1_q8_0)
 QUANT_R8_DECL(avx512, quads1_q4_0) QUANT_R8_DECL(avx512, quads1_q8_0) QUANT_R8_DECL(avx512, quads1_q4_k)
     QUANT_R8_DECL(avx512, quads1_q5_k) QUANT_R8_DECL(avx512, quads1_q6_k) QUANT_R8_DECL(avx512, quads1_q3_k)
     QUANT_R8_DECL(avx512, quads1_q4_1) QUANT_R8_DECL(avx512, quads1_q5_0) QUANT_R8_DECL(avx512, quads1_q5_1)
+    QUANT_R8_DECL(avx512, quads1_q2_k)
 QUANT_R8_DECL(avx512, spread1_q4_0) QUANT_R8_DECL(avx512, spread1_q8_0) QUANT_R8_DECL(avx512, spread1_q4_k)
     QUANT_R8_DECL(avx512, spread1_q5_k) QUANT_R8_DECL(avx512, spread1_q6_k) QUANT_R8_DECL(avx512, spread1_q3_k)
     QUANT_R8_DECL(avx512, spread1_q4_1) QUANT_R8_DECL(avx512, spread1_q5_0) QUANT_R8_DECL(avx512, spread1_q5_1)
+    QUANT_R8_DECL(avx512, spread1_q2_k)
 
 void quant_ref_dequant_q2_k(const void *w, float *y, int64_t n);
 void quant_ref_dequant_q3_k(const void *w, float *y, int64_t n);

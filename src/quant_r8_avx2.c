@@ -559,6 +559,85 @@ R8_INLINE void r8_q3_k_group(int64_t nb, const block_q3_kx8 *g, const uint8_t *a
     R8_GROUP_END();
 }
 
+/* q2_k, per super-block of eight rows: lane r of sc16[g] = row r's scale of
+ * group g (the low nibble of sc[8 g + r]) in the low i16 half, under AVX2 in
+ * both; of mnp[p] = its mins of groups 2p and 2p + 1 (the high nibbles) as an
+ * i16 pair. Both nibbles are unsigned (0..15). */
+R8_INLINE void r8_q2_k_scales(const block_q2_kx8 *g, __m256i sc16[16], __m256i mnp[8]) {
+    const __m256i m4 = _mm256_set1_epi32(0x0F);
+    __m256i mn[16];
+    R8_UNROLL for (int k = 0; k < 16; k++) {
+        const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(g->sc + 8 * k)));
+        const __m256i sc = _mm256_and_si256(v, m4);
+#ifdef QUANT_R8_VNNI
+        sc16[k] = sc;
+#else
+        sc16[k] = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));
+#endif
+        mn[k] = _mm256_srli_epi32(v, 4);
+    }
+    R8_UNROLL for (int p = 0; p < 8; p++) mnp[p] = _mm256_or_si256(mn[2 * p], _mm256_slli_epi32(mn[2 * p + 1], 16));
+}
+
+/* The q (0..3) of a 16-element group, four registers u[c] (lane r: row r's
+ * elements 16 g + 4 c .. + 3), from its qs chunk q, at either width (the bits
+ * a 16-bit shift brings in from the next byte land above the mask). */
+#define R8_Q2_K_UNPACK(P, S, q, m3, u) \
+    R8_UNROLL for (int c_ = 0; c_ < 4; c_++) u[c_] = P##_and_##S(c_ ? P##_srli_epi16(q, 2 * c_) : q, m3)
+
+/* q2_k: q3_k's integer sums on q (0..3), with unsigned scales and no offset.
+ * A group's exact sum P (|P| <= 16 x 3 x 128) fits an i16: under VNNI four
+ * vpdpbusd make it and one vpdpwssd against the scale in the low i16 half
+ * only adds sc P (the high half of P's i32, its sign, meets a zero); under
+ * AVX2 q6_k's i16 sums and madd. The mins meet the activation's 16-element
+ * sums by eight madds per token; then step_q4_k's float steps: acc += S1 d da,
+ * acc -= S2 dmin da. */
+R8_INLINE void r8_q2_k_group(int64_t nb, const block_q2_kx8 *g, const uint8_t *act, size_t astride, const int T,
+                             float *out, size_t ostride) {
+    R8_GROUP_BEGIN(block_q8_k);
+    const __m256i m3 = _mm256_set1_epi8(0x03);
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i sc16[16], mnp[8], s1[R8_TOKENS];
+        r8_prefetch_head(&g[b], offsetof(block_q2_kx8, qs));
+        r8_q2_k_scales(&g[b], sc16, mnp);
+        R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) { /* groups 2j and 2j + 1: one 64-byte line */
+            const uint8_t *qs = g[b].qs + 64 * j;
+            _mm_prefetch((const char *)qs + R8_PREFETCH, _MM_HINT_T0);
+            R8_UNROLL for (int h = 0; h < 2; h++) {
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+                __m256i u[4];
+                R8_Q2_K_UNPACK(_mm256, si256, q, m3, u);
+                const __m256i sc = sc16[2 * j + h];
+                R8_UNROLL for (int t = 0; t < T; t++) {
+                    const int8_t *aq = a[t][b].qs + 32 * j + 16 * h;
+#ifdef QUANT_R8_VNNI
+                    __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u[0], bcast4(aq));
+                    R8_UNROLL for (int c = 1; c < 4; c++) p = _mm256_dpbusd_epi32(p, u[c], bcast4(aq + 4 * c));
+                    s1[t] = _mm256_dpwssd_epi32(s1[t], p, sc);
+#else
+                    __m256i x, y;
+                    R8_Q6_K_SUMS16(_mm256, bcast4, u, aq, x, y);
+                    s1[t] = _mm256_add_epi32(s1[t], _mm256_add_epi32(_mm256_madd_epi16(x, sc), _mm256_madd_epi16(y, sc)));
+#endif
+                }
+            }
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].dmin));
+        R8_UNROLL for (int t = 0; t < T; t++) {
+            const block_q8_k *y = &a[t][b];
+            __m256i s2 = _mm256_madd_epi16(mnp[0], bcast4((const int8_t *)y->bsums));
+            R8_UNROLL for (int p = 1; p < 8; p++)
+                s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(mnp[p], bcast4((const int8_t *)(y->bsums + 2 * p))));
+            const __m256 da = _mm256_set1_ps(y->d);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1[t]), _mm256_mul_ps(d, da), acc[t]);
+            acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(s2), _mm256_mul_ps(dmin, da), acc[t]);
+        }
+    }
+    R8_GROUP_END();
+}
+
 #ifdef QUANT_R8_VNNI
 /* --- 512-bit pair kernels (VNNI build) ---------------------------------------
  * Two neighbouring groups at once, one zmm: lanes 0-7 are group g's rows,
@@ -1105,6 +1184,45 @@ R8_INLINE void r8z_q3_k_pair_block(const block_q3_kx8 *g, const block_q3_kx8 *h,
     }
 }
 R8Z_PAIR_KERNELS(q3_k, block_q3_kx8, block_q8_k)
+
+/* q2_k: r8_q2_k_group's VNNI steps on 16 lanes. */
+R8_INLINE void r8z_q2_k_pair_block(const block_q2_kx8 *g, const block_q2_kx8 *h, int64_t b, const block_q8_k *const *a,
+                                   const int T, __m512 *acc) {
+    const __m512i m3 = _mm512_set1_epi8(0x03);
+    __m512i sc16[16], mnp[8], s1[R8_TOKENS];
+    r8_prefetch_head(&g[b], offsetof(block_q2_kx8, qs));
+    r8_prefetch_head(&h[b], offsetof(block_q2_kx8, qs));
+    R8Z_SCALES(r8_q2_k_scales, 16, sc16, 8, mnp);
+    R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; j++) {
+        const uint8_t *qg = g[b].qs + 64 * j, *qh = h[b].qs + 64 * j;
+        _mm_prefetch((const char *)qg + R8_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)qh + R8_PREFETCH, _MM_HINT_T0);
+        R8_UNROLL for (int k = 0; k < 2; k++) {
+            const __m512i q = z_load2(qg + 32 * k, qh + 32 * k);
+            __m512i u[4];
+            R8_Q2_K_UNPACK(_mm512, si512, q, m3, u);
+            const __m512i sc = sc16[2 * j + k];
+            R8_UNROLL for (int t = 0; t < T; t++) {
+                const int8_t *aq = a[t][b].qs + 32 * j + 16 * k;
+                __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], z_bcast4(aq));
+                R8_UNROLL for (int c = 1; c < 4; c++) p = _mm512_dpbusd_epi32(p, u[c], z_bcast4(aq + 4 * c));
+                s1[t] = _mm512_dpwssd_epi32(s1[t], p, sc);
+            }
+        }
+    }
+    const __m512 d = z_f16x2(g[b].d, h[b].d), dmin = z_f16x2(g[b].dmin, h[b].dmin);
+    R8_UNROLL for (int t = 0; t < T; t++) {
+        const block_q8_k *y = &a[t][b];
+        __m512i s2 = _mm512_setzero_si512();
+        R8_UNROLL for (int p = 0; p < 8; p++)
+            s2 = _mm512_dpwssd_epi32(s2, mnp[p], z_bcast4((const int8_t *)(y->bsums + 2 * p)));
+        const __m512 da = _mm512_set1_ps(y->d);
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1[t]), _mm512_mul_ps(d, da), acc[t]);
+        acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(s2), _mm512_mul_ps(dmin, da), acc[t]);
+    }
+}
+R8Z_PAIR_KERNELS(q2_k, block_q2_kx8, block_q8_k)
 #endif /* QUANT_R8_VNNI */
 
 /* --- the other 32-element types: q4_1, q5_0, q5_1 and (VNNI) iq4_nl --------
@@ -1297,6 +1415,7 @@ R8_KERNEL(r8_q4_1, q4_1, block_q4_1x8, QK32, 2, r8z_q4_1_pair)
 R8_KERNEL(r8_q5_0, q5_0, block_q5_0x8, QK32, 2, r8z_q5_0_pair)
 R8_KERNEL(r8_q5_1, q5_1, block_q5_1x8, QK32, 2, r8z_q5_1_pair)
 R8_KERNEL(r8_iq4_nl, iq4_nl, block_iq4_nlx8, QK32, 2, r8z_iq4_nl_pair)
+R8_KERNEL(r8_q2_k, q2_k, block_q2_kx8, QKK, 1, r8z_q2_k_pair)
 /* q4_0 and q8_0 with pairs from one token (quant_r8_pairs1: two weight streams
  * per thread, which an Intel Xeon reads faster than one; q4_k read the same
  * either way there, so it keeps one; BENCHMARKS.md round 11). */
@@ -1349,6 +1468,7 @@ R8_KERNEL_QUADS1(q4_1, block_q4_1x8, QK32, r8_q4_1)
 R8_KERNEL_QUADS1(q5_0, block_q5_0x8, QK32, r8_q5_0)
 R8_KERNEL_QUADS1(q5_1, block_q5_1x8, QK32, r8_q5_1)
 R8_KERNEL_QUADS1(iq4_nl, block_iq4_nlx8, QK32, r8_iq4_nl)
+R8_KERNEL_QUADS1(q2_k, block_q2_kx8, QKK, r8_q2_k)
 #else
 R8_INLINE void r8_q8_0_pair(int64_t nb, const block_q8_0x8 *g, const uint8_t *act, size_t astride, const int T,
                             float *out, size_t ostride) {
@@ -1363,4 +1483,5 @@ R8_KERNEL(r8_q3_k, q3_k, block_q3_kx8, QKK, 0, r8_q3_k_group)
 R8_KERNEL(r8_q4_1, q4_1, block_q4_1x8, QK32, 0, r8_q4_1_group)
 R8_KERNEL(r8_q5_0, q5_0, block_q5_0x8, QK32, 0, r8_q5_0_group)
 R8_KERNEL(r8_q5_1, q5_1, block_q5_1x8, QK32, 0, r8_q5_1_group)
+R8_KERNEL(r8_q2_k, q2_k, block_q2_kx8, QKK, 0, r8_q2_k_group)
 #endif

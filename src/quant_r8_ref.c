@@ -638,6 +638,71 @@ static float step_q3_k(const block_q3_kx8 *g, const block_q8_k *a, int r, float 
     return fmaf((float)(s1 - 4 * s2), quant_f16_to_f32(g->d[r]) * a->d, acc);
 }
 
+/* q2_k: q (0..3) of row r's element e (16 g + 4 c + i) of a q2_kx8 block. */
+static int q2_kx8_q(const block_q2_kx8 *g, int r, int e) {
+    return (g->qs[32 * (e / 16) + 4 * r + e % 4] >> (2 * ((e % 16) / 4))) & 3;
+}
+
+static void pack_q2_k(int64_t n, const void *rows, size_t row_stride, void *out) {
+    const int64_t nb = n / QKK;
+    block_q2_kx8 *g = (block_q2_kx8 *)out;
+    for (int64_t b = 0; b < nb; b++) {
+        block_q2_kx8 o;
+        for (int r = 0; r < 8; r++) {
+            const block_q2_k *x = (const block_q2_k *)((const uint8_t *)rows + (size_t)r * row_stride) + b;
+            uint8_t q[QKK];
+            for (int h = 0; h < 2; h++) /* elements 128 h + 32 j + l, four l at a time */
+                for (int l = 0; l < 32; l += 4) {
+                    const uint32_t v = ld32(x->qs + 32 * h + l);
+                    for (int j = 0; j < 4; j++) st32(q + 128 * h + 32 * j + l, v >> (2 * j) & LO2);
+                }
+            o.d[r] = x->d;
+            o.dmin[r] = x->dmin;
+            for (int grp = 0; grp < 16; grp++) {
+                o.sc[8 * grp + r] = x->scales[grp];
+                uint32_t w = 0;
+                for (int c = 0; c < 4; c++) w |= ld32(q + 16 * grp + 4 * c) << (2 * c);
+                st32(o.qs + 32 * grp + 4 * r, w);
+            }
+        }
+        memcpy(&g[b], &o, sizeof o);
+    }
+}
+
+static void unpack_q2_k(int64_t n, const void *group, void *rows, size_t row_stride) {
+    const int64_t nb = n / QKK;
+    const block_q2_kx8 *g = (const block_q2_kx8 *)group;
+    for (int64_t b = 0; b < nb; b++)
+        for (int r = 0; r < 8; r++) {
+            block_q2_k x;
+            memset(&x, 0, sizeof x);
+            x.d = g[b].d[r];
+            x.dmin = g[b].dmin[r];
+            for (int grp = 0; grp < 16; grp++) x.scales[grp] = g[b].sc[8 * grp + r];
+            for (int e = 0; e < QKK; e++) /* e = 128 h + 32 j + l */
+                x.qs[32 * (e / 128) + e % 32] |= (uint8_t)(q2_kx8_q(&g[b], r, e) << (2 * ((e % 128) / 32)));
+            memcpy((uint8_t *)rows + (size_t)r * row_stride + (size_t)b * sizeof x, &x, sizeof x);
+        }
+}
+
+/* Row r's super-block step: S1 = sum_g sc_g P_g, S2 = sum_g m_g bs_g (exact;
+ * P_g = sum_{e in g} q_e a_e, bs_g the activation's sum over group g), then
+ * step_q4_k's float steps: acc = fma(S1, d da, acc), acc = fma(S2, -(dmin da),
+ * acc). */
+static float step_q2_k(const block_q2_kx8 *g, const block_q8_k *a, int r, float acc) {
+    int32_t s1 = 0, s2 = 0;
+    for (int k = 0; k < 16; k++) {
+        int32_t p = 0;
+        for (int e = 16 * k; e < 16 * k + 16; e++) p += q2_kx8_q(g, r, e) * a->qs[e];
+        const int sm = g->sc[8 * k + r];
+        s1 += (sm & 0xF) * p;
+        s2 += (sm >> 4) * a->bsums[k];
+    }
+    const float dd = quant_f16_to_f32(g->d[r]) * a->d, dm = quant_f16_to_f32(g->dmin[r]) * a->d;
+    acc = fmaf((float)s1, dd, acc);
+    return fmaf((float)s2, -dm, acc);
+}
+
 /* The reference kernels: every (group, token, row), the type's step over the
  * blocks in order from acc = 0. */
 #define R8_REF_KERNEL(type, block_t, act_t, QB)                                                           \
@@ -668,6 +733,7 @@ R8_REF_KERNEL(q5_k, block_q5_kx8, block_q8_k, QKK)
 R8_REF_KERNEL(iq4_xs, block_iq4_xsx8, block_q8_k, QKK)
 R8_REF_KERNEL(q6_k, block_q6_kx8, block_q8_k, QKK)
 R8_REF_KERNEL(q3_k, block_q3_kx8, block_q8_k, QKK)
+R8_REF_KERNEL(q2_k, block_q2_kx8, block_q8_k, QKK)
 
 static bool r8_b32(uint32_t wtype) {
     return wtype == QUANT_Q4_0 || wtype == QUANT_Q8_0 || wtype == QUANT_Q4_1 || wtype == QUANT_Q5_0 ||
@@ -676,7 +742,7 @@ static bool r8_b32(uint32_t wtype) {
 
 bool quant_r8_supported(uint32_t wtype) {
     return r8_b32(wtype) || wtype == QUANT_Q4_K || wtype == QUANT_Q5_K || wtype == QUANT_Q6_K ||
-           wtype == QUANT_IQ4_XS || wtype == QUANT_Q3_K;
+           wtype == QUANT_IQ4_XS || wtype == QUANT_Q3_K || wtype == QUANT_Q2_K;
 }
 
 static void check_r8(uint32_t wtype, int64_t n) {
@@ -695,6 +761,7 @@ void quant_r8_pack(uint32_t wtype, int64_t n, const void *rows, size_t row_strid
     else if (wtype == QUANT_Q5_0) pack_q5_0(n, rows, row_stride, out);
     else if (wtype == QUANT_Q5_1) pack_q5_1(n, rows, row_stride, out);
     else if (wtype == QUANT_IQ4_NL) pack_iq4_nl(n, rows, row_stride, out);
+    else if (wtype == QUANT_Q2_K) pack_q2_k(n, rows, row_stride, out);
     else pack_q6_k(n, rows, row_stride, out);
 }
 
@@ -710,6 +777,7 @@ void quant_r8_unpack(uint32_t wtype, int64_t n, const void *group, void *rows, s
     else if (wtype == QUANT_Q5_0) unpack_q5_0(n, group, rows, row_stride);
     else if (wtype == QUANT_Q5_1) unpack_q5_1(n, group, rows, row_stride);
     else if (wtype == QUANT_IQ4_NL) unpack_iq4_nl(n, group, rows, row_stride);
+    else if (wtype == QUANT_Q2_K) unpack_q2_k(n, group, rows, row_stride);
     else unpack_q6_k(n, group, rows, row_stride);
 }
 

@@ -595,13 +595,14 @@ int main(void) {
         test_r8(QUANT_Q5_K, n_ktile[i]);
         test_r8(QUANT_IQ4_XS, n_ktile[i]);
         test_r8(QUANT_Q3_K, n_ktile[i]);
+        test_r8(QUANT_Q2_K, n_ktile[i]);
         test_r8(QUANT_Q6_K, n_ktile[i]);
     }
     /* One-token pairs: forced on, only the AVX-512 table's q4_0 and q8_0 take
      * them (q6_k's kernel pairs anyway, q4_k and q5_k keep one group); quads and
-     * spread quads, those and q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, q3_k, iq4_nl
-     * and iq4_xs (the last two: r8 kernels under VNNI only); forced off, none
-     * does; q2_k has no r8 layout. */
+     * spread quads, those and q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, q3_k, q2_k,
+     * iq4_nl and iq4_xs (the last two: r8 kernels under VNNI only); forced off,
+     * none does; f16 has no r8 layout. */
     for (int on = 0; on <= 3; on++) {
         quant_r8_set_pairs1(on);
         CHECK(quant_r8_pairs1() == on);
@@ -619,7 +620,8 @@ int main(void) {
             CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q5_0), want >= 2 ? want : 0);
             CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q5_1), want >= 2 ? want : 0);
             CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q3_K), want >= 2 ? want : 0);
-            CHECK(!quant_r8_pairs1_used(QUANT_Q2_K));
+            CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q2_K), want >= 2 ? want : 0);
+            CHECK(!quant_r8_supported(QUANT_F16) && !quant_r8_pairs1_used(QUANT_F16));
         }
     }
     /* By default the spread quads on an Intel CPU, one group elsewhere. */
