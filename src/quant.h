@@ -102,9 +102,9 @@ int quant_tile_min_tokens(uint32_t wtype);
 void quant_act_tile_layout(uint32_t wtype, void *act, int64_t n);
 void quant_dot_tile(uint32_t wtype, int64_t n, const void *w, size_t w_stride, int n_rows, const void *act,
                     size_t act_stride, int n_act, float *out, size_t out_stride);
-/* Row-interleaved ("r8") weights. For some types (q4_0) a matrix whose row
- * count is a multiple of 8 can be repacked once, at load, into groups of eight
- * rows whose blocks are interleaved so that one SIMD register holds the same
+/* Row-interleaved ("r8") weights. For every quantized type (quant_r8_supported)
+ * a matrix whose row count is a multiple of 8 can be repacked once, at load,
+ * into groups of eight rows whose blocks are interleaved so that one SIMD register holds the same
  * four elements of all eight rows: a kernel then dots eight rows with one
  * broadcast of the activations and no horizontal reduction. A group has the
  * bytes of its eight rows (8 x row bytes), so the repacked matrix replaces the

@@ -1360,7 +1360,11 @@ R8Z_B32_PAIR(iq4_nl, block_iq4_nlx8, R8_B32_NL, R8_B32_EXACT)
  * (two pairs side by side, R8_KERNEL_QUADS1), which quant_dot_r8 takes at one
  * token where quant_r8_pairs1 says so: four groups a quarter of the call's
  * range apart, r8_spread1_*, read fastest there, q6_k's too (its pair step is
- * no cheaper, but its streams far apart read 1.15-1.2x its pairs). */
+ * no cheaper, but its streams far apart read 1.15-1.2x its pairs). The types
+ * repacked later take the same shapes: q2_k and q3_k pair from one token like
+ * q6_k (their single group is compute bound too), the 32-element q4_1, q5_0,
+ * q5_1 and iq4_nl from two like q4_0, and all of them have quad and spread
+ * kernels (round 15). */
 #define R8_PASS(type, TT, pair_fn)                                                                            \
     case TT:                                                                                                  \
         if (two) pair_fn(nb, g, at, act_stride, TT, ot, out_stride);                                          \
