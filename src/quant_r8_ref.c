@@ -55,10 +55,11 @@ static void unpack_nibbles32(const uint8_t *gqs, int r, uint8_t qs[16]) {
  * q5_1x8 keep them for row r (quant_impl.h), and back. */
 static void pack_qh32(uint8_t *oqh, int r, const uint8_t qh[4]) {
     const uint32_t h = ld32(qh);
-    for (int i = 0; i < 4; i++) {
-        uint8_t v = 0;
-        for (int j = 0; j < 4; j++) v |= (uint8_t)((h >> (8 * j + i) & 1) << (2 * j) | (h >> (8 * j + 4 + i) & 1) << (2 * j + 1));
-        oqh[4 * r + i] = v;
+    for (int i = 0; i < 4; i++) { /* bit k of byte i: element 4 k + i, bit 4 k + i of h */
+        uint32_t x = h >> i & 0x11111111u;
+        x = (x | x >> 3) & 0x03030303u;
+        x = (x | x >> 6) & 0x000F000Fu;
+        oqh[4 * r + i] = (uint8_t)(x | x >> 12);
     }
 }
 
