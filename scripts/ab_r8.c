@@ -6,9 +6,10 @@
  * Built by scripts/ab_r8.sh, which compiles each file with its kernels renamed
  * va_r8_* / vb_r8_*.
  *
- * Usage: ab_r8 [q4_0|q8_0|q4_k|q6_k [T]]   (default q8_0, 8 tokens); a VNNI build
- * (AB_R8_VNNI) also times the one-token kernels q4_0/pairs1, q8_0/pairs1,
- * q4_0/quads1, q8_0/quads1 and q4_k/quads1 (their exports at any T).
+ * Usage: ab_r8 [q4_0|q8_0|q4_k|q6_k|q3_k|q2_k [T]]   (default q8_0, 8 tokens); a
+ * VNNI build (AB_R8_VNNI) also times the one-token kernels q4_0/pairs1,
+ * q8_0/pairs1, q4_0/quads1, q8_0/quads1, q4_k/quads1, q3_k/quads1 and
+ * q2_k/quads1 (their exports at any T).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,9 +21,11 @@
 typedef void r8_fn(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, int n_act, float *out,
                    size_t out_stride);
 r8_fn va_r8_q4_0, va_r8_q8_0, va_r8_q4_k, va_r8_q6_k, vb_r8_q4_0, vb_r8_q8_0, vb_r8_q4_k, vb_r8_q6_k;
+r8_fn va_r8_q3_k, va_r8_q2_k, vb_r8_q3_k, vb_r8_q2_k;
 #ifdef AB_R8_VNNI /* the one-token pairs and quads kernels of the VNNI build */
 r8_fn va_r8_pairs1_q4_0, va_r8_pairs1_q8_0, vb_r8_pairs1_q4_0, vb_r8_pairs1_q8_0;
 r8_fn va_r8_quads1_q4_0, va_r8_quads1_q8_0, va_r8_quads1_q4_k, vb_r8_quads1_q4_0, vb_r8_quads1_q8_0, vb_r8_quads1_q4_k;
+r8_fn va_r8_quads1_q3_k, va_r8_quads1_q2_k, vb_r8_quads1_q3_k, vb_r8_quads1_q2_k;
 #endif
 
 enum { N = 2048, ROWS = 256, MAX_T = 128, REPEATS = 300 };
@@ -36,12 +39,16 @@ int main(int argc, char **argv) {
                  {"q8_0", QUANT_Q8_0, va_r8_q8_0, vb_r8_q8_0},
                  {"q4_k", QUANT_Q4_K, va_r8_q4_k, vb_r8_q4_k},
                  {"q6_k", QUANT_Q6_K, va_r8_q6_k, vb_r8_q6_k},
+                 {"q3_k", QUANT_Q3_K, va_r8_q3_k, vb_r8_q3_k},
+                 {"q2_k", QUANT_Q2_K, va_r8_q2_k, vb_r8_q2_k},
 #ifdef AB_R8_VNNI
                  {"q4_0/pairs1", QUANT_Q4_0, va_r8_pairs1_q4_0, vb_r8_pairs1_q4_0},
                  {"q8_0/pairs1", QUANT_Q8_0, va_r8_pairs1_q8_0, vb_r8_pairs1_q8_0},
                  {"q4_0/quads1", QUANT_Q4_0, va_r8_quads1_q4_0, vb_r8_quads1_q4_0},
                  {"q8_0/quads1", QUANT_Q8_0, va_r8_quads1_q8_0, vb_r8_quads1_q8_0},
                  {"q4_k/quads1", QUANT_Q4_K, va_r8_quads1_q4_k, vb_r8_quads1_q4_k},
+                 {"q3_k/quads1", QUANT_Q3_K, va_r8_quads1_q3_k, vb_r8_quads1_q3_k},
+                 {"q2_k/quads1", QUANT_Q2_K, va_r8_quads1_q2_k, vb_r8_quads1_q2_k},
 #endif
     };
     const int n_kinds = (int)(sizeof kinds / sizeof kinds[0]);
@@ -51,8 +58,8 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n_kinds; i++)
         if (!strcmp(name, kinds[i].name)) k = i;
     if (k < 0 || nt < 1 || nt > MAX_T) {
-        fprintf(stderr, "usage: ab_r8 [q4_0|q8_0|q4_k|q6_k (VNNI: also q4_0/pairs1 q8_0/pairs1 q4_0/quads1 q8_0/quads1 "
-                        "q4_k/quads1) [T in 1..%d]]\n", MAX_T);
+        fprintf(stderr, "usage: ab_r8 [q4_0|q8_0|q4_k|q6_k|q3_k|q2_k (VNNI: also q4_0/pairs1 q8_0/pairs1 q4_0/quads1 "
+                        "q8_0/quads1 q4_k/quads1 q3_k/quads1 q2_k/quads1) [T in 1..%d]]\n", MAX_T);
         return 2;
     }
     const uint32_t type = kinds[k].type;

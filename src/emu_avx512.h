@@ -33,6 +33,14 @@ static inline simde__m512i kvs_emu_mm512_cvtepu8_epi32(simde__m128i a) {
 }
 #define _mm512_cvtepu8_epi32(a) kvs_emu_mm512_cvtepu8_epi32(a)
 
+/* Nor for this one: bytes 0-7 sign-extended into the low half, 8-15 into the
+ * high half, as vpmovsxbd does. */
+static inline simde__m512i kvs_emu_mm512_cvtepi8_epi32(simde__m128i a) {
+    return simde_mm512_inserti64x4(simde_mm512_castsi256_si512(simde_mm256_cvtepi8_epi32(a)),
+                                   simde_mm256_cvtepi8_epi32(simde_mm_srli_si128(a, 8)), 1);
+}
+#define _mm512_cvtepi8_epi32(a) kvs_emu_mm512_cvtepi8_epi32(a)
+
 /* Nor for this one: bytes 0-15 zero-extended into the low half, 16-31 into
  * the high half, as vpmovzxbw does. */
 static inline simde__m512i kvs_emu_mm512_cvtepu8_epi16(simde__m256i a) {

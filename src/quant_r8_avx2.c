@@ -1141,6 +1141,46 @@ R8_INLINE void r8z_q6_k_pair_block(const block_q6_kx8 *g, const block_q6_kx8 *h,
 }
 R8Z_PAIR_KERNELS(q6_k, block_q6_kx8, block_q8_k)
 
+/* Super-block b's scale registers of groups g and h decoded in 512-bit
+ * registers (g's bytes in the low half, h's in the high) rather than as two
+ * 256-bit decodes joined: sc16[k] lane r the scale of group k in the low i16
+ * half, scp[p] the i16 pair of groups 2p and 2p + 1, as r8_q3_k_scales /
+ * r8_q2_k_scales give them under VNNI (q2_k: mnp, its mins). */
+R8_INLINE void r8z_q3_k_scales_pair(const block_q3_kx8 *g, const block_q3_kx8 *h, __m512i sc16[16], __m512i scp[8]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(0x03), k32 = _mm512_set1_epi8(32),
+                  lo16 = _mm512_set1_epi32(0xFFFF);
+    const __m512i l0 = z_load2(g->sc_lo, h->sc_lo), l1 = z_load2(g->sc_lo + 32, h->sc_lo + 32),
+                  hb = z_load2(g->sc_hi, h->sc_hi);
+    R8_UNROLL for (int m = 0; m < 4; m++) { /* entries 32 m .. 32 m + 31: groups 4 m .. 4 m + 3 */
+        const __m512i l = m % 2 ? l1 : l0;
+        const __m512i lo = m < 2 ? _mm512_and_si512(l, m4) : _mm512_and_si512(_mm512_srli_epi16(l, 4), m4);
+        const __m512i hi = _mm512_and_si512(m ? _mm512_srli_epi16(hb, 2 * m) : hb, m3);
+        const __m512i e = _mm512_sub_epi8(_mm512_or_si512(lo, _mm512_slli_epi16(hi, 4)), k32);
+        R8_UNROLL for (int q = 0; q < 4; q++) { /* qwords q (g) and 4 + q (h) */
+            const __m512i pick = _mm512_set_epi64(0, 0, 0, 0, 0, 0, 4 + q, q);
+            sc16[4 * m + q] = _mm512_and_si512(
+                _mm512_cvtepi8_epi32(_mm512_castsi512_si128(_mm512_permutexvar_epi64(pick, e))), lo16);
+        }
+    }
+    R8_UNROLL for (int p = 0; p < 8; p++) scp[p] = _mm512_or_si512(sc16[2 * p], _mm512_slli_epi32(sc16[2 * p + 1], 16));
+}
+
+R8_INLINE void r8z_q2_k_scales_pair(const block_q2_kx8 *g, const block_q2_kx8 *h, __m512i sc16[16], __m512i mnp[8]) {
+    const __m512i m4 = _mm512_set1_epi32(0x0F);
+    __m512i mn[16];
+    R8_UNROLL for (int k = 0; k < 16; k += 8) { /* groups k .. k + 7 of g and of h, 64 bytes each */
+        const __m512i vg = _mm512_loadu_si512((const void *)(g->sc + 8 * k)),
+                      vh = _mm512_loadu_si512((const void *)(h->sc + 8 * k));
+        R8_UNROLL for (int q = 0; q < 8; q++) {
+            const __m512i pick = _mm512_set_epi64(0, 0, 0, 0, 0, 0, 8 + q, q);
+            const __m512i v = _mm512_cvtepu8_epi32(_mm512_castsi512_si128(_mm512_permutex2var_epi64(vg, pick, vh)));
+            sc16[k + q] = _mm512_and_si512(v, m4);
+            mn[k + q] = _mm512_srli_epi32(v, 4);
+        }
+    }
+    R8_UNROLL for (int p = 0; p < 8; p++) mnp[p] = _mm512_or_si512(mn[2 * p], _mm512_slli_epi32(mn[2 * p + 1], 16));
+}
+
 /* q3_k: r8_q3_k_group's VNNI steps on 16 lanes. */
 R8_INLINE void r8z_q3_k_pair_block(const block_q3_kx8 *g, const block_q3_kx8 *h, int64_t b, const block_q8_k *const *a,
                                    const int T, __m512 *acc) {
@@ -1148,7 +1188,7 @@ R8_INLINE void r8z_q3_k_pair_block(const block_q3_kx8 *g, const block_q3_kx8 *h,
     __m512i sc16[16], scp[8], s1[R8_TOKENS];
     r8_prefetch_head(&g[b], offsetof(block_q3_kx8, qs));
     r8_prefetch_head(&h[b], offsetof(block_q3_kx8, qs));
-    R8Z_SCALES(r8_q3_k_scales, 16, sc16, 8, scp);
+    r8z_q3_k_scales_pair(&g[b], &h[b], sc16, scp);
     R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm512_setzero_si512();
     for (int j = 0; j < 8; j++) {
         const uint8_t *qg = g[b].qs + 64 * j, *hg = g[b].hm + 32 * j;
@@ -1192,7 +1232,7 @@ R8_INLINE void r8z_q2_k_pair_block(const block_q2_kx8 *g, const block_q2_kx8 *h,
     __m512i sc16[16], mnp[8], s1[R8_TOKENS];
     r8_prefetch_head(&g[b], offsetof(block_q2_kx8, qs));
     r8_prefetch_head(&h[b], offsetof(block_q2_kx8, qs));
-    R8Z_SCALES(r8_q2_k_scales, 16, sc16, 8, mnp);
+    r8z_q2_k_scales_pair(&g[b], &h[b], sc16, mnp);
     R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm512_setzero_si512();
     for (int j = 0; j < 8; j++) {
         const uint8_t *qg = g[b].qs + 64 * j, *qh = h[b].qs + 64 * j;
