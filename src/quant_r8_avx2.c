@@ -424,6 +424,18 @@ R8_INLINE void r8_q6_k_scales(const block_q6_kx8 *g, __m256i sc16[16], __m256i s
         y = P##_add_epi16(P##_maddubs_epi16(u[2], BCAST(q + 8)), P##_maddubs_epi16(u[3], BCAST(q + 12)));     \
     } while (0)
 
+/* q6_k's and q3_k's float step per super-block and token: S = s1 - 2^shift
+ * sum_g sc_g bs_g (their offset, 32 or 4, against the activation's 16-element
+ * sums; scp as r8_i8_scales gives it), acc = fma(S, d da, acc). */
+R8_INLINE __m256 r8_offset_step(__m256i s1, const __m256i scp[8], const block_q8_k *y, const int shift, __m256 d,
+                                __m256 acc) {
+    __m256i s2 = _mm256_madd_epi16(scp[0], bcast4((const int8_t *)y->bsums));
+    R8_UNROLL for (int p = 1; p < 8; p++)
+        s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(scp[p], bcast4((const int8_t *)(y->bsums + 2 * p))));
+    const __m256i sum = _mm256_sub_epi32(s1, _mm256_slli_epi32(s2, shift));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(y->d)), acc);
+}
+
 R8_INLINE void r8_q6_k_group(int64_t nb, const block_q6_kx8 *g, const uint8_t *act, size_t astride, const int T,
                              float *out, size_t ostride) {
     R8_GROUP_BEGIN(block_q8_k);
@@ -458,14 +470,7 @@ R8_INLINE void r8_q6_k_group(int64_t nb, const block_q6_kx8 *g, const uint8_t *a
             }
         }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d));
-        R8_UNROLL for (int t = 0; t < T; t++) {
-            const block_q8_k *y = &a[t][b];
-            __m256i s2 = _mm256_madd_epi16(scp[0], bcast4((const int8_t *)y->bsums));
-            R8_UNROLL for (int p = 1; p < 8; p++)
-                s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(scp[p], bcast4((const int8_t *)(y->bsums + 2 * p))));
-            const __m256i sum = _mm256_sub_epi32(s1[t], _mm256_slli_epi32(s2, 5));
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(y->d)), acc[t]);
-        }
+        R8_UNROLL for (int t = 0; t < T; t++) acc[t] = r8_offset_step(s1[t], scp, &a[t][b], 5, d, acc[t]);
     }
     R8_GROUP_END();
 }
@@ -513,6 +518,23 @@ R8_INLINE void r8_q3_k_scales(const block_q3_kx8 *g, __m256i sc16[16], __m256i s
     R8_UNROLL for (int c_ = 0; c_ < 4; c_++) u[c_] =                                                            \
         R8_LOW2_OR(P, S, c_ ? P##_srli_epi16(q, 2 * c_) : q, P##_and_##S(R8_BIT_TO2(P, hb, 4 * (h) + c_), b2), m3)
 
+/* One 16-element group of q3_k / q2_k (u[c] in 0..7, four elements of each
+ * row) against activations aq: s1 + sc P, P the exact sum (|P| <= 16 x 7 x
+ * 127, an i16). VNNI: four vpdpbusd make P and one vpdpwssd meets the scale
+ * in the low i16 half only (P's high half, its sign, meets a zero); AVX2:
+ * q6_k's i16 sums and madd against the scale in both halves. */
+R8_INLINE __m256i r8_group16_sum(const __m256i u[4], const int8_t *aq, __m256i sc, __m256i s1) {
+#ifdef QUANT_R8_VNNI
+    __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u[0], bcast4(aq));
+    R8_UNROLL for (int c = 1; c < 4; c++) p = _mm256_dpbusd_epi32(p, u[c], bcast4(aq + 4 * c));
+    return _mm256_dpwssd_epi32(s1, p, sc);
+#else
+    __m256i x, y;
+    R8_Q6_K_SUMS16(_mm256, bcast4, u, aq, x, y);
+    return _mm256_add_epi32(s1, _mm256_add_epi32(_mm256_madd_epi16(x, sc), _mm256_madd_epi16(y, sc)));
+#endif
+}
+
 R8_INLINE void r8_q3_k_group(int64_t nb, const block_q3_kx8 *g, const uint8_t *act, size_t astride, const int T,
                              float *out, size_t ostride) {
     R8_GROUP_BEGIN(block_q8_k);
@@ -532,29 +554,11 @@ R8_INLINE void r8_q3_k_group(int64_t nb, const block_q3_kx8 *g, const uint8_t *a
                 __m256i u[4];
                 R8_Q3_K_UNPACK(_mm256, si256, q, hb, h, m3, b2, u);
                 const __m256i sc = sc16[2 * j + h];
-                R8_UNROLL for (int t = 0; t < T; t++) {
-                    const int8_t *aq = a[t][b].qs + 32 * j + 16 * h;
-#ifdef QUANT_R8_VNNI
-                    __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u[0], bcast4(aq));
-                    R8_UNROLL for (int c = 1; c < 4; c++) p = _mm256_dpbusd_epi32(p, u[c], bcast4(aq + 4 * c));
-                    s1[t] = _mm256_dpwssd_epi32(s1[t], p, sc);
-#else
-                    __m256i x, y;
-                    R8_Q6_K_SUMS16(_mm256, bcast4, u, aq, x, y);
-                    s1[t] = _mm256_add_epi32(s1[t], _mm256_add_epi32(_mm256_madd_epi16(x, sc), _mm256_madd_epi16(y, sc)));
-#endif
-                }
+                R8_UNROLL for (int t = 0; t < T; t++) s1[t] = r8_group16_sum(u, a[t][b].qs + 32 * j + 16 * h, sc, s1[t]);
             }
         }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d));
-        R8_UNROLL for (int t = 0; t < T; t++) {
-            const block_q8_k *y = &a[t][b];
-            __m256i s2 = _mm256_madd_epi16(scp[0], bcast4((const int8_t *)y->bsums));
-            R8_UNROLL for (int p = 1; p < 8; p++)
-                s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(scp[p], bcast4((const int8_t *)(y->bsums + 2 * p))));
-            const __m256i sum = _mm256_sub_epi32(s1[t], _mm256_slli_epi32(s2, 2));
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(y->d)), acc[t]);
-        }
+        R8_UNROLL for (int t = 0; t < T; t++) acc[t] = r8_offset_step(s1[t], scp, &a[t][b], 2, d, acc[t]);
     }
     R8_GROUP_END();
 }
@@ -609,18 +613,7 @@ R8_INLINE void r8_q2_k_group(int64_t nb, const block_q2_kx8 *g, const uint8_t *a
                 __m256i u[4];
                 R8_Q2_K_UNPACK(_mm256, si256, q, m3, u);
                 const __m256i sc = sc16[2 * j + h];
-                R8_UNROLL for (int t = 0; t < T; t++) {
-                    const int8_t *aq = a[t][b].qs + 32 * j + 16 * h;
-#ifdef QUANT_R8_VNNI
-                    __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u[0], bcast4(aq));
-                    R8_UNROLL for (int c = 1; c < 4; c++) p = _mm256_dpbusd_epi32(p, u[c], bcast4(aq + 4 * c));
-                    s1[t] = _mm256_dpwssd_epi32(s1[t], p, sc);
-#else
-                    __m256i x, y;
-                    R8_Q6_K_SUMS16(_mm256, bcast4, u, aq, x, y);
-                    s1[t] = _mm256_add_epi32(s1[t], _mm256_add_epi32(_mm256_madd_epi16(x, sc), _mm256_madd_epi16(y, sc)));
-#endif
-                }
+                R8_UNROLL for (int t = 0; t < T; t++) s1[t] = r8_group16_sum(u, a[t][b].qs + 32 * j + 16 * h, sc, s1[t]);
             }
         }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d));
@@ -1097,6 +1090,15 @@ R8_INLINE void r8z_q4_k_one(int64_t nb, const block_q4_kx8 *g, const block_q8_k 
     _mm256_storeu_ps(out, acc);
 }
 
+/* r8_offset_step on 16 lanes. */
+R8_INLINE __m512 z_offset_step(__m512i s1, const __m512i scp[8], const block_q8_k *y, const int shift, __m512 d,
+                               __m512 acc) {
+    __m512i s2 = _mm512_setzero_si512();
+    R8_UNROLL for (int p = 0; p < 8; p++) s2 = _mm512_dpwssd_epi32(s2, scp[p], z_bcast4((const int8_t *)(y->bsums + 2 * p)));
+    const __m512i sum = _mm512_sub_epi32(s1, _mm512_slli_epi32(s2, shift));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(y->d)), acc);
+}
+
 /* q6_k: r8_q6_k_group's steps on 16 lanes. */
 R8_INLINE void r8z_q6_k_pair_block(const block_q6_kx8 *g, const block_q6_kx8 *h, int64_t b, const block_q8_k *const *a,
                                    const int T, __m512 *acc) {
@@ -1130,14 +1132,7 @@ R8_INLINE void r8z_q6_k_pair_block(const block_q6_kx8 *g, const block_q6_kx8 *h,
         }
     }
     const __m512 d = z_f16x2(g[b].d, h[b].d);
-    R8_UNROLL for (int t = 0; t < T; t++) {
-        const block_q8_k *y = &a[t][b];
-        __m512i s2 = _mm512_setzero_si512();
-        R8_UNROLL for (int p = 0; p < 8; p++)
-            s2 = _mm512_dpwssd_epi32(s2, scp[p], z_bcast4((const int8_t *)(y->bsums + 2 * p)));
-        const __m512i sum = _mm512_sub_epi32(s1[t], _mm512_slli_epi32(s2, 5));
-        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(y->d)), acc[t]);
-    }
+    R8_UNROLL for (int t = 0; t < T; t++) acc[t] = z_offset_step(s1[t], scp, &a[t][b], 5, d, acc[t]);
 }
 R8Z_PAIR_KERNELS(q6_k, block_q6_kx8, block_q8_k)
 
@@ -1181,6 +1176,13 @@ R8_INLINE void r8z_q2_k_scales_pair(const block_q2_kx8 *g, const block_q2_kx8 *h
     R8_UNROLL for (int p = 0; p < 8; p++) mnp[p] = _mm512_or_si512(mn[2 * p], _mm512_slli_epi32(mn[2 * p + 1], 16));
 }
 
+/* r8_group16_sum's VNNI step on 16 lanes. */
+R8_INLINE __m512i z_group16_sum(const __m512i u[4], const int8_t *aq, __m512i sc, __m512i s1) {
+    __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], z_bcast4(aq));
+    R8_UNROLL for (int c = 1; c < 4; c++) p = _mm512_dpbusd_epi32(p, u[c], z_bcast4(aq + 4 * c));
+    return _mm512_dpwssd_epi32(s1, p, sc);
+}
+
 /* q3_k: r8_q3_k_group's VNNI steps on 16 lanes. */
 R8_INLINE void r8z_q3_k_pair_block(const block_q3_kx8 *g, const block_q3_kx8 *h, int64_t b, const block_q8_k *const *a,
                                    const int T, __m512 *acc) {
@@ -1205,23 +1207,11 @@ R8_INLINE void r8z_q3_k_pair_block(const block_q3_kx8 *g, const block_q3_kx8 *h,
             __m512i u[4];
             R8_Q3_K_UNPACK(_mm512, si512, q, hb, k, m3, b2, u);
             const __m512i sc = sc16[2 * j + k];
-            R8_UNROLL for (int t = 0; t < T; t++) {
-                const int8_t *aq = a[t][b].qs + 32 * j + 16 * k;
-                __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], z_bcast4(aq));
-                R8_UNROLL for (int c = 1; c < 4; c++) p = _mm512_dpbusd_epi32(p, u[c], z_bcast4(aq + 4 * c));
-                s1[t] = _mm512_dpwssd_epi32(s1[t], p, sc);
-            }
+            R8_UNROLL for (int t = 0; t < T; t++) s1[t] = z_group16_sum(u, a[t][b].qs + 32 * j + 16 * k, sc, s1[t]);
         }
     }
     const __m512 d = z_f16x2(g[b].d, h[b].d);
-    R8_UNROLL for (int t = 0; t < T; t++) {
-        const block_q8_k *y = &a[t][b];
-        __m512i s2 = _mm512_setzero_si512();
-        R8_UNROLL for (int p = 0; p < 8; p++)
-            s2 = _mm512_dpwssd_epi32(s2, scp[p], z_bcast4((const int8_t *)(y->bsums + 2 * p)));
-        const __m512i sum = _mm512_sub_epi32(s1[t], _mm512_slli_epi32(s2, 2));
-        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(y->d)), acc[t]);
-    }
+    R8_UNROLL for (int t = 0; t < T; t++) acc[t] = z_offset_step(s1[t], scp, &a[t][b], 2, d, acc[t]);
 }
 R8Z_PAIR_KERNELS(q3_k, block_q3_kx8, block_q8_k)
 
@@ -1243,12 +1233,7 @@ R8_INLINE void r8z_q2_k_pair_block(const block_q2_kx8 *g, const block_q2_kx8 *h,
             __m512i u[4];
             R8_Q2_K_UNPACK(_mm512, si512, q, m3, u);
             const __m512i sc = sc16[2 * j + k];
-            R8_UNROLL for (int t = 0; t < T; t++) {
-                const int8_t *aq = a[t][b].qs + 32 * j + 16 * k;
-                __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], z_bcast4(aq));
-                R8_UNROLL for (int c = 1; c < 4; c++) p = _mm512_dpbusd_epi32(p, u[c], z_bcast4(aq + 4 * c));
-                s1[t] = _mm512_dpwssd_epi32(s1[t], p, sc);
-            }
+            R8_UNROLL for (int t = 0; t < T; t++) s1[t] = z_group16_sum(u, a[t][b].qs + 32 * j + 16 * k, sc, s1[t]);
         }
     }
     const __m512 d = z_f16x2(g[b].d, h[b].d), dmin = z_f16x2(g[b].dmin, h[b].dmin);
