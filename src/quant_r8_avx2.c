@@ -658,15 +658,21 @@ R8_INLINE __m512 z_f16x2(const uint16_t *d0, const uint16_t *d1) {
                               _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d1)), 1);
 }
 
-/* Lane r: row r's exact sum of 32 products with q (r8_block_sum on 16 lanes),
- * as two independent chains of four vpdpbusd rather than one of eight. */
-R8_INLINE __m512i z_block_sum(const __m512i lo[4], const __m512i hi[4], const int8_t *q) {
-    __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], z_bcast4(q));
-    __m512i u = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], z_bcast4(q + 4));
+/* Lane r: row r's exact sums of the 16 products of its low (*s) and of its
+ * high (*u) nibbles with q, two independent chains of four vpdpbusd. */
+R8_INLINE void z_block_halves(const __m512i lo[4], const __m512i hi[4], const int8_t *q, __m512i *s, __m512i *u) {
+    *s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], z_bcast4(q));
+    *u = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], z_bcast4(q + 4));
     R8_UNROLL for (int j = 1; j < 4; j++) {
-        s = _mm512_dpbusd_epi32(s, lo[j], z_bcast4(q + 8 * j));
-        u = _mm512_dpbusd_epi32(u, hi[j], z_bcast4(q + 8 * j + 4));
+        *s = _mm512_dpbusd_epi32(*s, lo[j], z_bcast4(q + 8 * j));
+        *u = _mm512_dpbusd_epi32(*u, hi[j], z_bcast4(q + 8 * j + 4));
     }
+}
+
+/* Lane r: row r's exact sum of 32 products with q (r8_block_sum on 16 lanes). */
+R8_INLINE __m512i z_block_sum(const __m512i lo[4], const __m512i hi[4], const int8_t *q) {
+    __m512i s, u;
+    z_block_halves(lo, hi, q, &s, &u);
     return _mm512_add_epi32(s, u);
 }
 
@@ -808,10 +814,11 @@ R8_INLINE __m512i z_join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm
     } while (0)
 
 /* q4_k: r8_q4_k_group's integer sums and float steps on 16 lanes. Each
- * sub-block's sum P (<= 32 x 15 x 127) comes whole from vpdpbusd and meets
- * its scale in one vpmulld (S1 = sum_j sc_j P_j <= 8 x 63 x 60960, exact),
- * in place of the i16 halves and vpdpwssd of the 256-bit kernel: the same
- * integer S1, fewer instructions. */
+ * sub-block's sums of its low and of its high nibbles (each <= 16 x 15 x 127,
+ * an i16 in its i32 lane) meet its scale (< 64 in the low i16 half, the high
+ * half zero) in one vpdpwssd each: S1 = sum_j sc_j P_j, exact, the integer of
+ * the 256-bit kernel, two one-uop instructions where an add and a vpmulld
+ * (two uops, ten cycles' latency on the Xeon) took three. */
 /* r8_q4_k_scales' bytes kept in registers for the one-token kernel: scp[p] =
  * the scales of sub-blocks 2p and 2p + 1 (byte 8i + r: row r's scale 2p + i),
  * mn32 as r8_q4_k_scales gives it (lane r: row r's mins 2p and 2p + 1 as
@@ -894,8 +901,11 @@ R8_INLINE void r8z_q4_k_pair_block(const block_q4_kx8 *g, const block_q4_kx8 *h,
     for (int j = 0; j < 8; j++) {
         __m512i lo[4], hi[4];
         z_nibbles2(g[b].qs + 128 * j, h[b].qs + 128 * j, lo, hi);
-        R8_UNROLL for (int t = 0; t < T; t++)
-            s1[t] = _mm512_add_epi32(s1[t], _mm512_mullo_epi32(z_block_sum(lo, hi, a[t][b].qs + 32 * j), sc[j]));
+        R8_UNROLL for (int t = 0; t < T; t++) {
+            __m512i ps, pu;
+            z_block_halves(lo, hi, a[t][b].qs + 32 * j, &ps, &pu);
+            s1[t] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(s1[t], ps, sc[j]), pu, sc[j]);
+        }
     }
     r8z_q4_k_steps(&g[b], &h[b], b, a, T, s1, mn32, acc);
 }
