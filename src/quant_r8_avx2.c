@@ -1410,6 +1410,24 @@ R8Z_B32_PAIR(iq4_nl, block_iq4_nlx8, R8_B32_NL, R8_B32_EXACT)
 #else
 #define R8_PASS_WIDE(type, pair_fn)
 #endif
+#ifndef KVS_EMU_AVX512_H
+#define R8_PASSES(type, pair_fn)                                                                              \
+    switch (T) {                                                                                              \
+    R8_PASS_WIDE(type, pair_fn)                                                                               \
+    R8_PASS(type, 4, pair_fn)                                                                                 \
+    R8_PASS(type, 3, pair_fn)                                                                                 \
+    R8_PASS(type, 2, pair_fn)                                                                                 \
+    default: R8_PASS(type, 1, pair_fn)                                                                        \
+    }
+#else
+/* Under emulation (a KVS_EMU_AVX512 build: SIMDe, src/emu_avx512.h) one pass
+ * with the token count at run time instead of one per count: the same source
+ * and the same float steps, so the same bits, at a fraction of the compile
+ * time (the emulated intrinsics made this file the longest of the CI build). */
+#define R8_PASSES(type, pair_fn)                                                                              \
+    if (two) pair_fn(nb, g, at, act_stride, T, ot, out_stride);                                               \
+    else r8_##type##_group(nb, g, at, act_stride, T, ot, out_stride);
+#endif
 #define R8_KERNEL(name, type, block_t, QB, PAIR, pair_fn)                                                            \
     void R8_NAME(name)(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride,       \
                             int n_act, float *out, size_t out_stride) {                                       \
@@ -1423,13 +1441,7 @@ R8Z_B32_PAIR(iq4_nl, block_iq4_nlx8, R8_B32_NL, R8_B32_EXACT)
                 const int T = n_act - t >= R8_TOKENS ? R8_TOKENS : n_act - t;                                 \
                 const uint8_t *at = ab + (size_t)t * act_stride;                                              \
                 float *ot = o + (size_t)t * out_stride;                                                       \
-                switch (T) {                                                                                  \
-                R8_PASS_WIDE(type, pair_fn)                                                                   \
-                R8_PASS(type, 4, pair_fn)                                                                           \
-                R8_PASS(type, 3, pair_fn)                                                                           \
-                R8_PASS(type, 2, pair_fn)                                                                           \
-                default: R8_PASS(type, 1, pair_fn)                                                                  \
-                }                                                                                             \
+                R8_PASSES(type, pair_fn)                                                                      \
                 t += T;                                                                                       \
             }                                                                                                 \
             gi += two ? 2 : 1;                                                                                \
