@@ -71,8 +71,9 @@ static void unpack_qh32(const uint8_t *gqh, int r, uint8_t qh[4]) {
     st32(qh, h);
 }
 
-/* The 32-element types' packers and unpackers (every field a row's block
- * has, FIELDS: none, the min m, the fifth bits qh, or both). */
+/* The 32-element types' packers and unpackers: d and the nibbles, and the
+ * min m (MOVE_M / BACK_M) and fifth bits qh (MOVE_QH / BACK_QH) where the
+ * type has them (R8_B32_NONE where not). */
 #define R8_B32_MOVE_M(o, x, r) ((o).m[r] = (x)->m)
 #define R8_B32_MOVE_QH(o, x, r) pack_qh32((o).qh, r, (x)->qh)
 #define R8_B32_BACK_M(x, g, r) ((x).m = (g).m[r])
@@ -113,38 +114,37 @@ R8_B32_PACKERS(q5_0, block_q5_0, block_q5_0x8, R8_B32_NONE, R8_B32_MOVE_QH, R8_B
 R8_B32_PACKERS(q5_1, block_q5_1, block_q5_1x8, R8_B32_MOVE_M, R8_B32_MOVE_QH, R8_B32_BACK_M, R8_B32_BACK_QH)
 
 /* Row r's block step: t = fma(P, da, -8 s), acc = fma(t, dw, acc). */
-static float step_q4_0(const block_q4_0x8 *g, const act_q8 *a, int r, float acc) {
+/* Row r's exact sum P of u a over a 32-element r8 block, u its nibble (with
+ * the fifth bit from qh when qh is not NULL). */
+static int32_t sum32(const uint8_t *qs, const uint8_t *qh, int r, const act_q8 *a) {
     int32_t p = 0;
-    for (int j = 0; j < 4; j++)
-        for (int i = 0; i < 4; i++) {
-            const uint8_t v = g->qs[32 * j + 4 * r + i];
-            p += (v & 0xF) * a->qs[8 * j + i] + (v >> 4) * a->qs[8 * j + 4 + i];
-        }
-    const float tt = fmaf((float)p, a->d, a->s * -8.0f);
+    for (int e = 0; e < 32; e++) p += (nibble32(qs, r, e) | (qh ? qh32_bit(qh, r, e) << 4 : 0)) * a->qs[e];
+    return p;
+}
+
+static float step_q4_0(const block_q4_0x8 *g, const act_q8 *a, int r, float acc) {
+    const float tt = fmaf((float)sum32(g->qs, NULL, r, a), a->d, a->s * -8.0f);
     return fmaf(tt, quant_f16_to_f32(g->d[r]), acc);
 }
 
 /* q4_1 / q5_1 (u: the nibble, or with the fifth bit): acc = fma(P da, dw,
  * acc), then acc = fma(m, s, acc) (s = da sum(a)). */
+static float step_min32(const uint16_t *d, const uint16_t *m, int32_t p, const act_q8 *a, int r, float acc) {
+    acc = fmaf((float)p * a->d, quant_f16_to_f32(d[r]), acc);
+    return fmaf(quant_f16_to_f32(m[r]), a->s, acc);
+}
+
 static float step_q4_1(const block_q4_1x8 *g, const act_q8 *a, int r, float acc) {
-    int32_t p = 0;
-    for (int e = 0; e < 32; e++) p += nibble32(g->qs, r, e) * a->qs[e];
-    acc = fmaf((float)p * a->d, quant_f16_to_f32(g->d[r]), acc);
-    return fmaf(quant_f16_to_f32(g->m[r]), a->s, acc);
+    return step_min32(g->d, g->m, sum32(g->qs, NULL, r, a), a, r, acc);
 }
 
 static float step_q5_1(const block_q5_1x8 *g, const act_q8 *a, int r, float acc) {
-    int32_t p = 0;
-    for (int e = 0; e < 32; e++) p += (nibble32(g->qs, r, e) | qh32_bit(g->qh, r, e) << 4) * a->qs[e];
-    acc = fmaf((float)p * a->d, quant_f16_to_f32(g->d[r]), acc);
-    return fmaf(quant_f16_to_f32(g->m[r]), a->s, acc);
+    return step_min32(g->d, g->m, sum32(g->qs, g->qh, r, a), a, r, acc);
 }
 
 /* q5_0: q4_0's steps with u = q + 16: t = fma(P, da, -16 s), acc = fma(t, dw, acc). */
 static float step_q5_0(const block_q5_0x8 *g, const act_q8 *a, int r, float acc) {
-    int32_t p = 0;
-    for (int e = 0; e < 32; e++) p += (nibble32(g->qs, r, e) | qh32_bit(g->qh, r, e) << 4) * a->qs[e];
-    return fmaf(fmaf((float)p, a->d, a->s * -16.0f), quant_f16_to_f32(g->d[r]), acc);
+    return fmaf(fmaf((float)sum32(g->qs, g->qh, r, a), a->d, a->s * -16.0f), quant_f16_to_f32(g->d[r]), acc);
 }
 
 /* iq4_nl: the exact sum of table values P (its activations carry qsum128, the
@@ -548,6 +548,39 @@ static float step_q6_k(const block_q6_kx8 *g, const block_q8_k *a, int r, float 
     return fmaf((float)(s1 - 32 * s2), quant_f16_to_f32(g->d[r]) * a->d, acc);
 }
 
+/* The two-bit q of the 256 elements of a q2_k / q3_k block's qs (element
+ * 128 h + 32 j + l: bits 2j of qs[32 h + l]), four l at a time, into q[256],
+ * with q3_k's top bits (hmask bit 4 h + j) at bit 2 where hmask is not NULL. */
+static void crumbs256(const uint8_t qs[64], const uint8_t *hmask, uint8_t q[QKK]) {
+    for (int h = 0; h < 2; h++)
+        for (int l = 0; l < 32; l += 4) {
+            const uint32_t v = ld32(qs + 32 * h + l), m = hmask ? ld32(hmask + l) : 0;
+            for (int j = 0; j < 4; j++)
+                st32(q + 128 * h + 32 * j + l, (v >> (2 * j) & LO2) | (m >> (4 * h + j) & 0x01010101u) << 2);
+        }
+}
+
+/* The low two bits of u[256] (crumbs256's order) into row r's words of an r8
+ * block's qs (q2_kx8 / q3_kx8: qs[32 g + 4 r + i] bits 2c, element 16 g + 4 c
+ * + i), and back: the q (0..3) of row r's element e. */
+static void pack_crumbs(uint8_t *oqs, int r, const uint8_t u[QKK]) {
+    for (int grp = 0; grp < 16; grp++) {
+        uint32_t w = 0;
+        for (int c = 0; c < 4; c++) w |= (ld32(u + 16 * grp + 4 * c) & LO2) << (2 * c);
+        st32(oqs + 32 * grp + 4 * r, w);
+    }
+}
+
+static int crumb(const uint8_t *gqs, int r, int e) {
+    return (gqs[32 * (e / 16) + 4 * r + e % 4] >> (2 * ((e % 16) / 4))) & 3;
+}
+
+/* Row r's q of every element (0..255, crumb) into a q2_k / q3_k block's qs:
+ * bits 2j of qs[32 h + l] for element 128 h + 32 j + l. */
+static void unpack_crumbs(const uint8_t *gqs, int r, uint8_t qs[64]) {
+    for (int e = 0; e < QKK; e++) qs[32 * (e / 128) + e % 32] |= (uint8_t)(crumb(gqs, r, e) << (2 * ((e % 128) / 32)));
+}
+
 /* q3_k: the six-bit scale (stored + 32, 0..63) of entry k (8 g + r) of a
  * q3_kx8 block. */
 static int q3_kx8_scale(const block_q3_kx8 *g, int k) {
@@ -557,19 +590,8 @@ static int q3_kx8_scale(const block_q3_kx8 *g, int k) {
 
 /* u (0..7) of row r's element e (16 g + 4 c + i) of a q3_kx8 block. */
 static int q3_kx8_u(const block_q3_kx8 *g, int r, int e) {
-    const int grp = e / 16, c = (e % 16) / 4, i = e % 4, j = e / 32, h = (e % 32) / 16;
-    return ((g->qs[32 * grp + 4 * r + i] >> (2 * c)) & 3) | ((g->hm[32 * j + 4 * r + i] >> (4 * h + c)) & 1) << 2;
-}
-
-/* A q3_k block's u = low + 4 high of elements 128 h + 32 j + l, four l at a
- * time (the block's own order, quant_impl.h), into u[256]. */
-static void q3_k_u(const block_q3_k *x, uint8_t u[QKK]) {
-    for (int h = 0; h < 2; h++)
-        for (int l = 0; l < 32; l += 4) {
-            const uint32_t q = ld32(x->qs + 32 * h + l), m = ld32(x->hmask + l);
-            for (int j = 0; j < 4; j++)
-                st32(u + 128 * h + 32 * j + l, (q >> (2 * j) & LO2) | (m >> (4 * h + j) & 0x01010101u) << 2);
-        }
+    const int c = (e % 16) / 4, i = e % 4, j = e / 32, h = (e % 32) / 16;
+    return crumb(g->qs, r, e) | ((g->hm[32 * j + 4 * r + i] >> (4 * h + c)) & 1) << 2;
 }
 
 static void pack_q3_k(int64_t n, const void *rows, size_t row_stride, void *out) {
@@ -582,17 +604,15 @@ static void pack_q3_k(int64_t n, const void *rows, size_t row_stride, void *out)
             const block_q3_k *x = (const block_q3_k *)((const uint8_t *)rows + (size_t)r * row_stride) + b;
             uint8_t u[QKK];
             int8_t sc[16];
-            q3_k_u(x, u);
+            crumbs256(x->qs, x->hmask, u);
             quant_q3_k_scales(x->scales, sc);
             o.d[r] = x->d;
             for (int grp = 0; grp < 16; grp++) {
                 const int k = 8 * grp + r, v = sc[grp] + 32;
                 o.sc_lo[k % 64] |= (uint8_t)((v & 0xF) << (k < 64 ? 0 : 4));
                 o.sc_hi[k % 32] |= (uint8_t)((v >> 4) << (2 * (k / 32)));
-                uint32_t w = 0;
-                for (int c = 0; c < 4; c++) w |= (ld32(u + 16 * grp + 4 * c) & LO2) << (2 * c);
-                st32(o.qs + 32 * grp + 4 * r, w);
             }
+            pack_crumbs(o.qs, r, u);
             for (int j = 0; j < 8; j++) {
                 uint32_t w = 0;
                 for (int hc = 0; hc < 8; hc++) w |= (ld32(u + 32 * j + 4 * hc) >> 2 & 0x01010101u) << hc;
@@ -616,11 +636,9 @@ static void unpack_q3_k(int64_t n, const void *group, void *rows, size_t row_str
                 x.scales[grp % 8] |= (uint8_t)((v & 0xF) << (grp < 8 ? 0 : 4));
                 x.scales[8 + grp % 4] |= (uint8_t)((v >> 4) << (2 * (grp / 4)));
             }
-            for (int e = 0; e < QKK; e++) { /* e = 128 h + 32 j + l */
-                const int u = q3_kx8_u(&g[b], r, e), h = e / 128, j = (e % 128) / 32, l = e % 32;
-                x.qs[32 * h + l] |= (uint8_t)((u & 3) << (2 * j));
-                x.hmask[l] |= (uint8_t)((u >> 2) << (4 * h + j));
-            }
+            unpack_crumbs(g[b].qs, r, x.qs);
+            for (int e = 0; e < QKK; e++) /* e = 128 h + 32 j + l */
+                x.hmask[e % 32] |= (uint8_t)((q3_kx8_u(&g[b], r, e) >> 2) << (4 * (e / 128) + (e % 128) / 32));
             memcpy((uint8_t *)rows + (size_t)r * row_stride + (size_t)b * sizeof x, &x, sizeof x);
         }
 }
@@ -639,11 +657,6 @@ static float step_q3_k(const block_q3_kx8 *g, const block_q8_k *a, int r, float 
     return fmaf((float)(s1 - 4 * s2), quant_f16_to_f32(g->d[r]) * a->d, acc);
 }
 
-/* q2_k: q (0..3) of row r's element e (16 g + 4 c + i) of a q2_kx8 block. */
-static int q2_kx8_q(const block_q2_kx8 *g, int r, int e) {
-    return (g->qs[32 * (e / 16) + 4 * r + e % 4] >> (2 * ((e % 16) / 4))) & 3;
-}
-
 static void pack_q2_k(int64_t n, const void *rows, size_t row_stride, void *out) {
     const int64_t nb = n / QKK;
     block_q2_kx8 *g = (block_q2_kx8 *)out;
@@ -652,19 +665,11 @@ static void pack_q2_k(int64_t n, const void *rows, size_t row_stride, void *out)
         for (int r = 0; r < 8; r++) {
             const block_q2_k *x = (const block_q2_k *)((const uint8_t *)rows + (size_t)r * row_stride) + b;
             uint8_t q[QKK];
-            for (int h = 0; h < 2; h++) /* elements 128 h + 32 j + l, four l at a time */
-                for (int l = 0; l < 32; l += 4) {
-                    const uint32_t v = ld32(x->qs + 32 * h + l);
-                    for (int j = 0; j < 4; j++) st32(q + 128 * h + 32 * j + l, v >> (2 * j) & LO2);
-                }
+            crumbs256(x->qs, NULL, q);
             o.d[r] = x->d;
             o.dmin[r] = x->dmin;
-            for (int grp = 0; grp < 16; grp++) {
-                o.sc[8 * grp + r] = x->scales[grp];
-                uint32_t w = 0;
-                for (int c = 0; c < 4; c++) w |= ld32(q + 16 * grp + 4 * c) << (2 * c);
-                st32(o.qs + 32 * grp + 4 * r, w);
-            }
+            for (int grp = 0; grp < 16; grp++) o.sc[8 * grp + r] = x->scales[grp];
+            pack_crumbs(o.qs, r, q);
         }
         memcpy(&g[b], &o, sizeof o);
     }
@@ -680,8 +685,7 @@ static void unpack_q2_k(int64_t n, const void *group, void *rows, size_t row_str
             x.d = g[b].d[r];
             x.dmin = g[b].dmin[r];
             for (int grp = 0; grp < 16; grp++) x.scales[grp] = g[b].sc[8 * grp + r];
-            for (int e = 0; e < QKK; e++) /* e = 128 h + 32 j + l */
-                x.qs[32 * (e / 128) + e % 32] |= (uint8_t)(q2_kx8_q(&g[b], r, e) << (2 * ((e % 128) / 32)));
+            unpack_crumbs(g[b].qs, r, x.qs);
             memcpy((uint8_t *)rows + (size_t)r * row_stride + (size_t)b * sizeof x, &x, sizeof x);
         }
 }
@@ -694,7 +698,7 @@ static float step_q2_k(const block_q2_kx8 *g, const block_q8_k *a, int r, float 
     int32_t s1 = 0, s2 = 0;
     for (int k = 0; k < 16; k++) {
         int32_t p = 0;
-        for (int e = 16 * k; e < 16 * k + 16; e++) p += q2_kx8_q(g, r, e) * a->qs[e];
+        for (int e = 16 * k; e < 16 * k + 16; e++) p += crumb(g->qs, r, e) * a->qs[e];
         const int sm = g->sc[8 * k + r];
         s1 += (sm & 0xF) * p;
         s2 += (sm >> 4) * a->bsums[k];
@@ -736,50 +740,34 @@ R8_REF_KERNEL(q6_k, block_q6_kx8, block_q8_k, QKK)
 R8_REF_KERNEL(q3_k, block_q3_kx8, block_q8_k, QKK)
 R8_REF_KERNEL(q2_k, block_q2_kx8, block_q8_k, QKK)
 
-static bool r8_b32(uint32_t wtype) {
-    return wtype == QUANT_Q4_0 || wtype == QUANT_Q8_0 || wtype == QUANT_Q4_1 || wtype == QUANT_Q5_0 ||
-           wtype == QUANT_Q5_1 || wtype == QUANT_IQ4_NL;
-}
+/* Each type's packer and unpacker; quant_r8_supported is "has one". */
+typedef struct {
+    void (*pack)(int64_t n, const void *rows, size_t row_stride, void *out);
+    void (*unpack)(int64_t n, const void *group, void *rows, size_t row_stride);
+} r8_codec;
+#define R8_CODEC(T, type) [T] = {pack_##type, unpack_##type}
+static const r8_codec R8_CODECS[QUANT_TYPE_LIMIT] = {
+    R8_CODEC(QUANT_Q4_0, q4_0),   R8_CODEC(QUANT_Q4_1, q4_1),     R8_CODEC(QUANT_Q5_0, q5_0),
+    R8_CODEC(QUANT_Q5_1, q5_1),   R8_CODEC(QUANT_Q8_0, q8_0),     R8_CODEC(QUANT_IQ4_NL, iq4_nl),
+    R8_CODEC(QUANT_Q2_K, q2_k),   R8_CODEC(QUANT_Q3_K, q3_k),     R8_CODEC(QUANT_Q4_K, q4_k),
+    R8_CODEC(QUANT_Q5_K, q5_k),   R8_CODEC(QUANT_Q6_K, q6_k),     R8_CODEC(QUANT_IQ4_XS, iq4_xs),
+};
 
-bool quant_r8_supported(uint32_t wtype) {
-    return r8_b32(wtype) || wtype == QUANT_Q4_K || wtype == QUANT_Q5_K || wtype == QUANT_Q6_K ||
-           wtype == QUANT_IQ4_XS || wtype == QUANT_Q3_K || wtype == QUANT_Q2_K;
-}
+bool quant_r8_supported(uint32_t wtype) { return wtype < QUANT_TYPE_LIMIT && R8_CODECS[wtype].pack; }
 
+/* A supported type and whole blocks of it. */
 static void check_r8(uint32_t wtype, int64_t n) {
-    KVS_ASSERT(quant_r8_supported(wtype) && n >= 0 && n % (r8_b32(wtype) ? QK32 : QKK) == 0);
+    KVS_ASSERT(quant_r8_supported(wtype) && n >= 0 && n % quant_get_traits(wtype)->block_elems == 0);
 }
 
 void quant_r8_pack(uint32_t wtype, int64_t n, const void *rows, size_t row_stride, void *out) {
     check_r8(wtype, n);
-    if (wtype == QUANT_Q4_0) pack_q4_0(n, rows, row_stride, out);
-    else if (wtype == QUANT_Q8_0) pack_q8_0(n, rows, row_stride, out);
-    else if (wtype == QUANT_Q4_K) pack_q4_k(n, rows, row_stride, out);
-    else if (wtype == QUANT_Q5_K) pack_q5_k(n, rows, row_stride, out);
-    else if (wtype == QUANT_IQ4_XS) pack_iq4_xs(n, rows, row_stride, out);
-    else if (wtype == QUANT_Q3_K) pack_q3_k(n, rows, row_stride, out);
-    else if (wtype == QUANT_Q4_1) pack_q4_1(n, rows, row_stride, out);
-    else if (wtype == QUANT_Q5_0) pack_q5_0(n, rows, row_stride, out);
-    else if (wtype == QUANT_Q5_1) pack_q5_1(n, rows, row_stride, out);
-    else if (wtype == QUANT_IQ4_NL) pack_iq4_nl(n, rows, row_stride, out);
-    else if (wtype == QUANT_Q2_K) pack_q2_k(n, rows, row_stride, out);
-    else pack_q6_k(n, rows, row_stride, out);
+    R8_CODECS[wtype].pack(n, rows, row_stride, out);
 }
 
 void quant_r8_unpack(uint32_t wtype, int64_t n, const void *group, void *rows, size_t row_stride) {
     check_r8(wtype, n);
-    if (wtype == QUANT_Q4_0) unpack_q4_0(n, group, rows, row_stride);
-    else if (wtype == QUANT_Q8_0) unpack_q8_0(n, group, rows, row_stride);
-    else if (wtype == QUANT_Q4_K) unpack_q4_k(n, group, rows, row_stride);
-    else if (wtype == QUANT_Q5_K) unpack_q5_k(n, group, rows, row_stride);
-    else if (wtype == QUANT_IQ4_XS) unpack_iq4_xs(n, group, rows, row_stride);
-    else if (wtype == QUANT_Q3_K) unpack_q3_k(n, group, rows, row_stride);
-    else if (wtype == QUANT_Q4_1) unpack_q4_1(n, group, rows, row_stride);
-    else if (wtype == QUANT_Q5_0) unpack_q5_0(n, group, rows, row_stride);
-    else if (wtype == QUANT_Q5_1) unpack_q5_1(n, group, rows, row_stride);
-    else if (wtype == QUANT_IQ4_NL) unpack_iq4_nl(n, group, rows, row_stride);
-    else if (wtype == QUANT_Q2_K) unpack_q2_k(n, group, rows, row_stride);
-    else unpack_q6_k(n, group, rows, row_stride);
+    R8_CODECS[wtype].unpack(n, group, rows, row_stride);
 }
 
 void quant_dot_r8_ref(uint32_t wtype, int64_t n, const void *w, int n_groups, const void *act,
