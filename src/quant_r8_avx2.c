@@ -268,14 +268,15 @@ R8_INLINE void r8_q4_k_scales(const block_q4_kx8 *g, __m256i sc32[8], __m256i mn
     }
 }
 
-/* q4_k's float steps for one super-block and token (lane r: row r): the mins
- * against the activation's 32-element sums (q8_k_sums32, sub-blocks 2p and
- * 2p + 1 per madd), then acc += S1 d da, acc -= S2 dmin da. */
-R8_INLINE __m256 r8_q4_k_step(__m256i s1, const block_q8_k *y, const __m256i mn32[4], __m256 d, __m256 dmin,
-                              __m256 acc) {
+/* The float steps of the types with mins (q4_k, q5_k, q2_k) for one
+ * super-block and token (lane r: row r): the mins, np i16 pairs mn[p], against
+ * the activation's sums (q4_k's 32-element sums, q8_k_sums32, four pairs;
+ * q2_k's 16-element sums, eight), then acc += S1 d da, acc -= S2 dmin da. */
+R8_INLINE __m256 r8_min_step(__m256i s1, const block_q8_k *y, const __m256i *mn, const int np, __m256 d, __m256 dmin,
+                             __m256 acc) {
     __m256i s2 = _mm256_setzero_si256();
-    R8_UNROLL for (int p = 0; p < 4; p++)
-        s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(mn32[p], bcast4((const int8_t *)(y->bsums + 2 * p))));
+    R8_UNROLL for (int p = 0; p < np; p++)
+        s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(mn[p], bcast4((const int8_t *)(y->bsums + 2 * p))));
     const __m256 da = _mm256_set1_ps(y->d);
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(d, da), acc);
     return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(s2), _mm256_mul_ps(dmin, da), acc);
@@ -316,7 +317,7 @@ R8_INLINE void r8_q4_k_group(int64_t nb, const block_q4_kx8 *g, const uint8_t *a
         }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d));
         const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].dmin));
-        R8_UNROLL for (int t = 0; t < T; t++) acc[t] = r8_q4_k_step(s1[t], &a[t][b], mn32, d, dmin, acc[t]);
+        R8_UNROLL for (int t = 0; t < T; t++) acc[t] = r8_min_step(s1[t], &a[t][b], mn32, 4, d, dmin, acc[t]);
     }
     R8_GROUP_END();
 }
@@ -380,7 +381,7 @@ R8_INLINE void r8_q5_k_group(int64_t nb, const block_q5_kx8 *g, const uint8_t *a
         }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].lo.d));
         const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].lo.dmin));
-        R8_UNROLL for (int t = 0; t < T; t++) acc[t] = r8_q4_k_step(s1[t], &a[t][b], mn32, d, dmin, acc[t]);
+        R8_UNROLL for (int t = 0; t < T; t++) acc[t] = r8_min_step(s1[t], &a[t][b], mn32, 4, d, dmin, acc[t]);
     }
     R8_GROUP_END();
 }
@@ -504,8 +505,6 @@ R8_INLINE void r8_q3_k_scales(const block_q3_kx8 *g, __m256i sc16[16], __m256i s
 #endif
 }
 
-/* hb shifted so that bit b of each byte lands at bit 2 (b 0..7). */
-#define R8_BIT_TO2(P, hb, b) ((b) > 2 ? P##_srli_epi16(hb, (b) > 2 ? (b) - 2 : 0) : (b) < 2 ? P##_slli_epi16(hb, (b) < 2 ? 2 - (b) : 0) : (hb))
 #ifdef QUANT_R8_VNNI
 #define R8_LOW2_OR(P, S, x, hi, m3) P##_ternarylogic_epi32(x, hi, m3, 0xEC) /* (x & m3) | hi */
 #else
@@ -513,10 +512,11 @@ R8_INLINE void r8_q3_k_scales(const block_q3_kx8 *g, __m256i sc16[16], __m256i s
 #endif
 /* The u (0..7) of group h (0, 1) of a sub-block, four registers u[c] (lane r:
  * row r's elements 16 h + 4 c .. + 3), from its qs chunk q and the
- * sub-block's hm chunk hb, at either width. */
-#define R8_Q3_K_UNPACK(P, S, q, hb, h, m3, b2, u)                                                               \
+ * sub-block's hm chunk hb (bit 4 h + c moved to bit 2 by SHIFT16: r8_shift16
+ * or z_shift16), at either width. */
+#define R8_Q3_K_UNPACK(P, S, SHIFT16, q, hb, h, m3, b2, u)                                                      \
     R8_UNROLL for (int c_ = 0; c_ < 4; c_++) u[c_] =                                                            \
-        R8_LOW2_OR(P, S, c_ ? P##_srli_epi16(q, 2 * c_) : q, P##_and_##S(R8_BIT_TO2(P, hb, 4 * (h) + c_), b2), m3)
+        R8_LOW2_OR(P, S, c_ ? P##_srli_epi16(q, 2 * c_) : q, P##_and_##S(SHIFT16(hb, 2 - 4 * (h) - c_), b2), m3)
 
 /* One 16-element group of q3_k / q2_k (u[c] in 0..7, four elements of each
  * row) against activations aq: s1 + sc P, P the exact sum (|P| <= 16 x 7 x
@@ -552,7 +552,7 @@ R8_INLINE void r8_q3_k_group(int64_t nb, const block_q3_kx8 *g, const uint8_t *a
             R8_UNROLL for (int h = 0; h < 2; h++) {
                 const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
                 __m256i u[4];
-                R8_Q3_K_UNPACK(_mm256, si256, q, hb, h, m3, b2, u);
+                R8_Q3_K_UNPACK(_mm256, si256, r8_shift16, q, hb, h, m3, b2, u);
                 const __m256i sc = sc16[2 * j + h];
                 R8_UNROLL for (int t = 0; t < T; t++) s1[t] = r8_group16_sum(u, a[t][b].qs + 32 * j + 16 * h, sc, s1[t]);
             }
@@ -618,15 +618,7 @@ R8_INLINE void r8_q2_k_group(int64_t nb, const block_q2_kx8 *g, const uint8_t *a
         }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d));
         const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].dmin));
-        R8_UNROLL for (int t = 0; t < T; t++) {
-            const block_q8_k *y = &a[t][b];
-            __m256i s2 = _mm256_madd_epi16(mnp[0], bcast4((const int8_t *)y->bsums));
-            R8_UNROLL for (int p = 1; p < 8; p++)
-                s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(mnp[p], bcast4((const int8_t *)(y->bsums + 2 * p))));
-            const __m256 da = _mm256_set1_ps(y->d);
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1[t]), _mm256_mul_ps(d, da), acc[t]);
-            acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(s2), _mm256_mul_ps(dmin, da), acc[t]);
-        }
+        R8_UNROLL for (int t = 0; t < T; t++) acc[t] = r8_min_step(s1[t], &a[t][b], mnp, 8, d, dmin, acc[t]);
     }
     R8_GROUP_END();
 }
@@ -813,12 +805,6 @@ R8_INLINE __m512i z_join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm
         R8_UNROLL for (int i_ = 0; i_ < (NB); i_++) B[i_] = z_join(gb_[i_], hb_[i_]);          \
     } while (0)
 
-/* q4_k: r8_q4_k_group's integer sums and float steps on 16 lanes. Each
- * sub-block's sums of its low and of its high nibbles (each <= 16 x 15 x 127,
- * an i16 in its i32 lane) meet its scale (< 64 in the low i16 half, the high
- * half zero) in one vpdpwssd each: S1 = sum_j sc_j P_j, exact, the integer of
- * the 256-bit kernel, two one-uop instructions where an add and a vpmulld
- * (two uops, ten cycles' latency on the Xeon) took three. */
 /* r8_q4_k_scales' bytes kept in registers for the one-token kernel: scp[p] =
  * the scales of sub-blocks 2p and 2p + 1 (byte 8i + r: row r's scale 2p + i),
  * mn32 as r8_q4_k_scales gives it (lane r: row r's mins 2p and 2p + 1 as
@@ -877,20 +863,27 @@ R8_INLINE void z_nibbles2(const uint8_t *qg, const uint8_t *qh, __m512i lo[4], _
  * each token's integer sums s1[t] and the mins mn32: the mins against the
  * activation's 32-element sums (q8_k_sums32), then acc += S1 d da, acc -=
  * S2 dmin da. */
+R8_INLINE __m512 z_min_step(__m512i s1, const block_q8_k *y, const __m512i *mn, const int np, __m512 d, __m512 dmin,
+                            __m512 acc) { /* r8_min_step on 16 lanes */
+    __m512i s2 = _mm512_setzero_si512();
+    R8_UNROLL for (int p = 0; p < np; p++) s2 = _mm512_dpwssd_epi32(s2, mn[p], z_bcast4((const int8_t *)(y->bsums + 2 * p)));
+    const __m512 da = _mm512_set1_ps(y->d);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_mul_ps(d, da), acc);
+    return _mm512_fnmadd_ps(_mm512_cvtepi32_ps(s2), _mm512_mul_ps(dmin, da), acc);
+}
+
 R8_INLINE void r8z_q4_k_steps(const block_q4_kx8 *g, const block_q4_kx8 *h, int64_t b, const block_q8_k *const *a,
                               const int T, const __m512i *s1, const __m512i mn32[4], __m512 *acc) {
     const __m512 d = z_f16x2(g->d, h->d), dmin = z_f16x2(g->dmin, h->dmin);
-    R8_UNROLL for (int t = 0; t < T; t++) {
-        const block_q8_k *y = &a[t][b];
-        __m512i s2 = _mm512_setzero_si512();
-        R8_UNROLL for (int p = 0; p < 4; p++) /* sub-blocks 2p and 2p + 1 */
-            s2 = _mm512_dpwssd_epi32(s2, mn32[p], z_bcast4((const int8_t *)(y->bsums + 2 * p)));
-        const __m512 da = _mm512_set1_ps(y->d);
-        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1[t]), _mm512_mul_ps(d, da), acc[t]);
-        acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(s2), _mm512_mul_ps(dmin, da), acc[t]);
-    }
+    R8_UNROLL for (int t = 0; t < T; t++) acc[t] = z_min_step(s1[t], &a[t][b], mn32, 4, d, dmin, acc[t]);
 }
 
+/* q4_k: r8_q4_k_group's integer sums and float steps on 16 lanes. Each
+ * sub-block's sums of its low and of its high nibbles (each <= 16 x 15 x 127,
+ * an i16 in its i32 lane) meet its scale (< 64 in the low i16 half, the high
+ * half zero) in one vpdpwssd each: S1 = sum_j sc_j P_j, exact, the integer of
+ * the 256-bit kernel, two one-uop instructions where an add and a vpmulld
+ * (two uops, ten cycles' latency on the Xeon) took three. */
 R8_INLINE void r8z_q4_k_pair_block(const block_q4_kx8 *g, const block_q4_kx8 *h, int64_t b, const block_q8_k *const *a,
                                    const int T, __m512 *acc) {
     __m512i sc[8], mn32[4], s1[R8_TOKENS];
@@ -916,12 +909,22 @@ R8_INLINE __m512i z_shift16(__m512i h, const int k) {
     return k > 0 ? _mm512_slli_epi16(h, (unsigned)k) : k < 0 ? _mm512_srli_epi16(h, (unsigned)-k) : h;
 }
 
+/* Each element's fifth bit from hb (bit 2c / 2c + 1 of the byte, q5_kx8's
+ * order for one sub-block, q5_0x8's for one block) or-ed in at bit 4 of its
+ * nibble lo[c] / hi[c]: one vpternlogd each (0xF8: a | (b & c)). */
+R8_INLINE void z_fifth_bits(__m512i hb, __m512i lo[4], __m512i hi[4]) {
+    const __m512i m10 = _mm512_set1_epi8(0x10);
+    R8_UNROLL for (int c = 0; c < 4; c++) {
+        lo[c] = _mm512_ternarylogic_epi32(lo[c], z_shift16(hb, 4 - 2 * c), m10, 0xF8);
+        hi[c] = _mm512_ternarylogic_epi32(hi[c], z_shift16(hb, 3 - 2 * c), m10, 0xF8);
+    }
+}
+
 /* q5_k: q4_k's pair step with each element's fifth bit or-ed in at bit 4
  * (one vpternlogd: nibble | (shifted qh & 0x10)); P <= 32 x 31 x 127 whole
  * from vpdpbusd, S1 <= 8 x 63 x P: exact, the reference's integers. */
 R8_INLINE void r8z_q5_k_pair_block(const block_q5_kx8 *g, const block_q5_kx8 *h, int64_t b, const block_q8_k *const *a,
                                    const int T, __m512 *acc) {
-    const __m512i m10 = _mm512_set1_epi8(0x10);
     __m512i sc[8], mn32[4], s1[R8_TOKENS];
     r8_prefetch_head(&g[b], offsetof(block_q4_kx8, qs));
     r8_prefetch_head(&h[b], offsetof(block_q4_kx8, qs));
@@ -936,10 +939,7 @@ R8_INLINE void r8z_q5_k_pair_block(const block_q5_kx8 *g, const block_q5_kx8 *h,
         const __m512i hb = z_load2(bg, bh);
         __m512i lo[4], hi[4];
         z_nibbles2(g[b].lo.qs + 128 * j, h[b].lo.qs + 128 * j, lo, hi);
-        R8_UNROLL for (int c = 0; c < 4; c++) { /* 0xF8: a | (b & c) */
-            lo[c] = _mm512_ternarylogic_epi32(lo[c], z_shift16(hb, 4 - 2 * c), m10, 0xF8);
-            hi[c] = _mm512_ternarylogic_epi32(hi[c], z_shift16(hb, 3 - 2 * c), m10, 0xF8);
-        }
+        z_fifth_bits(hb, lo, hi);
         R8_UNROLL for (int t = 0; t < T; t++)
             s1[t] = _mm512_add_epi32(s1[t], _mm512_mullo_epi32(z_block_sum(lo, hi, a[t][b].qs + 32 * j), sc[j]));
     }
@@ -1094,7 +1094,7 @@ R8_INLINE void r8z_q4_k_one(int64_t nb, const block_q4_kx8 *g, const block_q8_k 
             s1 = _mm512_add_epi32(s1, _mm512_mullo_epi32(_mm512_add_epi32(s, u), sc));
         }
         const __m256i S1 = _mm256_add_epi32(_mm512_castsi512_si256(s1), _mm512_extracti64x4_epi64(s1, 1));
-        acc = r8_q4_k_step(S1, &y[b], mn32, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d)),
+        acc = r8_min_step(S1, &y[b], mn32, 4, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d)),
                            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].dmin)), acc);
     }
     _mm256_storeu_ps(out, acc);
@@ -1215,7 +1215,7 @@ R8_INLINE void r8z_q3_k_pair_block(const block_q3_kx8 *g, const block_q3_kx8 *h,
         R8_UNROLL for (int k = 0; k < 2; k++) {
             const __m512i q = z_load2(qg + 32 * k, qh + 32 * k);
             __m512i u[4];
-            R8_Q3_K_UNPACK(_mm512, si512, q, hb, k, m3, b2, u);
+            R8_Q3_K_UNPACK(_mm512, si512, z_shift16, q, hb, k, m3, b2, u);
             const __m512i sc = sc16[2 * j + k];
             R8_UNROLL for (int t = 0; t < T; t++) s1[t] = z_group16_sum(u, a[t][b].qs + 32 * j + 16 * k, sc, s1[t]);
         }
@@ -1247,15 +1247,7 @@ R8_INLINE void r8z_q2_k_pair_block(const block_q2_kx8 *g, const block_q2_kx8 *h,
         }
     }
     const __m512 d = z_f16x2(g[b].d, h[b].d), dmin = z_f16x2(g[b].dmin, h[b].dmin);
-    R8_UNROLL for (int t = 0; t < T; t++) {
-        const block_q8_k *y = &a[t][b];
-        __m512i s2 = _mm512_setzero_si512();
-        R8_UNROLL for (int p = 0; p < 8; p++)
-            s2 = _mm512_dpwssd_epi32(s2, mnp[p], z_bcast4((const int8_t *)(y->bsums + 2 * p)));
-        const __m512 da = _mm512_set1_ps(y->d);
-        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1[t]), _mm512_mul_ps(d, da), acc[t]);
-        acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(s2), _mm512_mul_ps(dmin, da), acc[t]);
-    }
+    R8_UNROLL for (int t = 0; t < T; t++) acc[t] = z_min_step(s1[t], &a[t][b], mnp, 8, d, dmin, acc[t]);
 }
 R8Z_PAIR_KERNELS(q2_k, block_q2_kx8, block_q8_k)
 #endif /* QUANT_R8_VNNI */
@@ -1353,12 +1345,8 @@ R8_B32_GROUP(iq4_nl, block_iq4_nlx8, R8_B32_NL, R8_B32_EXACT)
         r8_prefetch_head(&h[b], offsetof(block_t, qs));                                                         \
         __m512i lo[4], hi[4];                                                                                   \
         z_nibbles2(vg.qs, vh.qs, lo, hi);                                                                       \
-        if ((VALUES) == R8_B32_Q5) { /* 0xF8: a | (b & c) */                                                    \
-            const __m512i m10 = _mm512_set1_epi8(0x10), hb = z_load2(vg.qh, vh.qh);                             \
-            R8_UNROLL for (int c = 0; c < 4; c++) {                                                             \
-                lo[c] = _mm512_ternarylogic_epi32(lo[c], z_shift16(hb, 4 - 2 * c), m10, 0xF8);                  \
-                hi[c] = _mm512_ternarylogic_epi32(hi[c], z_shift16(hb, 3 - 2 * c), m10, 0xF8);                  \
-            }                                                                                                   \
+        if ((VALUES) == R8_B32_Q5) {                                                                            \
+            z_fifth_bits(z_load2(vg.qh, vh.qh), lo, hi);                                                        \
         } else if ((VALUES) == R8_B32_NL) {                                                                     \
             const __m512i tbl = _mm512_broadcast_i32x4(_mm256_castsi256_si128(r8_iq4_xs_table()));              \
             R8_UNROLL for (int c = 0; c < 4; c++) {                                                             \
