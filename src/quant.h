@@ -104,11 +104,11 @@ void quant_dot_tile(uint32_t wtype, int64_t n, const void *w, size_t w_stride, i
                     size_t act_stride, int n_act, float *out, size_t out_stride);
 /* Row-interleaved ("r8") weights. For every quantized type (quant_r8_supported)
  * a matrix whose row count is a multiple of 8 can be repacked once, at load,
- * into groups of eight rows whose blocks are interleaved so that one SIMD register holds the same
- * four elements of all eight rows: a kernel then dots eight rows with one
- * broadcast of the activations and no horizontal reduction. A group has the
- * bytes of its eight rows (8 x row bytes), so the repacked matrix replaces the
- * mapped one at the same size. The layout is the same under every ISA.
+ * into groups of eight rows whose blocks are interleaved so that one SIMD
+ * register holds the same four elements of all eight rows: a kernel then dots
+ * eight rows with one broadcast of the activations and no horizontal
+ * reduction. A group has the bytes of its eight rows (8 x row bytes), so the
+ * repacked matrix replaces the mapped one at the same size. The layout is the same under every ISA.
  * quant_dot_r8 reads activation rows as quant_act_quantize makes them (no tile
  * layout) and gives out[t * out_stride + 8 g + r] = the dot of row r of group g
  * with activation row t, bit-identical whatever n_groups and n_act are and
