@@ -1026,9 +1026,7 @@ static void avx_dq_f16(const void *w, float *y, int64_t n) { avx_f16_to_f32_row(
 #define QK_R8_PAIRS1(type) QK_R8_QUADS1(type), .r8_pairs1 = quant_avx512_r8_pairs1_##type
 #define QK_R8_QUADS1(type) \
     .r8 = quant_avx512_r8_##type, .r8_quads1 = quant_avx512_r8_quads1_##type, .r8_spread1 = quant_avx512_r8_spread1_##type
-#define QK_R8_VNNI_QUADS1(type) , QK_R8_QUADS1(type) /* r8 kernels only VNNI has (iq4_xs, iq4_nl) */
 #else
-#define QK_R8_VNNI_QUADS1(type)
 #define QK_LOWBIT(name) quant_avx2_##name
 #define QK_R8(type) .r8 = quant_avx2_r8_##type
 #define QK_R8_PAIRS1(type) QK_R8(type)
@@ -1051,9 +1049,9 @@ static void avx_dq_f16(const void *w, float *y, int64_t n) { avx_f16_to_f32_row(
                     QK_R8_QUADS1(q2_k)},                                                                  \
     [QUANT_Q3_K] = {.dot = QK_LOWBIT(dot_q3_k), .act = avx_act_q8k, .tile = QK_LOWBIT(tile_q3_k),         \
                     QK_R8_QUADS1(q3_k)},                                                                  \
-    [QUANT_IQ4_NL] = {.dot = QK_LOWBIT(dot_iq4_nl), .act = avx_act_q8_0 QK_R8_VNNI_QUADS1(iq4_nl)},       \
-    [QUANT_IQ4_XS] = {.dot = QK_LOWBIT(dot_iq4_xs), .act = avx_act_q8k, .tile = QK_LOWBIT(tile_iq4_xs)             \
-                      QK_R8_VNNI_QUADS1(iq4_xs)}
+    [QUANT_IQ4_NL] = {.dot = QK_LOWBIT(dot_iq4_nl), .act = avx_act_q8_0, QK_R8_QUADS1(iq4_nl)},            \
+    [QUANT_IQ4_XS] = {.dot = QK_LOWBIT(dot_iq4_xs), .act = avx_act_q8k, .tile = QK_LOWBIT(tile_iq4_xs),   \
+                      QK_R8_QUADS1(iq4_xs)}
 
 #ifndef QUANT_AVX2_AS_VNNI
 const quant_isa_table quant_table_avx2 = {

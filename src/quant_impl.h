@@ -456,23 +456,20 @@ QUANT_LOWBIT_TILES(avx512)
                                  int n_act, float *out, size_t out_stride);
 #define QUANT_R8_DECLS(isa) QUANT_R8_DECL(isa, q4_0) QUANT_R8_DECL(isa, q8_0) QUANT_R8_DECL(isa, q4_k) \
     QUANT_R8_DECL(isa, q5_k) QUANT_R8_DECL(isa, q6_k) QUANT_R8_DECL(isa, q3_k) QUANT_R8_DECL(isa, q4_1) \
-    QUANT_R8_DECL(isa, q5_0) QUANT_R8_DECL(isa, q5_1) QUANT_R8_DECL(isa, q2_k)
+    QUANT_R8_DECL(isa, q5_0) QUANT_R8_DECL(isa, q5_1) QUANT_R8_DECL(isa, q2_k) QUANT_R8_DECL(isa, iq4_nl) QUANT_R8_DECL(isa, iq4_xs)
 QUANT_R8_DECLS(ref)
-QUANT_R8_DECL(ref, iq4_xs) QUANT_R8_DECL(avx512, iq4_xs) QUANT_R8_DECL(avx512, quads1_iq4_xs)
-    QUANT_R8_DECL(avx512, spread1_iq4_xs)
-QUANT_R8_DECL(ref, iq4_nl) QUANT_R8_DECL(avx512, iq4_nl) QUANT_R8_DECL(avx512, quads1_iq4_nl)
-    QUANT_R8_DECL(avx512, spread1_iq4_nl)
 QUANT_R8_DECLS(avx2)
 QUANT_R8_DECLS(avx512)
 QUANT_R8_DECL(avx512, pairs1_q4_0) QUANT_R8_DECL(avx512, pairs1_q8_0)
 QUANT_R8_DECL(avx512, quads1_q4_0) QUANT_R8_DECL(avx512, quads1_q8_0) QUANT_R8_DECL(avx512, quads1_q4_k)
     QUANT_R8_DECL(avx512, quads1_q5_k) QUANT_R8_DECL(avx512, quads1_q6_k) QUANT_R8_DECL(avx512, quads1_q3_k)
     QUANT_R8_DECL(avx512, quads1_q4_1) QUANT_R8_DECL(avx512, quads1_q5_0) QUANT_R8_DECL(avx512, quads1_q5_1)
-    QUANT_R8_DECL(avx512, quads1_q2_k)
+    QUANT_R8_DECL(avx512, quads1_q2_k) QUANT_R8_DECL(avx512, quads1_iq4_nl) QUANT_R8_DECL(avx512, quads1_iq4_xs)
 QUANT_R8_DECL(avx512, spread1_q4_0) QUANT_R8_DECL(avx512, spread1_q8_0) QUANT_R8_DECL(avx512, spread1_q4_k)
     QUANT_R8_DECL(avx512, spread1_q5_k) QUANT_R8_DECL(avx512, spread1_q6_k) QUANT_R8_DECL(avx512, spread1_q3_k)
     QUANT_R8_DECL(avx512, spread1_q4_1) QUANT_R8_DECL(avx512, spread1_q5_0) QUANT_R8_DECL(avx512, spread1_q5_1)
-    QUANT_R8_DECL(avx512, spread1_q2_k)
+    QUANT_R8_DECL(avx512, spread1_q2_k) QUANT_R8_DECL(avx512, spread1_iq4_nl)
+    QUANT_R8_DECL(avx512, spread1_iq4_xs)
 
 void quant_ref_dequant_q2_k(const void *w, float *y, int64_t n);
 void quant_ref_dequant_q3_k(const void *w, float *y, int64_t n);

@@ -82,6 +82,40 @@ R8_INLINE __m256i r8_block_sum(const __m256i lo[4], const __m256i hi[4], const i
 #endif
 }
 
+/* iq4_nl's and iq4_xs's sixteen values, for vpshufb on nibbles: under VNNI
+ * plus 128 (0..255, a flipped top bit), the unsigned side of vpdpbusd, so a
+ * sum comes back as P + 128 S (S the activation's sum over the same elements,
+ * which the kernels take off again); under AVX2 as they are (-127..113),
+ * for r8_signed_block_sum, since maddubs would saturate on the unsigned
+ * ones (2 x 240 x 127 > 32767). */
+R8_INLINE __m256i r8_iq4_table(void) {
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)quant_iq4_values));
+#ifdef QUANT_R8_VNNI
+    return _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80));
+#else
+    return v;
+#endif
+}
+
+#ifdef QUANT_R8_VNNI
+#define R8_NL_EXACT(P, p, y) P##_sub_epi32(p, P##_set1_epi32((y)->qsum128)) /* P + 128 S less 128 S */
+#else
+#define R8_NL_EXACT(P, p, y) (p)
+/* Lane r: the exact sum of row r's 32 products with q, the weights signed
+ * (lo / hi as for r8_block_sum): maddubs(|w|, sign(q, w)) per chunk, each i16
+ * pair <= 2 x 127 x 127, widened to i32 at once, as q8_0's chunks. */
+R8_INLINE __m256i r8_signed_block_sum(const __m256i lo[4], const __m256i hi[4], const int8_t *q) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i s = _mm256_setzero_si256();
+    R8_UNROLL for (int j = 0; j < 4; j++) {
+        const __m256i pl = _mm256_maddubs_epi16(_mm256_abs_epi8(lo[j]), _mm256_sign_epi8(bcast4(q + 8 * j), lo[j]));
+        const __m256i ph = _mm256_maddubs_epi16(_mm256_abs_epi8(hi[j]), _mm256_sign_epi8(bcast4(q + 8 * j + 4), hi[j]));
+        s = _mm256_add_epi32(s, _mm256_add_epi32(_mm256_madd_epi16(pl, ones), _mm256_madd_epi16(ph, ones)));
+    }
+    return s;
+}
+#endif
+
 /* The weights R8_PREFETCH bytes past a q4_0x8 block. A single core's DRAM
  * stream runs ~1.3x faster with this on the AVX2 EPYC (decode, weights far
  * beyond L3: 11 -> 14 GB/s per core); on Zen 5 it neither helps nor hurts
@@ -947,18 +981,14 @@ R8_INLINE void r8z_q5_k_pair_block(const block_q5_kx8 *g, const block_q5_kx8 *h,
 }
 R8Z_PAIR_KERNELS(q5_k, block_q5_kx8, block_q8_k)
 
-/* iq4_xs (VNNI build only). Each nibble indexes the table by vpshufb; the
- * table's values plus 128 (0..255, a flipped top bit) are the unsigned side
- * of vpdpbusd, so a sub-block's sum comes back as P' = P + 128 S_j, S_j the
- * activation's sum over it (bsums[2j] + bsums[2j + 1]). Per row and token
- * S = sum_j (sc_j - 32) P'_j - 128 sum_j (sc_j - 32) S_j, the reference's
- * exact integer (|S| < 2^28), then acc = fma(S, d da, acc). AVX2 keeps the
- * row kernels: maddubs would saturate on these unsigned values. */
-R8_INLINE __m256i r8_iq4_xs_table(void) {
-    return _mm256_xor_si256(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)quant_iq4_values)),
-                            _mm256_set1_epi8((char)0x80));
-}
+#endif /* QUANT_R8_VNNI */
 
+/* iq4_xs. Each nibble indexes r8_iq4_table by vpshufb. Under VNNI a
+ * sub-block's sum comes back as P' = P + 128 S_j, S_j the activation's sum
+ * over it (bsums[2j] + bsums[2j + 1]), and per row and token
+ * S = sum_j (sc_j - 32) P'_j - 128 sum_j (sc_j - 32) S_j; under AVX2 P comes
+ * whole from r8_signed_block_sum and S = sum_j (sc_j - 32) P_j. Either is
+ * the reference's exact integer (|S| < 2^28); then acc = fma(S, d da, acc). */
 /* The scale bytes (0..63) of an iq4_xsx8 super-block, r8_q4_k_scale_bytes'
  * arrangement: b[0] byte k = entry k, b[1] byte k = entry 32 + k. The top
  * bits of entries k and k + 16 share sc_hi[k % 16], so sc_hi sits in both
@@ -992,12 +1022,16 @@ R8_INLINE void r8_iq4_xs_scales(const block_iq4_xsx8 *g, __m256i sc[8]) {
 R8_INLINE void r8_iq4_xs_group(int64_t nb, const block_iq4_xsx8 *g, const uint8_t *act, size_t astride, const int T,
                                float *out, size_t ostride) {
     R8_GROUP_BEGIN(block_q8_k);
-    const __m256i m4 = _mm256_set1_epi8(0x0F), tbl = r8_iq4_xs_table();
+    const __m256i m4 = _mm256_set1_epi8(0x0F), tbl = r8_iq4_table();
     for (int64_t b = 0; b < nb; b++) {
-        __m256i sc[8], s1[R8_TOKENS], s2[R8_TOKENS];
+        __m256i sc[8], s1[R8_TOKENS];
+#ifdef QUANT_R8_VNNI
+        __m256i s2[R8_TOKENS];
+        R8_UNROLL for (int t = 0; t < T; t++) s2[t] = _mm256_setzero_si256();
+#endif
         r8_prefetch_head(&g[b], offsetof(block_iq4_xsx8, qs));
         r8_iq4_xs_scales(&g[b], sc);
-        R8_UNROLL for (int t = 0; t < T; t++) s1[t] = s2[t] = _mm256_setzero_si256();
+        R8_UNROLL for (int t = 0; t < T; t++) s1[t] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
             const uint8_t *qs = g[b].qs + 128 * j;
             _mm_prefetch((const char *)qs + R8_PREFETCH, _MM_HINT_T0);
@@ -1008,25 +1042,37 @@ R8_INLINE void r8_iq4_xs_group(int64_t nb, const block_iq4_xsx8 *g, const uint8_
                 lo[c] = _mm256_shuffle_epi8(tbl, _mm256_and_si256(v, m4));
                 hi[c] = _mm256_shuffle_epi8(tbl, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
             }
+#ifdef QUANT_R8_VNNI
             const __m256i scp = R8_I16_PAIR(_mm256, si256, sc[j]);
             R8_UNROLL for (int t = 0; t < T; t++) {
                 s1[t] = _mm256_add_epi32(s1[t], _mm256_mullo_epi32(r8_block_sum(lo, hi, a[t][b].qs + 32 * j), sc[j]));
                 s2[t] = _mm256_dpwssd_epi32(s2[t], scp, bcast4((const int8_t *)(a[t][b].bsums + 2 * j)));
             }
+#else
+            R8_UNROLL for (int t = 0; t < T; t++)
+                s1[t] = _mm256_add_epi32(s1[t],
+                                         _mm256_mullo_epi32(r8_signed_block_sum(lo, hi, a[t][b].qs + 32 * j), sc[j]));
+#endif
         }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d));
         R8_UNROLL for (int t = 0; t < T; t++) {
+#ifdef QUANT_R8_VNNI
             const __m256i sum = _mm256_sub_epi32(s1[t], _mm256_slli_epi32(s2[t], 7));
+#else
+            const __m256i sum = s1[t];
+#endif
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(a[t][b].d)), acc[t]);
         }
     }
     R8_GROUP_END();
 }
 
+#ifdef QUANT_R8_VNNI
+
 /* r8_iq4_xs_group's step on 16 lanes: groups g and h. */
 R8_INLINE void r8z_iq4_xs_pair_block(const block_iq4_xsx8 *g, const block_iq4_xsx8 *h, int64_t b,
                                      const block_q8_k *const *a, const int T, __m512 *acc) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), tbl = _mm512_broadcast_i32x4(_mm256_castsi256_si128(r8_iq4_xs_table()));
+    const __m512i m4 = _mm512_set1_epi8(0x0F), tbl = _mm512_broadcast_i32x4(_mm256_castsi256_si128(r8_iq4_table()));
     __m512i sc[8], s1[R8_TOKENS], s2[R8_TOKENS];
     r8_prefetch_head(&g[b], offsetof(block_iq4_xsx8, qs));
     r8_prefetch_head(&h[b], offsetof(block_iq4_xsx8, qs));
@@ -1252,15 +1298,15 @@ R8_INLINE void r8z_q2_k_pair_block(const block_q2_kx8 *g, const block_q2_kx8 *h,
 R8Z_PAIR_KERNELS(q2_k, block_q2_kx8, block_q8_k)
 #endif /* QUANT_R8_VNNI */
 
-/* --- the other 32-element types: q4_1, q5_0, q5_1 and (VNNI) iq4_nl --------
+/* --- the other 32-element types: q4_1, q5_0, q5_1 and iq4_nl ---------------
  * q4_0's frame with each type's values and float steps: VALUES says how a
- * block's chunks become unsigned bytes (R8_B32_NIB: the nibbles; R8_B32_Q5:
- * with the fifth bit at bit 4, as q5_k's; R8_B32_NL: iq4_nl's table plus 128
- * by vpshufb, VNNI only, maddubs would saturate), STEP the reference's float
+ * block's chunks become bytes (R8_B32_NIB: the nibbles; R8_B32_Q5: with the
+ * fifth bit at bit 4, as q5_k's; R8_B32_NL: r8_iq4_table's values by vpshufb,
+ * under AVX2 signed, summed by r8_signed_block_sum), STEP the reference's float
  * steps per block (quant_r8_ref.c): R8_B32_OFF16 (q5_0) t = fma(P, da, -16 s),
  * acc = fma(t, dw, acc); R8_B32_MIN (q4_1, q5_1) acc = fma(P da, dw, acc),
- * acc = fma(m, s, acc); R8_B32_EXACT (iq4_nl) P less the activation's
- * qsum128, acc = fma(P da, dw, acc). Under AVX2 a 5-bit block sums its low and
+ * acc = fma(m, s, acc); R8_B32_EXACT (iq4_nl) P (under VNNI less the
+ * activation's qsum128: R8_NL_EXACT), acc = fma(P da, dw, acc). Under AVX2 a 5-bit block sums its low and
  * its high chunks apart in i16 (r8_half_sum16: 4 x 2 x 31 x 127 each). */
 enum { R8_B32_NIB, R8_B32_Q5, R8_B32_NL };
 enum { R8_B32_OFF16, R8_B32_MIN, R8_B32_EXACT };
@@ -1281,15 +1327,13 @@ R8_INLINE void r8_b32_values(const r8_b32_view v, const int values, __m256i lo[4
         return;
     }
     r8_nibbles(v.qs, lo, hi);
-#ifdef QUANT_R8_VNNI
     if (values == R8_B32_NL) {
-        const __m256i tbl = r8_iq4_xs_table();
+        const __m256i tbl = r8_iq4_table();
         R8_UNROLL for (int c = 0; c < 4; c++) {
             lo[c] = _mm256_shuffle_epi8(tbl, lo[c]);
             hi[c] = _mm256_shuffle_epi8(tbl, hi[c]);
         }
     }
-#endif
 }
 
 R8_INLINE __m256i r8_b32_sum(const __m256i lo[4], const __m256i hi[4], const int8_t *q, const int values) {
@@ -1299,6 +1343,7 @@ R8_INLINE __m256i r8_b32_sum(const __m256i lo[4], const __m256i hi[4], const int
         return _mm256_add_epi32(_mm256_madd_epi16(r8_half_sum16(lo, q, 0), ones),
                                 _mm256_madd_epi16(r8_half_sum16(hi, q, 4), ones));
     }
+    if (values == R8_B32_NL) return r8_signed_block_sum(lo, hi, q);
 #endif
     (void)values;
     return r8_block_sum(lo, hi, q);
@@ -1309,8 +1354,7 @@ R8_INLINE __m256i r8_b32_sum(const __m256i lo[4], const __m256i hi[4], const int
          ? P##_fmadd_ps(P##_fmadd_ps(P##_cvtepi32_ps(p), P##_set1_ps((y)->d), P##_set1_ps((y)->s * -16.0f)), dw, acc) \
      : (step) == R8_B32_MIN                                                                                     \
          ? P##_fmadd_ps(mw, P##_set1_ps((y)->s), P##_fmadd_ps(P##_mul_ps(P##_cvtepi32_ps(p), P##_set1_ps((y)->d)), dw, acc)) \
-         : P##_fmadd_ps(P##_mul_ps(P##_cvtepi32_ps(P##_sub_epi32(p, P##_set1_epi32((y)->qsum128))), P##_set1_ps((y)->d)), \
-                        dw, acc))
+         : P##_fmadd_ps(P##_mul_ps(P##_cvtepi32_ps(R8_NL_EXACT(P, p, y)), P##_set1_ps((y)->d)), dw, acc))
 
 /* A type's group kernel (every ISA its VALUES allows). */
 #define R8_B32_GROUP(type, block_t, VALUES, STEP)                                                               \
@@ -1332,9 +1376,9 @@ R8_INLINE __m256i r8_b32_sum(const __m256i lo[4], const __m256i hi[4], const int
 R8_B32_GROUP(q4_1, block_q4_1x8, R8_B32_NIB, R8_B32_MIN)
 R8_B32_GROUP(q5_0, block_q5_0x8, R8_B32_Q5, R8_B32_OFF16)
 R8_B32_GROUP(q5_1, block_q5_1x8, R8_B32_Q5, R8_B32_MIN)
+R8_B32_GROUP(iq4_nl, block_iq4_nlx8, R8_B32_NL, R8_B32_EXACT)
 
 #ifdef QUANT_R8_VNNI
-R8_B32_GROUP(iq4_nl, block_iq4_nlx8, R8_B32_NL, R8_B32_EXACT)
 
 /* A type's 512-bit pair step: the group kernel's on 16 lanes. */
 #define R8Z_B32_PAIR(type, block_t, VALUES, STEP)                                                               \
@@ -1348,7 +1392,7 @@ R8_B32_GROUP(iq4_nl, block_iq4_nlx8, R8_B32_NL, R8_B32_EXACT)
         if ((VALUES) == R8_B32_Q5) {                                                                            \
             z_fifth_bits(z_load2(vg.qh, vh.qh), lo, hi);                                                        \
         } else if ((VALUES) == R8_B32_NL) {                                                                     \
-            const __m512i tbl = _mm512_broadcast_i32x4(_mm256_castsi256_si128(r8_iq4_xs_table()));              \
+            const __m512i tbl = _mm512_broadcast_i32x4(_mm256_castsi256_si128(r8_iq4_table()));              \
             R8_UNROLL for (int c = 0; c < 4; c++) {                                                             \
                 lo[c] = _mm512_shuffle_epi8(tbl, lo[c]);                                                        \
                 hi[c] = _mm512_shuffle_epi8(tbl, hi[c]);                                                        \
@@ -1522,5 +1566,7 @@ R8_KERNEL(r8_q3_k, q3_k, block_q3_kx8, QKK, 0, r8_q3_k_group)
 R8_KERNEL(r8_q4_1, q4_1, block_q4_1x8, QK32, 0, r8_q4_1_group)
 R8_KERNEL(r8_q5_0, q5_0, block_q5_0x8, QK32, 0, r8_q5_0_group)
 R8_KERNEL(r8_q5_1, q5_1, block_q5_1x8, QK32, 0, r8_q5_1_group)
+R8_KERNEL(r8_iq4_nl, iq4_nl, block_iq4_nlx8, QK32, 0, r8_iq4_nl_group)
+R8_KERNEL(r8_iq4_xs, iq4_xs, block_iq4_xsx8, QKK, 0, r8_iq4_xs_group)
 R8_KERNEL(r8_q2_k, q2_k, block_q2_kx8, QKK, 0, r8_q2_k_group)
 #endif
