@@ -277,31 +277,15 @@ bool quant_r8_preferred(uint32_t wtype) {
     return false;
 }
 
-/* -1: not decided yet; 0 / 1 / 2 / 3: one, pairs, quads, spread quads. quant_r8_set_pairs1(-1) goes back to
- * -1, and the next call decides by the CPU's vendor once: CPUID is a trap to
- * the hypervisor in a VM (3.4 us on the Xeon of round 11), and quant_dot_r8
- * asks on every call, thousands of times per decoded token. */
-static _Atomic int r8_pairs1_mode = -1;
+/* 0 / 1 / 2 / 3: one, pairs, quads, spread quads (quant.h). */
+enum { R8_PAIRS1_DEFAULT = 3 };
+static _Atomic int r8_pairs1_mode = R8_PAIRS1_DEFAULT;
 
-#if defined(__x86_64__) || defined(__i386__)
-static bool cpu_is_intel(void) {
-    unsigned a, b, c, d;
-    return __get_cpuid(0, &a, &b, &c, &d) && b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu;
+void quant_r8_set_pairs1(int mode) {
+    atomic_store(&r8_pairs1_mode, mode < 0 ? R8_PAIRS1_DEFAULT : mode > 3 ? 3 : mode);
 }
-#else
-static bool cpu_is_intel(void) { return false; }
-#endif
 
-void quant_r8_set_pairs1(int mode) { atomic_store(&r8_pairs1_mode, mode < 0 ? -1 : mode > 3 ? 3 : mode); }
-
-int quant_r8_pairs1(void) {
-    int mode = atomic_load_explicit(&r8_pairs1_mode, memory_order_relaxed);
-    if (mode < 0) { /* racing first calls all store the same value */
-        mode = cpu_is_intel() ? 3 : 0;
-        atomic_store_explicit(&r8_pairs1_mode, mode, memory_order_relaxed);
-    }
-    return mode;
-}
+int quant_r8_pairs1(void) { return atomic_load_explicit(&r8_pairs1_mode, memory_order_relaxed); }
 
 /* The kernel table entry whose r8 kernels wtype runs under the current ISA
  * (the best one that has them); NULL: none. */

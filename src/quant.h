@@ -129,15 +129,17 @@ void quant_r8_set_enabled(bool on);
  * thread), 1 two at a time (q4_0, q8_0: two streams), 2 four at a time (q4_0,
  * q8_0, q4_k, q6_k: two pairs side by side, four streams), 3 four at a time spread
  * over the range (i, i + Q, i + 2Q, i + 3Q, Q = the call's groups / 4: four
- * streams far apart). By default 3 on an Intel CPU, where more streams, and
- * streams far apart, read DRAM faster (the Xeon of rounds 12-13, 2 threads,
- * scripts/bench_r8_stream.c, median GB/s 0 / 2 / 3: q4_0 18.0 / 21.7 / 25.0,
- * q4_k 19.2 / 21.8 / 25.5; end to end, kvshard bench alternating 2 and 3,
- * q4_0 decode 35.5 -> 40.8 tok/s and q4_k 26.9 -> 29.8, medians of 4), and 0
- * elsewhere (a Zen 5 EPYC read one stream faster than two; BENCHMARKS.md rounds
- * 10-13). Same bits every way. */
+ * streams far apart). By default 3, on every CPU: more streams, and streams
+ * far apart, read DRAM faster on both machines measured (2 threads,
+ * scripts/bench_r8_stream.c, median GB/s 0 / 2 / 3 — an Intel Xeon, rounds
+ * 12-13: q4_0 18.0 / 21.7 / 25.0, q4_k 19.2 / 21.8 / 25.5; a Zen 5 EPYC,
+ * round 16: q4_0 56.5 / 50.6 / 65.4, q4_k 60.8 / 52.2 / 65.0, q6_k 41.0 /
+ * 42.3 / 60.1; end to end, kvshard bench, q4_0 decode 35.5 -> 40.8 tok/s on
+ * the Xeon (2 against 3) and 82-92 -> 89-100 on the Zen 5 (0 against 3);
+ * BENCHMARKS.md rounds 12, 13 and 16). Zen 4, whose 512-bit instructions
+ * are double-pumped, is unmeasured. Same bits every way. */
 int quant_r8_pairs1(void);
-/* -1: by the CPU (the default); 0-3 as above. Process-wide, from the next call. */
+/* -1: the default (3); 0-3 as above. Process-wide, from the next call. */
 void quant_r8_set_pairs1(int mode);
 /* What a single token of wtype runs under the current ISA and mode: 1 the
  * pairs kernel, 2 the quads kernel, 3 the spread quads, 0 the type's own (one
