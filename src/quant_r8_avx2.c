@@ -1432,7 +1432,7 @@ R8Z_B32_PAIR(iq4_nl, block_iq4_nlx8, R8_B32_NL, R8_B32_EXACT)
  * q6_k (their single group is compute bound too), the 32-element q4_1, q5_0,
  * q5_1 and iq4_nl from two like q4_0, and all of them have quad and spread
  * kernels (round 15). Round 16 measured the spread quads on a Zen 5 too, where
- * they read 1.07-1.45x faster than one group at a time, so they are the
+ * they read 1.06-1.48x faster than one group at a time, so they are the
  * default on every CPU (quant_r8_pairs1). */
 #define R8_PASS(type, TT, pair_fn)                                                                            \
     case TT:                                                                                                  \
