@@ -983,7 +983,8 @@ R8Z_PAIR_KERNELS(q5_k, block_q5_kx8, block_q8_k)
 
 #endif /* QUANT_R8_VNNI */
 
-/* iq4_xs. Each nibble indexes r8_iq4_table by vpshufb. Under VNNI a
+/* --- iq4_xs ----------------------------------------------------------------
+ * Each nibble indexes r8_iq4_table by vpshufb. Under VNNI a
  * sub-block's sum comes back as P' = P + 128 S_j, S_j the activation's sum
  * over it (bsums[2j] + bsums[2j + 1]), and per row and token
  * S = sum_j (sc_j - 32) P'_j - 128 sum_j (sc_j - 32) S_j; under AVX2 P comes
@@ -1306,8 +1307,9 @@ R8Z_PAIR_KERNELS(q2_k, block_q2_kx8, block_q8_k)
  * steps per block (quant_r8_ref.c): R8_B32_OFF16 (q5_0) t = fma(P, da, -16 s),
  * acc = fma(t, dw, acc); R8_B32_MIN (q4_1, q5_1) acc = fma(P da, dw, acc),
  * acc = fma(m, s, acc); R8_B32_EXACT (iq4_nl) P (under VNNI less the
- * activation's qsum128: R8_NL_EXACT), acc = fma(P da, dw, acc). Under AVX2 a 5-bit block sums its low and
- * its high chunks apart in i16 (r8_half_sum16: 4 x 2 x 31 x 127 each). */
+ * activation's qsum128: R8_NL_EXACT), acc = fma(P da, dw, acc). Under AVX2 a
+ * 5-bit block sums its low and its high chunks apart in i16 (r8_half_sum16:
+ * 4 x 2 x 31 x 127 each). */
 enum { R8_B32_NIB, R8_B32_Q5, R8_B32_NL };
 enum { R8_B32_OFF16, R8_B32_MIN, R8_B32_EXACT };
 
