@@ -108,14 +108,14 @@ void quant_dot_tile(uint32_t wtype, int64_t n, const void *w, size_t w_stride, i
  * register holds the same four elements of all eight rows: a kernel then dots
  * eight rows with one broadcast of the activations and no horizontal
  * reduction. A group has the bytes of its eight rows (8 x row bytes), so the
- * repacked matrix replaces the mapped one at the same size. The layout is the same under every ISA.
- * quant_dot_r8 reads activation rows as quant_act_quantize makes them (no tile
- * layout) and gives out[t * out_stride + 8 g + r] = the dot of row r of group g
- * with activation row t, bit-identical whatever n_groups and n_act are and
- * under the scalar reference too (the integer sums are exact and every ISA
- * runs the same float steps). It rounds differently from quant_dot on the
- * unpacked rows (one accumulator per row instead of quant_dot's lanes), within
- * the same bound. */
+ * repacked matrix replaces the mapped one at the same size. The layout is the
+ * same under every ISA. quant_dot_r8 reads activation rows as
+ * quant_act_quantize makes them (no tile layout) and gives
+ * out[t * out_stride + 8 g + r] = the dot of row r of group g with activation
+ * row t, bit-identical whatever n_groups and n_act are and under the scalar
+ * reference too (the integer sums are exact and every ISA runs the same float
+ * steps). It rounds differently from quant_dot on the unpacked rows (one
+ * accumulator per row instead of quant_dot's lanes), within the same bound. */
 /* True when wtype has an r8 layout. */
 bool quant_r8_supported(uint32_t wtype);
 /* True when the current ISA has a SIMD r8 kernel for wtype, i.e. repacking pays,

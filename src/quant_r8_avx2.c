@@ -893,12 +893,9 @@ R8_INLINE void z_nibbles2(const uint8_t *qg, const uint8_t *qh, __m512i lo[4], _
     }
 }
 
-/* q4_k's (and q5_k's) float steps of super-block b for groups g and h, from
- * each token's integer sums s1[t] and the mins mn32: the mins against the
- * activation's 32-element sums (q8_k_sums32), then acc += S1 d da, acc -=
- * S2 dmin da. */
+/* r8_min_step on 16 lanes. */
 R8_INLINE __m512 z_min_step(__m512i s1, const block_q8_k *y, const __m512i *mn, const int np, __m512 d, __m512 dmin,
-                            __m512 acc) { /* r8_min_step on 16 lanes */
+                            __m512 acc) {
     __m512i s2 = _mm512_setzero_si512();
     R8_UNROLL for (int p = 0; p < np; p++) s2 = _mm512_dpwssd_epi32(s2, mn[p], z_bcast4((const int8_t *)(y->bsums + 2 * p)));
     const __m512 da = _mm512_set1_ps(y->d);
@@ -906,6 +903,10 @@ R8_INLINE __m512 z_min_step(__m512i s1, const block_q8_k *y, const __m512i *mn, 
     return _mm512_fnmadd_ps(_mm512_cvtepi32_ps(s2), _mm512_mul_ps(dmin, da), acc);
 }
 
+/* q4_k's (and q5_k's) float steps of super-block b for groups g and h, from
+ * each token's integer sums s1[t] and the mins mn32: the mins against the
+ * activation's 32-element sums (q8_k_sums32), then acc += S1 d da, acc -=
+ * S2 dmin da. */
 R8_INLINE void r8z_q4_k_steps(const block_q4_kx8 *g, const block_q4_kx8 *h, int64_t b, const block_q8_k *const *a,
                               const int T, const __m512i *s1, const __m512i mn32[4], __m512 *acc) {
     const __m512 d = z_f16x2(g->d, h->d), dmin = z_f16x2(g->dmin, h->dmin);
@@ -984,13 +985,14 @@ R8Z_PAIR_KERNELS(q5_k, block_q5_kx8, block_q8_k)
 #endif /* QUANT_R8_VNNI */
 
 /* --- iq4_xs ----------------------------------------------------------------
- * Each nibble indexes r8_iq4_table by vpshufb. Under VNNI a
- * sub-block's sum comes back as P' = P + 128 S_j, S_j the activation's sum
- * over it (bsums[2j] + bsums[2j + 1]), and per row and token
- * S = sum_j (sc_j - 32) P'_j - 128 sum_j (sc_j - 32) S_j; under AVX2 P comes
- * whole from r8_signed_block_sum and S = sum_j (sc_j - 32) P_j. Either is
- * the reference's exact integer (|S| < 2^28); then acc = fma(S, d da, acc). */
-/* The scale bytes (0..63) of an iq4_xsx8 super-block, r8_q4_k_scale_bytes'
+ * Each nibble indexes r8_iq4_table by vpshufb. Under VNNI a sub-block's sum
+ * comes back as P' = P + 128 S_j, S_j the activation's sum over it (bsums[2j]
+ * + bsums[2j + 1]), and per row and token S = sum_j (sc_j - 32) P'_j - 128
+ * sum_j (sc_j - 32) S_j; under AVX2 P comes whole from r8_signed_block_sum
+ * and S = sum_j (sc_j - 32) P_j. Either is the reference's exact integer
+ * (|S| < 2^28); then acc = fma(S, d da, acc).
+ *
+ * The scale bytes (0..63) of an iq4_xsx8 super-block, r8_q4_k_scale_bytes'
  * arrangement: b[0] byte k = entry k, b[1] byte k = entry 32 + k. The top
  * bits of entries k and k + 16 share sc_hi[k % 16], so sc_hi sits in both
  * 128-bit lanes of hb and each lane shifts its own pair of bits down (m4_ /
@@ -1394,7 +1396,7 @@ R8_B32_GROUP(iq4_nl, block_iq4_nlx8, R8_B32_NL, R8_B32_EXACT)
         if ((VALUES) == R8_B32_Q5) {                                                                            \
             z_fifth_bits(z_load2(vg.qh, vh.qh), lo, hi);                                                        \
         } else if ((VALUES) == R8_B32_NL) {                                                                     \
-            const __m512i tbl = _mm512_broadcast_i32x4(_mm256_castsi256_si128(r8_iq4_table()));              \
+            const __m512i tbl = _mm512_broadcast_i32x4(_mm256_castsi256_si128(r8_iq4_table()));                 \
             R8_UNROLL for (int c = 0; c < 4; c++) {                                                             \
                 lo[c] = _mm512_shuffle_epi8(tbl, lo[c]);                                                        \
                 hi[c] = _mm512_shuffle_epi8(tbl, hi[c]);                                                        \
