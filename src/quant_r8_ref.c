@@ -113,7 +113,6 @@ R8_B32_PACKERS(q4_1, block_q4_1, block_q4_1x8, R8_B32_MOVE_M, R8_B32_NONE, R8_B3
 R8_B32_PACKERS(q5_0, block_q5_0, block_q5_0x8, R8_B32_NONE, R8_B32_MOVE_QH, R8_B32_NONE, R8_B32_BACK_QH)
 R8_B32_PACKERS(q5_1, block_q5_1, block_q5_1x8, R8_B32_MOVE_M, R8_B32_MOVE_QH, R8_B32_BACK_M, R8_B32_BACK_QH)
 
-/* Row r's block step: t = fma(P, da, -8 s), acc = fma(t, dw, acc). */
 /* Row r's exact sum P of u a over a 32-element r8 block, u its nibble (with
  * the fifth bit from qh when qh is not NULL). */
 static int32_t sum32(const uint8_t *qs, const uint8_t *qh, int r, const act_q8 *a) {
@@ -122,6 +121,7 @@ static int32_t sum32(const uint8_t *qs, const uint8_t *qh, int r, const act_q8 *
     return p;
 }
 
+/* Row r's block step: t = fma(P, da, -8 s), acc = fma(t, dw, acc). */
 static float step_q4_0(const block_q4_0x8 *g, const act_q8 *a, int r, float acc) {
     const float tt = fmaf((float)sum32(g->qs, NULL, r, a), a->d, a->s * -8.0f);
     return fmaf(tt, quant_f16_to_f32(g->d[r]), acc);
@@ -588,11 +588,13 @@ static int q3_kx8_scale(const block_q3_kx8 *g, int k) {
     return low4 | ((g->sc_hi[k % 32] >> (2 * (k / 32))) & 3) << 4;
 }
 
-/* u (0..7) of row r's element e (16 g + 4 c + i) of a q3_kx8 block. */
-static int q3_kx8_u(const block_q3_kx8 *g, int r, int e) {
-    const int c = (e % 16) / 4, i = e % 4, j = e / 32, h = (e % 32) / 16;
-    return crumb(g->qs, r, e) | ((g->hm[32 * j + 4 * r + i] >> (4 * h + c)) & 1) << 2;
+/* The top bit (0, 1) of row r's element e (32 j + 16 h + 4 c + i) of a
+ * q3_kx8 block, and its u (0..7: crumb and top bit). */
+static int q3_kx8_top(const block_q3_kx8 *g, int r, int e) {
+    return (g->hm[32 * (e / 32) + 4 * r + e % 4] >> (4 * ((e % 32) / 16) + (e % 16) / 4)) & 1;
 }
+
+static int q3_kx8_u(const block_q3_kx8 *g, int r, int e) { return crumb(g->qs, r, e) | q3_kx8_top(g, r, e) << 2; }
 
 static void pack_q3_k(int64_t n, const void *rows, size_t row_stride, void *out) {
     const int64_t nb = n / QKK;
@@ -638,7 +640,7 @@ static void unpack_q3_k(int64_t n, const void *group, void *rows, size_t row_str
             }
             unpack_crumbs(g[b].qs, r, x.qs);
             for (int e = 0; e < QKK; e++) /* e = 128 h + 32 j + l */
-                x.hmask[e % 32] |= (uint8_t)((q3_kx8_u(&g[b], r, e) >> 2) << (4 * (e / 128) + (e % 128) / 32));
+                x.hmask[e % 32] |= (uint8_t)(q3_kx8_top(&g[b], r, e) << (4 * (e / 128) + (e % 128) / 32));
             memcpy((uint8_t *)rows + (size_t)r * row_stride + (size_t)b * sizeof x, &x, sizeof x);
         }
 }
