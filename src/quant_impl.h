@@ -454,22 +454,16 @@ QUANT_LOWBIT_TILES(avx512)
 #define QUANT_R8_DECL(isa, type)                                                                     \
     void quant_##isa##_r8_##type(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, \
                                  int n_act, float *out, size_t out_stride);
-#define QUANT_R8_DECLS(isa) QUANT_R8_DECL(isa, q4_0) QUANT_R8_DECL(isa, q8_0) QUANT_R8_DECL(isa, q4_k) \
-    QUANT_R8_DECL(isa, q5_k) QUANT_R8_DECL(isa, q6_k) QUANT_R8_DECL(isa, q3_k) QUANT_R8_DECL(isa, q4_1) \
-    QUANT_R8_DECL(isa, q5_0) QUANT_R8_DECL(isa, q5_1) QUANT_R8_DECL(isa, q2_k) QUANT_R8_DECL(isa, iq4_nl) QUANT_R8_DECL(isa, iq4_xs)
-QUANT_R8_DECLS(ref)
-QUANT_R8_DECLS(avx2)
-QUANT_R8_DECLS(avx512)
+/* X(arg, type) for every type with an r8 layout. */
+#define QUANT_R8_TYPES(X, arg) X(arg, q4_0) X(arg, q8_0) X(arg, q4_1) X(arg, q5_0) X(arg, q5_1) X(arg, iq4_nl) \
+    X(arg, q2_k) X(arg, q3_k) X(arg, q4_k) X(arg, q5_k) X(arg, q6_k) X(arg, iq4_xs)
+/* The one-token quad and spread-quad kernels (the VNNI build's, every type). */
+#define QUANT_R8_DECL_QUADS1(isa, type) QUANT_R8_DECL(isa, quads1_##type) QUANT_R8_DECL(isa, spread1_##type)
+QUANT_R8_TYPES(QUANT_R8_DECL, ref)
+QUANT_R8_TYPES(QUANT_R8_DECL, avx2)
+QUANT_R8_TYPES(QUANT_R8_DECL, avx512)
+QUANT_R8_TYPES(QUANT_R8_DECL_QUADS1, avx512)
 QUANT_R8_DECL(avx512, pairs1_q4_0) QUANT_R8_DECL(avx512, pairs1_q8_0)
-QUANT_R8_DECL(avx512, quads1_q4_0) QUANT_R8_DECL(avx512, quads1_q8_0) QUANT_R8_DECL(avx512, quads1_q4_k)
-    QUANT_R8_DECL(avx512, quads1_q5_k) QUANT_R8_DECL(avx512, quads1_q6_k) QUANT_R8_DECL(avx512, quads1_q3_k)
-    QUANT_R8_DECL(avx512, quads1_q4_1) QUANT_R8_DECL(avx512, quads1_q5_0) QUANT_R8_DECL(avx512, quads1_q5_1)
-    QUANT_R8_DECL(avx512, quads1_q2_k) QUANT_R8_DECL(avx512, quads1_iq4_nl) QUANT_R8_DECL(avx512, quads1_iq4_xs)
-QUANT_R8_DECL(avx512, spread1_q4_0) QUANT_R8_DECL(avx512, spread1_q8_0) QUANT_R8_DECL(avx512, spread1_q4_k)
-    QUANT_R8_DECL(avx512, spread1_q5_k) QUANT_R8_DECL(avx512, spread1_q6_k) QUANT_R8_DECL(avx512, spread1_q3_k)
-    QUANT_R8_DECL(avx512, spread1_q4_1) QUANT_R8_DECL(avx512, spread1_q5_0) QUANT_R8_DECL(avx512, spread1_q5_1)
-    QUANT_R8_DECL(avx512, spread1_q2_k) QUANT_R8_DECL(avx512, spread1_iq4_nl)
-    QUANT_R8_DECL(avx512, spread1_iq4_xs)
 
 void quant_ref_dequant_q2_k(const void *w, float *y, int64_t n);
 void quant_ref_dequant_q3_k(const void *w, float *y, int64_t n);
