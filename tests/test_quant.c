@@ -586,9 +586,7 @@ int main(void) {
     /* One-token pairs: forced on, only the AVX-512 table's q4_0 and q8_0 take
      * them (q6_k's kernel pairs anyway, q4_k and q5_k keep one group); quads and
      * spread quads, those and q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, q3_k, q2_k,
-     * iq4_nl and iq4_xs; forced off, none does; f16 has no r8 layout. Every
-     * type with an r8 layout has a SIMD r8 kernel under every SIMD ISA (so
-     * test_r8 above ran that kernel, not the scalar one it would fall back to). */
+     * iq4_nl and iq4_xs; forced off, none does; f16 has no r8 layout. */
     for (int on = 0; on <= 3; on++) {
         quant_r8_set_pairs1(on);
         CHECK(quant_r8_pairs1() == on);
@@ -608,15 +606,20 @@ int main(void) {
             CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q3_K), want >= 2 ? want : 0);
             CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q2_K), want >= 2 ? want : 0);
             CHECK(!quant_r8_supported(QUANT_F16) && !quant_r8_pairs1_used(QUANT_F16));
-            int no_simd = 0;
-            for (uint32_t t = 0; t < 64; t++)
-                if (quant_r8_supported(t) && isas[k] != QUANT_ISA_SCALAR && !quant_r8_preferred(t)) {
-                    fprintf(stderr, "%s has no r8 kernel under %s\n", quant_get_traits(t)->name,
-                            quant_isa_name(isas[k]));
-                    no_simd++;
-                }
-            CHECK_EQ_INT(no_simd, 0);
         }
+    }
+    /* Every type with an r8 layout has a SIMD r8 kernel under every SIMD ISA
+     * (so test_r8 above ran that kernel, not the scalar one it falls back to). */
+    for (int k = 0; k < n_isas; k++) {
+        if (isas[k] == QUANT_ISA_SCALAR) continue;
+        CHECK(quant_isa_force(isas[k]));
+        int no_simd = 0;
+        for (uint32_t t = 0; t < QUANT_TYPE_LIMIT; t++)
+            if (quant_r8_supported(t) && !quant_r8_preferred(t)) {
+                fprintf(stderr, "%s has no r8 kernel under %s\n", quant_get_traits(t)->name, quant_isa_name(isas[k]));
+                no_simd++;
+            }
+        CHECK_EQ_INT(no_simd, 0);
     }
     /* By default the spread quads, on every CPU. */
     quant_r8_set_pairs1(0);
