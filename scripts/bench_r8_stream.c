@@ -117,7 +117,7 @@ int main(int argc, char **argv) {
             const double t0 = bench_now_s();
             for (size_t i = 0; i < n_mat; i++) {
                 mat_task t = {.type = type, .w = buf + i * mat_bytes, .rb = rb, .act = act, .ab = ab, .out = out};
-                ops_parallel_for_guided(pool, MAT_ROWS, CHUNK, m < 4 ? mat_rows : mat_read, &t);
+                ops_parallel_for_guided(pool, MAT_ROWS, CHUNK, 1, m < 4 ? mat_rows : mat_read, &t);
             }
             gbs[m][pass] = bytes / (bench_now_s() - t0) / 1e9;
         }

@@ -168,11 +168,12 @@ void ops_pool_free(ops_pool *pool) {
 
 int ops_pool_threads(const ops_pool *pool) { return pool ? pool->n_threads : 1; }
 
-static void parallel_run(ops_pool *pool, int64_t n, int64_t grain, bool guided, ops_range_fn fn, void *arg) {
+/* share 0: fixed chunks of grain; else guided, chunks of remaining / (share x threads). */
+static void parallel_run(ops_pool *pool, int64_t n, int64_t grain, int share, ops_range_fn fn, void *arg) {
     if (n <= 0) return;
     if (grain < 1) grain = 1;
     if (!pool || pool->n_threads == 1 || n <= grain) {
-        if (guided) grain = n; /* one thread: one run, however long */
+        if (share) grain = n; /* one thread: one run, however long */
         for (int64_t i0 = 0; i0 < n; i0 += grain) fn(arg, i0, i0 + grain < n ? i0 + grain : n, 0);
         return;
     }
@@ -181,7 +182,7 @@ static void parallel_run(ops_pool *pool, int64_t n, int64_t grain, bool guided, 
     pool->arg = arg;
     pool->n = n;
     pool->grain = grain;
-    pool->guided_div = guided ? 2 * (int64_t)pool->n_threads : 0;
+    pool->guided_div = (int64_t)share * pool->n_threads;
     atomic_store_explicit(&pool->next, 0, memory_order_relaxed);
     atomic_store_explicit(&pool->n_done, 0, memory_order_relaxed);
     unsigned gen = atomic_load_explicit(&pool->generation, memory_order_relaxed) + 1;
@@ -202,11 +203,11 @@ static void parallel_run(ops_pool *pool, int64_t n, int64_t grain, bool guided, 
 }
 
 void ops_parallel_for(ops_pool *pool, int64_t n, int64_t grain, ops_range_fn fn, void *arg) {
-    parallel_run(pool, n, grain, false, fn, arg);
+    parallel_run(pool, n, grain, 0, fn, arg);
 }
 
-void ops_parallel_for_guided(ops_pool *pool, int64_t n, int64_t grain, ops_range_fn fn, void *arg) {
-    parallel_run(pool, n, grain, true, fn, arg);
+void ops_parallel_for_guided(ops_pool *pool, int64_t n, int64_t grain, int share, ops_range_fn fn, void *arg) {
+    parallel_run(pool, n, grain, share < 1 ? 1 : share, fn, arg);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -306,8 +307,13 @@ static void mm_run(ops_pool *pool, mm_task *t) {
      * prefetchers stream a long run far better than many 16-row pieces:
      * 14 -> 21 GB/s on a 2-core EPYC for q4_0 decode), then shorter ones, so
      * the threads run dry together instead of one waiting out the other's
-     * last long range. */
-    ops_parallel_for_guided(pool, t->row0[t->n_w], MM_ROW_CHUNK, mm_dot_task, t);
+     * last long range. With one token tile a chunk's rows are read once,
+     * whatever its length, and each chunk restarts the weight streams, so
+     * the chunks are a share of 1 / threads of what is left (half as many
+     * chunks); with more tokens a chunk's rows are read once per tile and
+     * shorter chunks keep them in cache between tiles, so 1 / (2 threads). */
+    const int share = t->n_tok <= MM_TOK_TILE ? 1 : 2;
+    ops_parallel_for_guided(pool, t->row0[t->n_w], MM_ROW_CHUNK, share, mm_dot_task, t);
 }
 
 void ops_matmul(ops_pool *pool, const ops_weight *w, const float *x, int n_tok, float *y, int64_t y_stride,

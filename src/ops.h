@@ -31,11 +31,11 @@ int ops_pool_threads(const ops_pool *pool);
  * join: the call never waits for a thread that has no work in hand. Calls
  * from different threads are serialized. */
 void ops_parallel_for(ops_pool *pool, int64_t n, int64_t grain, ops_range_fn fn, void *arg);
-/* The same, with guided chunks: each a share of the items left (1 / (2 x
- * threads), rounded up to whole grains, at least one grain), so long runs first
- * and single grains at the end. Every chunk but the last is a multiple of
- * grain, and starts at one. With one thread: fn once over [0, n). */
-void ops_parallel_for_guided(ops_pool *pool, int64_t n, int64_t grain, ops_range_fn fn, void *arg);
+/* The same, with guided chunks: each a share of the items left (1 / (share x
+ * threads), share >= 1, rounded up to whole grains, at least one grain), so
+ * long runs first and single grains at the end. Every chunk but the last is a
+ * multiple of grain, and starts at one. With one thread: fn once over [0, n). */
+void ops_parallel_for_guided(ops_pool *pool, int64_t n, int64_t grain, int share, ops_range_fn fn, void *arg);
 
 /* ---- weights ---- */
 typedef struct {

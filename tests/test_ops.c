@@ -1,9 +1,10 @@
 /*
  * ops: the thread pool's two schedules and the matmul over them.
  * - ops_parallel_for and ops_parallel_for_guided hand out every item exactly
- *   once, in chunks of the promised shape (fixed: grain items; guided: whole
- *   grains starting at a multiple of grain, a share of what is left, only the
- *   last one short), for 1-4 threads and item counts around the grain.
+ *   once, in chunks of the promised shape (fixed: grain items; guided, shares
+ *   1 and 2: whole grains starting at a multiple of grain, a share of what is
+ *   left, only the last one short), for 1-4 threads and item counts around
+ *   the grain.
  * - ops_matmul and ops_matmul_group over r8 and row-layout weights give the
  *   same bits with 1, 2 and 3 threads as one quant_dot per row (row layout;
  *   its multi and tile kernels are bit-identical to it, test_quant) or the
@@ -41,8 +42,9 @@ static void cover_fn(void *p, int64_t i0, int64_t i1, int slot) {
     for (int64_t i = i0; i < i1 && i < MAX_N; i++) atomic_fetch_add(&c->seen[i], 1);
 }
 
-/* Guided chunks shrink: the first is a share (n / (2 x threads), rounded up to
- * whole grains) of everything, so with several threads no chunk is the whole. */
+/* Guided chunks shrink: the first is a share (n / (share x threads), rounded
+ * up to whole grains) of everything, so with several threads no chunk is the
+ * whole. */
 typedef struct {
     atomic_llong max_len;
 } len_ctx;
@@ -66,18 +68,18 @@ static void test_cover(void) {
         CHECK_EQ_INT(ops_pool_threads(pool), nth);
         for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
             for (size_t gi = 0; gi < sizeof grains / sizeof grains[0]; gi++)
-                for (int guided = 0; guided < 2; guided++) {
+                for (int guided = 0; guided < 3; guided++) { /* fixed, then guided shares 1 and 2 */
                     memset(&c, 0, sizeof c);
                     c.n = ns[ni];
                     c.grain = grains[gi];
                     c.guided = guided;
                     c.n_threads = nth;
-                    if (guided) ops_parallel_for_guided(pool, c.n, c.grain, cover_fn, &c);
+                    if (guided) ops_parallel_for_guided(pool, c.n, c.grain, guided, cover_fn, &c);
                     else ops_parallel_for(pool, c.n, c.grain, cover_fn, &c);
                     int wrong = 0;
                     for (int64_t i = 0; i < c.n; i++) wrong += atomic_load(&c.seen[i]) != 1;
                     if (wrong || atomic_load(&c.bad_shape) || atomic_load(&c.bad_slot))
-                        fprintf(stderr, "threads %d n %lld grain %lld guided %d: %d items not run once, "
+                        fprintf(stderr, "threads %d n %lld grain %lld guided share %d: %d items not run once, "
                                         "%d bad chunks, %d bad slots\n",
                                 nth, (long long)c.n, (long long)c.grain, guided, wrong,
                                 atomic_load(&c.bad_shape), atomic_load(&c.bad_slot));
@@ -86,12 +88,14 @@ static void test_cover(void) {
                     CHECK_EQ_INT(atomic_load(&c.bad_slot), 0);
                 }
         if (nth > 1) {
-            len_ctx lc;
-            atomic_init(&lc.max_len, 0);
-            ops_parallel_for_guided(pool, 1600, 16, len_fn, &lc);
-            /* first chunk: 1600 / (2 nth) rounded up to 16s; never the whole range */
-            const long long first = (1600 / (2 * nth) + 15) / 16 * 16;
-            CHECK_EQ_INT(atomic_load(&lc.max_len), first);
+            for (int share = 1; share <= 2; share++) {
+                len_ctx lc;
+                atomic_init(&lc.max_len, 0);
+                ops_parallel_for_guided(pool, 1600, 16, share, len_fn, &lc);
+                /* first chunk: 1600 / (share nth) rounded up to 16s; never the whole range */
+                const long long first = (1600 / (share * nth) + 15) / 16 * 16;
+                CHECK_EQ_INT(atomic_load(&lc.max_len), first);
+            }
         }
         ops_pool_free(pool);
     }
