@@ -2,11 +2,14 @@
  * vecops_avx512 — the attention walks of vecops.c at 512 bits, for a core
  * with full-width AVX-512 (vecops.c picks them when quant's dispatcher runs
  * AVX-512). The same bits as the AVX2 walks:
- * - scores: a zmm holds the 8-lane accumulators of two keys side by side
- *   (lanes 0-7 key k, 8-15 key k + 1) against a query slice broadcast to both
- *   halves, so every lane makes the AVX2 tile's fma sequence, and each half is
- *   reduced by the same hsum8x8 tree; a tile is 16 (head, key) sums, twice the
- *   AVX2 tile's, for a quarter of the key loads per head.
+ * - scores, f16 keys and head sizes a multiple of 32 (the usual case): the
+ *   keys transposed eight at a time, element pairs across lanes, each lane one
+ *   of the AVX2 tile's lane sums, reduced in hsum8x8's tree (scores_t_body);
+ * - scores otherwise: a zmm holds the 8-lane accumulators of two keys side by
+ *   side (lanes 0-7 key k, 8-15 key k + 1) against a query slice broadcast to
+ *   both halves, so every lane makes the AVX2 tile's fma sequence, and each
+ *   half is reduced by the same hsum8x8 tree; a tile is 16 (head, key) sums,
+ *   twice the AVX2 tile's, for a quarter of the key loads per head.
  * - weighted sums: 16 output elements per accumulator; each element is still
  *   one fma per row in row order.
  * Compiled with the AVX-512 flags (CMake), or over SIMDe in the emu512 build.
@@ -93,7 +96,143 @@ VEC_INLINE void scores_heads2(const float *q, int hd, const void *const *keys, i
     }
 }
 
-VEC_SCORES_WALK(, vec_avx512_scores, scores_heads2)
+VEC_SCORES_WALK(static, scores_walk2, scores_heads2)
+
+/* Sixteen f16 (a 256-bit vector) as f32. */
+VEC_INLINE __m512 f16x16(__m256i h) {
+#ifdef KVS_EMU_AVX512_H /* SIMDe has no _mm512_cvtph_ps: the two halves, the same exact conversion */
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_cvtph_ps(_mm256_castsi256_si128(h))),
+                              _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), 1);
+#else
+    return _mm512_cvtph_ps(h);
+#endif
+}
+
+/* The f16 scores walk with the keys transposed, for head sizes that are a
+ * multiple of 32 (up to T_MAX_HD): eight keys at a time are turned into hd / 2
+ * vectors, vector D holding elements 2D and 2D + 1 of each key (lane 2j + p:
+ * key j, element 2D + p), stored once and read by every head of the group.
+ * A head's query pair (2D, 2D + 1) is broadcast to all eight lane pairs, and
+ * accumulator D mod 4 takes the product, so lane (j, p) of accumulator m sums
+ * elements 2m + p, 2m + p + 8, ... of key j in order: the AVX2 tile's lane
+ * 2m + p. The lane pairs are added, then the accumulators in hsum8x8's tree
+ * ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)), and the result times the scale:
+ * the AVX2 scores' bits, for a transposition (24 shuffles and 16 conversions
+ * per 8 keys and 32 elements) shared by all the heads instead of a key
+ * conversion per tile of four heads and a horizontal reduction per score. */
+enum { T_MAX_HD = 256 };
+
+/* Keys kp[0..7], elements [32c, 32c + 32) (16 dword pairs), transposed into
+ * f + 16 * (16c + d) for d < 16. */
+VEC_INLINE void keys_t8(const void *const kp[8], int c, float *f) {
+    __m512i z[8], t[8], u[8];
+    VEC_UNROLL for (int j = 0; j < 8; j++) z[j] = _mm512_loadu_si512((const void *)((const uint16_t *)kp[j] + 32 * c));
+    /* per 128-bit lane k: t[2i] = (z[2i].4k, z[2i+1].4k, z[2i].4k+1, z[2i+1].4k+1), t[2i+1] the next two */
+    VEC_UNROLL for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(z[2 * i], z[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(z[2 * i], z[2 * i + 1]);
+    }
+    /* u[i] (i < 4): per lane k, dword 4k + i of keys 0-3; u[4 + i] of keys 4-7 */
+    VEC_UNROLL for (int g = 0; g < 2; g++) {
+        __m512i *tg = t + 4 * g, *ug = u + 4 * g;
+        ug[0] = _mm512_unpacklo_epi64(tg[0], tg[2]);
+        ug[1] = _mm512_unpackhi_epi64(tg[0], tg[2]);
+        ug[2] = _mm512_unpacklo_epi64(tg[1], tg[3]);
+        ug[3] = _mm512_unpackhi_epi64(tg[1], tg[3]);
+    }
+    /* dword 4k + i of keys 0-7: lane k of u[i], then of u[4 + i] (k = 0, 1 in one vector, 2, 3 in another) */
+    const __m512i lo = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0), hi = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);
+    VEC_UNROLL for (int i = 0; i < 4; i++) {
+        const __m512i a = _mm512_permutex2var_epi64(u[i], lo, u[4 + i]), b = _mm512_permutex2var_epi64(u[i], hi, u[4 + i]);
+        _mm512_store_ps(f + 16 * (16 * c + i), f16x16(_mm512_castsi512_si256(a)));
+        _mm512_store_ps(f + 16 * (16 * c + 4 + i), f16x16(_mm512_extracti64x4_epi64(a, 1)));
+        _mm512_store_ps(f + 16 * (16 * c + 8 + i), f16x16(_mm512_castsi512_si256(b)));
+        _mm512_store_ps(f + 16 * (16 * c + 12 + i), f16x16(_mm512_extracti64x4_epi64(b, 1)));
+    }
+}
+
+/* NH (1..4) heads against KS (1, 2) sets of eight transposed keys (set s at
+ * f + s * 8 * hd; nk keys in all), one accumulator chain m at a time (so each
+ * (head, set) holds its running chain and at most two partial sums). */
+VEC_INLINE void scores_t_heads(const float *f, const float *q, const int hd, const int NH, const int KS, int nk,
+                               float scale, float *scores, size_t stride) {
+    __m512 q01[4][2], p2[4][2];
+    VEC_UNROLL for (int m = 0; m < 4; m++) {
+        __m512 a[4][2];
+        VEC_UNROLL for (int h = 0; h < NH; h++) VEC_UNROLL for (int k = 0; k < KS; k++) a[h][k] = _mm512_setzero_ps();
+        for (int d = m; d < hd / 2; d += 4) {
+            __m512 kv[2];
+            VEC_UNROLL for (int k = 0; k < KS; k++) kv[k] = _mm512_load_ps(f + (size_t)k * 8 * (size_t)hd + 16 * (size_t)d);
+            VEC_UNROLL for (int h = 0; h < NH; h++) {
+                double qp;
+                memcpy(&qp, q + (size_t)h * (size_t)hd + 2 * (size_t)d, sizeof qp);
+                const __m512 qv = _mm512_castpd_ps(_mm512_set1_pd(qp));
+                VEC_UNROLL for (int k = 0; k < KS; k++) a[h][k] = _mm512_fmadd_ps(qv, kv[k], a[h][k]);
+            }
+        }
+        VEC_UNROLL for (int h = 0; h < NH; h++) VEC_UNROLL for (int k = 0; k < KS; k++) {
+            const __m512 pm = _mm512_add_ps(a[h][k], _mm512_shuffle_ps(a[h][k], a[h][k], 0xb1)); /* lane pairs */
+            if (m == 0 || m == 2) p2[h][k] = pm;
+            else if (m == 1) q01[h][k] = _mm512_add_ps(p2[h][k], pm);
+            else q01[h][k] = _mm512_add_ps(q01[h][k], _mm512_add_ps(p2[h][k], pm));
+        }
+    }
+    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512 vs = _mm512_set1_ps(scale);
+    VEC_UNROLL for (int h = 0; h < NH; h++) {
+        const __m512 s0 = _mm512_mul_ps(q01[h][0], vs), s1 = KS > 1 ? _mm512_mul_ps(q01[h][1], vs) : s0;
+        const __m512 sk = _mm512_permutex2var_ps(s0, even, s1);
+        if (nk == 16) _mm512_storeu_ps(scores + (size_t)h * stride, sk);
+        else { /* the last, short tile (a plain store and a copy: SIMDe has no masked store) */
+            float t[16];
+            _mm512_storeu_ps(t, sk);
+            memcpy(scores + (size_t)h * stride, t, sizeof(float) * (size_t)nk);
+        }
+    }
+}
+
+/* Keys [j0, j0 + 16) at most: KS sets of eight transposed into f, then the
+ * group's heads four at a time. */
+VEC_INLINE void scores_t_tile(const float *q, int group, const int hd, const void *const *keys, int nk, const int KS,
+                              float scale, float *scores, size_t stride, float *f) {
+    VEC_UNROLL for (int k = 0; k < KS; k++) {
+        const int base = 8 * k, n = nk - base < 8 ? nk - base : 8;
+        const void *kp[8];
+        VEC_UNROLL for (int j = 0; j < 8; j++) kp[j] = keys[base + (j < n ? j : n - 1)]; /* a short set repeats its last key */
+        for (int c = 0; c < hd / 32; c++) keys_t8(kp, c, f + (size_t)k * 8 * (size_t)hd);
+    }
+    for (int h0 = 0; h0 < group; h0 += 4) {
+        const float *qg = q + (size_t)h0 * (size_t)hd;
+        float *sg = scores + (size_t)h0 * stride;
+        switch (group - h0 < 4 ? group - h0 : 4) {
+        case 1: scores_t_heads(f, qg, hd, 1, KS, nk, scale, sg, stride); break;
+        case 2: scores_t_heads(f, qg, hd, 2, KS, nk, scale, sg, stride); break;
+        case 3: scores_t_heads(f, qg, hd, 3, KS, nk, scale, sg, stride); break;
+        default: scores_t_heads(f, qg, hd, 4, KS, nk, scale, sg, stride); break;
+        }
+    }
+}
+
+VEC_INLINE void scores_t_body(const float *q, int group, const int hd, const void *const *keys, int n_keys, float scale,
+                              float *scores, size_t stride) {
+    _Alignas(64) float f[16 * T_MAX_HD];
+    const size_t row_bytes = kv_row_bytes(1, hd);
+    prefetch_rows(keys, 0, KV_AHEAD, n_keys, row_bytes);
+    for (int j0 = 0; j0 < n_keys; j0 += 16) {
+        const int nk = n_keys - j0 < 16 ? n_keys - j0 : 16;
+        prefetch_rows(keys, j0 + KV_AHEAD, 16, n_keys, row_bytes);
+        if (nk > 8) scores_t_tile(q, group, hd, keys + j0, nk, 2, scale, scores + j0, stride, f);
+        else scores_t_tile(q, group, hd, keys + j0, nk, 1, scale, scores + j0, stride, f);
+    }
+}
+
+void vec_avx512_scores(const float *q, int group, int hd, const void *const *keys, int n_keys, int k_f16, float scale,
+                       float *scores, size_t stride) {
+    if (!k_f16 || hd % 32 || hd > T_MAX_HD) scores_walk2(q, group, hd, keys, n_keys, k_f16, scale, scores, stride);
+    else if (hd == 64) scores_t_body(q, group, 64, keys, n_keys, scale, scores, stride);
+    else if (hd == 128) scores_t_body(q, group, 128, keys, n_keys, scale, scores, stride);
+    else scores_t_body(q, group, hd, keys, n_keys, scale, scores, stride);
+}
 
 /* wsum_tile at twice the width: 16-element slices, up to 16 accumulators. */
 VEC_WSUM_TILE(wsum_tile16, __m512, _mm512, 16, 16, row16)
