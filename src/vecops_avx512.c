@@ -152,29 +152,34 @@ VEC_INLINE void keys_t8(const void *const kp[8], int c, float *f) {
 }
 
 /* NH (1..4) heads against KS (1, 2) sets of eight transposed keys (set s at
- * f + s * 8 * hd; nk keys in all), one accumulator chain m at a time (so each
- * (head, set) holds its running chain and at most two partial sums). */
+ * f + s * 8 * hd; nk keys in all), two of the four accumulator chains at a
+ * time (m = 0, 1, then 2, 3: sixteen chains in flight for four heads and two
+ * sets, with one partial sum each between the halves; one chain at a time
+ * left too few in flight, all four need 32 registers). */
 VEC_INLINE void scores_t_heads(const float *f, const float *q, const int hd, const int NH, const int KS, int nk,
                                float scale, float *scores, size_t stride) {
-    __m512 q01[4][2], p2[4][2];
-    VEC_UNROLL for (int m = 0; m < 4; m++) {
-        __m512 a[4][2];
-        VEC_UNROLL for (int h = 0; h < NH; h++) VEC_UNROLL for (int k = 0; k < KS; k++) a[h][k] = _mm512_setzero_ps();
-        for (int d = m; d < hd / 2; d += 4) {
-            __m512 kv[2];
-            VEC_UNROLL for (int k = 0; k < KS; k++) kv[k] = _mm512_load_ps(f + (size_t)k * 8 * (size_t)hd + 16 * (size_t)d);
-            VEC_UNROLL for (int h = 0; h < NH; h++) {
-                double qp;
-                memcpy(&qp, q + (size_t)h * (size_t)hd + 2 * (size_t)d, sizeof qp);
-                const __m512 qv = _mm512_castpd_ps(_mm512_set1_pd(qp));
-                VEC_UNROLL for (int k = 0; k < KS; k++) a[h][k] = _mm512_fmadd_ps(qv, kv[k], a[h][k]);
+    __m512 q01[4][2];
+    VEC_UNROLL for (int m0 = 0; m0 < 4; m0 += 2) {
+        __m512 a[2][4][2];
+        VEC_UNROLL for (int m = 0; m < 2; m++) VEC_UNROLL for (int h = 0; h < NH; h++) VEC_UNROLL for (int k = 0; k < KS; k++)
+            a[m][h][k] = _mm512_setzero_ps();
+        for (int d0 = m0; d0 < hd / 2; d0 += 4)
+            VEC_UNROLL for (int m = 0; m < 2; m++) {
+                const int d = d0 + m;
+                __m512 kv[2];
+                VEC_UNROLL for (int k = 0; k < KS; k++) kv[k] = _mm512_load_ps(f + (size_t)k * 8 * (size_t)hd + 16 * (size_t)d);
+                VEC_UNROLL for (int h = 0; h < NH; h++) {
+                    double qp;
+                    memcpy(&qp, q + (size_t)h * (size_t)hd + 2 * (size_t)d, sizeof qp);
+                    const __m512 qv = _mm512_castpd_ps(_mm512_set1_pd(qp));
+                    VEC_UNROLL for (int k = 0; k < KS; k++) a[m][h][k] = _mm512_fmadd_ps(qv, kv[k], a[m][h][k]);
+                }
             }
-        }
         VEC_UNROLL for (int h = 0; h < NH; h++) VEC_UNROLL for (int k = 0; k < KS; k++) {
-            const __m512 pm = _mm512_add_ps(a[h][k], _mm512_shuffle_ps(a[h][k], a[h][k], 0xb1)); /* lane pairs */
-            if (m == 0 || m == 2) p2[h][k] = pm;
-            else if (m == 1) q01[h][k] = _mm512_add_ps(p2[h][k], pm);
-            else q01[h][k] = _mm512_add_ps(q01[h][k], _mm512_add_ps(p2[h][k], pm));
+            __m512 pm[2]; /* lane pairs */
+            VEC_UNROLL for (int m = 0; m < 2; m++) pm[m] = _mm512_add_ps(a[m][h][k], _mm512_shuffle_ps(a[m][h][k], a[m][h][k], 0xb1));
+            const __m512 pq = _mm512_add_ps(pm[0], pm[1]);
+            q01[h][k] = m0 == 0 ? pq : _mm512_add_ps(q01[h][k], pq);
         }
     }
     const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
