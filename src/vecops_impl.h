@@ -204,11 +204,11 @@ VEC_TARGET VEC_INLINE float softmax_max(const float *x, int n) {
     return max;
 }
 
-/* The softmax from element i on, x[0, i) already exp(x - max) with their sum
- * in vsum (lane l: the elements l mod 8, in order): the rest eight at a time
- * into the same lanes, the tail one by one after the lanes' sum, then every
- * element times 1 / sum. */
-VEC_TARGET VEC_INLINE void softmax_finish(float *x, int i, int n, float max, __m256 vsum) {
+/* The softmax's exp from element i on, x[0, i) already exp(x - max) with
+ * their sum in vsum (lane l: the elements l mod 8, in order): the rest eight
+ * at a time into the same lanes, the tail one by one after the lanes' sum;
+ * returns the sum. */
+VEC_TARGET VEC_INLINE float softmax_finish_tail(float *x, int i, int n, float max, __m256 vsum) {
     const __m256 vm = _mm256_set1_ps(max);
     for (; i + 8 <= n; i += 8) {
         const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
@@ -222,9 +222,20 @@ VEC_TARGET VEC_INLINE void softmax_finish(float *x, int i, int n, float max, __m
         x[i] = e[0];
         sum += e[0];
     }
+    return sum;
+}
+
+/* x[i, n) times 1 / sum. */
+VEC_TARGET VEC_INLINE void softmax_scale(float *x, int i, int n, float sum) {
     const __m256 inv = _mm256_set1_ps(1.0f / sum);
-    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
     for (; i < n; i++) x[i] *= 1.0f / sum;
+}
+
+/* The softmax from element i on (softmax_finish_tail), then every element
+ * times 1 / sum. */
+VEC_TARGET VEC_INLINE void softmax_finish(float *x, int i, int n, float max, __m256 vsum) {
+    softmax_scale(x, 0, n, softmax_finish_tail(x, i, n, max, vsum));
 }
 
 /* The AVX-512 walks (vecops_avx512.c): same arguments and the same bits as the
