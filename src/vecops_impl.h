@@ -192,11 +192,15 @@ VEC_TARGET VEC_INLINE __m256 exp8(__m256 x) {
     return _mm256_and_ps(keep, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
-/* The softmax's maximum (exact, so its order does not matter). */
+/* The softmax's maximum (exact, so its order does not matter): four
+ * 8-lane maxima side by side, not one chain. */
 VEC_TARGET VEC_INLINE float softmax_max(const float *x, int n) {
-    __m256 vmax = _mm256_set1_ps(-INFINITY);
+    __m256 v[4];
+    VEC_UNROLL for (int k = 0; k < 4; k++) v[k] = _mm256_set1_ps(-INFINITY);
     int i = 0;
-    for (; i + 8 <= n; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + i));
+    for (; i + 32 <= n; i += 32) VEC_UNROLL for (int k = 0; k < 4; k++) v[k] = _mm256_max_ps(v[k], _mm256_loadu_ps(x + i + 8 * k));
+    for (; i + 8 <= n; i += 8) v[0] = _mm256_max_ps(v[0], _mm256_loadu_ps(x + i));
+    const __m256 vmax = _mm256_max_ps(_mm256_max_ps(v[0], v[1]), _mm256_max_ps(v[2], v[3]));
     float m[8], max = -INFINITY;
     _mm256_storeu_ps(m, vmax);
     for (int l = 0; l < 8; l++) max = m[l] > max ? m[l] : max;
