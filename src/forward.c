@@ -26,6 +26,7 @@ typedef struct {
     float *att;        /* [n_tok][n_head * head_dim] */
     float *gate;       /* [n_tok][n_ff] */
     float *up;         /* [n_tok][n_ff] */
+    float *rope_cs;    /* [n_tok][n_rot] the token's rotation (ops_rope_cs), for every layer */
     void *act;         /* matmul activation scratch */
     float *att_scratch; /* per thread: scores [group][max_pos] + k/v row */
     size_t att_scratch_per_thread;
@@ -83,8 +84,7 @@ static void rope_store_task(void *p, int64_t t0, int64_t t1, int slot) {
     fwd_run_ctx *c = p;
     const model_hparams *hp = &c->m->hp;
     const model_layer *L = &c->m->layers[c->layer];
-    void (*rope)(float *, int, int, int, int32_t, const float *) =
-        hp->arch->rope_style == ARCH_ROPE_NEOX ? ops_rope_neox : ops_rope;
+    void (*rope)(float *, int, int, int, const float *) = hp->arch->rope_style == ARCH_ROPE_NEOX ? ops_rope_neox : ops_rope;
     int kv_dim = (int)(hp->n_head_kv * hp->head_dim), q_dim = (int)(hp->n_head * hp->head_dim);
     bool f16 = kv_get_params(c->kv)->kv_type == QUANT_F16;
     for (int64_t t = t0; t < t1; t++) {
@@ -93,8 +93,9 @@ static void rope_store_task(void *p, int64_t t0, int64_t t1, int slot) {
         if (L->bq) add_bias(q, L->bq, q_dim);
         if (L->bk) add_bias(k, L->bk, kv_dim);
         if (L->bv) add_bias(v, L->bv, kv_dim);
-        rope(q, (int)hp->n_head, (int)hp->head_dim, (int)hp->n_rot, c->tok_pos[t], c->m->rope_inv_freq);
-        rope(k, (int)hp->n_head_kv, (int)hp->head_dim, (int)hp->n_rot, c->tok_pos[t], c->m->rope_inv_freq);
+        const float *cs = c->rope_cs + (size_t)t * hp->n_rot;
+        rope(q, (int)hp->n_head, (int)hp->head_dim, (int)hp->n_rot, cs);
+        rope(k, (int)hp->n_head_kv, (int)hp->head_dim, (int)hp->n_rot, cs);
         kv_txn *txn = c->items[c->tok_item[t]].txn;
         const int hd = (int)hp->head_dim;
         for (int h = 0; h < (int)hp->n_head_kv; h++) { /* one row per kv head */
@@ -169,6 +170,8 @@ static int drop_cancelled(fwd_run_ctx *c, int n_items) {
         if (c->items[c->tok_item[t]].status != KVS_OK) continue;
         if (w != t) {
             memmove(c->x + (size_t)w * d, c->x + (size_t)t * d, d * sizeof(float));
+            memmove(c->rope_cs + (size_t)w * c->m->hp.n_rot, c->rope_cs + (size_t)t * c->m->hp.n_rot,
+                    c->m->hp.n_rot * sizeof(float));
             c->tok_item[w] = c->tok_item[t];
             c->tok_pos[w] = c->tok_pos[t];
         }
@@ -248,6 +251,7 @@ int fwd_run(const model *m, ops_pool *pool, const kv_state *kv, fwd_item *items,
     c.att = xmalloc_checked(T, q_dim * sizeof(float), &ok);
     c.gate = xmalloc_checked(T, ff * sizeof(float), &ok);
     c.up = xmalloc_checked(T, ff * sizeof(float), &ok);
+    c.rope_cs = xmalloc_checked(T, (size_t)hp->n_rot * sizeof(float), &ok);
     c.act = xmalloc_checked(T, m->act_row_bytes, &ok);
     c.att_scratch = xmalloc_checked((size_t)nth, c.att_scratch_per_thread * sizeof(float), &ok);
     c.att_rows_per_thread = 2 * (size_t)max_pos;
@@ -265,6 +269,7 @@ int fwd_run(const model *m, ops_pool *pool, const kv_state *kv, fwd_item *items,
         for (uint32_t j = 0; j < n; j++, t++) {
             c.tok_item[t] = i;
             c.tok_pos[t] = (int32_t)(s + j);
+            ops_rope_cs(c.rope_cs + t * hp->n_rot, (int)hp->n_rot, c.tok_pos[t], m->rope_inv_freq);
             if (m->has_embd) model_embed(m, items[i].tokens[j], c.x + t * d);
             else memcpy(c.x + t * d, items[i].hidden + (size_t)j * d, d * sizeof(float));
         }
@@ -295,6 +300,6 @@ int fwd_run(const model *m, ops_pool *pool, const kv_state *kv, fwd_item *items,
     }
 out:
     free(c.tok_item); free(c.tok_pos); free(c.x); free(c.xb); free(c.q); free(c.k); free(c.v);
-    free(c.att); free(c.gate); free(c.up); free(c.act); free(c.att_scratch); free(c.att_rows);
+    free(c.att); free(c.gate); free(c.up); free(c.rope_cs); free(c.act); free(c.att_scratch); free(c.att_rows);
     return err;
 }

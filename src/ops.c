@@ -360,10 +360,17 @@ void ops_rope_freqs(float *inv_freq, int n_rot, float base, float freq_scale, co
     }
 }
 
-void ops_rope(float *x, int n_heads, int head_dim, int n_rot, int32_t pos, const float *inv_freq) {
+void ops_rope_cs(float *cs, int n_rot, int32_t pos, const float *inv_freq) {
     for (int i = 0; i < n_rot / 2; i++) {
-        double theta = (double)pos * (double)inv_freq[i];
-        float c = (float)cos(theta), s = (float)sin(theta);
+        const double theta = (double)pos * (double)inv_freq[i];
+        cs[2 * i] = (float)cos(theta);
+        cs[2 * i + 1] = (float)sin(theta);
+    }
+}
+
+void ops_rope(float *x, int n_heads, int head_dim, int n_rot, const float *cs) {
+    for (int i = 0; i < n_rot / 2; i++) {
+        const float c = cs[2 * i], s = cs[2 * i + 1];
         for (int h = 0; h < n_heads; h++) {
             float *v = x + (size_t)h * (size_t)head_dim + 2 * (size_t)i;
             float x0 = v[0], x1 = v[1];
@@ -373,11 +380,10 @@ void ops_rope(float *x, int n_heads, int head_dim, int n_rot, int32_t pos, const
     }
 }
 
-void ops_rope_neox(float *x, int n_heads, int head_dim, int n_rot, int32_t pos, const float *inv_freq) {
+void ops_rope_neox(float *x, int n_heads, int head_dim, int n_rot, const float *cs) {
     int half = n_rot / 2;
     for (int i = 0; i < half; i++) {
-        double theta = (double)pos * (double)inv_freq[i];
-        float c = (float)cos(theta), s = (float)sin(theta);
+        const float c = cs[2 * i], s = cs[2 * i + 1];
         for (int h = 0; h < n_heads; h++) {
             float *v = x + (size_t)h * (size_t)head_dim + (size_t)i;
             float x0 = v[0], x1 = v[half];

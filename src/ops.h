@@ -65,12 +65,17 @@ void ops_matmul_group(ops_pool *pool, int n_w, const ops_weight *const *ws, cons
 
 /* ---- elementwise (single-threaded; callers parallelize over rows) ---- */
 void ops_rmsnorm(const float *x, const float *weight, float *out, int64_t n, float eps);
+/* The rotation of position pos: cs[2i] = cos(pos * inv_freq[i]) and
+ * cs[2i + 1] = sin(...), angle in double, i < n_rot/2. The same for every
+ * layer and head, so a forward computes it once per token. */
+void ops_rope_cs(float *cs, int n_rot, int32_t pos, const float *inv_freq);
 /* Rotates adjacent pairs (x[2i], x[2i+1]) of each of n_heads heads (head_dim
- * each) by pos * inv_freq[i], for i < n_rot/2 (GGUF "llama" / ggml normal rope). */
-void ops_rope(float *x, int n_heads, int head_dim, int n_rot, int32_t pos, const float *inv_freq);
+ * each) by the angles of cs (ops_rope_cs), for i < n_rot/2 (GGUF "llama" /
+ * ggml normal rope). */
+void ops_rope(float *x, int n_heads, int head_dim, int n_rot, const float *cs);
 /* Same rotation for the two halves of the rotated dimensions: pairs
  * (x[i], x[i + n_rot/2]) (GGUF "qwen2" / ggml neox rope). */
-void ops_rope_neox(float *x, int n_heads, int head_dim, int n_rot, int32_t pos, const float *inv_freq);
+void ops_rope_neox(float *x, int n_heads, int head_dim, int n_rot, const float *cs);
 /* inv_freq[i] = base^(-2i/n_rot) x freq_scale / factors[i], i < n_rot/2, in
  * double before the one rounding to float. freq_scale: linear rope scaling (1:
  * none); factors: rope_freqs.weight divisors (Llama 3.1+), or NULL for none. */

@@ -166,8 +166,11 @@ static void test_rope_ops(void) {
             y[h * HD + 2 * i] = x[h * HD + i];
             y[h * HD + 2 * i + 1] = x[h * HD + i + NR / 2];
         }
-    ops_rope_neox(x, NH, HD, NR, 11, inv);
-    ops_rope(y, NH, HD, NR, 11, inv);
+    float cs[NR];
+    ops_rope_cs(cs, NR, 11, inv);
+    CHECK(cs[2] == (float)cos(11.0 * (double)inv[1]) && cs[3] == (float)sin(11.0 * (double)inv[1]));
+    ops_rope_neox(x, NH, HD, NR, cs);
+    ops_rope(y, NH, HD, NR, cs);
     int same = 1;
     for (int h = 0; h < NH; h++)
         for (int i = 0; i < NR / 2; i++)
@@ -186,8 +189,11 @@ static void test_rope_ops(void) {
     /* Position 4p at scale 1/4 is position p unscaled. */
     float a[HD], b[HD];
     for (int i = 0; i < HD; i++) a[i] = b[i] = (float)cos(0.21 * i);
-    ops_rope(a, 1, HD, NR, 4 * 9, scaled);
-    ops_rope(b, 1, HD, NR, 9, plain);
+    float csa[NR], csb[NR];
+    ops_rope_cs(csa, NR, 4 * 9, scaled);
+    ops_rope_cs(csb, NR, 9, plain);
+    ops_rope(a, 1, HD, NR, csa);
+    ops_rope(b, 1, HD, NR, csb);
     CHECK(memcmp(a, b, sizeof(a)) == 0);
 }
 

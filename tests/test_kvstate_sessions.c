@@ -2,7 +2,8 @@
  * Hot KV state through the engine: four sessions on four threads
  * (interleaving prefill, decode, truncate, rewind and cancel) are bit-identical
  * to their solo runs; batched decode of several sessions in one forward is
- * bit-identical to each alone; the state after truncates/rewinds agrees with a
+ * bit-identical to each alone; a forward whose first item was cancelled gives
+ * the others their solo logits; the state after truncates/rewinds agrees with a
  * full recompute; a budget for about two sessions with four active evicts
  * LRU-first and replay after CACHE_MISS reproduces the same logits.
  * Runs on a synthetic model (always) and stories260K (when ../shared has it).
@@ -225,6 +226,33 @@ static void run_model(const char *path) {
         for (int k = 0; k < N_SESS; k++) {
             CHECK_EQ_INT(reqs[k].status, KVS_OK);
             CHECK(memcmp(bl + (size_t)k * nv, solo[k].logits + (size_t)s * nv, (size_t)nv * sizeof(float)) == 0);
+        }
+    }
+    /* A forward of two items whose first was cancelled: the second's tokens move to the front
+     * (with their positions' rotations: positions 3-4 of session 201, where the cancelled
+     * item's were 0-7) and its logits are its solo prefill's, bit for bit. */
+    {
+        const kv_sid ca = sid_of(200), cb = sid_of(201);
+        const uint32_t na = 5 + 3 * 1, nb = 5;
+        engine_req r = {.sid = cb, .epoch = 1, .n = 3, .tokens = solo[0].toks, .out_mode = FWD_OUT_LOGITS_LAST, .out = full};
+        engine_step(e, &r, 1);
+        CHECK_EQ_INT(r.status, KVS_OK);
+        kv_txn *ta = NULL, *tb = NULL;
+        kv_reply rep;
+        CHECK_EQ_INT(kv_begin(e->kv, &ca, 1, 0, na, NULL, &ta, &rep), KVS_OK);
+        CHECK_EQ_INT(kv_begin(e->kv, &cb, 1, 3, nb - 3, NULL, &tb, &rep), KVS_OK);
+        if (ta && tb) {
+            CHECK_EQ_INT(kv_cancel(e->kv, &ca), KVS_OK);
+            float *junk = malloc((size_t)nv * sizeof(float));
+            fwd_item items[2] = {{.txn = ta, .tokens = solo[1].toks, .out_mode = FWD_OUT_LOGITS_LAST, .out = junk},
+                                 {.txn = tb, .tokens = solo[0].toks + 3, .out_mode = FWD_OUT_LOGITS_LAST, .out = full}};
+            CHECK_EQ_INT(fwd_run(e->m, e->pool, e->kv, items, 2), KVS_OK);
+            CHECK_EQ_INT(items[0].status, KVS_ERR_CANCELLED);
+            CHECK_EQ_INT(items[1].status, KVS_OK);
+            CHECK(memcmp(full, solo[0].logits, (size_t)nv * sizeof(float)) == 0);
+            kv_abort(e->kv, ta, true);
+            kv_commit(e->kv, tb, &rep);
+            free(junk);
         }
     }
     engine_close(e);
