@@ -280,8 +280,8 @@ VEC_INLINE __m512 exp16(__m512 x) {
 }
 
 /* The maximum of x[0, n), four 16-lane maxima side by side (the maximum is
- * exact, so the order does not matter; one chain of maxima was a quarter of
- * the softmax at 2016 positions). */
+ * exact, so the order does not matter; one chain of 8-lane maxima ran at the
+ * max instruction's latency). */
 VEC_INLINE float max16(const float *x, int n) {
     __m512 m[4];
     VEC_UNROLL for (int k = 0; k < 4; k++) m[k] = _mm512_set1_ps(-INFINITY);
