@@ -29,13 +29,19 @@ VEC_INLINE __m512 row8x2(const void *a, const void *b, int f16, int i) {
                               _mm256_loadu_ps((const float *)b + i), 1);
 }
 
+/* Sixteen f16 (a 256-bit vector) as f32. */
+VEC_INLINE __m512 f16x16(__m256i h) {
+#ifdef KVS_EMU_AVX512_H /* SIMDe has no _mm512_cvtph_ps: the two halves, the same exact conversion */
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_cvtph_ps(_mm256_castsi256_si128(h))),
+                              _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), 1);
+#else
+    return _mm512_cvtph_ps(h);
+#endif
+}
+
 /* Sixteen elements of a row from element i. */
 VEC_INLINE __m512 row16(const void *r, int f16, int i) {
-#ifdef KVS_EMU_AVX512_H /* over SIMDe (emu_avx512.h), which has no _mm512_cvtph_ps: the two halves, the same exact conversion */
-    if (f16) return row8x2((const uint16_t *)r + i, (const uint16_t *)r + i + 8, 1, 0);
-#else
-    if (f16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)r + i)));
-#endif
+    if (f16) return f16x16(_mm256_loadu_si256((const __m256i *)((const uint16_t *)r + i)));
     return _mm512_loadu_ps((const float *)r + i);
 }
 
@@ -97,16 +103,6 @@ VEC_INLINE void scores_heads2(const float *q, int hd, const void *const *keys, i
 }
 
 VEC_SCORES_WALK(static, scores_walk2, scores_heads2)
-
-/* Sixteen f16 (a 256-bit vector) as f32. */
-VEC_INLINE __m512 f16x16(__m256i h) {
-#ifdef KVS_EMU_AVX512_H /* SIMDe has no _mm512_cvtph_ps: the two halves, the same exact conversion */
-    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_cvtph_ps(_mm256_castsi256_si128(h))),
-                              _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), 1);
-#else
-    return _mm512_cvtph_ps(h);
-#endif
-}
 
 /* The f16 scores walk with the keys transposed, for head sizes that are a
  * multiple of 32 (up to T_MAX_HD): eight keys at a time are turned into hd / 2
