@@ -128,7 +128,7 @@ VEC_WSUM_WALK(static, wsum_group_avx2, wsum_heads)
 
 VEC_TARGET static void softmax_avx2(float *x, int n) {
     const float max = softmax_max(x, n);
-    softmax_finish(x, 0, n, max, _mm256_setzero_ps());
+    softmax_scale(x, 0, n, softmax_exp_rest(x, 0, n, max, _mm256_setzero_ps()));
 }
 
 VEC_TARGET static void swiglu_avx2(float *gate, const float *up, int64_t n) {

@@ -275,23 +275,10 @@ VEC_INLINE __m512 exp16(__m512 x) {
     return _mm512_maskz_mov_ps(keep, _mm512_mul_ps(p, _mm512_castsi512_ps(e)));
 }
 
-/* The maximum of x[0, n), four 16-lane maxima side by side (the maximum is
- * exact, so the order does not matter; one chain of 8-lane maxima ran at the
- * max instruction's latency). */
-VEC_INLINE float max16(const float *x, int n) {
-    __m512 m[4];
-    VEC_UNROLL for (int k = 0; k < 4; k++) m[k] = _mm512_set1_ps(-INFINITY);
-    int i = 0;
-    for (; i + 64 <= n; i += 64) VEC_UNROLL for (int k = 0; k < 4; k++) m[k] = _mm512_max_ps(m[k], _mm512_loadu_ps(x + i + 16 * k));
-    for (; i + 16 <= n; i += 16) m[0] = _mm512_max_ps(m[0], _mm512_loadu_ps(x + i));
-    float t[16], max = i < n ? softmax_max(x + i, n - i) : -INFINITY;
-    _mm512_storeu_ps(t, _mm512_max_ps(_mm512_max_ps(m[0], m[1]), _mm512_max_ps(m[2], m[3])));
-    for (int l = 0; l < 16; l++) max = t[l] > max ? t[l] : max;
-    return max;
-}
-
+/* The maximum by softmax_max (four 8-lane maxima side by side: a 16-lane
+ * copy of it read no faster), the exp 16 lanes at a time. */
 void vec_avx512_softmax(float *x, int n) {
-    const float max = max16(x, n);
+    const float max = softmax_max(x, n);
     const __m512 vm = _mm512_set1_ps(max);
     __m256 vsum = _mm256_setzero_ps();
     int i = 0;
@@ -300,10 +287,9 @@ void vec_avx512_softmax(float *x, int n) {
         _mm512_storeu_ps(x + i, e);
         vsum = _mm256_add_ps(_mm256_add_ps(vsum, _mm512_castps512_ps256(e)), hi256(e)); /* lanes l, then l + 8 */
     }
-    const int i16 = i; /* the full vectors, normalized below 16 at a time */
-    const float sum = softmax_finish_tail(x, i, n, max, vsum);
+    const float sum = softmax_exp_rest(x, i, n, max, vsum);
     const __m512 inv = _mm512_set1_ps(1.0f / sum);
-    for (i = 0; i + 16 <= i16; i += 16) _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), inv));
+    for (i = 0; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), inv));
     softmax_scale(x, i, n, sum);
 }
 

@@ -212,7 +212,7 @@ VEC_TARGET VEC_INLINE float softmax_max(const float *x, int n) {
  * their sum in vsum (lane l: the elements l mod 8, in order): the rest eight
  * at a time into the same lanes, the tail one by one after the lanes' sum;
  * returns the sum. */
-VEC_TARGET VEC_INLINE float softmax_finish_tail(float *x, int i, int n, float max, __m256 vsum) {
+VEC_TARGET VEC_INLINE float softmax_exp_rest(float *x, int i, int n, float max, __m256 vsum) {
     const __m256 vm = _mm256_set1_ps(max);
     for (; i + 8 <= n; i += 8) {
         const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
@@ -234,12 +234,6 @@ VEC_TARGET VEC_INLINE void softmax_scale(float *x, int i, int n, float sum) {
     const __m256 inv = _mm256_set1_ps(1.0f / sum);
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
     for (; i < n; i++) x[i] *= 1.0f / sum;
-}
-
-/* The softmax from element i on (softmax_finish_tail), then every element
- * times 1 / sum. */
-VEC_TARGET VEC_INLINE void softmax_finish(float *x, int i, int n, float max, __m256 vsum) {
-    softmax_scale(x, 0, n, softmax_finish_tail(x, i, n, max, vsum));
 }
 
 /* The AVX-512 walks (vecops_avx512.c): same arguments and the same bits as the
