@@ -154,7 +154,7 @@ VEC_INLINE void keys_t8(const void *const kp[8], int c, float *f) {
  * left too few in flight, all four need 32 registers). */
 VEC_INLINE void scores_t_heads(const float *f, const float *q, const int hd, const int NH, const int KS, int nk,
                                float scale, float *scores, size_t stride) {
-    __m512 q01[4][2];
+    __m512 tree[4][2]; /* per (head, set): the lane pairs' ((0 + 1) + (2 + 3)), then that + ((4 + 5) + (6 + 7)) */
     VEC_UNROLL for (int m0 = 0; m0 < 4; m0 += 2) {
         __m512 a[2][4][2];
         VEC_UNROLL for (int m = 0; m < 2; m++) VEC_UNROLL for (int h = 0; h < NH; h++) VEC_UNROLL for (int k = 0; k < KS; k++)
@@ -175,13 +175,13 @@ VEC_INLINE void scores_t_heads(const float *f, const float *q, const int hd, con
             __m512 pm[2]; /* lane pairs */
             VEC_UNROLL for (int m = 0; m < 2; m++) pm[m] = _mm512_add_ps(a[m][h][k], _mm512_shuffle_ps(a[m][h][k], a[m][h][k], 0xb1));
             const __m512 pq = _mm512_add_ps(pm[0], pm[1]);
-            q01[h][k] = m0 == 0 ? pq : _mm512_add_ps(q01[h][k], pq);
+            tree[h][k] = m0 == 0 ? pq : _mm512_add_ps(tree[h][k], pq);
         }
     }
     const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
     const __m512 vs = _mm512_set1_ps(scale);
     VEC_UNROLL for (int h = 0; h < NH; h++) {
-        const __m512 s0 = _mm512_mul_ps(q01[h][0], vs), s1 = KS > 1 ? _mm512_mul_ps(q01[h][1], vs) : s0;
+        const __m512 s0 = _mm512_mul_ps(tree[h][0], vs), s1 = KS > 1 ? _mm512_mul_ps(tree[h][1], vs) : s0;
         const __m512 sk = _mm512_permutex2var_ps(s0, even, s1);
         if (nk == 16) _mm512_storeu_ps(scores + (size_t)h * stride, sk);
         else { /* the last, short tile (a plain store and a copy: SIMDe has no masked store) */
