@@ -132,18 +132,7 @@ static void attention_task(void *p, int64_t task0, int64_t task1, int slot) {
         float *scores = scratch; /* [group][n_pos] */
         const void **keys = c->att_rows + (size_t)slot * c->att_rows_per_thread; /* this head's key rows */
         const void **rows = keys + c->att_rows_per_thread / 2;                    /* and value rows */
-        for (int j = 0; j < n_pos;) { /* a block's positions at a time: rows a fixed stride apart */
-            uint32_t run;
-            size_t stride;
-            const uint8_t *kr = kv_txn_run(txn, c->layer, false, (uint32_t)j, g, &run, &stride);
-            const uint8_t *vr = kv_txn_run(txn, c->layer, true, (uint32_t)j, g, &run, &stride);
-            const int nr = (int)run < n_pos - j ? (int)run : n_pos - j;
-            for (int i = 0; i < nr; i++) {
-                keys[j + i] = kr + (size_t)i * stride;
-                rows[j + i] = vr + (size_t)i * stride;
-            }
-            j += nr;
-        }
+        kv_txn_head_rows(txn, c->layer, g, (uint32_t)n_pos, keys, rows);
         vec_scores(q, group, hd, keys, n_pos, f16, scale, scores, (size_t)n_pos);
         float *out = c->att + (size_t)t * (size_t)q_dim + (size_t)g * (size_t)group * (size_t)hd;
         for (int h = 0; h < group; h++) vec_softmax(scores + (size_t)h * (size_t)n_pos, n_pos);

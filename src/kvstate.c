@@ -767,11 +767,21 @@ static void *txn_row(const kv_txn *txn, int layer, int kind, uint32_t pos, int h
 void *kv_txn_k(const kv_txn *txn, int layer, uint32_t pos, int head) { return txn_row(txn, layer, 0, pos, head); }
 void *kv_txn_v(const kv_txn *txn, int layer, uint32_t pos, int head) { return txn_row(txn, layer, 1, pos, head); }
 
-void *kv_txn_run(const kv_txn *txn, int layer, bool v, uint32_t pos, int head, uint32_t *n_run, size_t *stride) {
-    const uint32_t bt = (uint32_t)txn->kv->p.block_tokens;
-    *n_run = bt - pos % bt;
-    *stride = txn->kv->head_bytes;
-    return txn_row(txn, layer, v ? 1 : 0, pos, head);
+void kv_txn_head_rows(const kv_txn *txn, int layer, int head, uint32_t n, const void **k, const void **v) {
+    const kv_state *kv = txn->kv;
+    const uint32_t bt = (uint32_t)kv->p.block_tokens;
+    const size_t row = kv->head_bytes;
+    /* Within a block, V's run of the head is a fixed distance past K's (layout [layer][K|V][head][slot]). */
+    const uint8_t *k0 = block_slot(kv, 0, layer, 0, head, 0);
+    const size_t v_off = (size_t)((const uint8_t *)block_slot(kv, 0, layer, 1, head, 0) - k0);
+    for (uint32_t b = 0, p = 0; p < n; b++) {
+        const uint8_t *kr = k0 + (size_t)txn->table[b] * kv->block_bytes, *vr = kr + v_off;
+        const uint32_t end = n - p < bt ? n : p + bt;
+        for (; p < end; p++, kr += row, vr += row) {
+            k[p] = kr;
+            v[p] = vr;
+        }
+    }
 }
 
 bool kv_txn_cancelled(const kv_txn *txn) { return atomic_load_explicit(&txn->cancel, memory_order_relaxed); }

@@ -129,11 +129,11 @@ uint32_t kv_txn_start(const kv_txn *txn);
 uint32_t kv_txn_end(const kv_txn *txn); /* start + n */
 void *kv_txn_k(const kv_txn *txn, int layer, uint32_t pos, int head); /* pos < end */
 void *kv_txn_v(const kv_txn *txn, int layer, uint32_t pos, int head);
-/* The run of one head's K (v false) or V rows from pos to the end of pos's
- * block: returns the row of pos; rows pos .. pos + *n_run - 1 follow it
- * *stride bytes apart (pos < end; the caller stops at end). For walking many
- * positions without a lookup per row. */
-void *kv_txn_run(const kv_txn *txn, int layer, bool v, uint32_t pos, int head, uint32_t *n_run, size_t *stride);
+/* The K and V rows of one head of a layer at positions [0, n) (n <= end):
+ * k[p] = kv_txn_k(txn, layer, p, head), v[p] = kv_txn_v(...), filled a block's
+ * run at a time (one table lookup per block, not per row: attention lists
+ * every row of a head for every layer and token). */
+void kv_txn_head_rows(const kv_txn *txn, int layer, int head, uint32_t n, const void **k, const void **v);
 bool kv_txn_cancelled(const kv_txn *txn);
 /* Requests cancellation of the session's in-flight append (if any):
  * KVS_OK when one was flagged, KVS_ERR_NOT_FOUND otherwise. */

@@ -420,6 +420,39 @@ static void test_block_order(void) {
     kv_free(kv);
 }
 
+/* kv_txn_head_rows lists the rows kv_txn_k / kv_txn_v give, over a table of
+ * blocks out of order (another session's in between, a copy-on-write block),
+ * for lengths that end inside a block and on its edge. */
+static void test_head_rows(void) {
+    kv_state *kv = make_kv(16, NULL, 0);
+    kv_sid a = sid_of(50), b = sid_of(51);
+    kv_reply r;
+    CHECK_EQ_INT(append(kv, a, 1, 0, 7, 100, &r), KVS_OK);
+    CHECK_EQ_INT(append(kv, b, 1, 0, 6, 300, &r), KVS_OK);
+    CHECK_EQ_INT(append(kv, a, 1, 7, 4, 100, &r), KVS_OK);
+    kv_txn *t = NULL;
+    CHECK_EQ_INT(kv_begin(kv, &a, 1, 11, 2, NULL, &t, &r), KVS_OK);
+    const void *k[13], *v[13];
+    const uint32_t lens[] = {1, 4, 5, 11, 13};
+    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++)
+        for (int l = 0; l < SHAPE.n_layers; l++)
+            for (int h = 0; h < SHAPE.n_heads; h++) {
+                memset(k, 0, sizeof(k));
+                memset(v, 0, sizeof(v));
+                kv_txn_head_rows(t, l, h, lens[i], k, v);
+                for (uint32_t p = 0; p < 13; p++) {
+                    CHECK(k[p] == (p < lens[i] ? kv_txn_k(t, l, p, h) : NULL));
+                    CHECK(v[p] == (p < lens[i] ? kv_txn_v(t, l, p, h) : NULL));
+                    if (p < lens[i] && p < 11) {
+                        CHECK(((const float *)k[p])[3] == marker_at(100, p, h, 3));
+                        CHECK(((const float *)v[p])[3] == marker_at(100, p, h, 3) + 0.125f);
+                    }
+                }
+            }
+    kv_abort(kv, t, false);
+    kv_free(kv);
+}
+
 int main(void) {
     test_append_rules();
     test_truncate_release();
@@ -430,5 +463,6 @@ int main(void) {
     test_alloc_failure();
     test_threads();
     test_block_order();
+    test_head_rows();
     return test_finish("test_kvstate", 1, 0);
 }
