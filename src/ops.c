@@ -345,10 +345,18 @@ void ops_matmul_group(ops_pool *pool, int n_w, const ops_weight *const *ws, cons
 /* ------------------------------------------------------------------------ */
 
 void ops_rmsnorm(const float *x, const float *weight, float *out, int64_t n, float eps) {
-    double sum = 0.0;
-    for (int64_t i = 0; i < n; i++) sum += (double)x[i] * (double)x[i];
+    /* The squares (exact in double) summed in eight chains, element i in chain
+     * i mod 8, then the chains in a fixed tree, not in one chain of n dependent
+     * adds (TinyLlama decode on the EPYC: the 22 attention norms of a step
+     * 90-99 -> 82-87 us). */
+    double acc[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) acc[k] += (double)x[i + k] * (double)x[i + k];
+    double sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; i++) sum += (double)x[i] * (double)x[i];
     float scale = 1.0f / sqrtf((float)(sum / (double)n) + eps);
-    for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * weight[i];
+    for (i = 0; i < n; i++) out[i] = x[i] * scale * weight[i];
 }
 
 void ops_rope_freqs(float *inv_freq, int n_rot, float base, float freq_scale, const float *factors) {

@@ -10,7 +10,11 @@
  *   its multi and tile kernels are bit-identical to it, test_quant) or the
  *   r8 reference per group, for 1, 3 and 5 tokens: however the guided
  *   schedule splits the rows, each lands once and in its place.
+ * - ops_rmsnorm, whose sum of squares runs in eight chains, gives the float
+ *   a long double sum gives, at lengths with and without a tail past the
+ *   chains (every element's square counted once).
  */
+#include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -201,8 +205,31 @@ static void test_matmul_type(uint32_t type) {
     free(wa); free(wa8); free(wb); free(wb8); free(act); free(scratch);
 }
 
+static void test_rmsnorm(void) {
+    static const int64_t lens[] = {1, 7, 8, 13, 2048, 2051};
+    enum { N_MAX = 2051 };
+    static float x[N_MAX], w[N_MAX], out[N_MAX];
+    uint32_t r = 12345;
+    for (int i = 0; i < N_MAX; i++) {
+        r = r * 1664525u + 1013904223u;
+        x[i] = ((float)(r >> 8) / 16777216.0f - 0.5f) * (i % 5 == 0 ? 40.0f : 3.0f);
+        w[i] = 0.5f + (float)(i % 17) / 16.0f;
+    }
+    for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++) {
+        const int64_t n = lens[k];
+        long double sum = 0;
+        for (int64_t i = 0; i < n; i++) sum += (long double)x[i] * (long double)x[i];
+        const float scale = 1.0f / sqrtf((float)(double)(sum / (long double)n) + 1e-5f);
+        ops_rmsnorm(x, w, out, n, 1e-5f);
+        int diff = 0;
+        for (int64_t i = 0; i < n; i++) diff += out[i] != x[i] * scale * w[i];
+        CHECK_EQ_INT(diff, 0);
+    }
+}
+
 int main(void) {
     check_expected_isa("test_ops");
+    test_rmsnorm();
     test_cover();
     static const uint32_t types[] = {QUANT_Q4_0, QUANT_Q8_0, QUANT_Q4_K, QUANT_Q6_K};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) test_matmul_type(types[i]);
