@@ -771,11 +771,9 @@ void kv_txn_head_rows(const kv_txn *txn, int layer, int head, uint32_t n, const 
     const kv_state *kv = txn->kv;
     const uint32_t bt = (uint32_t)kv->p.block_tokens;
     const size_t row = kv->head_bytes;
-    /* Within a block, V's run of the head is a fixed distance past K's (layout [layer][K|V][head][slot]). */
-    const uint8_t *k0 = block_slot(kv, 0, layer, 0, head, 0);
-    const size_t v_off = (size_t)((const uint8_t *)block_slot(kv, 0, layer, 1, head, 0) - k0);
-    for (uint32_t b = 0, p = 0; p < n; b++) {
-        const uint8_t *kr = k0 + (size_t)txn->table[b] * kv->block_bytes, *vr = kr + v_off;
+    for (uint32_t b = 0, p = 0; p < n; b++) { /* a block's slots: the head's rows, row bytes apart */
+        const uint8_t *kr = block_slot(kv, txn->table[b], layer, 0, head, 0);
+        const uint8_t *vr = block_slot(kv, txn->table[b], layer, 1, head, 0);
         const uint32_t end = n - p < bt ? n : p + bt;
         for (; p < end; p++, kr += row, vr += row) {
             k[p] = kr;
