@@ -3,8 +3,11 @@
  * core: for every kv head of a layer, vec_scores (a GQA group of query heads
  * against n keys), vec_softmax per head and vec_wsum_group over the n value
  * rows, with the keys and values laid out as kvstate lays them out, blocks of
- * BT positions (default 16, kvstate's) [block][layer][K|V][kv head][slot][head_dim]
- * (LAYOUT "blocks"), or in arena chunks of 16 blocks laid out
+ * BT positions (default 16, kvstate's) [block][layer][kv head][K|V][slot][head_dim]
+ * (LAYOUT "blocks"), or as kvstate did before round 19,
+ * [block][layer][K|V][kv head][slot][head_dim] ("kv-major"), or with a head's
+ * key and value rows alternating, [block][layer][kv head][slot][K|V][head_dim]
+ * ("interleaved", tried in round 19), or in arena chunks of 16 blocks laid out
  * [layer][K|V][kv head][block][slot][head_dim] ("chunks", a layout tried and
  * dropped, BENCHMARKS.md); the session's blocks in order (ORDER "in-order",
  * a fresh pool) or shuffled ("shuffled", a pool long in use). The arena is on
@@ -17,7 +20,7 @@
  *
  * Not part of the build. From the repository root, after building build/:
  *   cc -O2 -Isrc -Iinclude scripts/bench_attention.c build/libkvshard_core.a -lm -lpthread \
- *      -o build/bench_attention && build/bench_attention [N_POS [LAYERS [blocks|chunks [in-order|shuffled [BT]]]]]
+ *      -o build/bench_attention && build/bench_attention [N_POS [LAYERS [LAYOUT [in-order|shuffled [BT]]]]]
  */
 #include <stdbool.h>
 #include <stdio.h>
@@ -36,9 +39,10 @@ int main(int argc, char **argv) {
     enum { HD = 64, GROUP = 8, NKV = 4, CHUNK = 16 };
     const int BT = argc > 5 ? atoi(argv[5]) : 16;
     const bool chunks = !strcmp(layout, "chunks"), shuffled = !strcmp(order, "shuffled");
-    if (n < 1 || layers < 1 || BT < 1 || BT > 1024 || (!chunks && strcmp(layout, "blocks")) ||
+    const bool ilv = !strcmp(layout, "interleaved"), kvm = !strcmp(layout, "kv-major");
+    if (n < 1 || layers < 1 || BT < 1 || BT > 1024 || (!chunks && !ilv && !kvm && strcmp(layout, "blocks")) ||
         (!shuffled && strcmp(order, "in-order"))) {
-        fprintf(stderr, "usage: bench_attention [N_POS >= 1 [LAYERS >= 1 [blocks|chunks [in-order|shuffled [BT 1..1024]]]]]\n");
+        fprintf(stderr, "usage: bench_attention [N_POS >= 1 [LAYERS >= 1 [blocks|kv-major|interleaved|chunks [in-order|shuffled [BT 1..1024]]]]]\n");
         return 2;
     }
     const int nb = (n + BT - 1) / BT, n_chunks = (nb + CHUNK - 1) / CHUNK;
@@ -61,7 +65,9 @@ int main(int argc, char **argv) {
     (chunks ? (const uint8_t *)arena + (size_t)((b) / CHUNK) * CHUNK * block +                                   \
                   ((((size_t)(l) * 2 + (kind)) * NKV + (size_t)(g)) * CHUNK + (size_t)((b) % CHUNK)) * BT * row + \
                   (size_t)(slot) * row                                                                           \
-            : (const uint8_t *)arena + (size_t)(b) * block + ((((size_t)(l) * 2 + (kind)) * NKV + (size_t)(g)) * BT + (size_t)(slot)) * row)
+            : ilv ? (const uint8_t *)arena + (size_t)(b) * block + ((((size_t)(l) * NKV + (size_t)(g)) * BT + (size_t)(slot)) * 2 + (kind)) * row \
+            : kvm ? (const uint8_t *)arena + (size_t)(b) * block + ((((size_t)(l) * 2 + (kind)) * NKV + (size_t)(g)) * BT + (size_t)(slot)) * row \
+            : (const uint8_t *)arena + (size_t)(b) * block + ((((size_t)(l) * NKV + (size_t)(g)) * 2 + (kind)) * BT + (size_t)(slot)) * row)
     double best[3] = {1e9, 1e9, 1e9};
     const int reps = layers == 1 ? 200 : 10;
     for (int rep = 0; rep < reps; rep++) {

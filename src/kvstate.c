@@ -6,8 +6,12 @@
  * Storage. One arena of blocks_total blocks, reserved at creation (pages are
  * touched on first use; 2 MiB pages where the kernel gives them, kvs_map_big).
  * A block holds block_tokens positions of every local layer: layout
- * [layer][K|V][kv head][slot][head_dim], so one head's rows of a layer are
- * contiguous within a block (attention walks a head at a time).
+ * [layer][kv head][K|V][slot][head_dim], so one head's key rows of a layer
+ * are contiguous within a block and its value rows follow them (attention
+ * walks a head at a time: the keys, then the values; with the two runs side
+ * by side the hardware prefetcher streams the values in with the keys —
+ * TinyLlama decode at 2016 positions on a Zen 5, a (layer, head) attention
+ * task 138-142 -> 103 kcycles against [layer][K|V][kv head][slot]).
  * Free blocks sit on a stack of ids. A session's block table maps position p
  * to block table[p / block_tokens], slot p % block_tokens.
  *
@@ -539,7 +543,7 @@ static int kv_make_room(kv_state *kv, kv_tenant *t, uint32_t need, bool new_sess
 
 static void *block_slot(const kv_state *kv, uint32_t block, int layer, int kind, int head, uint32_t slot) {
     size_t off = (size_t)block * kv->block_bytes +
-                 (((((size_t)layer * 2 + (size_t)kind) * (size_t)kv->p.n_kv_heads + (size_t)head) *
+                 (((((size_t)layer * (size_t)kv->p.n_kv_heads + (size_t)head) * 2 + (size_t)kind) *
                    (size_t)kv->p.block_tokens) + slot) * kv->head_bytes;
     return kv->arena + off;
 }

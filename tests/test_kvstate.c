@@ -449,6 +449,20 @@ static void test_head_rows(void) {
                     }
                 }
             }
+    /* The layout attention relies on: in a block, a head's key rows of a layer run one after
+     * another and its value rows follow them (the hardware prefetcher brings the values in
+     * while the keys are walked). */
+    const kv_params *kp = kv_get_params(kv);
+    const size_t row = (size_t)kp->head_dim * (kp->kv_type == QUANT_F16 ? 2 : 4);
+    for (int l = 0; l < SHAPE.n_layers; l++)
+        for (int h = 0; h < SHAPE.n_heads; h++) {
+            kv_txn_head_rows(t, l, h, 13, k, v);
+            CHECK((const uint8_t *)v[0] == (const uint8_t *)k[0] + (size_t)kp->block_tokens * row);
+            for (int p = 1; p < kp->block_tokens; p++) {
+                CHECK((const uint8_t *)k[p] == (const uint8_t *)k[p - 1] + row);
+                CHECK((const uint8_t *)v[p] == (const uint8_t *)v[p - 1] + row);
+            }
+        }
     kv_abort(kv, t, false);
     kv_free(kv);
 }
