@@ -191,7 +191,14 @@ static void layer_forward(fwd_run_ctx *c, int l) {
     const int64_t qkv_stride[3] = {q_dim, kv_dim, kv_dim};
     ops_matmul_group(c->pool, 3, qkv, c->xb, T, qkv_out, qkv_stride, c->act);
     run_tokens(c, rope_store_task);
-    ops_parallel_for(c->pool, (int64_t)T * hp->n_head_kv, 1, attention_task, c);
+    /* One token: each thread takes a run of adjacent kv heads, whose KV runs lie side by side
+     * in a block, so what the hardware prefetcher brings in past one head's values is the next
+     * head's keys, for the same core (TinyLlama decode at 2016 positions on the Zen 5: a layer's
+     * attention 217-222 -> 190-201 kcycles against one head at a time, the same at 128).
+     * More tokens: a (token, head) task at a time. */
+    const int nth = ops_pool_threads(c->pool);
+    const int64_t heads_each = T == 1 ? ((int64_t)hp->n_head_kv + nth - 1) / nth : 1;
+    ops_parallel_for(c->pool, (int64_t)T * hp->n_head_kv, heads_each, attention_task, c);
     prefetch_floats(L->ffn_norm, d);
     ops_matmul(c->pool, &L->wo, c->att, T, c->xb, d, c->act);
     if (L->bo)
