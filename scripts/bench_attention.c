@@ -33,14 +33,39 @@
 
 #include "bench_util.h"
 
+enum { HD = 64, GROUP = 8, NKV = 4, CHUNK = 16 };
+typedef enum { LAYOUT_BLOCKS, LAYOUT_KV_MAJOR, LAYOUT_INTERLEAVED, LAYOUT_CHUNKS, LAYOUT_UNKNOWN } layout_t;
+
+static layout_t layout_of(const char *name) {
+    static const char *const names[] = {"blocks", "kv-major", "interleaved", "chunks"};
+    for (int i = 0; i < LAYOUT_UNKNOWN; i++)
+        if (!strcmp(name, names[i])) return (layout_t)i;
+    return LAYOUT_UNKNOWN;
+}
+
+/* The row of (layer l, K|V kind, kv head g) at slot of block id b: rows of
+ * row bytes, blocks of bt positions and block bytes each. */
+static const void *row_at(const uint8_t *arena, layout_t lay, size_t block, size_t row, int bt, int b, int l, int kind,
+                          int g, int slot) {
+    size_t r; /* the row's index within its block (within its chunk for LAYOUT_CHUNKS) */
+    switch (lay) {
+    case LAYOUT_KV_MAJOR: r = (((size_t)l * 2 + (size_t)kind) * NKV + (size_t)g) * (size_t)bt + (size_t)slot; break;
+    case LAYOUT_INTERLEAVED: r = (((size_t)l * NKV + (size_t)g) * (size_t)bt + (size_t)slot) * 2 + (size_t)kind; break;
+    case LAYOUT_CHUNKS:
+        r = ((((size_t)l * 2 + (size_t)kind) * NKV + (size_t)g) * CHUNK + (size_t)(b % CHUNK)) * (size_t)bt + (size_t)slot;
+        return arena + (size_t)(b / CHUNK) * CHUNK * block + r * row;
+    default: r = (((size_t)l * NKV + (size_t)g) * 2 + (size_t)kind) * (size_t)bt + (size_t)slot; break; /* kvstate's */
+    }
+    return arena + (size_t)b * block + r * row;
+}
+
 int main(int argc, char **argv) {
     const int n = argc > 1 ? atoi(argv[1]) : 2016, layers = argc > 2 ? atoi(argv[2]) : 1;
     const char *layout = argc > 3 ? argv[3] : "blocks", *order = argc > 4 ? argv[4] : "in-order";
-    enum { HD = 64, GROUP = 8, NKV = 4, CHUNK = 16 };
     const int BT = argc > 5 ? atoi(argv[5]) : 16;
-    const bool chunks = !strcmp(layout, "chunks"), shuffled = !strcmp(order, "shuffled");
-    const bool ilv = !strcmp(layout, "interleaved"), kvm = !strcmp(layout, "kv-major");
-    if (n < 1 || layers < 1 || BT < 1 || BT > 1024 || (!chunks && !ilv && !kvm && strcmp(layout, "blocks")) ||
+    const layout_t lay = layout_of(layout);
+    const bool shuffled = !strcmp(order, "shuffled");
+    if (n < 1 || layers < 1 || BT < 1 || BT > 1024 || lay == LAYOUT_UNKNOWN ||
         (!shuffled && strcmp(order, "in-order"))) {
         fprintf(stderr, "usage: bench_attention [N_POS >= 1 [LAYERS >= 1 [blocks|kv-major|interleaved|chunks [in-order|shuffled [BT 1..1024]]]]]\n");
         return 2;
@@ -60,14 +85,6 @@ int main(int argc, char **argv) {
     for (int i = 0; i < nb; i++) perm[i] = i;
     srand(1);
     for (int i = nb - 1; shuffled && i > 0; i--) { int r = rand() % (i + 1), t = perm[i]; perm[i] = perm[r]; perm[r] = t; }
-    /* The row of (layer, K|V, head) at slot of block id b, in either layout. */
-#define ROW_AT(b, l, kind, g, slot)                                                                              \
-    (chunks ? (const uint8_t *)arena + (size_t)((b) / CHUNK) * CHUNK * block +                                   \
-                  ((((size_t)(l) * 2 + (kind)) * NKV + (size_t)(g)) * CHUNK + (size_t)((b) % CHUNK)) * BT * row + \
-                  (size_t)(slot) * row                                                                           \
-            : ilv ? (const uint8_t *)arena + (size_t)(b) * block + ((((size_t)(l) * NKV + (size_t)(g)) * BT + (size_t)(slot)) * 2 + (kind)) * row \
-            : kvm ? (const uint8_t *)arena + (size_t)(b) * block + ((((size_t)(l) * 2 + (kind)) * NKV + (size_t)(g)) * BT + (size_t)(slot)) * row \
-            : (const uint8_t *)arena + (size_t)(b) * block + ((((size_t)(l) * NKV + (size_t)(g)) * 2 + (kind)) * BT + (size_t)(slot)) * row)
     double best[3] = {1e9, 1e9, 1e9};
     const int reps = layers == 1 ? 200 : 10;
     for (int rep = 0; rep < reps; rep++) {
@@ -75,8 +92,8 @@ int main(int argc, char **argv) {
         for (int l = 0; l < layers; l++)
             for (int g = 0; g < NKV; g++) {
                 for (int j = 0; j < n; j++) {
-                    keys[j] = ROW_AT(perm[j / BT], l, 0, g, j % BT);
-                    vals[j] = ROW_AT(perm[j / BT], l, 1, g, j % BT);
+                    keys[j] = row_at((const uint8_t *)arena, lay, block, row, BT, perm[j / BT], l, 0, g, j % BT);
+                    vals[j] = row_at((const uint8_t *)arena, lay, block, row, BT, perm[j / BT], l, 1, g, j % BT);
                 }
                 double t0 = bench_now_s();
                 vec_scores(q, GROUP, HD, keys, n, 1, 0.125f, sc, (size_t)n);

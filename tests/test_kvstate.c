@@ -453,7 +453,7 @@ static void test_head_rows(void) {
      * another and its value rows follow them (the hardware prefetcher brings the values in
      * while the keys are walked). */
     const kv_params *kp = kv_get_params(kv);
-    const size_t row = (size_t)kp->head_dim * (kp->kv_type == QUANT_F16 ? 2 : 4);
+    const size_t row = kv_block_bytes(kv) / ((size_t)kp->block_tokens * (size_t)kp->n_layers * 2 * (size_t)kp->n_kv_heads);
     for (int l = 0; l < SHAPE.n_layers; l++)
         for (int h = 0; h < SHAPE.n_heads; h++) {
             kv_txn_head_rows(t, l, h, 13, k, v);
