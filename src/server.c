@@ -96,6 +96,7 @@ struct srv_conn {
     srv_out *out_head, *out_tail;
     size_t out_bytes;
     bool writer_stop;
+    bool writer_gone;           /* the writer has exited: conn_send drops frames */
     atomic_int refs;        /* reader + jobs */
     atomic_bool closed;
     uint16_t version;       /* message-set version chosen at HELLO */
@@ -198,6 +199,11 @@ static void conn_send(srv_conn *c, uint16_t op, uint64_t rid, const uint8_t *pay
     o->len = len;
     if (len) memcpy(o->data, payload, len);
     pthread_mutex_lock(&c->write_lock);
+    if (c->writer_gone) { /* nothing would ever send it */
+        pthread_mutex_unlock(&c->write_lock);
+        free(o);
+        return;
+    }
     bool over = c->out_bytes + len > c->s->p.max_queued_bytes ||
                 atomic_load(&c->s->buffered) + len > c->s->p.max_buffered_bytes;
     size_t queued = c->out_bytes;
@@ -242,6 +248,7 @@ static void *conn_writer(void *arg) {
         free(o);
         pthread_mutex_lock(&c->write_lock);
     }
+    c->writer_gone = true; /* conn_send queues nothing more */
     pthread_mutex_unlock(&c->write_lock);
     return NULL;
 }
@@ -664,13 +671,14 @@ static void *sched_main(void *arg) {
 static void conn_unref(srv_conn *c) {
     if (atomic_fetch_sub(&c->refs, 1) != 1) return;
     srv *s = c->s;
-    atomic_fetch_sub(&s->buffered, c->out_bytes); /* before n_conns drops: srv_free may follow */
+    /* Replies queued after the writer stopped still count in s->buffered: returned here, once,
+     * before n_conns drops (srv_free may follow). */
+    atomic_fetch_sub(&s->buffered, c->out_bytes);
     pthread_mutex_lock(&s->mu);
     srv_conn **pp = &s->conns;
     while (*pp && *pp != c) pp = &(*pp)->next;
     if (*pp) *pp = c->next;
     /* Last touch of s: once n_conns drops, srv_run may return and srv_free free s. */
-    atomic_fetch_sub(&s->buffered, c->out_bytes);
     s->n_conns--;
     pthread_mutex_unlock(&s->mu);
     netio_close(c->fd);
@@ -1277,13 +1285,14 @@ out:
     {
         relay_listen_drop(s->relay, c); /* before our unref: relay.h design note 4 */
         int n = cancel_jobs(c, true, 0);
-        /* Let the writer flush what is queued (an error reply before closing), then stop it. */
+        /* Let the writer flush what is queued (an error reply before closing), then stop it;
+         * closed first, so nothing new is queued while it drains. */
+        atomic_store(&c->closed, true);
         pthread_mutex_lock(&c->write_lock);
         c->writer_stop = true;
         pthread_cond_signal(&c->write_cv);
         pthread_mutex_unlock(&c->write_lock);
         pthread_join(c->writer, NULL);
-        atomic_store(&c->closed, true);
         shutdown(c->fd, SHUT_RDWR);
         srv_logf(s, "conn %u (%s): closed after %lu request(s)%s", c->id, c->peer, c->requests,
                  n ? ", cancelled its work in flight" : "");
@@ -1550,6 +1559,7 @@ int srv_run(srv *s) {
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
         if (pthread_create(&c->writer, NULL, conn_writer, c) != 0) {
             atomic_store(&c->closed, true);
+            c->writer_gone = true;
             conn_unref(c);
         } else if (pthread_create(&c->thread, &attr, conn_main, c) != 0) {
             atomic_store(&c->closed, true);
