@@ -27,6 +27,36 @@
 static atomic_int g_disconnect_cancels;
 static atomic_int g_slow_closed;
 
+/* A second gate, after a step's forward pass and before its results are committed (the
+ * batch_done hook): the window in which a CANCEL can race a finishing FORWARD. */
+static sem_t g_after_gate;
+static atomic_bool g_after_gated;
+static atomic_int g_after_held;
+
+static void after_batch_hook(void *ctx, int n_items, uint32_t n_rows, uint64_t ns) {
+    (void)ctx, (void)n_items, (void)n_rows, (void)ns;
+    if (!atomic_load(&g_after_gated)) return;
+    atomic_fetch_add(&g_after_held, 1);
+    while (sem_wait(&g_after_gate) != 0 && errno == EINTR) {
+    }
+}
+
+/* The value of counter `name` of the in-process server (0 when absent). */
+static uint64_t srv_stat(test_shard *sc, const char *name) {
+    struct wire_stats_reply *m = calloc(1, sizeof(*m));
+    srv_stats(sc->s, m);
+    uint64_t v = 0;
+    for (uint32_t i = 0; i < m->n_stats; i++)
+        if (strcmp(m->stats[i].name, name) == 0) v = m->stats[i].value;
+    free(m);
+    return v;
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
 static void test_log(void *ctx, const char *line) {
     (void)ctx;
     if (strstr(line, "cancelled its work in flight")) atomic_fetch_add(&g_disconnect_cancels, 1);
@@ -50,6 +80,7 @@ static int start_server_hello(test_shard *sc, const char *model_path, uint32_t f
     p.log = test_log;
     p.max_queued_bytes = 1u << 20;
     p.max_inflight = 4096; /* test_slow_reader pipelines 2000 requests (the cap: test_security_net) */
+    p.batch_done = after_batch_hook;
     return test_shard_start(sc, p);
 }
 
@@ -394,6 +425,151 @@ static void test_cancel(test_shard *sc) {
     close(fd);
 }
 
+/* Issue 36 defect 1: clients that hang up while their FORWARD runs. Each connects, sends a
+ * 400-row prefill and closes after 0-19 ms, so the close lands before, during and after the
+ * computation and its reply (a reply queued after the connection's writer stopped once counted
+ * twice out of srv.buffered_bytes, which wrapped and refused every later frame BUSY). After
+ * all of them the buffered bytes are back to exactly 0, and a new client is served. */
+static void test_hangups(test_shard *sc) {
+    int32_t toks[400];
+    struct wire_info info;
+    int probe = connect_to(sc);
+    CHECK_EQ_INT(hello(probe, &info), KVS_OK);
+    close(probe);
+    for (int i = 0; i < 400; i++) toks[i] = (i * 7 + 3) % (int)info.n_vocab;
+    for (int k = 0; k < 120; k++) {
+        int fd = connect_to(sc);
+        CHECK(fd >= 0);
+        if (fd < 0) break;
+        struct wire_info hi;
+        CHECK_EQ_INT(hello(fd, &hi), KVS_OK);
+        send_forward(fd, 1, sid_of(9000 + k), 1, 0, 400, toks, WIRE_OUT_LOGITS_ALL);
+        if (k % 20) sleep_ms(k % 20); /* spreads the hang-up over the step (not an ordering) */
+        close(fd);
+    }
+    /* Every connection has gone once none is open (bounded: 60 s). */
+    for (int i = 0; i < 6000 && srv_stat(sc, "srv.connections_open") > 0; i++) sleep_ms(10);
+    CHECK_EQ_INT(srv_stat(sc, "srv.connections_open"), 0);
+    CHECK_EQ_INT(srv_stat(sc, "srv.buffered_bytes"), 0);
+    /* And the shard still serves: HELLO and a small FORWARD. */
+    int fd = connect_to(sc);
+    CHECK_EQ_INT(hello(fd, &info), KVS_OK);
+    struct netio_buf b = {0};
+    struct wire_forward_reply r;
+    send_forward(fd, 2, sid_of(9999), 1, 0, 4, toks, WIRE_OUT_LOGITS_LAST);
+    CHECK_EQ_INT(recv_forward(fd, &b, &r, NULL), KVS_OK);
+    CHECK_EQ_INT(r.st.status, KVS_OK);
+    netio_buf_free(&b);
+    close(fd);
+}
+
+/* Sends CANCEL(target) as request rid and returns the status of its STATUS reply. */
+static int cancel_request(int fd, uint64_t rid, uint64_t target) {
+    struct wire_cancel c = {.target_request_id = target};
+    uint8_t cb[16];
+    size_t cl;
+    wire_encode_cancel(&c, cb, sizeof(cb), &cl);
+    CHECK_EQ_INT(netio_send_frame(fd, WIRE_OP_CANCEL, rid, cb, cl, netio_deadline_ms(5000)), KVS_OK);
+    struct netio_buf b = {0};
+    struct wire_header hd;
+    int op = recv_any(fd, &b, &hd);
+    CHECK_EQ_INT(op, WIRE_OP_STATUS);
+    CHECK_EQ_INT(hd.request_id, rid);
+    struct wire_status_reply st;
+    char msg[KVS_MSG_MAX];
+    int status = KVS_ERR_PROTOCOL;
+    if (op == WIRE_OP_STATUS && wire_decode_status_reply(b.data, b.len, &st, msg, sizeof(msg)) == KVS_OK)
+        status = st.st.status;
+    netio_buf_free(&b);
+    return status;
+}
+
+/* Issue 36 defect 5: a CANCEL that arrives after a FORWARD's forward pass but before its
+ * commit is accepted (OK), so the FORWARD must answer CANCELLED and leave the session as it
+ * was; a CANCEL after the reply answers NOT_FOUND. Ordered by the after-batch gate. */
+static void test_cancel_vs_commit(test_shard *sc) {
+    int fd = connect_to(sc);
+    struct wire_info info;
+    CHECK_EQ_INT(hello(fd, &info), KVS_OK);
+    int32_t toks[8];
+    for (int i = 0; i < 8; i++) toks[i] = (i * 11 + 5) % (int)info.n_vocab;
+    struct netio_buf b = {0};
+    struct wire_forward_reply r;
+    kv_sid sid = sid_of(7100);
+    send_forward(fd, 1, sid, 1, 0, 4, toks, WIRE_OUT_LOGITS_LAST);
+    CHECK_EQ_INT(recv_forward(fd, &b, &r, NULL), KVS_OK);
+    CHECK_EQ_INT(r.st.status, KVS_OK);
+    /* The decode step of position 4 finishes its pass and waits before the commit. */
+    while (sem_trywait(&g_after_gate) == 0) {
+    }
+    const int held0 = atomic_load(&g_after_held);
+    atomic_store(&g_after_gated, true);
+    send_forward(fd, 2, sid, 1, 4, 1, toks + 4, WIRE_OUT_LOGITS_LAST);
+    for (int i = 0; i < 6000 && atomic_load(&g_after_held) == held0; i++) sleep_ms(10);
+    CHECK(atomic_load(&g_after_held) > held0);
+    CHECK_EQ_INT(cancel_request(fd, 3, 2), KVS_OK);
+    atomic_store(&g_after_gated, false);
+    sem_post(&g_after_gate);
+    uint64_t rid = 0;
+    CHECK_EQ_INT(recv_forward(fd, &b, &r, &rid), KVS_OK);
+    CHECK_EQ_INT(rid, 2);
+    CHECK_EQ_INT(r.st.status, KVS_ERR_CANCELLED);
+    CHECK_EQ_INT(r.st.n_past, 4);
+    CHECK_EQ_INT(r.st.live_epoch, 1);
+    /* Position 4 was not committed: it is computed again, and now a late CANCEL is NOT_FOUND. */
+    send_forward(fd, 4, sid, 1, 4, 1, toks + 4, WIRE_OUT_LOGITS_LAST);
+    CHECK_EQ_INT(recv_forward(fd, &b, &r, NULL), KVS_OK);
+    CHECK_EQ_INT(r.st.status, KVS_OK);
+    CHECK_EQ_INT(r.st.n_past, 5);
+    CHECK_EQ_INT(cancel_request(fd, 5, 4), KVS_ERR_NOT_FOUND);
+    netio_buf_free(&b);
+    close(fd);
+}
+
+/* Issue 36 defects 2 and 6: a cancelled FORWARD that would have created a session leaves
+ * nothing (no tombstone at its epoch: an older epoch is served, and the CANCELLED reply names
+ * no live epoch), and a FORWARD cancelled while still queued counts in kv.cancellations. */
+static void test_cancel_creates_nothing(test_shard *sc) {
+    int fd = connect_to(sc);
+    struct wire_info info;
+    CHECK_EQ_INT(hello(fd, &info), KVS_OK);
+    int32_t toks[8];
+    for (int i = 0; i < 8; i++) toks[i] = (i * 13 + 1) % (int)info.n_vocab;
+    struct netio_buf b = {0};
+    struct wire_forward_reply r;
+    kv_sid sid = sid_of(7200);
+    const uint64_t tombs0 = srv_stat(sc, "kv.tombstones"), cancels0 = srv_stat(sc, "kv.cancellations");
+    while (sem_trywait(&sc->gate) == 0) {
+    } /* earlier checks may leave the gate open by a post */
+    const int held0 = atomic_load(&sc->held);
+    atomic_store(&sc->gated, true);
+    send_forward(fd, 1, sid, 5, 0, 8, toks, WIRE_OUT_LOGITS_LAST);
+    CHECK(test_shard_wait_held(sc, held0 + 1));
+    /* A second request on the session queues behind the first (arrival order). */
+    send_forward(fd, 2, sid, 5, 8, 1, toks, WIRE_OUT_LOGITS_LAST);
+    CHECK_EQ_INT(cancel_request(fd, 3, 1), KVS_OK);
+    CHECK_EQ_INT(cancel_request(fd, 4, 2), KVS_OK);
+    atomic_store(&sc->gated, false);
+    sem_post(&sc->gate);
+    for (int k = 0; k < 2; k++) {
+        uint64_t rid = 0;
+        CHECK_EQ_INT(recv_forward(fd, &b, &r, &rid), KVS_OK);
+        CHECK(rid == 1 || rid == 2);
+        CHECK_EQ_INT(r.st.status, KVS_ERR_CANCELLED);
+        CHECK_EQ_INT(r.st.n_past, 0);
+        CHECK_EQ_INT(r.st.live_epoch, 0);
+    }
+    CHECK_EQ_INT(srv_stat(sc, "kv.tombstones"), tombs0);
+    CHECK_EQ_INT(srv_stat(sc, "kv.cancellations"), cancels0 + 2);
+    /* The id was never created, so epoch 4 is a new session, not STALE_EPOCH(5). */
+    send_forward(fd, 5, sid, 4, 0, 8, toks, WIRE_OUT_LOGITS_LAST);
+    CHECK_EQ_INT(recv_forward(fd, &b, &r, NULL), KVS_OK);
+    CHECK_EQ_INT(r.st.status, KVS_OK);
+    CHECK_EQ_INT(r.st.n_past, 8);
+    netio_buf_free(&b);
+    close(fd);
+}
+
 typedef struct {
     test_shard *sc;
     int k;        /* prompt */
@@ -621,6 +797,7 @@ static void test_slow_reader(test_shard *sc) {
 }
 
 int main(void) {
+    sem_init(&g_after_gate, 0, 0);
     char dir[] = "/tmp/kvs-server-XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
     char model_file[256];
@@ -636,7 +813,10 @@ int main(void) {
     test_basic(&sc, model_file);
     test_bad_input(&sc);
     test_cancel(&sc);
+    test_cancel_vs_commit(&sc);
+    test_cancel_creates_nothing(&sc);
     test_concurrent(&sc);
+    test_hangups(&sc);
     test_slow_reader(&sc);
     test_shard_stop(&sc);
     test_hidden_dtypes(model_file);

@@ -485,6 +485,16 @@ static void share_prefill_rows(fwd_item *items, srv_job *const *batch, int n_ite
     }
 }
 
+/* A CANCELLED reply reports the session as the cancel left it: its live epoch and positions,
+ * or 0 and 0 when there is none (a request that would have created it leaves nothing). */
+static void cancelled_reply(kv_state *kv, srv_job *j) {
+    j->reply.n_past = 0;
+    j->reply.live_epoch = 0;
+    j->reply.have = 0;
+    kv_lookup(kv, &j->sid, &j->reply.live_epoch, &j->reply.n_past);
+    j->status = KVS_ERR_CANCELLED;
+}
+
 static void *sched_main(void *arg) {
     srv *s = arg;
     engine *e = s->e;
@@ -525,9 +535,7 @@ static void *sched_main(void *arg) {
                     j->conn->n_running--;
                     running--;
                 }
-                j->reply.n_past = 0;
-                kv_lookup(e->kv, &j->sid, &j->reply.live_epoch, &j->reply.n_past);
-                j->status = KVS_ERR_CANCELLED;
+                cancelled_reply(e->kv, j);
                 jobs_remove(s, j);
                 j->next = done;
                 done = j;
@@ -628,17 +636,25 @@ static void *sched_main(void *arg) {
             for (int i = 0; i < n_items; i++) {
                 srv_job *j = batch[i];
                 int st = err ? err : items[i].status;
+                /* A CANCEL accepted while the batch ran wins over its result: the CANCEL was
+                 * answered OK under s->mu, so this request must answer CANCELLED. */
+                if (atomic_load(&j->cancel)) st = KVS_ERR_CANCELLED;
                 if (st == KVS_OK) {
                     j->done += items[i].n;
                     s->c_forward_rows += items[i].n;
                     if (j->done < j->n) continue;
                     kv_commit(e->kv, j->txn, &j->reply);
+                    j->status = KVS_OK;
                 } else {
                     kv_abort(e->kv, j->txn, st == KVS_ERR_CANCELLED);
-                    j->reply.n_past = 0; /* stays 0 when the abort left no session */
-                    kv_lookup(e->kv, &j->sid, NULL, &j->reply.n_past);
+                    if (st == KVS_ERR_CANCELLED) {
+                        cancelled_reply(e->kv, j);
+                    } else {
+                        j->reply.n_past = 0; /* stays 0 when the abort left no session */
+                        kv_lookup(e->kv, &j->sid, NULL, &j->reply.n_past);
+                        j->status = st;
+                    }
                 }
-                j->status = st;
                 j->state = JOB_DONE;
                 j->conn->n_running--;
                 jobs_remove(s, j);
