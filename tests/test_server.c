@@ -30,11 +30,15 @@ static atomic_int g_slow_closed;
 /* A second gate, after a step's forward pass and before its results are committed (the
  * batch_done hook): the window in which a CANCEL can race a finishing FORWARD. */
 static sem_t g_after_gate;
+static atomic_int g_max_items; /* the most requests one step has held (after_batch_hook) */
 static atomic_bool g_after_gated;
 static atomic_int g_after_held;
 
 static void after_batch_hook(void *ctx, int n_items, uint32_t n_rows, uint64_t ns) {
-    (void)ctx, (void)n_items, (void)n_rows, (void)ns;
+    (void)ctx, (void)n_rows, (void)ns;
+    int seen = atomic_load(&g_max_items);
+    while (n_items > seen && !atomic_compare_exchange_weak(&g_max_items, &seen, n_items)) {
+    }
     if (!atomic_load(&g_after_gated)) return;
     atomic_fetch_add(&g_after_held, 1);
     while (sem_wait(&g_after_gate) != 0 && errno == EINTR) {
@@ -575,6 +579,8 @@ typedef struct {
     int k;        /* prompt */
     int sid_base; /* session ids differ between runs */
     int32_t ids[16];
+    float *logits; /* 16 x n_vocab: every step's logits, for the bitwise comparison */
+    int n_vocab;
     int failures;
 } client_arg;
 
@@ -587,13 +593,13 @@ static void *client_thread(void *p) {
         close(fd);
         return NULL;
     }
-    int nv = (int)info.n_vocab;
+    int nv = a->n_vocab = (int)info.n_vocab;
     int32_t toks[64];
     for (int i = 0; i < 8; i++) toks[i] = (i * 3 + a->k * 17 + 1) % nv;
     kv_sid sid = sid_of(a->sid_base + a->k);
     struct netio_buf b = {0};
     struct wire_forward_reply r;
-    float *logits = malloc((size_t)nv * sizeof(float));
+    a->logits = calloc((size_t)16 * nv, sizeof(float));
     uint32_t pos = 0, n = 8;
     for (int s = 0; s < 16; s++) {
         send_forward(fd, (uint64_t)s, sid, 1, pos, n, toks + pos, WIRE_OUT_LOGITS_LAST);
@@ -601,18 +607,20 @@ static void *client_thread(void *p) {
             a->failures++;
             break;
         }
+        float *logits = a->logits + (size_t)s * nv;
         wire_forward_reply_to_f32(&r, logits);
         pos += n;
         n = 1;
         toks[pos] = a->ids[s] = sampler_argmax(logits, nv);
     }
-    free(logits);
     netio_buf_free(&b);
     close(fd);
     return NULL;
 }
 
-/* Four clients at once: each gets its solo ids, and the server batched them. */
+/* Four clients at once: the server batches their steps (a step holds several of them: the
+ * first step is held at the gate until all four first requests have arrived), and each gets
+ * its solo logits bit for bit at every step. */
 static void test_concurrent(test_shard *sc) {
     client_arg solo[4], conc[4];
     pthread_t th[4];
@@ -622,11 +630,25 @@ static void test_concurrent(test_shard *sc) {
         CHECK_EQ_INT(solo[k].failures, 0);
         conc[k] = (client_arg){.sc = sc, .k = k, .sid_base = 2000};
     }
+    while (sem_trywait(&sc->gate) == 0) {
+    }
+    atomic_store(&g_max_items, 0);
+    const uint64_t req0 = srv_stat(sc, "srv.requests");
+    atomic_store(&sc->gated, true);
     for (int k = 0; k < 4; k++) pthread_create(&th[k], NULL, client_thread, &conc[k]);
+    for (int i = 0; i < 6000 && srv_stat(sc, "srv.requests") < req0 + 4; i++) sleep_ms(10);
+    CHECK(srv_stat(sc, "srv.requests") >= req0 + 4);
+    atomic_store(&sc->gated, false);
+    sem_post(&sc->gate);
     for (int k = 0; k < 4; k++) pthread_join(th[k], NULL);
+    CHECK(atomic_load(&g_max_items) >= 2);
     for (int k = 0; k < 4; k++) {
         CHECK_EQ_INT(conc[k].failures, 0);
         CHECK(memcmp(conc[k].ids, solo[k].ids, sizeof(solo[k].ids)) == 0);
+        CHECK(conc[k].logits && solo[k].logits &&
+              memcmp(conc[k].logits, solo[k].logits, (size_t)16 * solo[k].n_vocab * sizeof(float)) == 0);
+        free(conc[k].logits);
+        free(solo[k].logits);
     }
 }
 
