@@ -171,7 +171,10 @@ static void check_concurrent(const char *model, int n_layer, int n_clients, cons
             CHECK_EQ_INT(probe_stats(s[i].port, &used, &budget_b, &lru), KVS_OK);
             printf("  shard %d after 8 clients: kv %llu of %llu bytes, %llu LRU evictions, resident %ld KiB\n", i,
                    (unsigned long long)used, (unsigned long long)budget_b, (unsigned long long)lru, kb);
-            CHECK(used <= budget_b);
+            /* Every client released its session at the end: the pool is empty again, to the
+             * byte, after 8 sessions came and went through it (and some were evicted). */
+            CHECK_EQ_INT(used, 0);
+            CHECK(budget_b > 0);
             lru_total += lru;
             CHECK(kb > 0 && kb < 128 * 1024); /* 1 MB model, 24 KiB of KV: tens of MB even under ASan */
             char addr[64];
@@ -191,7 +194,8 @@ static void check_concurrent(const char *model, int n_layer, int n_clients, cons
     for (int i = 0; i < 2; i++) CHECK_EQ_INT(proc_stop_server(&s[i]), 0);
     if (budget) {
         /* The shards evicted sessions and never went over budget: their final log line
-         * counts evictions; bytes_used <= budget is an invariant checked in kvstate tests. */
+         * counts evictions; the pool's exact accounting is checked by kv_check in the kvstate
+         * tests. */
         long evicted = 0;
         for (int i = 0; i < 2; i++) {
             FILE *f = fopen(s[i].log, "r");
