@@ -98,7 +98,7 @@ static double bw_pass(ops_pool *pool, const bw_buffer *b, int streams) {
 
 /* The best of five passes at each of 1, 2, 4 and 8 streams per chunk: a core
  * that reads one stream at a time leaves DRAM bandwidth unused on some
- * machines (round 12), and a decode kernel may walk several row groups at
+ * machines, and a decode kernel may walk several row groups at
  * once, so the roofline is the most any of them reads. *best_streams: the
  * stream count that read it. */
 static double measure_bw_gbs(ops_pool *pool, const bw_buffer *b, int *best_streams) {

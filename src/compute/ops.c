@@ -296,17 +296,16 @@ static void mm_run(ops_pool *pool, mm_task *t) {
     t->act_bytes = quant_act_row_bytes(w->type, w->n_in);
     /* The tile kernel from the batch size where it beats the multi kernel
      * (quant_tile_min_tokens: 5 for most, since the multi kernel streams each
-     * weight row once for up to 4 sessions — 4 sessions 1.1x -> 1.6x of one
-     * against the q4_0 4x4 VNNI tile kernel on the 2-core EPYC; 1 for AVX2
-     * q4_0, whose pair-layout tile kernel is the cheaper one even for a single
-     * token). Both give bit-identical results. */
+     * weight row once for up to 4 sessions, which is faster than the 4x4 tile
+     * kernel at those sizes; 1 for AVX2 q4_0, whose pair-layout tile kernel is
+     * the cheaper one even for a single token). Both give bit-identical
+     * results. */
     const int tile_min = quant_tile_min_tokens(w->type);
     t->tiled = w->layout == OPS_ROWS && tile_min > 0 && t->n_tok >= tile_min;
     ops_parallel_for(pool, t->n_tok, t->n_tok < 4 ? 4 : 1, mm_quantize_task, t);
     /* Guided chunks: long contiguous row ranges first (the hardware
-     * prefetchers stream a long run far better than many 16-row pieces:
-     * 14 -> 21 GB/s on a 2-core EPYC for q4_0 decode), then shorter ones, so
-     * the threads run dry together instead of one waiting out the other's
+     * prefetchers stream a long run far better than many 16-row pieces),
+     * then shorter ones, so the threads run dry together instead of one waiting out the other's
      * last long range. With one token tile a chunk's rows are read once,
      * whatever its length, and each chunk restarts the weight streams, so
      * the chunks are a share of 1 / threads of what is left (half as many
@@ -347,8 +346,7 @@ void ops_matmul_group(ops_pool *pool, int n_w, const ops_weight *const *ws, cons
 void ops_rmsnorm(const float *x, const float *weight, float *out, int64_t n, float eps) {
     /* The squares (exact in double) summed in eight chains, element i in chain
      * i mod 8, then the chains in a fixed tree, not in one chain of n dependent
-     * adds (TinyLlama decode on the EPYC: the 22 attention norms of a step
-     * 90-99 -> 82-87 us). */
+     * adds, whose latency would bound the norm. */
     double acc[8] = {0};
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)

@@ -172,9 +172,8 @@ static int drop_cancelled(fwd_run_ctx *c, int n_items) {
 
 /* Asks for n floats at p in cache ahead of their use: a norm's weights are
  * read once per token and layer, so by then the ~26 MB of a layer's matrices
- * have pushed them out, and the norm waited on 8 KB from DRAM (TinyLlama
- * decode on the EPYC: each norm 3.4-4.1 -> 2.4-2.7 us when its weights are
- * asked for before the matmul that precedes it). */
+ * have pushed them out, and the norm would wait on its weights from DRAM;
+ * asking for them before the matmul that precedes it hides that wait. */
 static void prefetch_floats(const float *p, int64_t n) {
     for (int64_t i = 0; i < n; i += 64 / (int64_t)sizeof(float)) __builtin_prefetch(p + i, 0, 3);
 }
@@ -193,9 +192,8 @@ static void layer_forward(fwd_run_ctx *c, int l) {
     run_tokens(c, rope_store_task);
     /* One token: each thread takes a run of adjacent kv heads, whose KV runs lie side by side
      * in a block, so what the hardware prefetcher brings in past one head's values is the next
-     * head's keys, for the same core (TinyLlama decode at 2016 positions on the Zen 5: a layer's
-     * attention 217-222 -> 190-201 kcycles against one head at a time, the same at 128).
-     * More tokens: a (token, head) task at a time. */
+     * head's keys, for the same core; this matters at long contexts, where attention reads
+     * the KV from DRAM. More tokens: a (token, head) task at a time. */
     const int nth = ops_pool_threads(c->pool);
     const int64_t heads_each = T == 1 ? ((int64_t)hp->n_head_kv + nth - 1) / nth : 1;
     ops_parallel_for(c->pool, (int64_t)T * hp->n_head_kv, heads_each, attention_task, c);
