@@ -2,25 +2,20 @@
  * bench_attention — time the attention kernels of one decode step on one
  * core: for every kv head of a layer, vec_scores (a GQA group of query heads
  * against n keys), vec_softmax per head and vec_wsum_group over the n value
- * rows, with the keys and values laid out as kvstate lays them out, blocks of
- * BT positions (default 16, kvstate's) [block][layer][kv head][K|V][slot][head_dim]
- * (LAYOUT "blocks"), or as kvstate did before round 19,
- * [block][layer][K|V][kv head][slot][head_dim] ("kv-major"), or with a head's
- * key and value rows alternating, [block][layer][kv head][slot][K|V][head_dim]
- * ("interleaved", tried in round 19), or in arena chunks of 16 blocks laid out
- * [layer][K|V][kv head][block][slot][head_dim] ("chunks", a layout tried and
- * dropped, BENCHMARKS.md); the session's blocks in order (ORDER "in-order",
- * a fresh pool) or shuffled ("shuffled", a pool long in use). The arena is on
- * 2 MiB pages where the kernel gives them (MADV_HUGEPAGE), as kvstate's is.
+ * rows, with the keys and values laid out as kvstate lays them out: blocks of
+ * BT positions (default 16, kvstate's), [block][layer][kv head][K|V][slot][head_dim],
+ * the session's blocks in order (ORDER "in-order", a fresh pool) or shuffled
+ * ("shuffled", a pool long in use). The arena is on 2 MiB pages where the
+ * kernel gives them (MADV_HUGEPAGE), as kvstate's is.
  * Default shape: TinyLlama-1.1B (8 query heads per kv head, 4 kv heads,
  * head_dim 64, f16 KV). Minimum over the repeats, ms per layer. With
  * LAYERS > 1 the KV of that many layers is walked (more than the caches
  * hold), so memory counts as well as arithmetic. One head's rows of a layer
- * run BT x head_dim x 2 bytes in a block (8 KB at BT 64, 2 KB at 16).
+ * run BT x head_dim x 2 bytes in a block (2 KB at BT 16), its value rows
+ * right after its key rows.
  *
- * Not part of the build. From the repository root, after building build/:
- *   cc -O2 -Isrc -Iinclude scripts/bench_attention.c build/libkvshard_core.a -lm -lpthread \
- *      -o build/bench_attention && build/bench_attention [N_POS [LAYERS [LAYOUT [in-order|shuffled [BT]]]]]
+ * Built with -DKVS_BENCH=ON (CMakeLists.txt):
+ *   build/bench_attention [N_POS [LAYERS [in-order|shuffled [BT]]]]
  */
 #include <stdbool.h>
 #include <stdio.h>
@@ -33,46 +28,29 @@
 
 #include "bench_util.h"
 
-enum { HD = 64, GROUP = 8, NKV = 4, CHUNK = 16 };
-typedef enum { LAYOUT_BLOCKS, LAYOUT_KV_MAJOR, LAYOUT_INTERLEAVED, LAYOUT_CHUNKS, LAYOUT_UNKNOWN } layout_t;
+enum { HD = 64, GROUP = 8, NKV = 4 };
 
-static layout_t layout_of(const char *name) {
-    static const char *const names[] = {"blocks", "kv-major", "interleaved", "chunks"};
-    for (int i = 0; i < LAYOUT_UNKNOWN; i++)
-        if (!strcmp(name, names[i])) return (layout_t)i;
-    return LAYOUT_UNKNOWN;
-}
-
-/* The row of (layer l, K|V kind, kv head g) at slot of block id b: rows of
- * row bytes, blocks of bt positions and block bytes each. */
-static const void *row_at(const uint8_t *arena, layout_t lay, size_t block, size_t row, int bt, int b, int l, int kind,
-                          int g, int slot) {
-    size_t r; /* the row's index within its block (within its chunk for LAYOUT_CHUNKS) */
-    switch (lay) {
-    case LAYOUT_KV_MAJOR: r = (((size_t)l * 2 + (size_t)kind) * NKV + (size_t)g) * (size_t)bt + (size_t)slot; break;
-    case LAYOUT_INTERLEAVED: r = (((size_t)l * NKV + (size_t)g) * (size_t)bt + (size_t)slot) * 2 + (size_t)kind; break;
-    case LAYOUT_CHUNKS:
-        r = ((((size_t)l * 2 + (size_t)kind) * NKV + (size_t)g) * CHUNK + (size_t)(b % CHUNK)) * (size_t)bt + (size_t)slot;
-        return arena + (size_t)(b / CHUNK) * CHUNK * block + r * row;
-    default: r = (((size_t)l * NKV + (size_t)g) * 2 + (size_t)kind) * (size_t)bt + (size_t)slot; break; /* kvstate's */
-    }
+/* The row of (layer l, K|V kind, kv head g) at slot of block id b, as kvstate's
+ * block_slot places it: rows of row bytes, blocks of bt positions and block bytes each. */
+static const void *row_at(const uint8_t *arena, size_t block, size_t row, int bt, int b, int l, int kind, int g,
+                          int slot) {
+    size_t r = (((size_t)l * NKV + (size_t)g) * 2 + (size_t)kind) * (size_t)bt + (size_t)slot;
     return arena + (size_t)b * block + r * row;
 }
 
 int main(int argc, char **argv) {
     const int n = argc > 1 ? atoi(argv[1]) : 2016, layers = argc > 2 ? atoi(argv[2]) : 1;
-    const char *layout = argc > 3 ? argv[3] : "blocks", *order = argc > 4 ? argv[4] : "in-order";
-    const int BT = argc > 5 ? atoi(argv[5]) : 16;
-    const layout_t lay = layout_of(layout);
+    const char *order = argc > 3 ? argv[3] : "in-order";
+    const int BT = argc > 4 ? atoi(argv[4]) : 16;
     const bool shuffled = !strcmp(order, "shuffled");
-    if (n < 1 || layers < 1 || BT < 1 || BT > 1024 || lay == LAYOUT_UNKNOWN ||
+    if (n < 1 || layers < 1 || BT < 1 || BT > 1024 ||
         (!shuffled && strcmp(order, "in-order"))) {
-        fprintf(stderr, "usage: bench_attention [N_POS >= 1 [LAYERS >= 1 [blocks|kv-major|interleaved|chunks [in-order|shuffled [BT 1..1024]]]]]\n");
+        fprintf(stderr, "usage: bench_attention [N_POS >= 1 [LAYERS >= 1 [in-order|shuffled [BT 1..1024]]]]]\n");
         return 2;
     }
-    const int nb = (n + BT - 1) / BT, n_chunks = (nb + CHUNK - 1) / CHUNK;
+    const int nb = (n + BT - 1) / BT;
     const size_t row = HD * sizeof(uint16_t), block = (size_t)BT * (size_t)layers * 2 * NKV * row;
-    const size_t huge = 2u << 20, bytes = ((size_t)n_chunks * CHUNK * block + huge - 1) / huge * huge;
+    const size_t huge = 2u << 20, bytes = ((size_t)nb * block + huge - 1) / huge * huge;
     uint16_t *arena = NULL;
     if (posix_memalign((void **)&arena, huge, bytes)) arena = NULL;
     if (arena) madvise(arena, bytes, MADV_HUGEPAGE);
@@ -92,8 +70,8 @@ int main(int argc, char **argv) {
         for (int l = 0; l < layers; l++)
             for (int g = 0; g < NKV; g++) {
                 for (int j = 0; j < n; j++) {
-                    keys[j] = row_at((const uint8_t *)arena, lay, block, row, BT, perm[j / BT], l, 0, g, j % BT);
-                    vals[j] = row_at((const uint8_t *)arena, lay, block, row, BT, perm[j / BT], l, 1, g, j % BT);
+                    keys[j] = row_at((const uint8_t *)arena, block, row, BT, perm[j / BT], l, 0, g, j % BT);
+                    vals[j] = row_at((const uint8_t *)arena, block, row, BT, perm[j / BT], l, 1, g, j % BT);
                 }
                 double t0 = bench_now_s();
                 vec_scores(q, GROUP, HD, keys, n, 1, 0.125f, sc, (size_t)n);
@@ -106,10 +84,10 @@ int main(int argc, char **argv) {
             }
         for (int k = 0; k < 3; k++) best[k] = t[k] < best[k] ? t[k] : best[k];
     }
-    printf("isa %s, %d positions, %d layer(s) of %d kv heads x %d query heads, head_dim %d, f16 KV, %s layout, "
+    printf("isa %s, %d positions, %d layer(s) of %d kv heads x %d query heads, head_dim %d, f16 KV, "
            "blocks of %d positions %s; ms per layer:\n"
            "scores %.4f  softmax %.4f  weighted sums %.4f  (total %.4f; out[3] = %g)\n",
-           quant_isa_name(quant_isa_current()), n, layers, NKV, GROUP, HD, layout, BT, order, best[0] * 1e3 / layers, best[1] * 1e3 / layers,
+           quant_isa_name(quant_isa_current()), n, layers, NKV, GROUP, HD, BT, order, best[0] * 1e3 / layers, best[1] * 1e3 / layers,
            best[2] * 1e3 / layers, (best[0] + best[1] + best[2]) * 1e3 / layers, (double)out[3]);
     free(arena); free(perm); free(q); free(sc); free(keys); free(vals);
     return 0;

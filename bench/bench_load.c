@@ -6,8 +6,7 @@
  * (map, repack on a pool of one thread per online CPU, as engine_open's
  * default, release the mapped rows) and of model_free, three loads per file.
  *
- * Not part of the build. From the repository root, after building build/:
- *   cc -O2 -Isrc -Iinclude scripts/bench_load.c build/libkvshard_core.a -lm -lpthread -o build/bench_load
+ * Built with -DKVS_BENCH=ON (CMakeLists.txt); from the repository root:
  *   taskset -c 1 build/bench_load              (packing only, pinned)
  *   build/bench_load MODEL.gguf ...            (packing, then each model's loads)
  */

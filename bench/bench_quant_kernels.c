@@ -7,9 +7,8 @@
  * eight tokens).
  * Minimum over 40 repeats, so a shared machine's noise mostly drops out.
  *
- * Not part of the build. From the repository root, after building build/:
- *   cc -O2 -Isrc -Iinclude scripts/bench_quant_kernels.c build/libkvshard_core.a -lm -lpthread \
- *      -o build/bench_quant_kernels && build/bench_quant_kernels [scalar|avx2|avx512]
+ * Built with -DKVS_BENCH=ON (CMakeLists.txt); from the repository root:
+ *   build/bench_quant_kernels [scalar|avx2|avx512]
  * (an ISA named: its kernels instead of the best this CPU has).
  */
 #include <stdio.h>

@@ -9,9 +9,8 @@
  * machine's slow spells fall on all of them alike; the median and the best
  * GB/s per mode, and each mode's median over the probe's best.
  *
- * Not part of the build. From the repository root, after building build/:
- *   cc -O2 -Isrc -Iinclude scripts/bench_r8_stream.c build/libkvshard_core.a -lm -lpthread \
- *      -o build/bench_r8_stream && build/bench_r8_stream [q4_0|q8_0|q4_k|q6_k [threads [passes [N [rows]]]]]
+ * Built with -DKVS_BENCH=ON (CMakeLists.txt); from the repository root:
+ *   build/bench_r8_stream [q4_0|q8_0|q4_k|q6_k [threads [passes [N [rows]]]]]
  * (defaults q4_0, 2 threads, 15 passes, rows of 2048, 5632 rows per matrix).
  */
 #include <stdio.h>

@@ -1,9 +1,9 @@
 /*
- * bench_util.h — what the standalone harnesses in scripts/ share: a monotonic
- * clock, a repeatable random float, and (with quant.h included first) random
- * quantized weight rows and activation rows for a kernel to work on. Header
- * only, static functions: each harness is one file built on its own
- * (BENCHMARKS.md gives the commands), and includes this beside it.
+ * bench_util.h — what the harnesses in bench/ share: a monotonic clock, a
+ * repeatable random float, and (with quant.h included first) random quantized
+ * weight rows and activation rows for a kernel to work on. Header only,
+ * static functions: each harness is one executable of its own (CMake option
+ * KVS_BENCH; BENCHMARKS.md gives the commands), and includes this beside it.
  */
 #ifndef KVS_BENCH_UTIL_H
 #define KVS_BENCH_UTIL_H

@@ -14,6 +14,10 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DKVS_EMU_AVX512=ON >/dev/null
 cmake --build build -j"$jobs"
 (cd build && ctest --output-on-failure -j"$jobs")
 
+echo "== bench harnesses: bench/ compiled against the release library (-DKVS_BENCH=ON), not run"
+cmake -S . -B build -DKVS_BENCH=ON >/dev/null
+cmake --build build -j"$jobs"
+
 echo "== ASan+UBSan build: all tests"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVS_SANITIZE=address >/dev/null
 cmake --build build-asan -j"$jobs"
