@@ -10,7 +10,8 @@ text=build/bench-tokenize.txt
 set +o pipefail # head closes the pipes early
 {
   for i in 1 2; do cat /usr/share/common-licenses/*; done | head -c 524288
-  cat src/*.c tools/*.c src/*.c tools/*.c | head -c 524288
+  code=$(find src tools -name '*.c' | sort)
+  cat $code $code | head -c 524288
 } > "$text"
 set -o pipefail
 echo "text: $(wc -c < "$text") bytes ($text)" >&2
