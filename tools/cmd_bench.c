@@ -364,7 +364,7 @@ int cmd_bench(int argc, char **argv) {
         engine_close(e);
         return 2;
     }
-    /* KV bytes per position of the local layers (DESIGN §2). */
+    /* KV bytes per position of the local layers (docs/design.md §2). */
     uint64_t kv_tok = kv_block_bytes(e->kv) / (uint64_t)kv_get_params(e->kv)->block_tokens;
     int nv = (int)m->hp.n_vocab;
     size_t d = m->hp.n_embd;
@@ -490,7 +490,7 @@ int cmd_bench(int argc, char **argv) {
     kernel_paths(m, kernels, sizeof(kernels));
     kv_stats ks;
     kv_get_stats(e->kv, &ks);
-    /* DESIGN §2: block_bytes = block_tokens x n_local_layers x 2 x n_kv_heads x head_dim x sizeof(kv).
+    /* docs/design.md §2: block_bytes = block_tokens x n_local_layers x 2 x n_kv_heads x head_dim x sizeof(kv).
      * Held bytes over the exact need must stay under one block per session. */
     uint64_t positions = (uint64_t)(n_prompt + n_decode + paired);
     uint64_t kv_need = ((uint64_t)n_sessions * positions + (depth ? (uint64_t)(depth + n_decode) : 0)) * kv_tok;
