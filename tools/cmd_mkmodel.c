@@ -1,4 +1,4 @@
-/* kvshard mkmodel: write a llama GGUF with seeded random weights (see src/mkmodel.h). */
+/* kvshard mkmodel: write a llama GGUF with seeded random weights (see src/gguf/mkmodel.h). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -176,7 +176,7 @@ enum wire_in_kind {
     WIRE_IN_HIDDEN_BF16 = 3, /* v2; data: bfloat16[n_tokens x n_embd] (the top half of an f32) */
 };
 
-/* Sampler settings of an out_mode SAMPLE request (src/sampler.h has the meaning of each). */
+/* Sampler settings of an out_mode SAMPLE request (src/compute/sampler.h has the meaning of each). */
 struct wire_sample_req {
     float temp, top_p, min_p;          /* numbers; top_p, min_p in [0, 1] */
     float repeat_penalty;              /* >= 0, finite */
