@@ -1,6 +1,6 @@
-# The layers of src/, lowest first, and the edges each may take (docs/design.md §2).
+# The layers of src/, lowest first, and the edges each may take (docs/design.md §1).
 # One list for the build (each layer is an object library that sees only the headers of the
-# layers it names) and for scripts/check_layers.cmake (which fails on an include outside these
+# layers it names) and for cmake/check_layers.cmake (which fails on an include outside these
 # edges). A layer may name only layers before it, so the graph has no cycle.
 set(KVS_LAYERS base quant compute gguf kv text engine net shard route http)
 set(KVS_LAYER_DEPS_base    "")

@@ -51,7 +51,7 @@ const char *kvs_strerror(int err);
 
 /* ======================================================================== *
  * Engine: one layer range of a GGUF Llama model, its compute threads and the
- * hot KV state of every session that passes through it (DESIGN.md §1-2).
+ * hot KV state of every session that passes through it (docs/design.md §1-2).
  *
  * Thread-safety: every kvs_engine_* / kvs_session_* / kvs_forward /
  * kvs_tokenize call may run concurrently with others on the same engine,
@@ -175,7 +175,7 @@ typedef struct {
 } kvs_reply;
 
 /* One append of n positions [start_pos, start_pos + n) to a session.
- * Zero-initialize, then set the inputs. Rules (DESIGN.md §2): an unknown
+ * Zero-initialize, then set the inputs. Rules (docs/design.md §2): an unknown
  * session starts only at start_pos 0; start_pos < n_past rewinds first (a
  * retry is idempotent); start_pos > n_past is a CACHE_MISS; an older epoch is
  * STALE_EPOCH; a newer epoch drops the old state unless inherit is set. */

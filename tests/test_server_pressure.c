@@ -636,7 +636,7 @@ int main(void) {
     CHECK_EQ_INT(engine_open(&ep, &e, msg, sizeof(msg)), KVS_OK);
     if (e) {
         size_t block_bytes = kv_block_bytes(e->kv);
-        /* Also test: a block holds only the shard's own layers (DESIGN §2): small has 2 layers,
+        /* Also test: a block holds only the shard's own layers (docs/design.md §2): small has 2 layers,
          * 2 kv heads x 64, f16 KV, 16 positions per block. */
         CHECK_EQ_INT(block_bytes, 16 * 2 * 2 * 2 * 64 * 2);
         engine_params hp = ep;
