@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "http_impl.h"
+#include "log.h"
 #include "netio.h"
 #include "util.h"
 
@@ -65,17 +66,6 @@ http_params http_default_params(void) {
                          .prefix_slots = 4,
                          .route_timeout_ms = 30000,
                          .max_connections = 256};
-}
-
-static void hlog(http_server *h, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void hlog(http_server *h, const char *fmt, ...) {
-    if (!h->p.log) return;
-    char line[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    h->p.log(h->p.log_ctx, line);
 }
 
 /* ---- responses ------------------------------------------------------------------------------ */
@@ -192,7 +182,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             st->plen = (size_t)sprintf(st->pending, "data: %s\n\ndata: [DONE]\n\n", body ? body : "{}");
             free(body);
             st->done = true;
-            hlog(st->h, "request %llu: %s", (unsigned long long)g->request_no, g->err);
+            kvs_logf(st->h->p.log, st->h->p.log_ctx, "request %llu: %s", (unsigned long long)g->request_no, g->err);
             continue;
         }
         size_t end = http_gen_ready(g);
@@ -209,8 +199,8 @@ static void stream_free(void *cls) {
     stream_state *st = cls;
     bool cancel = !st->reached_end;
     if (cancel)
-        hlog(st->h, "request %llu: client went away after %u tokens; session released",
-             (unsigned long long)st->g.request_no, st->g.n_gen);
+        kvs_logf(st->h->p.log, st->h->p.log_ctx, "request %llu: client went away after %u tokens; session released",
+                 (unsigned long long)st->g.request_no, st->g.n_gen);
     http_gen_end(&st->g, cancel);
     http_gen_req_free(&st->req);
     free(st->pending);
@@ -251,7 +241,7 @@ static enum MHD_Result serve_generate(http_server *h, struct MHD_Connection *c, 
         enum MHD_Result r;
         if (st->g.failed) {
             http_fail(&e, 502, "server_error", "route_failed", NULL, "generation failed: %s", st->g.err);
-            hlog(h, "request %llu: %s", (unsigned long long)no, st->g.err);
+            kvs_logf(h->p.log, h->p.log_ctx, "request %llu: %s", (unsigned long long)no, st->g.err);
             r = respond_err(h, c, cr->ep, &e);
         } else {
             r = respond_json(h, c, cr->ep, 200, http_reply_full(&st->g, &st->meta));
@@ -373,12 +363,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
     http_server *h = cls;
-    if (!h->p.log) return;
-    char line[512];
-    vsnprintf(line, sizeof line, fmt, ap);
-    size_t n = strlen(line);
-    while (n && line[n - 1] == '\n') line[--n] = 0;
-    h->p.log(h->p.log_ctx, line);
+    kvs_vlogf(h->p.log, h->p.log_ctx, fmt, ap);
 }
 
 int http_start(const http_params *p, http_server **out, char *msg, size_t cap) {

@@ -26,7 +26,6 @@
 
 #include <errno.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +33,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "tls.h"
 #include "util.h"
 
@@ -110,16 +110,8 @@ enum hop_result {
     HOP_FATAL,  /* the step cannot go on; rc + msg say why */
 };
 
-static void route_log(const route *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void route_log(const route *r, const char *fmt, ...) {
-    if (!r->p.log) return;
-    char line[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    r->p.log(r->p.log_user, line);
-}
+/* Recovery events (route.h design note 4). */
+#define route_log(r, ...) kvs_logf((r)->p.log, (r)->p.log_user, __VA_ARGS__)
 
 route_params route_default_params(void) {
     return (route_params){.timeout_ms = 30000, .auth = NULL, .log = NULL, .log_user = NULL, .hidden_f16 = false, .hidden_bf16 = false,

@@ -11,7 +11,6 @@
 
 #include <errno.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -21,6 +20,7 @@
 #include <unistd.h>
 
 #include "kvshard.h"
+#include "log.h"
 #include "netio.h"
 #include "tls.h"
 #include "util.h"
@@ -66,17 +66,6 @@ struct relay {
 
 relay_params relay_default_params(void) {
     return (relay_params){.timeout_ms = 10000, .auth = NULL, .done = NULL, .log = NULL, .ctx = NULL};
-}
-
-static void relay_logf(relay *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void relay_logf(relay *r, const char *fmt, ...) {
-    if (!r->p.log) return;
-    char line[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    r->p.log(r->p.ctx, line);
 }
 
 int relay_create(const relay_params *p, relay **out) {
@@ -145,7 +134,7 @@ static int link_connect(relay_link *l, char *why, size_t cap) {
     pthread_mutex_lock(&r->mu);
     r->st.connects++;
     pthread_mutex_unlock(&r->mu);
-    relay_logf(r, "relay: connected to %s", l->addr);
+    kvs_logf(r->p.log, r->p.ctx, "relay: connected to %s", l->addr);
     return KVS_OK;
 }
 
@@ -168,8 +157,8 @@ static bool link_drain(relay_link *l) {
             ok = false;
             break;
         }
-        relay_logf(l->r, "relay: %s answered %s (request %llu) on the link; dropped", l->addr, wire_op_name(hdr.op),
-                   (unsigned long long)hdr.request_id);
+        kvs_logf(l->r->p.log, l->r->p.ctx, "relay: %s answered %s (request %llu) on the link; dropped", l->addr,
+                 wire_op_name(hdr.op), (unsigned long long)hdr.request_id);
     }
     netio_buf_free(&junk);
     return ok;
@@ -178,7 +167,7 @@ static bool link_drain(relay_link *l) {
 /* Sends one item; KVS_OK or the error with why. One reconnect when the link was broken. */
 static int link_send(relay_link *l, const relay_item *it, char *why, size_t cap) {
     if (l->fd >= 0 && !link_drain(l)) {
-        relay_logf(l->r, "relay: %s closed the link; reconnecting", l->addr);
+        kvs_logf(l->r->p.log, l->r->p.ctx, "relay: %s closed the link; reconnecting", l->addr);
         link_close(l);
     }
     int rc = KVS_OK;
@@ -206,7 +195,8 @@ static void *link_main(void *arg) {
         char why[KVS_MSG_MAX] = "";
         int rc = stopping ? kvs_fail(why, sizeof why, KVS_ERR_CLOSED, "the shard is shutting down")
                           : link_send(l, it, why, sizeof why);
-        if (rc != KVS_OK) relay_logf(r, "relay: push to hop %u (%s) failed: %s", it->hop, l->addr, why);
+        if (rc != KVS_OK)
+            kvs_logf(r->p.log, r->p.ctx, "relay: push to hop %u (%s) failed: %s", it->hop, l->addr, why);
         pthread_mutex_lock(&r->mu);
         if (rc == KVS_OK) r->st.pushed++;
         else r->st.failed++;
