@@ -1,27 +1,4 @@
-/*
- * route — client side: route validation, session driving, failure detection, re-route + replay.
- * See route.h for the design notes; the numbered invariants below are what the code keeps.
- *
- * Invariants
- *  I1. s->tokens[0..pos) and s->hidden[k][0..pos) (k >= 1) hold the inputs hop k was sent for
- *      every completed position; during a step, s->hidden[k][start..b) is filled as soon as
- *      hop k-1 answered for rows [start, b).
- *  I2. A replay is merged into the request it precedes whenever the rows fit in one request
- *      (route.h design note 1).
- *  I3. s->hop_epoch[k] is the epoch in which hop k (as it stands in the route) holds the
- *      session's state, 0 when it holds none we know of. It becomes s->epoch on every OK reply
- *      (hop_send). A FORWARD to a hop with 0 < hop_epoch < epoch carries INHERIT(hop_epoch,
- *      start_pos).
- *  I4. s->hop_gen[k] == r->hop_gen[k] unless hop k was replaced since this session last used
- *      it; route_forward then treats it as a fresh hop (design note 5 of route.h).
- *  I5. A hop's fd is -1 only while it is being replaced; route_forward returns with every hop
- *      connected or with an error (relay_step may leave a lost hop at -1; the client-driven
- *      redo that follows replaces it).
- *  I6. s->hidden_valid <= s->pos: the per-hop memory holds every input of positions
- *      [0, hidden_valid); relayed steps do not extend it (route.h design note 7). A client-driven
- *      step starts at hidden_valid and ends with hidden_valid == pos.
- *  I7. hop->listening: RELAY_LISTEN(r->relay_id) was answered OK on this connection.
- */
+/* route — open and close a route, its limits and its shape (route_impl.h has the design). */
 #include "route.h"
 
 #include <errno.h>
@@ -34,84 +11,9 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "route_impl.h"
 #include "tls.h"
 #include "util.h"
-
-/* Payload bytes of a FORWARD before the data, and of a FORWARD_REPLY before the data. */
-#define FWD_HEAD_BYTES 60u
-#define FWD_REPLY_HEAD_BYTES 32u
-#define ROUTE_MAX_MISSES 32 /* CACHE_MISS answers in a row tolerated for one request */
-/* Bounds on what a (possibly hostile) shard can make the client allocate, checked as each size
- * arrives, before any allocation for it. */
-#define ROUTE_MAX_TOKEN_BYTES 4096u          /* one vocab token's text (the tokenizer's limit) */
-#define ROUTE_MAX_VOCAB_TEXT (32u << 20)     /* all vocab token texts together, bytes */
-#define ROUTE_MAX_SMALL_REPLY 4096u          /* INFO, STATUS payload bytes */
-
-enum spare_state { SPARE_UNTRIED = 0, SPARE_KNOWN, SPARE_USED, SPARE_DEAD };
-
-typedef struct {
-    route_addr addr;
-    int fd;                /* -1 when not connected */
-    struct wire_info info; /* valid once connected (hops) / when SPARE_KNOWN or USED (spares) */
-    bool listening;        /* I7 */
-} route_hop;
-
-struct route {
-    route_params p;
-    char *auth;              /* copy of p.auth, "" when none */
-    tls_ctx *tls;            /* NULL: plaintext */
-    route_hop *hops;         /* (n_hops) in layer order */
-    uint32_t *hop_gen;       /* (n_hops) bumped each time hop k is replaced */
-    uint32_t n_hops;
-    route_hop *spares;       /* (n_spares) */
-    uint8_t *spare_state;    /* (n_spares) enum spare_state */
-    uint32_t n_spares;
-    uint8_t digest[WIRE_DIGEST_SIZE];
-    uint32_t n_layer, n_embd, n_vocab;
-    uint32_t max_ctx;        /* positions, min over hops and the replay memory cap */
-    size_t hid_elem;         /* bytes of one hidden element on the wire and in replay memory: 4 (f32) or 2 (f16, bf16) */
-    uint32_t hid_kind;       /* their wire_in_kind: WIRE_IN_HIDDEN_F32, _F16 or _BF16 */
-    uint16_t hid_bit;        /* the matching enum wire_dtype_bit */
-    const char *hid_name;    /* "f32", "f16" or "bf16", for messages */
-    uint32_t max_rows;       /* rows per FORWARD, min over hops and payload limit */
-    uint8_t *tx;             /* encode buffer */
-    size_t tx_cap;           /* bytes */
-    struct netio_buf rx;     /* last reply */
-    uint64_t next_rid;
-    float *scratch_logits;   /* (n_vocab) logits of intermediate chunks, discarded */
-    uint64_t bytes_sent;     /* frame bytes (header + payload) written to hops */
-    uint64_t bytes_received; /* frame bytes read from hops */
-    uint32_t reroutes;       /* hops replaced by spares */
-    uint64_t relay_id;       /* random, names this client's connections in relay blocks */
-    uint32_t relay_steps, relay_fallbacks;
-    struct wire_forward *fwd; /* encode scratch for relayed FORWARDs (large: relay block) */
-};
-
-struct route_session {
-    route *r;
-    uint8_t sid[WIRE_SID_SIZE];
-    uint64_t epoch;
-    uint32_t pos;            /* positions completed along the whole route */
-    uint32_t hidden_valid;   /* I6 */
-    const route_step_opts *opts; /* the step being driven */
-    sampler_result *res;     /* its sample, with opts->sample */
-    uint32_t cap;            /* rows allocated in tokens and hidden[k] */
-    int32_t *tokens;         /* (cap) hop 0 inputs */
-    uint8_t **hidden;        /* [n_hops] (cap, n_embd) inputs of hop k, hid_elem bytes each (f32 or f16
-                                in host order); hidden[0] NULL */
-    uint64_t *hop_epoch;     /* (n_hops) I3 */
-    uint32_t *hop_gen;       /* (n_hops) I4 */
-};
-
-/* Result of one request to a hop, as route_forward sees it. */
-enum hop_result {
-    HOP_OK = 0,
-    HOP_FAILED, /* transport: the hop is gone; re-route */
-    HOP_FATAL,  /* the step cannot go on; rc + msg say why */
-};
-
-/* Recovery events (route.h design note 4). */
-#define route_log(r, ...) kvs_logf((r)->p.log, (r)->p.log_user, __VA_ARGS__)
 
 route_params route_default_params(void) {
     return (route_params){.timeout_ms = 30000, .auth = NULL, .log = NULL, .log_user = NULL, .hidden_f16 = false, .hidden_bf16 = false,
@@ -172,7 +74,7 @@ static void digest_hex(const uint8_t *d, char out[17]) {
 }
 
 /* Same model and shape as ref? Else a message naming hop `what`. */
-static int check_same_model(const struct wire_info *ref, const char *ref_name, const struct wire_info *x,
+int route_check_same_model(const struct wire_info *ref, const char *ref_name, const struct wire_info *x,
                             const char *what, char *msg, size_t msg_cap) {
     if (memcmp(ref->model_digest, x->model_digest, WIRE_DIGEST_SIZE) != 0) {
         char a[17], b[17];
@@ -198,7 +100,7 @@ int route_check_hops(const struct wire_info *infos, const char *const *addrs, si
     for (size_t k = 0; k < n; k++) {
         const struct wire_info *x = &infos[k];
         snprintf(what, sizeof what, "hop %zu (%s)", k, addrs[k]);
-        int rc = check_same_model(&infos[0], ref_name, x, what, msg, msg_cap);
+        int rc = route_check_same_model(&infos[0], ref_name, x, what, msg, msg_cap);
         if (rc != KVS_OK) return rc;
         if (x->first >= x->last || x->last > x->n_layer)
             return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "%s reports an invalid layer range [%u, %u) of %u",
@@ -220,14 +122,14 @@ int route_check_hops(const struct wire_info *infos, const char *const *addrs, si
 
 /* ---- one request on one connection --------------------------------------- */
 
-static void hop_disconnect(route_hop *h) {
+void route_hop_disconnect(route_hop *h) {
     netio_close(h->fd);
     h->fd = -1;
     h->listening = false;
 }
 
 /* Makes room for `need` bytes in r->tx. */
-static int tx_reserve(route *r, size_t need) {
+int route_tx_reserve(route *r, size_t need) {
     if (need <= r->tx_cap) return KVS_OK;
     size_t cap = r->tx_cap ? r->tx_cap : 4096;
     while (cap < need) cap *= 2;
@@ -239,7 +141,7 @@ static int tx_reserve(route *r, size_t need) {
 }
 
 /* Largest payload a reply of op reply_op (or a STATUS in its place) may announce. */
-static uint32_t reply_limit(const route *r, uint16_t reply_op) {
+uint32_t route_reply_limit(const route *r, uint16_t reply_op) {
     uint64_t lim = WIRE_MAX_PAYLOAD;
     if (reply_op == WIRE_OP_INFO) lim = ROUTE_MAX_SMALL_REPLY;
     if (reply_op == WIRE_OP_FORWARD_REPLY && r->n_embd) {
@@ -256,7 +158,7 @@ static uint32_t reply_limit(const route *r, uint16_t reply_op) {
  * transport failure (the connection is closed; why says what happened): the code from netio, or
  * KVS_ERR_PROTOCOL for an unexpected frame. A STATUS frame in place of the reply is reported
  * with the shard's message. */
-static int hop_call(route *r, route_hop *h, uint16_t op, size_t len, uint16_t reply_op, char *why, size_t why_cap) {
+int route_hop_call(route *r, route_hop *h, uint16_t op, size_t len, uint16_t reply_op, char *why, size_t why_cap) {
     if (h->fd < 0) return kvs_fail(why, why_cap, KVS_ERR_CLOSED, "not connected");
     uint64_t rid = ++r->next_rid;
     uint64_t deadline = netio_deadline_ms(r->p.timeout_ms);
@@ -264,19 +166,19 @@ static int hop_call(route *r, route_hop *h, uint16_t op, size_t len, uint16_t re
     int rc = netio_send_frame(h->fd, op, rid, r->tx, len, deadline);
     r->bytes_sent += WIRE_HEADER_SIZE + len;
     if (rc != KVS_OK) {
-        hop_disconnect(h);
+        route_hop_disconnect(h);
         return kvs_fail(why, why_cap, rc, "sending %s: %s", wire_op_name(op), kvs_strerror(rc));
     }
     struct wire_header hdr;
     netio_recv_opts ro = {.idle_deadline_ns = deadline, .frame_timeout_ms = -1,
-                          .max_payload = reply_limit(r, reply_op)};
+                          .max_payload = route_reply_limit(r, reply_op)};
     /* Late answers to earlier requests (a relayed attempt that was given up) are dropped. */
     do {
         rc = netio_recv_frame_opt(h->fd, &hdr, &r->rx, &ro, nmsg, sizeof nmsg);
         if (rc == KVS_OK) r->bytes_received += WIRE_HEADER_SIZE + r->rx.len;
     } while (rc == KVS_OK && hdr.request_id < rid);
     if (rc != KVS_OK) {
-        hop_disconnect(h);
+        route_hop_disconnect(h);
         if (rc == KVS_ERR_TIMEOUT)
             return kvs_fail(why, why_cap, rc, "no reply to %s within %lld ms", wire_op_name(op),
                             (long long)r->p.timeout_ms);
@@ -287,12 +189,12 @@ static int hop_call(route *r, route_hop *h, uint16_t op, size_t len, uint16_t re
     if (hdr.request_id == rid && hdr.op == WIRE_OP_STATUS) {
         struct wire_status_reply sr;
         if (wire_decode_status_reply(r->rx.data, r->rx.len, &sr, nmsg, sizeof nmsg) == KVS_OK) {
-            hop_disconnect(h);
+            route_hop_disconnect(h);
             return kvs_fail(why, why_cap, KVS_ERR_PROTOCOL, "the shard refused %s: %s%s%s", wire_op_name(op),
                             kvs_strerror(sr.st.status), sr.msg[0] ? ": " : "", sr.msg);
         }
     }
-    hop_disconnect(h);
+    route_hop_disconnect(h);
     return kvs_fail(why, why_cap, KVS_ERR_PROTOCOL, "expected %s (request %llu), got %s (request %llu)",
                     wire_op_name(reply_op), (unsigned long long)rid, wire_op_name(hdr.op),
                     (unsigned long long)hdr.request_id);
@@ -300,8 +202,8 @@ static int hop_call(route *r, route_hop *h, uint16_t op, size_t len, uint16_t re
 
 /* Connects h, says HELLO and reads its INFO into h->info. On failure h is disconnected and the
  * code (transport, or the INFO status / INVALID_ARG for a refusal) comes with why. */
-static int hop_connect(route *r, route_hop *h, char *why, size_t why_cap) {
-    hop_disconnect(h);
+int route_hop_connect(route *r, route_hop *h, char *why, size_t why_cap) {
+    route_hop_disconnect(h);
     char nmsg[KVS_MSG_MAX] = "";
     int rc = netio_connect(h->addr.host, h->addr.port, netio_deadline_ms(r->p.timeout_ms), &h->fd, nmsg, sizeof nmsg);
     if (rc != KVS_OK) {
@@ -313,7 +215,7 @@ static int hop_connect(route *r, route_hop *h, char *why, size_t why_cap) {
         rc = tls_handshake(r->tls, h->fd, netio_deadline_ms(r->p.timeout_ms), peer_id, sizeof peer_id, nmsg,
                            sizeof nmsg);
         if (rc != KVS_OK) {
-            hop_disconnect(h);
+            route_hop_disconnect(h);
             return kvs_fail(why, why_cap, rc, "%s", nmsg);
         }
     }
@@ -322,20 +224,20 @@ static int hop_connect(route *r, route_hop *h, char *why, size_t why_cap) {
     hello.auth_len = (uint16_t)alen;
     memcpy(hello.auth, r->auth, alen + 1);
     size_t len = 0;
-    if ((rc = tx_reserve(r, 6 + alen)) != KVS_OK ||
+    if ((rc = route_tx_reserve(r, 6 + alen)) != KVS_OK ||
         (rc = wire_encode_hello(&hello, r->tx, r->tx_cap, &len)) != KVS_OK) {
-        hop_disconnect(h);
+        route_hop_disconnect(h);
         return kvs_fail(why, why_cap, rc, "cannot encode HELLO: %s", kvs_strerror(rc));
     }
-    if ((rc = hop_call(r, h, WIRE_OP_HELLO, len, WIRE_OP_INFO, why, why_cap)) != KVS_OK) return rc;
+    if ((rc = route_hop_call(r, h, WIRE_OP_HELLO, len, WIRE_OP_INFO, why, why_cap)) != KVS_OK) return rc;
     rc = wire_decode_info(r->rx.data, r->rx.len, &h->info, nmsg, sizeof nmsg);
     if (rc != KVS_OK) {
-        hop_disconnect(h);
+        route_hop_disconnect(h);
         return kvs_fail(why, why_cap, rc, "bad INFO: %s", nmsg);
     }
     if (h->info.st.status != KVS_OK) {
         int st = h->info.st.status;
-        hop_disconnect(h);
+        route_hop_disconnect(h);
         if (st == KVS_ERR_INVALID_ARG) return kvs_fail(why, why_cap, st, "the shard refused HELLO (wrong auth token?)");
         return kvs_fail(why, why_cap, st == KVS_ERR_UNSUPPORTED ? st : KVS_ERR_INVALID_ARG,
                         "the shard refused HELLO: %s", kvs_strerror(st));
@@ -344,12 +246,12 @@ static int hop_connect(route *r, route_hop *h, char *why, size_t why_cap) {
 }
 
 /* Replay memory of one position: its token id plus one hidden row per hop after the head. */
-static uint64_t route_position_bytes(const route *r) {
+uint64_t route_position_bytes(const route *r) {
     return 4u + (uint64_t)(r->n_hops - 1) * r->n_embd * r->hid_elem;
 }
 
 /* Recomputes max_ctx / max_rows from the hops. */
-static void route_limits(route *r) {
+void route_limits(route *r) {
     uint32_t ctx = WIRE_MAX_POS, rows = WIRE_MAX_TOKENS;
     uint64_t row_bytes = (uint64_t)r->n_embd * r->hid_elem;
     uint64_t by_payload = (WIRE_MAX_PAYLOAD - FWD_HEAD_BYTES) / row_bytes;
@@ -365,30 +267,28 @@ static void route_limits(route *r) {
     r->max_rows = rows ? rows : 1;
 }
 
-static int take_spare(route *r, uint32_t k);
-
 /* Errors of a hop that is gone (the connection or the shard), as opposed to a refusal. */
-static bool is_transport_error(int rc) {
+bool route_is_transport_error(int rc) {
     return rc == KVS_ERR_IO || rc == KVS_ERR_TIMEOUT || rc == KVS_ERR_CLOSED || rc == KVS_ERR_PROTOCOL;
 }
 
 /* route_open found hop k unreachable: puts in its place the first spare that starts at layer
  * `first` (the route check then validates the whole chain). KVS_OK or KVS_ERR_NOT_FOUND. */
-static int open_spare(route *r, uint32_t k, uint32_t first) {
+int route_open_spare(route *r, uint32_t k, uint32_t first) {
     for (uint32_t j = 0; j < r->n_spares; j++) {
         route_hop *sp = &r->spares[j];
         if (r->spare_state[j] == SPARE_USED || r->spare_state[j] == SPARE_DEAD) continue;
         if (r->spare_state[j] == SPARE_KNOWN && sp->info.first != first) continue;
         char why[KVS_MSG_MAX];
-        int rc = hop_connect(r, sp, why, sizeof why);
+        int rc = route_hop_connect(r, sp, why, sizeof why);
         if (rc != KVS_OK) {
             route_log(r, "spare %s: %s", sp->addr.text, why);
-            if (!is_transport_error(rc)) r->spare_state[j] = SPARE_DEAD;
+            if (!route_is_transport_error(rc)) r->spare_state[j] = SPARE_DEAD;
             continue;
         }
         r->spare_state[j] = SPARE_KNOWN;
         if (sp->info.first != first) {
-            hop_disconnect(sp);
+            route_hop_disconnect(sp);
             continue;
         }
         r->spare_state[j] = SPARE_USED;
@@ -404,8 +304,8 @@ static int open_spare(route *r, uint32_t k, uint32_t first) {
 
 void route_close(route *r) {
     if (!r) return;
-    for (uint32_t k = 0; k < r->n_hops; k++) hop_disconnect(&r->hops[k]);
-    for (uint32_t k = 0; k < r->n_spares; k++) hop_disconnect(&r->spares[k]);
+    for (uint32_t k = 0; k < r->n_hops; k++) route_hop_disconnect(&r->hops[k]);
+    for (uint32_t k = 0; k < r->n_spares; k++) route_hop_disconnect(&r->spares[k]);
     free(r->hops);
     free(r->hop_gen);
     free(r->spares);
@@ -478,11 +378,11 @@ int route_open(const char *route_spec, const char *spares_spec, const route_para
 
     for (size_t k = 0; k < n; k++) {
         char why[KVS_MSG_MAX];
-        rc = hop_connect(r, &r->hops[k], why, sizeof why);
-        if (rc != KVS_OK && is_transport_error(rc)) {
+        rc = route_hop_connect(r, &r->hops[k], why, sizeof why);
+        if (rc != KVS_OK && route_is_transport_error(rc)) {
             char old[ROUTE_ADDR_MAX];
             snprintf(old, sizeof old, "%s", r->hops[k].addr.text);
-            if (open_spare(r, (uint32_t)k, k ? infos[k - 1].last : 0) == KVS_OK) {
+            if (route_open_spare(r, (uint32_t)k, k ? infos[k - 1].last : 0) == KVS_OK) {
                 route_log(r, "hop %zu (%s): %s; using spare %s", k, old, why, r->hops[k].addr.text);
                 rc = KVS_OK;
             }
@@ -575,9 +475,9 @@ static int fetch_bpe_meta(route *r, uint32_t nv, const char *const *texts, const
         char why[KVS_MSG_MAX];
         struct wire_vocab_meta q = {.first = first, .max_count = WIRE_MAX_MERGES};
         size_t len = 0;
-        if ((rc = tx_reserve(r, 8)) != KVS_OK || (rc = wire_encode_vocab_meta(&q, r->tx, r->tx_cap, &len)) != KVS_OK)
+        if ((rc = route_tx_reserve(r, 8)) != KVS_OK || (rc = wire_encode_vocab_meta(&q, r->tx, r->tx_cap, &len)) != KVS_OK)
             return kvs_fail(msg, msg_cap, rc, "cannot encode VOCAB_META: %s", kvs_strerror(rc));
-        if ((rc = hop_call(r, h, WIRE_OP_VOCAB_META, len, WIRE_OP_VOCAB_META_REPLY, why, sizeof why)) != KVS_OK)
+        if ((rc = route_hop_call(r, h, WIRE_OP_VOCAB_META, len, WIRE_OP_VOCAB_META_REPLY, why, sizeof why)) != KVS_OK)
             return kvs_fail(msg, msg_cap, rc, "hop 0 (%s): %s", h->addr.text, why);
         struct wire_vocab_meta_reply v;
         if ((rc = wire_decode_vocab_meta_reply(r->rx.data, r->rx.len, &v, why, sizeof why)) != KVS_OK)
@@ -647,15 +547,15 @@ int route_fetch_vocab(route *r, tok_vocab **out, char *msg, size_t msg_cap) {
         char why[KVS_MSG_MAX];
         struct wire_vocab q = {.first = first, .max_count = nv - first};
         size_t len = 0;
-        if ((rc = tx_reserve(r, 8)) != KVS_OK || (rc = wire_encode_vocab(&q, r->tx, r->tx_cap, &len)) != KVS_OK) {
+        if ((rc = route_tx_reserve(r, 8)) != KVS_OK || (rc = wire_encode_vocab(&q, r->tx, r->tx_cap, &len)) != KVS_OK) {
             rc = kvs_fail(msg, msg_cap, rc, "cannot encode VOCAB: %s", kvs_strerror(rc));
             goto done;
         }
-        if ((rc = hop_call(r, h, WIRE_OP_VOCAB, len, WIRE_OP_VOCAB_REPLY, why, sizeof why)) != KVS_OK) {
+        if ((rc = route_hop_call(r, h, WIRE_OP_VOCAB, len, WIRE_OP_VOCAB_REPLY, why, sizeof why)) != KVS_OK) {
             char old[ROUTE_ADDR_MAX];
             snprintf(old, sizeof old, "%s", h->addr.text);
-            hop_disconnect(h);
-            if (is_transport_error(rc) && take_spare(r, 0) == KVS_OK) { /* the head died: ask its spare */
+            route_hop_disconnect(h);
+            if (route_is_transport_error(rc) && route_take_spare(r, 0) == KVS_OK) { /* the head died: ask its spare */
                 route_log(r, "hop 0 (%s) failed during VOCAB (%s): now %s", old, why, h->addr.text);
                 r->reroutes++;
                 first = 0;
@@ -811,7 +711,7 @@ uint64_t route_session_replay_bytes(const route_session *s) {
 }
 
 /* Grows the per-hop input memory to hold `rows` positions. */
-static int session_reserve(route_session *s, uint32_t rows) {
+int route_session_reserve(route_session *s, uint32_t rows) {
     if (rows <= s->cap) return KVS_OK;
     const route *r = s->r;
     uint32_t cap = s->cap ? s->cap : 64;
@@ -832,7 +732,7 @@ static int session_reserve(route_session *s, uint32_t rows) {
 /* ---- driving ------------------------------------------------------------------ */
 
 /* The sampler block of a SAMPLE request; the window goes only when a penalty uses it. */
-static void route_fill_sample(const route_step_opts *o, struct wire_sample_req *q) {
+void route_fill_sample(const route_step_opts *o, struct wire_sample_req *q) {
     const sampler_params *p = &o->sp;
     *q = (struct wire_sample_req){.temp = p->temp, .top_p = p->top_p, .min_p = p->min_p,
                                   .repeat_penalty = p->repeat_penalty, .presence_penalty = p->presence_penalty,
@@ -846,7 +746,7 @@ static void route_fill_sample(const route_step_opts *o, struct wire_sample_req *
 }
 
 /* A decoded SAMPLE reply into *res. */
-static void reply_to_sample(const struct wire_forward_reply *rep, sampler_result *res) {
+void route_reply_to_sample(const struct wire_forward_reply *rep, sampler_result *res) {
     int32_t ids[WIRE_MAX_TOP];
     float lp[WIRE_MAX_TOP];
     memset(res, 0, sizeof *res);
@@ -890,17 +790,17 @@ static enum hop_result hop_send(route *r, route_session *s, uint32_t k, uint32_t
         bytes = FWD_HEAD_BYTES + (size_t)n * r->n_embd * r->hid_elem;
     }
     size_t len = 0;
-    if ((*rc = wire_encode_forward(&f, NULL, 0, &len)) != KVS_OK || (*rc = tx_reserve(r, len > bytes ? len : bytes)) != KVS_OK ||
+    if ((*rc = wire_encode_forward(&f, NULL, 0, &len)) != KVS_OK || (*rc = route_tx_reserve(r, len > bytes ? len : bytes)) != KVS_OK ||
         (*rc = wire_encode_forward(&f, r->tx, r->tx_cap, &len)) != KVS_OK) {
         kvs_fail(why, why_cap, *rc, "cannot encode FORWARD [%u, %u): %s", from, to, kvs_strerror(*rc));
         return HOP_FATAL;
     }
-    *rc = hop_call(r, h, WIRE_OP_FORWARD, len, WIRE_OP_FORWARD_REPLY, why, why_cap);
+    *rc = route_hop_call(r, h, WIRE_OP_FORWARD, len, WIRE_OP_FORWARD_REPLY, why, why_cap);
     if (*rc != KVS_OK) return HOP_FAILED;
     struct wire_forward_reply rep;
     char dmsg[KVS_MSG_MAX] = "";
     if (wire_decode_forward_reply(r->rx.data, r->rx.len, &rep, dmsg, sizeof dmsg) != KVS_OK) {
-        hop_disconnect(h);
+        route_hop_disconnect(h);
         *rc = kvs_fail(why, why_cap, KVS_ERR_PROTOCOL, "bad FORWARD_REPLY: %s", dmsg);
         return HOP_FAILED;
     }
@@ -916,7 +816,7 @@ static enum hop_result hop_send(route *r, route_session *s, uint32_t k, uint32_t
                     : last ? rep.out_kind == WIRE_OUTK_LOGITS_F32 && rep.n_rows == 1 && rep.n_cols == r->n_vocab
                            : hid_ok && rep.n_rows == n && rep.n_cols == r->n_embd;
     if (!shape_ok || rep.st.n_past != to) {
-        hop_disconnect(h);
+        route_hop_disconnect(h);
         *rc = kvs_fail(why, why_cap, KVS_ERR_PROTOCOL,
                        "FORWARD [%u, %u) answered out_kind %u, %u x %u, n_past %u (expected %s, n_past %u)", from, to,
                        rep.out_kind, rep.n_rows, rep.n_cols, rep.st.n_past,
@@ -924,7 +824,7 @@ static enum hop_result hop_send(route *r, route_session *s, uint32_t k, uint32_t
         return HOP_FAILED;
     }
     if (sample) {
-        reply_to_sample(&rep, s->res);
+        route_reply_to_sample(&rep, s->res);
     } else if (out) {
         if (!last && out_from > from) { /* only the rows the caller asked for */
             rep.n_rows = to - out_from;
@@ -1020,7 +920,7 @@ static enum hop_result hop_append(route *r, route_session *s, uint32_t k, uint32
 
 /* Finds a spare for hop k (same model, same [first, last)), connects it and puts it in place.
  * KVS_OK, or KVS_ERR_NOT_FOUND when none is usable. */
-static int take_spare(route *r, uint32_t k) {
+int route_take_spare(route *r, uint32_t k) {
     const struct wire_info *want = &r->hops[k].info;
     for (uint32_t j = 0; j < r->n_spares; j++) {
         route_hop *sp = &r->spares[j];
@@ -1028,7 +928,7 @@ static int take_spare(route *r, uint32_t k) {
         if (r->spare_state[j] == SPARE_KNOWN && (sp->info.first != want->first || sp->info.last != want->last))
             continue;
         char why[KVS_MSG_MAX];
-        int rc = hop_connect(r, sp, why, sizeof why);
+        int rc = route_hop_connect(r, sp, why, sizeof why);
         if (rc != KVS_OK) {
             route_log(r, "spare %s: %s", sp->addr.text, why);
             if (rc != KVS_ERR_TIMEOUT && rc != KVS_ERR_IO && rc != KVS_ERR_CLOSED) r->spare_state[j] = SPARE_DEAD;
@@ -1039,23 +939,23 @@ static int take_spare(route *r, uint32_t k) {
         snprintf(ref, sizeof ref, "hop 0 (%s)", r->hops[0].addr.text);
         struct wire_info model = *want;
         memcpy(model.model_digest, r->digest, WIRE_DIGEST_SIZE);
-        if (check_same_model(&model, ref, &sp->info, what, why, sizeof why) != KVS_OK) {
+        if (route_check_same_model(&model, ref, &sp->info, what, why, sizeof why) != KVS_OK) {
             route_log(r, "%s", why);
             r->spare_state[j] = SPARE_DEAD;
-            hop_disconnect(sp);
+            route_hop_disconnect(sp);
             continue;
         }
         r->spare_state[j] = SPARE_KNOWN;
         if (k > 0 && !(sp->info.hidden_dtypes & r->hid_bit)) {
             route_log(r, "spare %s does not take %s hidden states", sp->addr.text, r->hid_name);
             r->spare_state[j] = SPARE_DEAD;
-            hop_disconnect(sp);
+            route_hop_disconnect(sp);
             continue;
         }
         if (sp->info.first != want->first || sp->info.last != want->last) {
             route_log(r, "spare %s serves layers [%u, %u), not [%u, %u)", sp->addr.text, sp->info.first,
                       sp->info.last, want->first, want->last);
-            hop_disconnect(sp);
+            route_hop_disconnect(sp);
             continue;
         }
         r->spare_state[j] = SPARE_USED;
@@ -1069,11 +969,11 @@ static int take_spare(route *r, uint32_t k) {
 }
 
 /* Hop k failed with `err` (why): replace it and move the session to a new epoch. */
-static int reroute(route *r, route_session *s, uint32_t k, int err, const char *why, char *msg, size_t msg_cap) {
+int route_reroute(route *r, route_session *s, uint32_t k, int err, const char *why, char *msg, size_t msg_cap) {
     route_hop old = r->hops[k];
-    hop_disconnect(&r->hops[k]);
+    route_hop_disconnect(&r->hops[k]);
     route_log(r, "hop %u (%s) failed: %s", k, old.addr.text, why);
-    if (take_spare(r, k) != KVS_OK)
+    if (route_take_spare(r, k) != KVS_OK)
         return kvs_fail(msg, msg_cap, err, "hop %u (%s) failed (%s) and no spare serves layers [%u, %u)", k,
                         old.addr.text, why, old.info.first, old.info.last);
     s->hop_epoch[k] = 0;
@@ -1106,8 +1006,8 @@ static int hop_listen(route *r, uint32_t k, char *why, size_t why_cap) {
     struct wire_relay_listen m = {.relay_id = r->relay_id};
     size_t len = 0;
     int rc;
-    if ((rc = tx_reserve(r, 8)) != KVS_OK || (rc = wire_encode_relay_listen(&m, r->tx, r->tx_cap, &len)) != KVS_OK ||
-        (rc = hop_call(r, h, WIRE_OP_RELAY_LISTEN, len, WIRE_OP_STATUS, why, why_cap)) != KVS_OK)
+    if ((rc = route_tx_reserve(r, 8)) != KVS_OK || (rc = wire_encode_relay_listen(&m, r->tx, r->tx_cap, &len)) != KVS_OK ||
+        (rc = route_hop_call(r, h, WIRE_OP_RELAY_LISTEN, len, WIRE_OP_STATUS, why, why_cap)) != KVS_OK)
         return rc;
     struct wire_status_reply sr;
     char dmsg[KVS_MSG_MAX];
@@ -1120,7 +1020,7 @@ static int hop_listen(route *r, uint32_t k, char *why, size_t why_cap) {
 }
 
 /* Can the step [base, end) be relayed (route.h design note 7)? */
-static bool relay_possible(const route *r, const route_session *s, uint32_t base, uint32_t end) {
+bool route_relay_possible(const route *r, const route_session *s, uint32_t base, uint32_t end) {
     if (!s->opts->relay || r->n_hops < 2 || end - base > r->max_rows || r->n_hops - 1 > WIRE_MAX_RELAY_HOPS)
         return false;
     for (uint32_t k = 0; k < r->n_hops; k++) {
@@ -1162,10 +1062,10 @@ static int relay_wait(route *r, uint64_t rid, uint16_t *op, uint32_t *from, char
             struct wire_header hdr;
             char nmsg[KVS_MSG_MAX] = "";
             netio_recv_opts ro = {.idle_deadline_ns = deadline, .frame_timeout_ms = -1,
-                                  .max_payload = reply_limit(r, WIRE_OP_FORWARD_REPLY)};
+                                  .max_payload = route_reply_limit(r, WIRE_OP_FORWARD_REPLY)};
             int rc = netio_recv_frame_opt(r->hops[k].fd, &hdr, &r->rx, &ro, nmsg, sizeof nmsg);
             if (rc != KVS_OK) {
-                hop_disconnect(&r->hops[k]);
+                route_hop_disconnect(&r->hops[k]);
                 *from = k;
                 return kvs_fail(why, why_cap, rc, "hop %u (%s): %s", k, r->hops[k].addr.text,
                                 nmsg[0] ? nmsg : kvs_strerror(rc));
@@ -1182,7 +1082,7 @@ static int relay_wait(route *r, uint64_t rid, uint16_t *op, uint32_t *from, char
 /* One relayed attempt of the step [base, end) (route.h design note 7). True when it completed:
  * the result is in logits_last / s->res and every hop holds the step in s->epoch. False: redo it
  * client-driven (why says what happened; a lost hop is left disconnected for that redo). */
-static bool relay_step(route *r, route_session *s, uint32_t base, uint32_t end, float *logits_last, char *why,
+bool route_relay_step(route *r, route_session *s, uint32_t base, uint32_t end, float *logits_last, char *why,
                        size_t why_cap) {
     for (uint32_t k = 0; k < r->n_hops; k++)
         if (hop_listen(r, k, why, why_cap) != KVS_OK) return false;
@@ -1222,7 +1122,7 @@ static bool relay_step(route *r, route_session *s, uint32_t base, uint32_t end, 
     }
     size_t len = 0;
     int rc;
-    if ((rc = wire_encode_forward(f, NULL, 0, &len)) != KVS_OK || (rc = tx_reserve(r, len)) != KVS_OK ||
+    if ((rc = wire_encode_forward(f, NULL, 0, &len)) != KVS_OK || (rc = route_tx_reserve(r, len)) != KVS_OK ||
         (rc = wire_encode_forward(f, r->tx, r->tx_cap, &len)) != KVS_OK) {
         kvs_fail(why, why_cap, rc, "cannot encode the relayed FORWARD: %s", kvs_strerror(rc));
         return false;
@@ -1232,7 +1132,7 @@ static bool relay_step(route *r, route_session *s, uint32_t base, uint32_t end, 
     rc = netio_send_frame(h0->fd, WIRE_OP_FORWARD, rid, r->tx, len, netio_deadline_ms(r->p.timeout_ms));
     r->bytes_sent += WIRE_HEADER_SIZE + len;
     if (rc != KVS_OK) {
-        hop_disconnect(h0);
+        route_hop_disconnect(h0);
         kvs_fail(why, why_cap, rc, "hop 0 (%s): sending FORWARD: %s", h0->addr.text, kvs_strerror(rc));
         return false;
     }
@@ -1270,7 +1170,7 @@ static bool relay_step(route *r, route_session *s, uint32_t base, uint32_t end, 
                  k, r->hops[k].addr.text, rep.out_kind, rep.n_rows, rep.n_cols, rep.st.n_past);
         return false;
     }
-    if (sample) reply_to_sample(&rep, s->res);
+    if (sample) route_reply_to_sample(&rep, s->res);
     else wire_forward_reply_to_f32(&rep, logits_last);
     for (uint32_t j = 0; j < r->n_hops; j++) s->hop_epoch[j] = s->epoch;
     return true;
@@ -1296,7 +1196,7 @@ int route_step(route *r, route_session *s, const int32_t *tokens, uint32_t n, co
         return kvs_fail(msg, msg_cap, KVS_ERR_CONTEXT_FULL, "%u + %u positions exceed the route's context of %u",
                         base, n, r->max_ctx);
     const uint32_t end = base + n;
-    if (session_reserve(s, end) != KVS_OK)
+    if (route_session_reserve(s, end) != KVS_OK)
         return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
     memcpy(s->tokens + base, tokens, (size_t)n * sizeof *tokens);
     s->opts = o;
@@ -1312,9 +1212,9 @@ int route_step(route *r, route_session *s, const int32_t *tokens, uint32_t n, co
         }
     if (replaced) s->epoch++;
 
-    if (relay_possible(r, s, base, end)) {
+    if (route_relay_possible(r, s, base, end)) {
         char why[KVS_MSG_MAX] = "";
-        if (relay_step(r, s, base, end, logits_last, why, sizeof why)) {
+        if (route_relay_step(r, s, base, end, logits_last, why, sizeof why)) {
             r->relay_steps++;
             s->pos = end;
             return KVS_OK;
@@ -1356,7 +1256,7 @@ int route_step(route *r, route_session *s, const int32_t *tokens, uint32_t n, co
         }
         if (res_k == HOP_FATAL)
             return kvs_fail(msg, msg_cap, rc, "hop %u (%s): %s", k, r->hops[k].addr.text, why);
-        if ((rc = reroute(r, s, k, rc, why, msg, msg_cap)) != KVS_OK) return rc;
+        if ((rc = route_reroute(r, s, k, rc, why, msg, msg_cap)) != KVS_OK) return rc;
     }
 }
 
@@ -1370,8 +1270,8 @@ void route_release(route *r, route_session *s) {
             memcpy(rel.session_id, s->sid, WIRE_SID_SIZE);
             size_t len = 0;
             char why[KVS_MSG_MAX];
-            if (tx_reserve(r, 24) != KVS_OK || wire_encode_release(&rel, r->tx, r->tx_cap, &len) != KVS_OK) continue;
-            (void)hop_call(r, h, WIRE_OP_RELEASE, len, WIRE_OP_STATUS, why, sizeof why);
+            if (route_tx_reserve(r, 24) != KVS_OK || wire_encode_release(&rel, r->tx, r->tx_cap, &len) != KVS_OK) continue;
+            (void)route_hop_call(r, h, WIRE_OP_RELEASE, len, WIRE_OP_STATUS, why, sizeof why);
         }
     }
     route_session_forget(s);
