@@ -1,0 +1,104 @@
+/* route_spare — failover: a spare takes a failed hop's place. */
+#include "route.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "route_impl.h"
+#include "util.h"
+
+/* route_open found hop k unreachable: puts in its place the first spare that starts at layer
+ * `first` (the route check then validates the whole chain). KVS_OK or KVS_ERR_NOT_FOUND. */
+int route_open_spare(route *r, uint32_t k, uint32_t first) {
+    for (uint32_t j = 0; j < r->n_spares; j++) {
+        route_hop *sp = &r->spares[j];
+        if (r->spare_state[j] == SPARE_USED || r->spare_state[j] == SPARE_DEAD) continue;
+        if (r->spare_state[j] == SPARE_KNOWN && sp->info.first != first) continue;
+        char why[KVS_MSG_MAX];
+        int rc = route_hop_connect(r, sp, why, sizeof why);
+        if (rc != KVS_OK) {
+            route_log(r, "spare %s: %s", sp->addr.text, why);
+            if (!route_is_transport_error(rc)) r->spare_state[j] = SPARE_DEAD;
+            continue;
+        }
+        r->spare_state[j] = SPARE_KNOWN;
+        if (sp->info.first != first) {
+            route_hop_disconnect(sp);
+            continue;
+        }
+        r->spare_state[j] = SPARE_USED;
+        r->hops[k] = *sp;
+        sp->fd = -1;
+        r->reroutes++;
+        return KVS_OK;
+    }
+    return KVS_ERR_NOT_FOUND;
+}
+
+/* Finds a spare for hop k (same model, same [first, last)), connects it and puts it in place.
+ * KVS_OK, or KVS_ERR_NOT_FOUND when none is usable. */
+int route_take_spare(route *r, uint32_t k) {
+    const struct wire_info *want = &r->hops[k].info;
+    for (uint32_t j = 0; j < r->n_spares; j++) {
+        route_hop *sp = &r->spares[j];
+        if (r->spare_state[j] == SPARE_USED || r->spare_state[j] == SPARE_DEAD) continue;
+        if (r->spare_state[j] == SPARE_KNOWN && (sp->info.first != want->first || sp->info.last != want->last))
+            continue;
+        char why[KVS_MSG_MAX];
+        int rc = route_hop_connect(r, sp, why, sizeof why);
+        if (rc != KVS_OK) {
+            route_log(r, "spare %s: %s", sp->addr.text, why);
+            if (rc != KVS_ERR_TIMEOUT && rc != KVS_ERR_IO && rc != KVS_ERR_CLOSED) r->spare_state[j] = SPARE_DEAD;
+            continue;
+        }
+        char what[ROUTE_ADDR_MAX + 16], ref[ROUTE_ADDR_MAX + 16];
+        snprintf(what, sizeof what, "spare %s", sp->addr.text);
+        snprintf(ref, sizeof ref, "hop 0 (%s)", r->hops[0].addr.text);
+        struct wire_info model = *want;
+        memcpy(model.model_digest, r->digest, WIRE_DIGEST_SIZE);
+        if (route_check_same_model(&model, ref, &sp->info, what, why, sizeof why) != KVS_OK) {
+            route_log(r, "%s", why);
+            r->spare_state[j] = SPARE_DEAD;
+            route_hop_disconnect(sp);
+            continue;
+        }
+        r->spare_state[j] = SPARE_KNOWN;
+        if (k > 0 && !(sp->info.hidden_dtypes & r->hid_bit)) {
+            route_log(r, "spare %s does not take %s hidden states", sp->addr.text, r->hid_name);
+            r->spare_state[j] = SPARE_DEAD;
+            route_hop_disconnect(sp);
+            continue;
+        }
+        if (sp->info.first != want->first || sp->info.last != want->last) {
+            route_log(r, "spare %s serves layers [%u, %u), not [%u, %u)", sp->addr.text, sp->info.first,
+                      sp->info.last, want->first, want->last);
+            route_hop_disconnect(sp);
+            continue;
+        }
+        r->spare_state[j] = SPARE_USED;
+        r->hops[k] = *sp;
+        sp->fd = -1;
+        r->hop_gen[k]++;
+        route_limits(r);
+        return KVS_OK;
+    }
+    return KVS_ERR_NOT_FOUND;
+}
+
+/* Hop k failed with `err` (why): replace it and move the session to a new epoch. */
+int route_reroute(route *r, route_session *s, uint32_t k, int err, const char *why, char *msg, size_t msg_cap) {
+    route_hop old = r->hops[k];
+    route_hop_disconnect(&r->hops[k]);
+    route_log(r, "hop %u (%s) failed: %s", k, old.addr.text, why);
+    if (route_take_spare(r, k) != KVS_OK)
+        return kvs_fail(msg, msg_cap, err, "hop %u (%s) failed (%s) and no spare serves layers [%u, %u)", k,
+                        old.addr.text, why, old.info.first, old.info.last);
+    s->hop_epoch[k] = 0;
+    s->hop_gen[k] = r->hop_gen[k];
+    s->epoch++;
+    r->reroutes++;
+    route_log(r, "re-route: hop %u [%u, %u) now %s; epoch %llu -> %llu; %u positions to replay into it", k,
+              old.info.first, old.info.last, r->hops[k].addr.text, (unsigned long long)(s->epoch - 1),
+              (unsigned long long)s->epoch, s->pos);
+    return KVS_OK;
+}

@@ -1,0 +1,295 @@
+/* route_step — the client-driven step: per-hop requests, replay, backoff, failover. */
+#include "route.h"
+
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+
+#include "route_impl.h"
+#include "util.h"
+
+/* ---- driving ------------------------------------------------------------------ */
+
+/* The sampler block of a SAMPLE request; the window goes only when a penalty uses it. */
+void route_fill_sample(const route_step_opts *o, struct wire_sample_req *q) {
+    const sampler_params *p = &o->sp;
+    *q = (struct wire_sample_req){.temp = p->temp, .top_p = p->top_p, .min_p = p->min_p,
+                                  .repeat_penalty = p->repeat_penalty, .presence_penalty = p->presence_penalty,
+                                  .top_k = p->top_k > 0 ? (uint32_t)p->top_k : 0, .seed = p->seed, .n_top = o->n_top};
+    if (q->top_p > 1.0f) q->top_p = 1.0f;
+    bool penalties = (p->repeat_penalty > 0.0f && p->repeat_penalty != 1.0f) || p->presence_penalty != 0.0f;
+    if (penalties && o->n_window) {
+        q->n_window = o->n_window;
+        q->window = o->window;
+    }
+}
+
+/* A decoded SAMPLE reply into *res. */
+void route_reply_to_sample(const struct wire_forward_reply *rep, sampler_result *res) {
+    int32_t ids[WIRE_MAX_TOP];
+    float lp[WIRE_MAX_TOP];
+    memset(res, 0, sizeof *res);
+    wire_forward_reply_sample(rep, &res->id, &res->logprob, ids, lp);
+    res->n_top = rep->n_cols;
+    for (uint32_t i = 0; i < rep->n_cols; i++) {
+        res->top[i].id = ids[i];
+        res->top[i].logprob = lp[i];
+    }
+}
+
+/* One FORWARD of rows [from, to) to hop k. On HOP_OK *st is the shard's status block; when it is
+ * OK the output went to out (hidden rows [out_from, to) for hop k+1, or the logits row; out NULL:
+ * discarded) and hop_epoch[k] is the session epoch. HOP_FAILED: transport failure, why says what; the hop is
+ * disconnected. HOP_FATAL: *rc and why (an encoder failure, or a reply of the wrong shape). */
+static enum hop_result hop_send(route *r, route_session *s, uint32_t k, uint32_t from, uint32_t to,
+                                uint32_t out_from, void *out, struct wire_status *st, int *rc, char *why,
+                                size_t why_cap) {
+    route_hop *h = &r->hops[k];
+    const bool last = k + 1 == r->n_hops;
+    const bool sample = last && s->opts->sample;
+    const uint32_t n = to - from;
+    struct wire_forward f = {.epoch = s->epoch, .start_pos = from, .n_tokens = n,
+                             .out_mode = !last ? WIRE_OUT_HIDDEN : sample ? WIRE_OUT_SAMPLE : WIRE_OUT_LOGITS_LAST};
+    memcpy(f.session_id, s->sid, WIRE_SID_SIZE);
+    if (s->hop_epoch[k] != 0 && s->hop_epoch[k] < s->epoch && from > 0) {
+        f.flags = WIRE_FWD_INHERIT;
+        f.inherit_epoch = s->hop_epoch[k];
+        f.inherit_len = from;
+    }
+    if (sample) route_fill_sample(s->opts, &f.sample);
+    size_t bytes;
+    if (k == 0) {
+        f.in_kind = WIRE_IN_TOKENS;
+        f.data = s->tokens + from;
+        bytes = FWD_HEAD_BYTES + (size_t)n * 4;
+    } else {
+        f.in_kind = r->hid_kind;
+        f.n_embd = r->n_embd;
+        f.data = s->hidden[k] + (size_t)from * r->n_embd * r->hid_elem;
+        bytes = FWD_HEAD_BYTES + (size_t)n * r->n_embd * r->hid_elem;
+    }
+    size_t len = 0;
+    if ((*rc = wire_encode_forward(&f, NULL, 0, &len)) != KVS_OK || (*rc = route_tx_reserve(r, len > bytes ? len : bytes)) != KVS_OK ||
+        (*rc = wire_encode_forward(&f, r->tx, r->tx_cap, &len)) != KVS_OK) {
+        kvs_fail(why, why_cap, *rc, "cannot encode FORWARD [%u, %u): %s", from, to, kvs_strerror(*rc));
+        return HOP_FATAL;
+    }
+    *rc = route_hop_call(r, h, WIRE_OP_FORWARD, len, WIRE_OP_FORWARD_REPLY, why, why_cap);
+    if (*rc != KVS_OK) return HOP_FAILED;
+    struct wire_forward_reply rep;
+    char dmsg[KVS_MSG_MAX] = "";
+    if (wire_decode_forward_reply(r->rx.data, r->rx.len, &rep, dmsg, sizeof dmsg) != KVS_OK) {
+        route_hop_disconnect(h);
+        *rc = kvs_fail(why, why_cap, KVS_ERR_PROTOCOL, "bad FORWARD_REPLY: %s", dmsg);
+        return HOP_FAILED;
+    }
+    *st = rep.st;
+    if (rep.st.status != KVS_OK) return HOP_OK;
+    /* f16 / bf16 mode: the head answers token input in f32 (rounded here, once); the others in the
+     * route's dtype. */
+    const uint32_t half_outk = r->hid_kind == WIRE_IN_HIDDEN_F16    ? WIRE_OUTK_HIDDEN_F16
+                               : r->hid_kind == WIRE_IN_HIDDEN_BF16 ? WIRE_OUTK_HIDDEN_BF16
+                                                                    : WIRE_OUTK_HIDDEN_F32;
+    const bool hid_ok = rep.out_kind == WIRE_OUTK_HIDDEN_F32 || rep.out_kind == half_outk;
+    bool shape_ok = sample ? rep.out_kind == WIRE_OUTK_SAMPLE && rep.n_cols == s->opts->n_top
+                    : last ? rep.out_kind == WIRE_OUTK_LOGITS_F32 && rep.n_rows == 1 && rep.n_cols == r->n_vocab
+                           : hid_ok && rep.n_rows == n && rep.n_cols == r->n_embd;
+    if (!shape_ok || rep.st.n_past != to) {
+        route_hop_disconnect(h);
+        *rc = kvs_fail(why, why_cap, KVS_ERR_PROTOCOL,
+                       "FORWARD [%u, %u) answered out_kind %u, %u x %u, n_past %u (expected %s, n_past %u)", from, to,
+                       rep.out_kind, rep.n_rows, rep.n_cols, rep.st.n_past,
+                       sample ? "a sample" : last ? "1 row of logits" : r->hid_elem == 2 ? "hidden f32 or half rows" : "hidden f32 rows", to);
+        return HOP_FAILED;
+    }
+    if (sample) {
+        route_reply_to_sample(&rep, s->res);
+    } else if (out) {
+        if (!last && out_from > from) { /* only the rows the caller asked for */
+            rep.n_rows = to - out_from;
+            rep.data = (const uint8_t *)rep.data +
+                       (size_t)(out_from - from) * r->n_embd * (rep.out_kind == WIRE_OUTK_HIDDEN_F32 ? 4 : 2);
+        }
+        if (!last && r->hid_elem == 2) { /* kept as f16/bf16: what the next hop is sent, and replayed, exactly */
+            const uint8_t *src = rep.data;
+            uint16_t *dst = out;
+            size_t count = (size_t)rep.n_rows * rep.n_cols;
+            if (rep.out_kind == half_outk) {
+                for (size_t i = 0; i < count; i++) dst[i] = kvs_rd_u16(src + 2 * i);
+            } else if (r->hid_kind == WIRE_IN_HIDDEN_F16) {
+                for (size_t i = 0; i < count; i++) dst[i] = wire_f32_to_f16(kvs_rd_f32(src + 4 * i));
+            } else {
+                for (size_t i = 0; i < count; i++) dst[i] = wire_f32_to_bf16(kvs_rd_f32(src + 4 * i));
+            }
+        } else {
+            wire_forward_reply_to_f32(&rep, out);
+        }
+    }
+    s->hop_epoch[k] = s->epoch;
+    return HOP_OK;
+}
+
+static void sleep_ms(unsigned ms) {
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* Brings hop k to position a (replaying remembered inputs where it lacks them), then sends rows
+ * [a, b) with output to out. A replay shares the request of rows [a, b) when everything fits in
+ * one request, so a shard under memory pressure cannot evict the session between the two.
+ * Handles CACHE_MISS (replay) and BUSY (backoff); any other status is HOP_FATAL with *rc = that
+ * status. */
+static enum hop_result hop_append(route *r, route_session *s, uint32_t k, uint32_t a, uint32_t b, void *out,
+                                  int *rc, char *why, size_t why_cap) {
+    route_hop *h = &r->hops[k];
+    uint32_t from = s->hop_epoch[k] == 0 ? 0 : a;
+    if (from < a) route_log(r, "hop %u (%s): replaying positions [0, %u)", k, h->addr.text, a);
+    int misses = 0;
+    unsigned backoff_ms = 5;
+    uint64_t busy_until = 0;
+    for (;;) {
+        /* The last request ends at b and is as long as allowed; the ones before it replay only
+         * (b - max_rows <= a because b - a <= max_rows). */
+        uint32_t to = b - from <= r->max_rows ? b : from + r->max_rows < b - r->max_rows ? from + r->max_rows
+                                                                                          : b - r->max_rows;
+        struct wire_status st;
+        enum hop_result res = hop_send(r, s, k, from, to, a, to == b ? out : NULL, &st, rc, why, why_cap);
+        if (res != HOP_OK) return res;
+        switch (st.status) {
+        case KVS_OK:
+            if (to == b) return HOP_OK;
+            from = to;
+            misses = 0;
+            backoff_ms = 5;
+            busy_until = 0;
+            continue;
+        case KVS_ERR_CACHE_MISS:
+            if (st.have >= from || ++misses > ROUTE_MAX_MISSES) {
+                *rc = kvs_fail(why, why_cap, KVS_ERR_CACHE_MISS,
+                               "answered CACHE_MISS(have %u) for start %u %s", st.have, from,
+                               st.have >= from ? "(not a miss)" : "too many times in a row");
+                return HOP_FATAL;
+            }
+            route_log(r, "hop %u (%s): cache miss at %u (holds %u): replaying [%u, %u)", k, h->addr.text, from,
+                      st.have, st.have, a);
+            from = st.have;
+            continue;
+        case KVS_ERR_BUSY:
+            if (!busy_until) busy_until = netio_deadline_ms(r->p.timeout_ms);
+            if (busy_until != NETIO_NO_DEADLINE && kvs_now_ns() >= busy_until) {
+                *rc = kvs_fail(why, why_cap, KVS_ERR_BUSY, "still busy after %lld ms", (long long)r->p.timeout_ms);
+                return HOP_FATAL;
+            }
+            sleep_ms(backoff_ms);
+            if (backoff_ms < 500) backoff_ms *= 2;
+            continue;
+        case KVS_ERR_STALE_EPOCH:
+            *rc = kvs_fail(why, why_cap, KVS_ERR_STALE_EPOCH,
+                           "the session is driven elsewhere: the shard holds epoch %llu, this client %llu",
+                           (unsigned long long)st.live_epoch, (unsigned long long)s->epoch);
+            return HOP_FATAL;
+        default:
+            *rc = kvs_fail(why, why_cap, st.status, "FORWARD [%u, %u) refused: %s", from, to,
+                           kvs_strerror(st.status));
+            return HOP_FATAL;
+        }
+    }
+}
+
+route_step_opts route_default_step_opts(void) {
+    route_step_opts o;
+    memset(&o, 0, sizeof o);
+    o.sp = sampler_default_params();
+    return o;
+}
+
+int route_forward(route *r, route_session *s, const int32_t *tokens, uint32_t n, float *logits_last, char *msg,
+                  size_t msg_cap) {
+    route_step_opts o = route_default_step_opts();
+    return route_step(r, s, tokens, n, &o, logits_last, NULL, msg, msg_cap);
+}
+
+int route_step(route *r, route_session *s, const int32_t *tokens, uint32_t n, const route_step_opts *o,
+               float *logits_last, sampler_result *res, char *msg, size_t msg_cap) {
+    if (!r || !s || !tokens || !o || s->r != r || (o->sample ? !res : !logits_last))
+        return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "NULL argument or session of another route");
+    if (n == 0) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "no tokens");
+    if (o->sample && (o->n_top > WIRE_MAX_TOP || o->n_window > WIRE_MAX_WINDOW || (o->n_window && !o->window) ||
+                      !sampler_params_valid(&o->sp)))
+        return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "bad sampler options");
+    if (o->sample && r->hops[r->n_hops - 1].info.version < 2)
+        return kvs_fail(msg, msg_cap, KVS_ERR_UNSUPPORTED, "hop %u (%s) speaks protocol version 1: it cannot sample (use logits)",
+                        r->n_hops - 1, r->hops[r->n_hops - 1].addr.text);
+    for (uint32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || (uint32_t)tokens[i] >= r->n_vocab)
+            return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "token %u: id %d outside the vocab (%u)", i,
+                            (int)tokens[i], r->n_vocab);
+    const uint32_t base = s->pos;
+    if ((uint64_t)base + n > r->max_ctx)
+        return kvs_fail(msg, msg_cap, KVS_ERR_CONTEXT_FULL, "%u + %u positions exceed the route's context of %u",
+                        base, n, r->max_ctx);
+    const uint32_t end = base + n;
+    if (route_session_reserve(s, end) != KVS_OK)
+        return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
+    memcpy(s->tokens + base, tokens, (size_t)n * sizeof *tokens);
+    s->opts = o;
+    s->res = res;
+
+    /* Hops replaced while another session was driving (I4). */
+    bool replaced = false;
+    for (uint32_t k = 0; k < r->n_hops; k++)
+        if (s->hop_gen[k] != r->hop_gen[k]) {
+            s->hop_gen[k] = r->hop_gen[k];
+            s->hop_epoch[k] = 0;
+            replaced = true;
+        }
+    if (replaced) s->epoch++;
+
+    if (route_relay_possible(r, s, base, end)) {
+        char why[KVS_MSG_MAX] = "";
+        if (route_relay_step(r, s, base, end, logits_last, why, sizeof why)) {
+            r->relay_steps++;
+            s->pos = end;
+            return KVS_OK;
+        }
+        r->relay_fallbacks++;
+        route_log(r, "relayed step [%u, %u) failed (%s): redoing it client-driven from position %u", base, end, why,
+                  s->hidden_valid);
+    }
+
+    /* Client-driven from hidden_valid (I6): rows [hidden_valid, base) are re-sent from memory. */
+    const uint32_t start = s->hidden_valid;
+    void *dummy_out = s->opts->sample ? r->scratch_logits : logits_last;
+    for (;;) { /* one attempt of the step per iteration; each failed attempt uses up a spare */
+        enum hop_result res_k = HOP_OK;
+        uint32_t k = 0;
+        int rc = KVS_OK;
+        char why[KVS_MSG_MAX] = "";
+        for (uint32_t k0 = 0; k0 < r->n_hops; k0++) /* a hop lost during a relayed attempt */
+            if (r->hops[k0].fd < 0) {
+                res_k = HOP_FAILED;
+                k = k0;
+                rc = kvs_fail(why, sizeof why, KVS_ERR_CLOSED, "connection lost");
+                break;
+            }
+        for (uint32_t a = start; a < end && res_k == HOP_OK;) {
+            uint32_t b = end - a > r->max_rows ? a + r->max_rows : end;
+            for (k = 0; k < r->n_hops; k++) {
+                void *out = k + 1 < r->n_hops ? (void *)(s->hidden[k + 1] + (size_t)a * r->n_embd * r->hid_elem)
+                                              : (b == end ? dummy_out : (void *)r->scratch_logits);
+                res_k = hop_append(r, s, k, a, b, out, &rc, why, sizeof why);
+                if (res_k != HOP_OK) break;
+            }
+            a = b;
+        }
+        if (res_k == HOP_OK) {
+            s->pos = end;
+            s->hidden_valid = end;
+            return KVS_OK;
+        }
+        if (res_k == HOP_FATAL)
+            return kvs_fail(msg, msg_cap, rc, "hop %u (%s): %s", k, r->hops[k].addr.text, why);
+        if ((rc = route_reroute(r, s, k, rc, why, msg, msg_cap)) != KVS_OK) return rc;
+    }
+}
