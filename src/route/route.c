@@ -1,16 +1,11 @@
 /* route — open and close a route, its limits and its shape (route_impl.h has the design). */
 #include "route.h"
 
-#include <errno.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
-#include <time.h>
-#include <unistd.h>
 
-#include "log.h"
 #include "route_impl.h"
 #include "tls.h"
 #include "util.h"

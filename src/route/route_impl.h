@@ -1,7 +1,95 @@
 /*
  * route_impl — the parts of the route client shared between its files (private to src/route/).
- * Client side: route validation, session driving, failure detection, re-route + replay.
- * See route.h for the design notes; the numbered invariants below are what the code keeps.
+ * route.h holds the contract (design notes 1-8); this file holds how the code keeps it.
+ *
+ *   route.c          route_open / route_close, the route's limits (max_ctx, max_rows) and shape
+ *   route_check.c    "h:p,h:p" specs; the check that hops form one route of one model
+ *   route_hop.c      one connection: connect + TLS + HELLO/INFO, one request and its reply
+ *   route_spare.c    failover: a spare takes a failed hop's place; the session's epoch moves on
+ *   route_session.c  sessions: id, replay memory, rewind, RELEASE
+ *   route_step.c     route_step: the client-driven step with replay, backoff and failover
+ *   route_relay.c    relayed steps: RELAY_LISTEN, one FORWARD to the head, the tail's answer
+ *   route_vocab.c    route_fetch_vocab: the tokenizer from the head's VOCAB / VOCAB_META pages
+ *
+ * NOTES ON THE DESIGN
+ *
+ * Ownership. The caller owns a route (route_open .. route_close) and its sessions
+ * (route_session_open .. route_release / route_session_forget, all before route_close). The
+ * route owns every connection (hops and spares), the TLS context, one encode buffer (r->tx) and
+ * one receive buffer (r->rx: the payload of the last reply, valid until the next request). A
+ * session owns its replay memory (tokens, hidden[k]) and points at its route; during a step it
+ * borrows the caller's options and result (s->opts, s->res), which are not used after it.
+ *
+ * Locks: none. A route is driven by one thread at a time (route.h note 5): every request is
+ * sent and its reply awaited before the next, so one tx/rx pair serves all hops. Request ids
+ * grow per route (r->next_rid); a frame with a lower id is a late answer to an attempt that
+ * was given up and is dropped (route_hop_call, route_relay_wait).
+ *
+ * A hop is a slot of r->hops, in layer order. Its connection:
+ *
+ *     (slot) --route_hop_connect: TCP, TLS, HELLO, INFO--> connected
+ *     connected --route_hop_listen: RELAY_LISTEN OK--> connected + listening (I7)
+ *     connected --any failed route_hop_call (a STATUS in place of the reply included), a
+ *                 failure in route_relay_wait or the relayed send, a reply of the wrong shape
+ *                 (hop_send)--> disconnected (route_hop_disconnect, fd -1)
+ *     disconnected --route_reroute / route_fetch_vocab: route_take_spare--> a spare's
+ *                 connection in the slot, r->hop_gen[k]++; no usable spare: the call fails
+ *     any --route_close--> closed
+ *
+ * route_open connects every hop; a hop it cannot reach takes the first spare that starts at
+ * the same layer (route_open_spare, no hop_gen bump: no session exists yet). A spare's state
+ * (r->spare_state[j], enum spare_state):
+ *
+ *     UNTRIED --connected, INFO read--> KNOWN --chosen: moved into r->hops--> USED
+ *     UNTRIED / KNOWN --a refusal (HELLO refused, host not found); in route_take_spare also
+ *                       another model or no hidden dtype of ours--> DEAD
+ *     a spare that could not be reached (IO, TIMEOUT, CLOSED) stays as it was: the network may
+ *     come back. A KNOWN spare of other layers is disconnected and kept for the hop it fits.
+ *     route_open_spare counts PROTOCOL as unreachable (route_is_transport_error),
+ *     route_take_spare as a refusal.
+ *
+ * A session along the route: s->pos (positions done), s->hidden_valid (I6), s->epoch, and per
+ * hop k what that hop holds of it, s->hop_epoch[k] (I3) and s->hop_gen[k] (I4):
+ *
+ *     hop_epoch[k] == 0           the hop holds nothing we know of (new session, new hop): its
+ *                                 next request first replays inputs [0, start) from memory
+ *     0 < hop_epoch[k] < epoch    it holds [0, start) in an older epoch: the next FORWARD
+ *                                 carries INHERIT(hop_epoch[k], start), nothing recomputed
+ *     hop_epoch[k] == epoch       plain append
+ *
+ * The transitions of a session, all in route_step (route_forward is route_step with logits):
+ *
+ *  1. Check the arguments and the context; copy the tokens into memory (route_session_reserve).
+ *  2. A hop replaced since this session's last step (s->hop_gen[k] != r->hop_gen[k]) gets
+ *     hop_epoch 0, and the epoch goes up once.
+ *  3. Relay, when route_relay_possible: route_relay_step sends one FORWARD to hop 0 with the
+ *     rest of the route in a relay block and waits on every connection. Completed: pos = end,
+ *     every hop_epoch = epoch, hidden_valid unchanged (the client never saw the hidden rows).
+ *     Anything else: r->relay_fallbacks++ and go to 4 (a hop lost in the attempt is at fd -1).
+ *  4. Client-driven attempt from hidden_valid: for each chunk [a, b) of at most max_rows rows,
+ *     hop 0 .. n-1 in order, hop_append brings the hop to position a and sends [a, b), its
+ *     output stored as the next hop's input (I1). hop_append replays [0, a) to a hop with
+ *     hop_epoch 0 (merged into the request when it fits, I2), replays [have, a) on CACHE_MISS
+ *     (at most ROUTE_MAX_MISSES in a row), retries BUSY with backoff until timeout_ms, and
+ *     turns any other status into HOP_FATAL. A hop left at fd -1 by 3 fails the attempt at once
+ *     (HOP_FAILED). Done: pos = hidden_valid = end.
+ *  5. HOP_FAILED at hop k (transport; route_is_transport_error): route_reroute puts a spare in
+ *     its slot, sets hop_epoch[k] = 0, epoch++, r->reroutes++, and 4 runs again from
+ *     hidden_valid. Each failed attempt uses up a spare, so the loop ends. No spare, or
+ *     HOP_FATAL: the step fails and the session's state along the route is unspecified.
+ *
+ * route_session_rewind moves pos (and hidden_valid) back; nothing is sent, the hops drop the
+ * positions past it when the next FORWARD reaches them. route_release sends RELEASE to every
+ * hop that holds the session in the generation we know, then frees it.
+ *
+ * Failover and replay, the rule: the client keeps every input it sent to every hop (I1), so any
+ * hop can be rebuilt from memory, and a new epoch tells the old shard's state apart from the
+ * new one's. Results equal an uninterrupted run because a row's result does not depend on how
+ * rows were split into requests (route.h note 1).
+ *
+ * Bounds. What a shard can make the client allocate is checked before the allocation:
+ * route_reply_limit caps a reply by its op, ROUTE_MAX_* cap the vocab; replay memory is capped
+ * by max_replay_bytes through max_ctx (route_limits).
  *
  * Invariants
  *  I1. s->tokens[0..pos) and s->hidden[k][0..pos) (k >= 1) hold the inputs hop k was sent for
@@ -11,8 +99,8 @@
  *      (route.h design note 1).
  *  I3. s->hop_epoch[k] is the epoch in which hop k (as it stands in the route) holds the
  *      session's state, 0 when it holds none we know of. It becomes s->epoch on every OK reply
- *      (hop_send). A FORWARD to a hop with 0 < hop_epoch < epoch carries INHERIT(hop_epoch,
- *      start_pos).
+ *      (hop_send, route_relay_step). A FORWARD to a hop with 0 < hop_epoch < epoch carries
+ *      INHERIT(hop_epoch, start_pos).
  *  I4. s->hop_gen[k] == r->hop_gen[k] unless hop k was replaced since this session last used
  *      it; route_forward then treats it as a fresh hop (design note 5 of route.h).
  *  I5. A hop's fd is -1 only while it is being replaced; route_forward returns with every hop
@@ -121,33 +209,50 @@ int route_check_same_model(const struct wire_info *ref, const char *ref_name, co
 
 /* ---- one request on one connection (route_hop.c) ------------------------------------------- */
 
+/* Closes h's connection (fd -1, not listening). */
 void route_hop_disconnect(route_hop *h);
+/* Makes room for need bytes in r->tx. */
 int route_tx_reserve(route *r, size_t need);
+/* Largest payload a reply of reply_op may announce. */
 uint32_t route_reply_limit(const route *r, uint16_t reply_op);
+/* Sends r->tx[0..len) as an op frame on h and waits for its reply_op reply into r->rx; any
+ * other outcome disconnects h. */
 int route_hop_call(route *r, route_hop *h, uint16_t op, size_t len, uint16_t reply_op, char *why, size_t why_cap);
+/* Connects h, TLS, HELLO, reads its INFO into h->info. */
 int route_hop_connect(route *r, route_hop *h, char *why, size_t why_cap);
+/* IO, TIMEOUT, CLOSED, PROTOCOL: the hop is gone, as opposed to a refusal. */
 bool route_is_transport_error(int rc);
 
 /* ---- limits (route.c) ----------------------------------------------------------------------- */
 
+/* Replay memory of one position, bytes. */
 uint64_t route_position_bytes(const route *r);
+/* Recomputes r->max_ctx and r->max_rows from the hops and the replay cap. */
 void route_limits(route *r);
 
 /* ---- failover (route_spare.c) --------------------------------------------------------------- */
 
+/* route_open: hop k unreachable; the first spare starting at layer first takes its place. */
 int route_open_spare(route *r, uint32_t k, uint32_t first);
+/* A spare serving hop k's exact layers of the same model takes its place; r->hop_gen[k]++. */
 int route_take_spare(route *r, uint32_t k);
+/* Hop k failed with err: take a spare and move the session to a new epoch. */
 int route_reroute(route *r, route_session *s, uint32_t k, int err, const char *why, char *msg, size_t msg_cap);
 
 /* ---- sessions (route_session.c) ------------------------------------------------------------- */
 
+/* Grows the session's replay memory to rows positions. */
 int route_session_reserve(route_session *s, uint32_t rows);
 
 /* ---- the step (route_step.c) and relayed steps (route_relay.c) ------------------------------ */
 
+/* The sampler block of a SAMPLE request. */
 void route_fill_sample(const route_step_opts *o, struct wire_sample_req *q);
+/* A decoded SAMPLE reply into *res. */
 void route_reply_to_sample(const struct wire_forward_reply *rep, sampler_result *res);
+/* Can the step [base, end) be relayed (route.h note 7)? */
 bool route_relay_possible(const route *r, const route_session *s, uint32_t base, uint32_t end);
+/* One relayed attempt of the step [base, end); false: redo it client-driven (why says why). */
 bool route_relay_step(route *r, route_session *s, uint32_t base, uint32_t end, float *logits_last, char *why,
                       size_t why_cap);
 
