@@ -11,8 +11,8 @@
 #include "util.h"
 
 route_params route_default_params(void) {
-    return (route_params){.timeout_ms = 30000, .auth = NULL, .log = NULL, .log_user = NULL, .hidden_f16 = false, .hidden_bf16 = false,
-                          .max_replay_bytes = ROUTE_DEFAULT_REPLAY_BYTES};
+    return (route_params){.timeout_ms = 30000, .auth = NULL, .log = NULL, .log_user = NULL, .hidden_f16 = false,
+                          .hidden_bf16 = false, .max_replay_bytes = ROUTE_DEFAULT_REPLAY_BYTES};
 }
 
 /* Replay memory of one position: its token id plus one hidden row per hop after the head. */
@@ -56,6 +56,76 @@ void route_close(route *r) {
     free(r);
 }
 
+/* The settings of p (NULL: defaults) into r: the hidden dtype, a copy of the auth token, the TLS
+ * context. r->auth NULL after a failed copy is reported with the other allocations. */
+static int route_set_params(route *r, const route_params *p, char *msg, size_t msg_cap) {
+    r->p = p ? *p : route_default_params();
+    if (r->p.max_replay_bytes == 0) r->p.max_replay_bytes = ROUTE_DEFAULT_REPLAY_BYTES;
+    if (r->p.hidden_f16 && r->p.hidden_bf16)
+        return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "hidden_f16 and hidden_bf16 both set");
+    r->hid_kind = r->p.hidden_f16 ? WIRE_IN_HIDDEN_F16 : r->p.hidden_bf16 ? WIRE_IN_HIDDEN_BF16 : WIRE_IN_HIDDEN_F32;
+    r->hid_bit = r->p.hidden_f16 ? WIRE_DTYPE_F16 : r->p.hidden_bf16 ? WIRE_DTYPE_BF16 : WIRE_DTYPE_F32;
+    r->hid_name = r->p.hidden_f16 ? "f16" : r->p.hidden_bf16 ? "bf16" : "f32";
+    r->hid_elem = r->hid_kind == WIRE_IN_HIDDEN_F32 ? 4 : 2;
+    r->p.auth = NULL;
+    const char *auth = p && p->auth ? p->auth : "";
+    if (strlen(auth) > WIRE_MAX_AUTH)
+        return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "auth token longer than %u bytes", WIRE_MAX_AUTH);
+    r->auth = strdup(auth);
+    if (p && (p->tls_cert || p->tls_key || p->tls_ca)) {
+        tls_params tp = {.cert_file = p->tls_cert, .key_file = p->tls_key, .ca_file = p->tls_ca};
+        int rc = tls_ctx_create(&tp, false, &r->tls, msg, msg_cap);
+        if (rc != KVS_OK) return rc;
+    }
+    r->p.tls_cert = r->p.tls_key = r->p.tls_ca = NULL; /* not kept: the context holds what it needs */
+    return KVS_OK;
+}
+
+/* Connects every hop in order; one that cannot be reached is replaced by a spare starting where
+ * the previous hop ends (route_open_spare). names[k] and infos[k] get hop k's address and INFO. */
+static int route_connect_hops(route *r, const char **names, struct wire_info *infos, char *msg, size_t msg_cap) {
+    for (size_t k = 0; k < r->n_hops; k++) {
+        char why[KVS_MSG_MAX];
+        int rc = route_hop_connect(r, &r->hops[k], why, sizeof why);
+        if (rc != KVS_OK && route_is_transport_error(rc)) {
+            char old[ROUTE_ADDR_MAX];
+            snprintf(old, sizeof old, "%s", r->hops[k].addr.text);
+            if (route_open_spare(r, (uint32_t)k, k ? infos[k - 1].last : 0) == KVS_OK) {
+                route_log(r, "hop %zu (%s): %s; using spare %s", k, old, why, r->hops[k].addr.text);
+                rc = KVS_OK;
+            }
+        }
+        if (rc != KVS_OK) return kvs_fail(msg, msg_cap, rc, "hop %zu (%s): %s", k, r->hops[k].addr.text, why);
+        names[k] = r->hops[k].addr.text;
+        infos[k] = r->hops[k].info;
+    }
+    return KVS_OK;
+}
+
+/* Checks that the connected hops form a route in r's hidden dtype and takes its shape: model,
+ * limits, the scratch buffers, a relay id. */
+static int route_take_shape(route *r, const char *const *names, const struct wire_info *infos, char *msg,
+                            size_t msg_cap) {
+    const size_t n = r->n_hops;
+    int rc = route_check_hops(infos, names, n, msg, msg_cap);
+    if (rc != KVS_OK) return rc;
+    for (size_t k = 1; k < n; k++)
+        if (!(infos[k].hidden_dtypes & r->hid_bit))
+            return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "hop %zu (%s) does not take %s hidden states", k,
+                            names[k], r->hid_name);
+    memcpy(r->digest, infos[0].model_digest, WIRE_DIGEST_SIZE);
+    r->n_layer = infos[0].n_layer;
+    r->n_embd = infos[0].n_embd;
+    r->n_vocab = infos[0].n_vocab;
+    route_limits(r);
+    r->scratch_logits = malloc((size_t)r->n_vocab * sizeof(float));
+    r->fwd = calloc(1, sizeof *r->fwd);
+    if (getrandom(&r->relay_id, sizeof r->relay_id, 0) != (ssize_t)sizeof r->relay_id || r->relay_id == 0)
+        r->relay_id = (uint64_t)kvs_now_ns() | 1; /* unique enough to name our connections */
+    if (!r->scratch_logits || !r->fwd) return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
+    return KVS_OK;
+}
+
 int route_open(const char *route_spec, const char *spares_spec, const route_params *p, route **out, char *msg,
                size_t msg_cap) {
     if (!out) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "out is NULL");
@@ -74,30 +144,9 @@ int route_open(const char *route_spec, const char *spares_spec, const route_para
     route *r = calloc(1, sizeof *r);
     if (!r) {
         rc = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
-        goto fail;
+        goto done;
     }
-    r->p = p ? *p : route_default_params();
-    if (r->p.max_replay_bytes == 0) r->p.max_replay_bytes = ROUTE_DEFAULT_REPLAY_BYTES;
-    if (r->p.hidden_f16 && r->p.hidden_bf16) {
-        rc = kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "hidden_f16 and hidden_bf16 both set");
-        goto fail;
-    }
-    r->hid_kind = r->p.hidden_f16 ? WIRE_IN_HIDDEN_F16 : r->p.hidden_bf16 ? WIRE_IN_HIDDEN_BF16 : WIRE_IN_HIDDEN_F32;
-    r->hid_bit = r->p.hidden_f16 ? WIRE_DTYPE_F16 : r->p.hidden_bf16 ? WIRE_DTYPE_BF16 : WIRE_DTYPE_F32;
-    r->hid_name = r->p.hidden_f16 ? "f16" : r->p.hidden_bf16 ? "bf16" : "f32";
-    r->hid_elem = r->hid_kind == WIRE_IN_HIDDEN_F32 ? 4 : 2;
-    r->p.auth = NULL;
-    const char *auth = p && p->auth ? p->auth : "";
-    if (strlen(auth) > WIRE_MAX_AUTH) {
-        rc = kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "auth token longer than %u bytes", WIRE_MAX_AUTH);
-        goto fail;
-    }
-    r->auth = strdup(auth);
-    if (p && (p->tls_cert || p->tls_key || p->tls_ca)) {
-        tls_params tp = {.cert_file = p->tls_cert, .key_file = p->tls_key, .ca_file = p->tls_ca};
-        if ((rc = tls_ctx_create(&tp, false, &r->tls, msg, msg_cap)) != KVS_OK) goto fail;
-    }
-    r->p.tls_cert = r->p.tls_key = r->p.tls_ca = NULL; /* not kept: the context holds what it needs */
+    if ((rc = route_set_params(r, p, msg, msg_cap)) != KVS_OK) goto done;
     r->n_hops = (uint32_t)n;
     r->n_spares = (uint32_t)n_spares;
     r->hops = calloc(n, sizeof *r->hops);
@@ -108,62 +157,19 @@ int route_open(const char *route_spec, const char *spares_spec, const route_para
     infos = calloc(n, sizeof *infos);
     if (!r->auth || !r->hops || !r->hop_gen || !r->spares || !r->spare_state || !names || !infos) {
         rc = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
-        goto fail;
+        goto done;
     }
     for (size_t k = 0; k < n; k++) r->hops[k] = (route_hop){.addr = addrs[k], .fd = -1};
     for (size_t k = 0; k < n_spares; k++) r->spares[k] = (route_hop){.addr = spare_addrs[k], .fd = -1};
-
-    for (size_t k = 0; k < n; k++) {
-        char why[KVS_MSG_MAX];
-        rc = route_hop_connect(r, &r->hops[k], why, sizeof why);
-        if (rc != KVS_OK && route_is_transport_error(rc)) {
-            char old[ROUTE_ADDR_MAX];
-            snprintf(old, sizeof old, "%s", r->hops[k].addr.text);
-            if (route_open_spare(r, (uint32_t)k, k ? infos[k - 1].last : 0) == KVS_OK) {
-                route_log(r, "hop %zu (%s): %s; using spare %s", k, old, why, r->hops[k].addr.text);
-                rc = KVS_OK;
-            }
-        }
-        if (rc != KVS_OK) {
-            rc = kvs_fail(msg, msg_cap, rc, "hop %zu (%s): %s", k, r->hops[k].addr.text, why);
-            goto fail;
-        }
-        names[k] = r->hops[k].addr.text;
-        infos[k] = r->hops[k].info;
-    }
-    if ((rc = route_check_hops(infos, names, n, msg, msg_cap)) != KVS_OK) goto fail;
-    for (size_t k = 1; k < n; k++)
-        if (!(infos[k].hidden_dtypes & r->hid_bit)) {
-            rc = kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "hop %zu (%s) does not take %s hidden states", k,
-                          names[k], r->hid_name);
-            goto fail;
-        }
-    memcpy(r->digest, infos[0].model_digest, WIRE_DIGEST_SIZE);
-    r->n_layer = infos[0].n_layer;
-    r->n_embd = infos[0].n_embd;
-    r->n_vocab = infos[0].n_vocab;
-    route_limits(r);
-    r->scratch_logits = malloc((size_t)r->n_vocab * sizeof(float));
-    r->fwd = calloc(1, sizeof *r->fwd);
-    if (getrandom(&r->relay_id, sizeof r->relay_id, 0) != (ssize_t)sizeof r->relay_id || r->relay_id == 0)
-        r->relay_id = (uint64_t)kvs_now_ns() | 1; /* unique enough to name our connections */
-    if (!r->scratch_logits || !r->fwd) {
-        rc = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
+    if ((rc = route_connect_hops(r, names, infos, msg, msg_cap)) == KVS_OK)
+        rc = route_take_shape(r, names, infos, msg, msg_cap);
+done:
     free(addrs);
     free(spare_addrs);
     free(names);
     free(infos);
-    *out = r;
-    return KVS_OK;
-
-fail:
-    free(addrs);
-    free(spare_addrs);
-    free(names);
-    free(infos);
-    route_close(r);
+    if (rc == KVS_OK) *out = r;
+    else route_close(r);
     return rc;
 }
 
