@@ -37,14 +37,9 @@ void route_reply_to_sample(const struct wire_forward_reply *rep, sampler_result 
     }
 }
 
-/* One FORWARD of rows [from, to) to hop k. On HOP_OK *st is the shard's status block; when it is
- * OK the output went to out (hidden rows [out_from, to) for hop k+1, or the logits row; out NULL:
- * discarded) and hop_epoch[k] is the session epoch. HOP_FAILED: transport failure, why says what; the hop is
- * disconnected. HOP_FATAL: *rc and why (an encoder failure, or a reply of the wrong shape). */
-static enum hop_result hop_send(route *r, route_session *s, uint32_t k, uint32_t from, uint32_t to,
-                                uint32_t out_from, void *out, struct wire_status *st, int *rc, char *why,
-                                size_t why_cap) {
-    route_hop *h = &r->hops[k];
+/* Encodes into r->tx the FORWARD of rows [from, to) to hop k: token ids for hop 0, remembered
+ * hidden rows for the others, INHERIT for a hop that holds the session in an older epoch (I3). */
+static int hop_encode(route *r, const route_session *s, uint32_t k, uint32_t from, uint32_t to, size_t *len) {
     const bool last = k + 1 == r->n_hops;
     const bool sample = last && s->opts->sample;
     const uint32_t n = to - from;
@@ -68,9 +63,67 @@ static enum hop_result hop_send(route *r, route_session *s, uint32_t k, uint32_t
         f.data = s->hidden[k] + (size_t)from * r->n_embd * r->hid_elem;
         bytes = FWD_HEAD_BYTES + (size_t)n * r->n_embd * r->hid_elem;
     }
+    int rc;
+    *len = 0;
+    if ((rc = wire_encode_forward(&f, NULL, 0, len)) != KVS_OK ||
+        (rc = route_tx_reserve(r, *len > bytes ? *len : bytes)) != KVS_OK ||
+        (rc = wire_encode_forward(&f, r->tx, r->tx_cap, len)) != KVS_OK)
+        return rc;
+    return KVS_OK;
+}
+
+/* The out_kind of hidden rows in the route's dtype. In f16 / bf16 mode the head answers token
+ * input in f32 (rounded here, once); the others in the route's dtype. */
+static uint32_t route_half_outk(const route *r) {
+    return r->hid_kind == WIRE_IN_HIDDEN_F16    ? WIRE_OUTK_HIDDEN_F16
+           : r->hid_kind == WIRE_IN_HIDDEN_BF16 ? WIRE_OUTK_HIDDEN_BF16
+                                                : WIRE_OUTK_HIDDEN_F32;
+}
+
+/* Stores the output of hop k's OK reply to rows [from, to), shape checked: the sample into
+ * s->res, else to out (hidden rows [out_from, to) for hop k+1 in the route's dtype, or the
+ * logits row); out NULL: discarded. */
+static void hop_store(const route *r, route_session *s, uint32_t k, uint32_t from, uint32_t to, uint32_t out_from,
+                      void *out, struct wire_forward_reply *rep) {
+    const bool last = k + 1 == r->n_hops;
+    if (last && s->opts->sample) {
+        route_reply_to_sample(rep, s->res);
+        return;
+    }
+    if (!out) return;
+    if (!last && out_from > from) { /* only the rows the caller asked for */
+        rep->n_rows = to - out_from;
+        rep->data = (const uint8_t *)rep->data +
+                    (size_t)(out_from - from) * r->n_embd * (rep->out_kind == WIRE_OUTK_HIDDEN_F32 ? 4 : 2);
+    }
+    if (!last && r->hid_elem == 2) { /* kept as f16/bf16: what the next hop is sent, and replayed, exactly */
+        const uint8_t *src = rep->data;
+        uint16_t *dst = out;
+        size_t count = (size_t)rep->n_rows * rep->n_cols;
+        if (rep->out_kind == route_half_outk(r)) {
+            for (size_t i = 0; i < count; i++) dst[i] = kvs_rd_u16(src + 2 * i);
+        } else if (r->hid_kind == WIRE_IN_HIDDEN_F16) {
+            for (size_t i = 0; i < count; i++) dst[i] = wire_f32_to_f16(kvs_rd_f32(src + 4 * i));
+        } else {
+            for (size_t i = 0; i < count; i++) dst[i] = wire_f32_to_bf16(kvs_rd_f32(src + 4 * i));
+        }
+    } else {
+        wire_forward_reply_to_f32(rep, out);
+    }
+}
+
+/* One FORWARD of rows [from, to) to hop k. On HOP_OK *st is the shard's status block; when it is
+ * OK the output went to out (hop_store) and hop_epoch[k] is the session epoch. HOP_FAILED:
+ * transport failure or a reply of the wrong shape, why says what; the hop is disconnected.
+ * HOP_FATAL: the request could not be encoded; *rc and why say why. */
+static enum hop_result hop_send(route *r, route_session *s, uint32_t k, uint32_t from, uint32_t to,
+                                uint32_t out_from, void *out, struct wire_status *st, int *rc, char *why,
+                                size_t why_cap) {
+    route_hop *h = &r->hops[k];
+    const bool last = k + 1 == r->n_hops;
+    const bool sample = last && s->opts->sample;
     size_t len = 0;
-    if ((*rc = wire_encode_forward(&f, NULL, 0, &len)) != KVS_OK || (*rc = route_tx_reserve(r, len > bytes ? len : bytes)) != KVS_OK ||
-        (*rc = wire_encode_forward(&f, r->tx, r->tx_cap, &len)) != KVS_OK) {
+    if ((*rc = hop_encode(r, s, k, from, to, &len)) != KVS_OK) {
         kvs_fail(why, why_cap, *rc, "cannot encode FORWARD [%u, %u): %s", from, to, kvs_strerror(*rc));
         return HOP_FATAL;
     }
@@ -85,46 +138,20 @@ static enum hop_result hop_send(route *r, route_session *s, uint32_t k, uint32_t
     }
     *st = rep.st;
     if (rep.st.status != KVS_OK) return HOP_OK;
-    /* f16 / bf16 mode: the head answers token input in f32 (rounded here, once); the others in the
-     * route's dtype. */
-    const uint32_t half_outk = r->hid_kind == WIRE_IN_HIDDEN_F16    ? WIRE_OUTK_HIDDEN_F16
-                               : r->hid_kind == WIRE_IN_HIDDEN_BF16 ? WIRE_OUTK_HIDDEN_BF16
-                                                                    : WIRE_OUTK_HIDDEN_F32;
-    const bool hid_ok = rep.out_kind == WIRE_OUTK_HIDDEN_F32 || rep.out_kind == half_outk;
+    const bool hid_ok = rep.out_kind == WIRE_OUTK_HIDDEN_F32 || rep.out_kind == route_half_outk(r);
     bool shape_ok = sample ? rep.out_kind == WIRE_OUTK_SAMPLE && rep.n_cols == s->opts->n_top
                     : last ? rep.out_kind == WIRE_OUTK_LOGITS_F32 && rep.n_rows == 1 && rep.n_cols == r->n_vocab
-                           : hid_ok && rep.n_rows == n && rep.n_cols == r->n_embd;
+                           : hid_ok && rep.n_rows == to - from && rep.n_cols == r->n_embd;
     if (!shape_ok || rep.st.n_past != to) {
+        const char *want = sample ? "a sample" : last ? "1 row of logits" : r->hid_elem == 2 ? "hidden f32 or half rows"
+                                                                                             : "hidden f32 rows";
         route_hop_disconnect(h);
         *rc = kvs_fail(why, why_cap, KVS_ERR_PROTOCOL,
                        "FORWARD [%u, %u) answered out_kind %u, %u x %u, n_past %u (expected %s, n_past %u)", from, to,
-                       rep.out_kind, rep.n_rows, rep.n_cols, rep.st.n_past,
-                       sample ? "a sample" : last ? "1 row of logits" : r->hid_elem == 2 ? "hidden f32 or half rows" : "hidden f32 rows", to);
+                       rep.out_kind, rep.n_rows, rep.n_cols, rep.st.n_past, want, to);
         return HOP_FAILED;
     }
-    if (sample) {
-        route_reply_to_sample(&rep, s->res);
-    } else if (out) {
-        if (!last && out_from > from) { /* only the rows the caller asked for */
-            rep.n_rows = to - out_from;
-            rep.data = (const uint8_t *)rep.data +
-                       (size_t)(out_from - from) * r->n_embd * (rep.out_kind == WIRE_OUTK_HIDDEN_F32 ? 4 : 2);
-        }
-        if (!last && r->hid_elem == 2) { /* kept as f16/bf16: what the next hop is sent, and replayed, exactly */
-            const uint8_t *src = rep.data;
-            uint16_t *dst = out;
-            size_t count = (size_t)rep.n_rows * rep.n_cols;
-            if (rep.out_kind == half_outk) {
-                for (size_t i = 0; i < count; i++) dst[i] = kvs_rd_u16(src + 2 * i);
-            } else if (r->hid_kind == WIRE_IN_HIDDEN_F16) {
-                for (size_t i = 0; i < count; i++) dst[i] = wire_f32_to_f16(kvs_rd_f32(src + 4 * i));
-            } else {
-                for (size_t i = 0; i < count; i++) dst[i] = wire_f32_to_bf16(kvs_rd_f32(src + 4 * i));
-            }
-        } else {
-            wire_forward_reply_to_f32(&rep, out);
-        }
-    }
+    hop_store(r, s, k, from, to, out_from, out, &rep);
     s->hop_epoch[k] = s->epoch;
     return HOP_OK;
 }
@@ -210,8 +237,10 @@ int route_forward(route *r, route_session *s, const int32_t *tokens, uint32_t n,
     return route_step(r, s, tokens, n, &o, logits_last, NULL, msg, msg_cap);
 }
 
-int route_step(route *r, route_session *s, const int32_t *tokens, uint32_t n, const route_step_opts *o,
-               float *logits_last, sampler_result *res, char *msg, size_t msg_cap) {
+/* The arguments of route_step, and room in the route's context for n more positions. */
+static int step_check(const route *r, const route_session *s, const int32_t *tokens, uint32_t n,
+                      const route_step_opts *o, const float *logits_last, const sampler_result *res, char *msg,
+                      size_t msg_cap) {
     if (!r || !s || !tokens || !o || s->r != r || (o->sample ? !res : !logits_last))
         return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "NULL argument or session of another route");
     if (n == 0) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "no tokens");
@@ -219,16 +248,49 @@ int route_step(route *r, route_session *s, const int32_t *tokens, uint32_t n, co
                       !sampler_params_valid(&o->sp)))
         return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "bad sampler options");
     if (o->sample && r->hops[r->n_hops - 1].info.version < 2)
-        return kvs_fail(msg, msg_cap, KVS_ERR_UNSUPPORTED, "hop %u (%s) speaks protocol version 1: it cannot sample (use logits)",
-                        r->n_hops - 1, r->hops[r->n_hops - 1].addr.text);
+        return kvs_fail(msg, msg_cap, KVS_ERR_UNSUPPORTED,
+                        "hop %u (%s) speaks protocol version 1: it cannot sample (use logits)", r->n_hops - 1,
+                        r->hops[r->n_hops - 1].addr.text);
     for (uint32_t i = 0; i < n; i++)
         if (tokens[i] < 0 || (uint32_t)tokens[i] >= r->n_vocab)
             return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "token %u: id %d outside the vocab (%u)", i,
                             (int)tokens[i], r->n_vocab);
-    const uint32_t base = s->pos;
-    if ((uint64_t)base + n > r->max_ctx)
+    if ((uint64_t)s->pos + n > r->max_ctx)
         return kvs_fail(msg, msg_cap, KVS_ERR_CONTEXT_FULL, "%u + %u positions exceed the route's context of %u",
-                        base, n, r->max_ctx);
+                        s->pos, n, r->max_ctx);
+    return KVS_OK;
+}
+
+/* One client-driven attempt of the step [start, end): chunks of max_rows rows, each through
+ * hop 0 .. n-1 (hop_append), the last hop's output of the last chunk to last_out. Not HOP_OK:
+ * *k is the hop that failed, *rc and why say how. */
+static enum hop_result step_attempt(route *r, route_session *s, uint32_t start, uint32_t end, void *last_out,
+                                    uint32_t *k, int *rc, char *why, size_t why_cap) {
+    for (uint32_t k0 = 0; k0 < r->n_hops; k0++) /* a hop lost during a relayed attempt */
+        if (r->hops[k0].fd < 0) {
+            *k = k0;
+            *rc = kvs_fail(why, why_cap, KVS_ERR_CLOSED, "connection lost");
+            return HOP_FAILED;
+        }
+    for (uint32_t a = start; a < end;) {
+        uint32_t b = end - a > r->max_rows ? a + r->max_rows : end;
+        for (*k = 0; *k < r->n_hops; (*k)++) {
+            const uint32_t j = *k;
+            void *out = j + 1 < r->n_hops ? (void *)(s->hidden[j + 1] + (size_t)a * r->n_embd * r->hid_elem)
+                                          : (b == end ? last_out : (void *)r->scratch_logits);
+            enum hop_result res = hop_append(r, s, j, a, b, out, rc, why, why_cap);
+            if (res != HOP_OK) return res;
+        }
+        a = b;
+    }
+    return HOP_OK;
+}
+
+int route_step(route *r, route_session *s, const int32_t *tokens, uint32_t n, const route_step_opts *o,
+               float *logits_last, sampler_result *res, char *msg, size_t msg_cap) {
+    int rc = step_check(r, s, tokens, n, o, logits_last, res, msg, msg_cap);
+    if (rc != KVS_OK) return rc;
+    const uint32_t base = s->pos;
     const uint32_t end = base + n;
     if (route_session_reserve(s, end) != KVS_OK)
         return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
@@ -260,29 +322,11 @@ int route_step(route *r, route_session *s, const int32_t *tokens, uint32_t n, co
 
     /* Client-driven from hidden_valid (I6): rows [hidden_valid, base) are re-sent from memory. */
     const uint32_t start = s->hidden_valid;
-    void *dummy_out = s->opts->sample ? r->scratch_logits : logits_last;
+    void *last_out = s->opts->sample ? r->scratch_logits : logits_last;
     for (;;) { /* one attempt of the step per iteration; each failed attempt uses up a spare */
-        enum hop_result res_k = HOP_OK;
         uint32_t k = 0;
-        int rc = KVS_OK;
         char why[KVS_MSG_MAX] = "";
-        for (uint32_t k0 = 0; k0 < r->n_hops; k0++) /* a hop lost during a relayed attempt */
-            if (r->hops[k0].fd < 0) {
-                res_k = HOP_FAILED;
-                k = k0;
-                rc = kvs_fail(why, sizeof why, KVS_ERR_CLOSED, "connection lost");
-                break;
-            }
-        for (uint32_t a = start; a < end && res_k == HOP_OK;) {
-            uint32_t b = end - a > r->max_rows ? a + r->max_rows : end;
-            for (k = 0; k < r->n_hops; k++) {
-                void *out = k + 1 < r->n_hops ? (void *)(s->hidden[k + 1] + (size_t)a * r->n_embd * r->hid_elem)
-                                              : (b == end ? dummy_out : (void *)r->scratch_logits);
-                res_k = hop_append(r, s, k, a, b, out, &rc, why, sizeof why);
-                if (res_k != HOP_OK) break;
-            }
-            a = b;
-        }
+        enum hop_result res_k = step_attempt(r, s, start, end, last_out, &k, &rc, why, sizeof why);
         if (res_k == HOP_OK) {
             s->pos = end;
             s->hidden_valid = end;
