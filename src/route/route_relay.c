@@ -15,7 +15,8 @@ static int hop_listen(route *r, uint32_t k, char *why, size_t why_cap) {
     struct wire_relay_listen m = {.relay_id = r->relay_id};
     size_t len = 0;
     int rc;
-    if ((rc = route_tx_reserve(r, 8)) != KVS_OK || (rc = wire_encode_relay_listen(&m, r->tx, r->tx_cap, &len)) != KVS_OK ||
+    if ((rc = route_tx_reserve(r, 8)) != KVS_OK ||
+        (rc = wire_encode_relay_listen(&m, r->tx, r->tx_cap, &len)) != KVS_OK ||
         (rc = route_hop_call(r, h, WIRE_OP_RELAY_LISTEN, len, WIRE_OP_STATUS, why, why_cap)) != KVS_OK)
         return rc;
     struct wire_status_reply sr;
@@ -59,8 +60,9 @@ static int relay_wait(route *r, uint64_t rid, uint16_t *op, uint32_t *from, char
         }
         if (wait_ms != 0 && deadline != NETIO_NO_DEADLINE) {
             uint64_t now = kvs_now_ns();
-            if (now >= deadline) return kvs_fail(why, why_cap, KVS_ERR_TIMEOUT, "no answer to the relayed step within %lld ms",
-                                                 (long long)r->p.timeout_ms);
+            if (now >= deadline)
+                return kvs_fail(why, why_cap, KVS_ERR_TIMEOUT, "no answer to the relayed step within %lld ms",
+                                (long long)r->p.timeout_ms);
             wait_ms = (int)((deadline - now) / 1000000u) + 1;
         }
         int got = poll(pf, np, wait_ms);
@@ -88,13 +90,9 @@ static int relay_wait(route *r, uint64_t rid, uint16_t *op, uint32_t *from, char
     }
 }
 
-/* One relayed attempt of the step [base, end) (route.h design note 7). True when it completed:
- * the result is in logits_last / s->res and every hop holds the step in s->epoch. False: redo it
- * client-driven (why says what happened; a lost hop is left disconnected for that redo). */
-bool route_relay_step(route *r, route_session *s, uint32_t base, uint32_t end, float *logits_last, char *why,
-                       size_t why_cap) {
-    for (uint32_t k = 0; k < r->n_hops; k++)
-        if (hop_listen(r, k, why, why_cap) != KVS_OK) return false;
+/* The relayed FORWARD of the step [base, end) into r->fwd: the tokens for hop 0, the rest of
+ * the route in the relay block, INHERIT for each hop that holds the session in an older epoch. */
+static void relay_fill_forward(route *r, const route_session *s, uint32_t base, uint32_t end) {
     struct wire_forward *f = r->fwd;
     memset(f, 0, sizeof *f);
     memcpy(f->session_id, s->sid, WIRE_SID_SIZE);
@@ -129,25 +127,12 @@ bool route_relay_step(route *r, route_session *s, uint32_t base, uint32_t end, f
             nx->inherit_len = base;
         }
     }
-    size_t len = 0;
-    int rc;
-    if ((rc = wire_encode_forward(f, NULL, 0, &len)) != KVS_OK || (rc = route_tx_reserve(r, len)) != KVS_OK ||
-        (rc = wire_encode_forward(f, r->tx, r->tx_cap, &len)) != KVS_OK) {
-        kvs_fail(why, why_cap, rc, "cannot encode the relayed FORWARD: %s", kvs_strerror(rc));
-        return false;
-    }
-    route_hop *h0 = &r->hops[0];
-    uint64_t rid = ++r->next_rid;
-    rc = netio_send_frame(h0->fd, WIRE_OP_FORWARD, rid, r->tx, len, netio_deadline_ms(r->p.timeout_ms));
-    r->bytes_sent += WIRE_HEADER_SIZE + len;
-    if (rc != KVS_OK) {
-        route_hop_disconnect(h0);
-        kvs_fail(why, why_cap, rc, "hop 0 (%s): sending FORWARD: %s", h0->addr.text, kvs_strerror(rc));
-        return false;
-    }
-    uint16_t op = 0;
-    uint32_t k = 0;
-    if (relay_wait(r, rid, &op, &k, why, why_cap) != KVS_OK) return false;
+}
+
+/* The answer (op, in r->rx) that hop k gave to the relayed step ending at `end`: true when it is
+ * the tail's result, stored in logits_last / s->res; false with why otherwise. */
+static bool relay_take_answer(route *r, route_session *s, uint32_t end, uint16_t op, uint32_t k, float *logits_last,
+                              char *why, size_t why_cap) {
     char dmsg[KVS_MSG_MAX] = "";
     if (op == WIRE_OP_STATUS) { /* a shard could not push on (relay.h design note 2) */
         struct wire_status_reply sr;
@@ -159,7 +144,8 @@ bool route_relay_step(route *r, route_session *s, uint32_t base, uint32_t end, f
         return false;
     }
     struct wire_forward_reply rep;
-    if (op != WIRE_OP_FORWARD_REPLY || wire_decode_forward_reply(r->rx.data, r->rx.len, &rep, dmsg, sizeof dmsg) != KVS_OK) {
+    if (op != WIRE_OP_FORWARD_REPLY ||
+        wire_decode_forward_reply(r->rx.data, r->rx.len, &rep, dmsg, sizeof dmsg) != KVS_OK) {
         kvs_fail(why, why_cap, KVS_ERR_PROTOCOL, "hop %u (%s): unexpected %s answer: %s", k, r->hops[k].addr.text,
                  wire_op_name(op), dmsg);
         return false;
@@ -181,6 +167,37 @@ bool route_relay_step(route *r, route_session *s, uint32_t base, uint32_t end, f
     }
     if (sample) route_reply_to_sample(&rep, s->res);
     else wire_forward_reply_to_f32(&rep, logits_last);
+    return true;
+}
+
+/* One relayed attempt of the step [base, end) (route.h design note 7). True when it completed:
+ * the result is in logits_last / s->res and every hop holds the step in s->epoch. False: redo it
+ * client-driven (why says what happened; a lost hop is left disconnected for that redo). */
+bool route_relay_step(route *r, route_session *s, uint32_t base, uint32_t end, float *logits_last, char *why,
+                       size_t why_cap) {
+    for (uint32_t k = 0; k < r->n_hops; k++)
+        if (hop_listen(r, k, why, why_cap) != KVS_OK) return false;
+    relay_fill_forward(r, s, base, end);
+    size_t len = 0;
+    int rc;
+    if ((rc = wire_encode_forward(r->fwd, NULL, 0, &len)) != KVS_OK || (rc = route_tx_reserve(r, len)) != KVS_OK ||
+        (rc = wire_encode_forward(r->fwd, r->tx, r->tx_cap, &len)) != KVS_OK) {
+        kvs_fail(why, why_cap, rc, "cannot encode the relayed FORWARD: %s", kvs_strerror(rc));
+        return false;
+    }
+    route_hop *h0 = &r->hops[0];
+    uint64_t rid = ++r->next_rid;
+    rc = netio_send_frame(h0->fd, WIRE_OP_FORWARD, rid, r->tx, len, netio_deadline_ms(r->p.timeout_ms));
+    r->bytes_sent += WIRE_HEADER_SIZE + len;
+    if (rc != KVS_OK) {
+        route_hop_disconnect(h0);
+        kvs_fail(why, why_cap, rc, "hop 0 (%s): sending FORWARD: %s", h0->addr.text, kvs_strerror(rc));
+        return false;
+    }
+    uint16_t op = 0;
+    uint32_t k = 0;
+    if (relay_wait(r, rid, &op, &k, why, why_cap) != KVS_OK) return false;
+    if (!relay_take_answer(r, s, end, op, k, logits_last, why, why_cap)) return false;
     for (uint32_t j = 0; j < r->n_hops; j++) s->hop_epoch[j] = s->epoch;
     return true;
 }
