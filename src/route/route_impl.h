@@ -157,7 +157,8 @@ struct route {
     uint8_t digest[WIRE_DIGEST_SIZE];
     uint32_t n_layer, n_embd, n_vocab;
     uint32_t max_ctx;        /* positions, min over hops and the replay memory cap */
-    size_t hid_elem;         /* bytes of one hidden element on the wire and in replay memory: 4 (f32) or 2 (f16, bf16) */
+    size_t hid_elem;         /* bytes of one hidden element on the wire and in replay memory: 4 (f32),
+                                2 (f16, bf16) */
     uint32_t hid_kind;       /* their wire_in_kind: WIRE_IN_HIDDEN_F32, _F16 or _BF16 */
     uint16_t hid_bit;        /* the matching enum wire_dtype_bit */
     const char *hid_name;    /* "f32", "f16" or "bf16", for messages */

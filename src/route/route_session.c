@@ -86,7 +86,8 @@ void route_release(route *r, route_session *s) {
             memcpy(rel.session_id, s->sid, WIRE_SID_SIZE);
             size_t len = 0;
             char why[KVS_MSG_MAX];
-            if (route_tx_reserve(r, 24) != KVS_OK || wire_encode_release(&rel, r->tx, r->tx_cap, &len) != KVS_OK) continue;
+            if (route_tx_reserve(r, 24) != KVS_OK || wire_encode_release(&rel, r->tx, r->tx_cap, &len) != KVS_OK)
+                continue;
             (void)route_hop_call(r, h, WIRE_OP_RELEASE, len, WIRE_OP_STATUS, why, sizeof why);
         }
     }
