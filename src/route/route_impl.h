@@ -23,14 +23,14 @@
  * Locks: none. A route is driven by one thread at a time (route.h note 5): every request is
  * sent and its reply awaited before the next, so one tx/rx pair serves all hops. Request ids
  * grow per route (r->next_rid); a frame with a lower id is a late answer to an attempt that
- * was given up and is dropped (route_hop_call, route_relay_wait).
+ * was given up and is dropped (route_hop_call, relay_wait).
  *
  * A hop is a slot of r->hops, in layer order. Its connection:
  *
  *     (slot) --route_hop_connect: TCP, TLS, HELLO, INFO--> connected
- *     connected --route_hop_listen: RELAY_LISTEN OK--> connected + listening (I7)
+ *     connected --hop_listen: RELAY_LISTEN OK--> connected + listening (I7)
  *     connected --any failed route_hop_call (a STATUS in place of the reply included), a
- *                 failure in route_relay_wait or the relayed send, a reply of the wrong shape
+ *                 failure in relay_wait or the relayed send, a reply of the wrong shape
  *                 (hop_send)--> disconnected (route_hop_disconnect, fd -1)
  *     disconnected --route_reroute / route_fetch_vocab: route_take_spare--> a spare's
  *                 connection in the slot, r->hop_gen[k]++; no usable spare: the call fails
@@ -59,16 +59,18 @@
  *
  * The transitions of a session, all in route_step (route_forward is route_step with logits):
  *
- *  1. Check the arguments and the context; copy the tokens into memory (route_session_reserve).
+ *  1. Check the arguments and the context (step_check); copy the tokens into memory
+ *     (route_session_reserve).
  *  2. A hop replaced since this session's last step (s->hop_gen[k] != r->hop_gen[k]) gets
  *     hop_epoch 0, and the epoch goes up once.
  *  3. Relay, when route_relay_possible: route_relay_step sends one FORWARD to hop 0 with the
  *     rest of the route in a relay block and waits on every connection. Completed: pos = end,
  *     every hop_epoch = epoch, hidden_valid unchanged (the client never saw the hidden rows).
  *     Anything else: r->relay_fallbacks++ and go to 4 (a hop lost in the attempt is at fd -1).
- *  4. Client-driven attempt from hidden_valid: for each chunk [a, b) of at most max_rows rows,
- *     hop 0 .. n-1 in order, hop_append brings the hop to position a and sends [a, b), its
- *     output stored as the next hop's input (I1). hop_append replays [0, a) to a hop with
+ *  4. A client-driven attempt from hidden_valid (step_attempt): for each chunk [a, b) of at
+ *     most max_rows rows, hop 0 .. n-1 in order, hop_append brings the hop to position a and
+ *     sends [a, b) (hop_send: hop_encode, the call, the shape check, hop_store); each hop's
+ *     output is stored as the next hop's input (I1). hop_append replays [0, a) to a hop with
  *     hop_epoch 0 (merged into the request when it fits, I2), replays [have, a) on CACHE_MISS
  *     (at most ROUTE_MAX_MISSES in a row), retries BUSY with backoff until timeout_ms, and
  *     turns any other status into HOP_FATAL. A hop left at fd -1 by 3 fails the attempt at once
