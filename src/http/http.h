@@ -32,7 +32,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef void (*http_log_fn)(void *ctx, const char *line);
+#include "log.h"
+
+/* One event line, as every module's log (log.h). */
+typedef kvs_log_fn http_log_fn;
 
 typedef struct {
     const char *listen;          /* "HOST:PORT"; port 0 picks a free one (http_port) */

@@ -61,6 +61,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "log.h"
 #include "netio.h"
 #include "sampler.h"
 #include "tokenizer.h"
@@ -73,8 +74,9 @@
 typedef struct route route;
 typedef struct route_session route_session;
 
-/* Receives one line (no trailing newline) per recovery event; the line is valid during the call. */
-typedef void (*route_log_fn)(void *user, const char *line);
+/* Receives one line (no trailing newline) per recovery event; the line is valid during the call.
+ * The log type of every module (log.h). */
+typedef kvs_log_fn route_log_fn;
 
 typedef struct {
     int64_t timeout_ms; /* connect deadline and reply deadline of every request; < 0: none */

@@ -30,12 +30,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "log.h"
+
 typedef struct relay relay;
 
 /* Outcome of one push (design note 2). target and request_id are those given to relay_push. */
 typedef void (*relay_done_fn)(void *ctx, void *target, uint64_t request_id, uint16_t hop, const char *addr,
                               int status, const char *why);
-typedef void (*relay_log_fn)(void *ctx, const char *line);
+typedef kvs_log_fn relay_log_fn; /* one event line, as every module's log (log.h) */
 
 typedef struct {
     int64_t timeout_ms;  /* connect, HELLO and send deadline per push; < 0: none */
