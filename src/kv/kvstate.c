@@ -15,24 +15,32 @@
  * Free blocks sit on a stack of ids. A session's block table maps position p
  * to block table[p / block_tokens], slot p % block_tokens.
  *
- * Invariants (checked by tests through kv_get_stats / kv_debug_blocks):
+ * Invariants (kv_check in kvstate_check.c verifies I1-I9; the kvstate tests
+ * run it after every operation):
  *  I1. Every block is on the free stack or in exactly one table (a live
- *      session's, or an open transaction's new part); never both.
- *  I2. bytes_used == (blocks_total - blocks_free) * block_bytes <= budget.
- *  I3. A live session holds exactly ceil(n_past / block_tokens) blocks; only
- *      its last block may be partly empty.
+ *      session's, or an open transaction's new part table[n_shared..)); never
+ *      both. An open transaction's table[0..n_shared) is its session's
+ *      blocks[0..n_shared).
+ *  I2. blocks_total - blocks_free == the blocks of all tables and all open
+ *      transactions' new parts; bytes_used == that x block_bytes <= budget.
+ *  I3. A live session holds exactly ceil(n_past / block_tokens) blocks, and
+ *      0 < n_past <= max_positions (n_past 0 only while kv_begin's new
+ *      session is pinned); only its last block may be partly empty.
  *  I4. A session with an open transaction (pinned) is not on the LRU list,
- *      so neither TTL nor LRU eviction can touch it.
- *  I5. The session table holds at most one live epoch per session id.
+ *      so neither TTL nor LRU eviction can touch it; every idle one is, most
+ *      recently used first.
+ *  I5. The session table holds at most one live epoch per session id, in the
+ *      bucket of its hash; n_sessions counts them (<= max_sessions when set).
  *  I6. Attention reads a session's K/V only through its own (transaction's)
- *      table: isolation is structural.
+ *      table: isolation is structural. A transaction is its session's pin
+ *      and covers [start, end) with ceil(end / block_tokens) blocks.
  *
  * State of one session id:
  *
  *     absent --kv_begin(start_pos 0)--> pinned(new) --kv_commit--> idle
  *     idle --kv_begin--> pinned --kv_commit--> idle (n_past = start + n)
- *                               --kv_abort---> idle (exactly as before)
- *     pinned(new) --kv_abort--> absent
+ *                               --kv_abort---> idle (exactly as before, in place too)
+ *     pinned(new) --kv_abort--> absent (no tombstone: as before kv_begin)
  *     idle --kv_truncate--> idle;  idle --kv_release / kv_sweep_ttl / LRU
  *     eviction in kv_begin of another session--> absent
  *
@@ -50,22 +58,36 @@
  * takes from the pool, evicting LRU neighbours if it must, only the blocks of
  * the positions the request adds). So a retry, a rewind, an inherit or an
  * epoch bump never needs more free blocks than the positions it adds and
- * never evicts a neighbour for what its own blocks can do. The price: such a
- * transaction overwrites the session's positions [start, ...) as it runs, so
- * kv_abort leaves the session holding [0, start) in its old epoch (a
- * session left with 0 positions is dropped) instead of exactly as before.
+ * never evicts a neighbour for what its own blocks can do. To keep abort
+ * exact all the same, kv_begin first copies the reused blocks the request
+ * writes into (from the one holding start on) to an undo buffer outside the
+ * pool (a counted allocation: its failure is NOMEM with nothing changed);
+ * kv_abort copies them back, kv_commit frees the buffer. The buffer is heap
+ * memory beyond the budget, at most the session's own bytes past start, and
+ * only while such a transaction is open: the price of atomicity without
+ * taking a neighbour's blocks.
  *
  *  I7. A transaction is in place only when copy-on-write would need more free
- *      blocks than there are; then txn->table[0..n_reuse) are the session's
- *      old blocks, in order, and kv_abort truncates the session to start.
+ *      blocks than there are (or the tenant's quota); then txn->table[0..n_shared)
+ *      are the session's old blocks, in order, and txn->undo holds the
+ *      contents of table[start / block_tokens .. n_shared) as of kv_begin.
+ *      Otherwise there is no undo and no position the request writes lies in
+ *      a shared block below n_past.
  *
  * Tombstones (I8). When a session goes (release, TTL, LRU, truncate to 0, a
- * newer epoch that drops it) its id and epoch are remembered in a ring of
- * max_tombstones entries, each forgotten after tombstone_ttl_ns: a request at
- * an older epoch is STALE_EPOCH, so a stale driver cannot re-create it.
+ * newer epoch that drops it) its id and epoch are remembered, each forgotten
+ * after tombstone_ttl_ns: a request at an older epoch is STALE_EPOCH, so a
+ * stale driver cannot re-create it. The table bounds ids, not events: an id
+ * has one entry, found through a hash index and updated in place when the id
+ * goes again (it then becomes the newest); past max_tombstones ids the least
+ * recently recorded id is forgotten. A session kv_begin created and kv_abort
+ * rolled back leaves no entry (it never existed for anyone).
  *
- *  I8. A tombstone is consulted only for an id with no live session; its
- *      epoch is the highest epoch of any dropped session of that id still
+ *  I8. One entry per id, on the bucket chain of its hash and on the recording
+ *      order list (oldest first, recorded no later than the next); the other
+ *      entries are on the free list; n_tombs counts the used ones. A
+ *      tombstone is consulted only for an id with no live session; its epoch
+ *      is the highest epoch of any dropped session of that id still
  *      remembered. Memory: max_tombstones x sizeof(kv_tomb), fixed.
  *
  * Limits. max_sessions counts live sessions (a session truncated to 0 is
@@ -94,94 +116,12 @@
  */
 #include "kvstate.h"
 
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvstate_impl.h"
 #include "quant.h"
 #include "util.h"
-
-#define KV_HASH_BUCKETS 4096
-#define KV_TENANT_BUCKETS 256
-#define KV_SWEEP_PER_BEGIN 4
-#define KV_TOMB_DEFAULT 4096u
-#define KV_TOMB_TTL_DEFAULT_NS (600ull * 1000000000ull)
-
-typedef struct kv_session kv_session;
-typedef struct kv_tenant kv_tenant;
-
-struct kv_tenant {
-    uint64_t tag;
-    uint32_t n_sessions;  /* live sessions, pinned ones included */
-    uint64_t n_blocks;    /* blocks of its tables and of its open transactions' new parts */
-    kv_tenant *next;      /* hash chain */
-    uint64_t plan_gen;    /* plan_* below are valid when this equals kv->plan_gen */
-    uint32_t plan_sessions;
-    uint64_t plan_blocks;
-};
-
-struct kv_session {
-    kv_sid sid;
-    uint64_t epoch;
-    uint32_t n_past;        /* positions held */
-    uint32_t *blocks;       /* block ids, n_blocks of them */
-    uint32_t n_blocks;
-    uint64_t last_used;     /* clock ns */
-    kv_txn *inflight;       /* non-NULL while pinned */
-    kv_tenant *tenant;      /* I9 */
-    uint64_t plan_gen;      /* == kv->plan_gen: chosen as a victim by the current eviction plan */
-    kv_session *hash_next;
-    kv_session *lru_prev, *lru_next; /* on the LRU list iff not pinned */
-};
-
-struct kv_txn {
-    kv_session *s;
-    bool created;           /* session did not exist before kv_begin */
-    uint64_t epoch;         /* epoch after commit */
-    uint32_t start, end;    /* positions written: [start, end) */
-    uint32_t *table;        /* working table, n_table entries */
-    uint32_t n_table;
-    uint32_t n_shared;      /* table[0..n_shared) are blocks of the old table (shared or, in place, reused) */
-    bool in_place;          /* I7: the old blocks past start are being overwritten */
-    bool rewind, inherit;
-    atomic_bool cancel;
-    const kv_state *kv;
-};
-
-/* A gone session's id and epoch (I8); slot of a ring, chained per hash bucket. */
-typedef struct {
-    kv_sid sid;
-    uint64_t epoch;
-    uint64_t when;  /* clock ns when recorded */
-    int32_t next;   /* next index in the bucket chain, -1: end */
-    bool used;
-} kv_tomb;
-
-struct kv_state {
-    kv_params p;
-    size_t elem_bytes, head_bytes, block_bytes; /* head_bytes: one row of one head */
-    uint8_t *arena;
-    size_t arena_bytes, arena_mapped; /* blocks_total * block_bytes; the length mapped (kvs_map_big) */
-    uint32_t blocks_total;
-    uint32_t *free_ids; /* stack */
-    uint32_t n_free;
-    kv_session *buckets[KV_HASH_BUCKETS];
-    kv_session lru;     /* sentinel: lru.lru_next is most recent */
-    uint32_t n_sessions;
-    int fail_countdown; /* counted allocations until an injected failure */
-    kv_tomb *tombs;     /* ring of p.max_tombstones entries */
-    uint32_t tomb_head; /* next slot to write (the oldest entry) */
-    uint32_t n_tombs;   /* used entries */
-    int32_t tomb_buckets[KV_HASH_BUCKETS]; /* -1: empty */
-    kv_stats st;
-    kv_tenant *tenants[KV_TENANT_BUCKETS];
-    uint32_t n_tenants;
-    kv_tenant *cur_tenant;  /* the tenant of the running kv_begin: not freed under it */
-    uint64_t quota_blocks;  /* tenant_max_bytes in blocks; 0: none */
-    uint64_t plan_gen;
-    pthread_mutex_t lock;
-};
 
 /* ---- counted allocation: the one place metadata memory comes from -------- */
 
@@ -213,14 +153,6 @@ kv_params kv_default_params(void) {
 
 /* ---- table, LRU --------------------------------------------------------- */
 
-static uint32_t kv_hash(const kv_sid *sid) {
-    uint64_t a, b;
-    memcpy(&a, sid->bytes, 8);
-    memcpy(&b, sid->bytes + 8, 8);
-    uint64_t h = (a ^ (b * 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull;
-    return (uint32_t)(h >> 40) % KV_HASH_BUCKETS;
-}
-
 static kv_session *kv_find(kv_state *kv, const kv_sid *sid) {
     for (kv_session *s = kv->buckets[kv_hash(sid)]; s; s = s->hash_next)
         if (memcmp(s->sid.bytes, sid->bytes, 16) == 0) return s;
@@ -242,7 +174,7 @@ static void lru_push_front(kv_state *kv, kv_session *s) {
 }
 
 static kv_tenant **tenant_slot(kv_state *kv, uint64_t tag) {
-    kv_tenant **pp = &kv->tenants[(uint32_t)((tag * 0x9E3779B97F4A7C15ull) >> 56) % KV_TENANT_BUCKETS];
+    kv_tenant **pp = &kv->tenants[kv_tenant_bucket(tag)];
     while (*pp && (*pp)->tag != tag) pp = &(*pp)->next;
     return pp;
 }
@@ -275,51 +207,91 @@ static bool tomb_alive(const kv_state *kv, const kv_tomb *t, uint64_t now) {
     return t->used && (now < t->when || now - t->when <= kv->p.tombstone_ttl_ns);
 }
 
-static void tomb_unlink(kv_state *kv, int32_t idx) {
+/* Takes entry idx off the recording order list. */
+static void tomb_order_unlink(kv_state *kv, int32_t idx) {
+    kv_tomb *t = &kv->tombs[idx];
+    if (t->older != KV_TOMB_NONE) kv->tombs[t->older].newer = t->newer;
+    else kv->tomb_oldest = t->newer;
+    if (t->newer != KV_TOMB_NONE) kv->tombs[t->newer].older = t->older;
+    else kv->tomb_newest = t->older;
+    t->older = t->newer = KV_TOMB_NONE;
+}
+
+/* Puts entry idx at the newest end of the recording order list. */
+static void tomb_order_push(kv_state *kv, int32_t idx) {
+    kv_tomb *t = &kv->tombs[idx];
+    t->older = kv->tomb_newest;
+    t->newer = KV_TOMB_NONE;
+    if (kv->tomb_newest != KV_TOMB_NONE) kv->tombs[kv->tomb_newest].newer = idx;
+    else kv->tomb_oldest = idx;
+    kv->tomb_newest = idx;
+}
+
+/* Forgets entry idx: off its bucket chain and the order list, onto the free list. */
+static void tomb_forget(kv_state *kv, int32_t idx) {
     kv_tomb *t = &kv->tombs[idx];
     int32_t *pp = &kv->tomb_buckets[kv_hash(&t->sid)];
     while (*pp != idx) pp = &kv->tombs[*pp].next;
     *pp = t->next;
+    tomb_order_unlink(kv, idx);
     t->used = false;
+    t->next = KV_TOMB_NONE;
+    t->newer = kv->tomb_free;
+    kv->tomb_free = idx;
     kv->n_tombs--;
+}
+
+/* The entry of sid, aged out or not; KV_TOMB_NONE when there is none. */
+static int32_t tomb_entry(const kv_state *kv, const kv_sid *sid) {
+    for (int32_t i = kv->tomb_buckets[kv_hash(sid)]; i != KV_TOMB_NONE; i = kv->tombs[i].next)
+        if (memcmp(kv->tombs[i].sid.bytes, sid->bytes, 16) == 0) return i;
+    return KV_TOMB_NONE;
 }
 
 /* Index of sid's remembered epoch, -1 when none (or aged out). */
 static int32_t tomb_find(kv_state *kv, const kv_sid *sid) {
-    uint64_t now = kv->p.clock(kv->p.clock_ctx);
-    for (int32_t i = kv->tomb_buckets[kv_hash(sid)]; i >= 0; i = kv->tombs[i].next)
-        if (memcmp(kv->tombs[i].sid.bytes, sid->bytes, 16) == 0) return tomb_alive(kv, &kv->tombs[i], now) ? i : -1;
-    return -1;
+    int32_t i = tomb_entry(kv, sid);
+    return i != KV_TOMB_NONE && tomb_alive(kv, &kv->tombs[i], kv->p.clock(kv->p.clock_ctx)) ? i : -1;
 }
 
-/* Remembers epoch for sid (keeping the higher of it and one already remembered) in the ring's
- * next slot, forgetting the oldest entry when the ring is full. */
+/* Remembers epoch for sid (keeping the higher of it and one already remembered). One entry per
+ * id (I8): an id recorded again is updated in place and becomes the newest, so churning one id
+ * never pushes out another's entry; a new id past max_tombstones forgets the least recently
+ * recorded one. Aged-out entries at the old end are forgotten on the way (a few per call). */
 static void tomb_put(kv_state *kv, const kv_sid *sid, uint64_t epoch) {
-    for (int32_t i = kv->tomb_buckets[kv_hash(sid)]; i >= 0; i = kv->tombs[i].next)
-        if (memcmp(kv->tombs[i].sid.bytes, sid->bytes, 16) == 0) {
-            if (tomb_alive(kv, &kv->tombs[i], kv->p.clock(kv->p.clock_ctx)) && kv->tombs[i].epoch > epoch)
-                epoch = kv->tombs[i].epoch;
-            tomb_unlink(kv, i);
-            break;
-        }
-    int32_t idx = (int32_t)kv->tomb_head;
-    kv->tomb_head = (kv->tomb_head + 1) % kv->p.max_tombstones;
-    if (kv->tombs[idx].used) tomb_unlink(kv, idx);
-    kv_tomb *t = &kv->tombs[idx];
-    t->sid = *sid;
-    t->epoch = epoch;
-    t->when = kv->p.clock(kv->p.clock_ctx);
-    t->used = true;
-    uint32_t h = kv_hash(sid);
-    t->next = kv->tomb_buckets[h];
-    kv->tomb_buckets[h] = idx;
-    kv->n_tombs++;
+    uint64_t now = kv->p.clock(kv->p.clock_ctx);
+    for (int k = 0; k < 4 && kv->tomb_oldest != KV_TOMB_NONE; k++) {
+        int32_t o = kv->tomb_oldest;
+        if (tomb_alive(kv, &kv->tombs[o], now)) break;
+        tomb_forget(kv, o);
+    }
+    int32_t idx = tomb_entry(kv, sid);
+    if (idx != KV_TOMB_NONE) {
+        kv_tomb *t = &kv->tombs[idx];
+        if (tomb_alive(kv, t, now) && t->epoch > epoch) epoch = t->epoch;
+        tomb_order_unlink(kv, idx);
+    } else {
+        if (kv->tomb_free == KV_TOMB_NONE) tomb_forget(kv, kv->tomb_oldest);
+        idx = kv->tomb_free;
+        kv_tomb *t = &kv->tombs[idx];
+        kv->tomb_free = t->newer;
+        t->sid = *sid;
+        t->used = true;
+        uint32_t h = kv_hash(sid);
+        t->next = kv->tomb_buckets[h];
+        kv->tomb_buckets[h] = idx;
+        kv->n_tombs++;
+    }
+    kv->tombs[idx].epoch = epoch;
+    kv->tombs[idx].when = now;
+    tomb_order_push(kv, idx);
 }
 
-/* Removes an idle session entirely, returning its blocks; its epoch becomes a tombstone. */
-static void kv_drop(kv_state *kv, kv_session *s) {
+/* Removes an idle session entirely, returning its blocks; its epoch becomes a tombstone when
+ * remember (a session that goes), not when it never existed for anyone (a rolled-back create). */
+static void kv_remove(kv_state *kv, kv_session *s, bool remember) {
     KVS_ASSERT(!s->inflight);
-    tomb_put(kv, &s->sid, s->epoch);
+    if (remember) tomb_put(kv, &s->sid, s->epoch);
     kv_session **pp = &kv->buckets[kv_hash(&s->sid)];
     while (*pp != s) pp = &(*pp)->hash_next;
     *pp = s->hash_next;
@@ -332,6 +304,8 @@ static void kv_drop(kv_state *kv, kv_session *s) {
     t->n_sessions--;
     tenant_release(kv, t);
 }
+
+static void kv_drop(kv_state *kv, kv_session *s) { kv_remove(kv, s, true); }
 
 static int kv_sweep_locked(kv_state *kv, int max_work) {
     if (kv->p.ttl_ns == 0) return 0;
@@ -371,6 +345,7 @@ int kv_create(const kv_params *p, kv_state **out, char *msg, size_t msg_cap) {
     if (!kv->p.clock) kv->p.clock = kv_default_clock;
     if (kv->p.max_positions == 0) kv->p.max_positions = UINT32_MAX;
     if (kv->p.max_tombstones == 0) kv->p.max_tombstones = KV_TOMB_DEFAULT;
+    if (kv->p.max_tombstones > INT32_MAX) kv->p.max_tombstones = INT32_MAX; /* int32_t entry indices */
     if (kv->p.tombstone_ttl_ns == 0) kv->p.tombstone_ttl_ns = KV_TOMB_TTL_DEFAULT_NS;
     kv->elem_bytes = p->kv_type == QUANT_F16 ? 2 : 4;
     kv->head_bytes = (size_t)p->head_dim * kv->elem_bytes;
@@ -403,7 +378,13 @@ int kv_create(const kv_params *p, kv_state **out, char *msg, size_t msg_cap) {
     /* One session can hold at most the whole pool: that is its cap (INFO max_ctx). */
     uint64_t pool_positions = (uint64_t)kv->blocks_total * (uint64_t)p->block_tokens;
     if (kv->p.max_positions > pool_positions) kv->p.max_positions = (uint32_t)pool_positions;
-    for (int b = 0; b < KV_HASH_BUCKETS; b++) kv->tomb_buckets[b] = -1;
+    for (int b = 0; b < KV_HASH_BUCKETS; b++) kv->tomb_buckets[b] = KV_TOMB_NONE;
+    for (uint32_t i = 0; i < kv->p.max_tombstones; i++) {
+        kv->tombs[i].next = kv->tombs[i].older = KV_TOMB_NONE;
+        kv->tombs[i].newer = i + 1 < kv->p.max_tombstones ? (int32_t)(i + 1) : KV_TOMB_NONE;
+    }
+    kv->tomb_free = 0;
+    kv->tomb_oldest = kv->tomb_newest = KV_TOMB_NONE;
     kv->lru.lru_next = kv->lru.lru_prev = &kv->lru;
     pthread_mutex_init(&kv->lock, NULL);
     kv->st.budget_bytes = p->budget_bytes;
@@ -450,10 +431,6 @@ size_t kv_params_block_bytes(const kv_params *p) {
 const kv_params *kv_get_params(const kv_state *kv) { return &kv->p; }
 
 /* ---- begin / commit / abort ---------------------------------------------- */
-
-static uint32_t blocks_for(const kv_state *kv, uint32_t positions) {
-    return (uint32_t)(((uint64_t)positions + (uint64_t)kv->p.block_tokens - 1) / (uint64_t)kv->p.block_tokens);
-}
 
 /* Working counters of one eviction plan (I9): a tenant's are copied in when first touched. */
 typedef struct {
@@ -635,18 +612,22 @@ int kv_begin_tenant(kv_state *kv, uint64_t tenant, const kv_sid *sid, uint64_t e
     bool copy_partial = partial && live_past_keep && !in_place;
     uint32_t n_fresh = n_table - n_shared;
 
+    /* I7: in place, the old contents of the reused blocks the request writes into are kept
+     * aside until commit, so that kv_abort can put them back. */
+    uint32_t undo_first = start_pos / bt;
+    size_t undo_bytes = in_place && n_shared > undo_first ? (size_t)(n_shared - undo_first) * kv->block_bytes : 0;
     kv_txn *txn = kv_alloc(kv, sizeof(*txn));
     uint32_t *table = kv_alloc(kv, (size_t)n_table * sizeof(uint32_t));
     kv_session *fresh_s = s ? NULL : kv_alloc(kv, sizeof(*fresh_s));
-    if (!txn || !table || (!s && !fresh_s)) {
-        free(txn); free(table); free(fresh_s);
+    uint8_t *undo = undo_bytes ? kv_alloc(kv, undo_bytes) : NULL;
+    if (!txn || !table || (!s && !fresh_s) || (undo_bytes && !undo)) {
+        free(txn); free(table); free(fresh_s); free(undo);
         err = KVS_ERR_NOMEM;
         goto done;
     }
     bool over_quota = false;
     if ((err = kv_make_room(kv, t, n_fresh, !s, s, &over_quota)) != KVS_OK) {
-        free(txn); free(table); free(fresh_s);
-        if (err == KVS_ERR_BUSY) kv->st.busy++;
+        free(txn); free(table); free(fresh_s); free(undo);
         r.pinned_short = err == KVS_ERR_BUSY || (uint64_t)kv->blocks_total - n_old >= n_fresh;
         if (over_quota) {
             /* Only the tenant's own pinned sessions can make room within its quota. */
@@ -654,6 +635,9 @@ int kv_begin_tenant(kv_state *kv, uint64_t tenant, const kv_sid *sid, uint64_t e
             r.over_quota = true;
             kv->st.quota_refusals++;
         }
+        /* A pinned_short BUSY is one the caller may retry itself: it counts only if the caller
+         * answers it (kv_note_busy). */
+        if (err == KVS_ERR_BUSY && !r.pinned_short) kv->st.busy++;
         goto done;
     }
     t->n_blocks += n_fresh;
@@ -690,6 +674,8 @@ int kv_begin_tenant(kv_state *kv, uint64_t tenant, const kv_sid *sid, uint64_t e
     txn->n_table = n_table;
     txn->n_shared = n_shared;
     txn->in_place = in_place;
+    txn->undo = undo;
+    txn->undo_first = undo_first;
     if (in_place) kv->st.in_place++;
     txn->rewind = rewind;
     txn->inherit = inherit_ok;
@@ -706,6 +692,13 @@ done:
     if (t) tenant_release(kv, t); /* a new tenant whose begin failed */
     if (rep) *rep = r;
     pthread_mutex_unlock(&kv->lock);
+    /* The pin keeps everyone else off these blocks: the copy needs no lock. */
+    if (err == KVS_OK && (*out)->undo) {
+        const kv_txn *tx = *out;
+        for (uint32_t b = tx->undo_first; b < tx->n_shared; b++)
+            memcpy(tx->undo + (size_t)(b - tx->undo_first) * kv->block_bytes,
+                   kv->arena + (size_t)tx->table[b] * kv->block_bytes, kv->block_bytes);
+    }
     return err;
 }
 
@@ -731,31 +724,44 @@ void kv_commit(kv_state *kv, kv_txn *txn, kv_reply *rep) {
         rep->n_past = s->n_past;
         rep->live_epoch = s->epoch;
     }
+    free(txn->undo);
     free(txn);
     pthread_mutex_unlock(&kv->lock);
 }
 
 void kv_abort(kv_state *kv, kv_txn *txn, bool cancelled) {
+    /* I7: the reused blocks get their old contents back (still pinned: no lock needed). */
+    for (uint32_t b = txn->undo_first; txn->undo && b < txn->n_shared; b++)
+        memcpy(kv->arena + (size_t)txn->table[b] * kv->block_bytes,
+               txn->undo + (size_t)(b - txn->undo_first) * kv->block_bytes, kv->block_bytes);
     pthread_mutex_lock(&kv->lock);
     kv_session *s = txn->s;
     kv_free_blocks(kv, s->tenant, txn->table + txn->n_shared, txn->n_table - txn->n_shared);
     free(txn->table);
     s->inflight = NULL;
     if (cancelled) kv->st.cancellations++;
-    if (txn->in_place && s->n_past > txn->start) {
-        /* I7: positions from start on were being overwritten; the session keeps [0, start). */
-        uint32_t nb = blocks_for(kv, txn->start);
-        kv_free_blocks(kv, s->tenant, s->blocks + nb, s->n_blocks - nb);
-        s->n_blocks = nb;
-        s->n_past = txn->start;
-    }
-    if (txn->created || s->n_past == 0) {
-        kv_drop(kv, s);
+    if (txn->created) {
+        /* The session never existed for anyone else: no tombstone, the id's remembered epoch
+         * (if any) stays as it was. */
+        kv_remove(kv, s, false);
     } else {
         s->last_used = kv->p.clock(kv->p.clock_ctx);
         lru_push_front(kv, s);
     }
+    free(txn->undo);
     free(txn);
+    pthread_mutex_unlock(&kv->lock);
+}
+
+void kv_note_busy(kv_state *kv) {
+    pthread_mutex_lock(&kv->lock);
+    kv->st.busy++;
+    pthread_mutex_unlock(&kv->lock);
+}
+
+void kv_note_cancel(kv_state *kv) {
+    pthread_mutex_lock(&kv->lock);
+    kv->st.cancellations++;
     pthread_mutex_unlock(&kv->lock);
 }
 

@@ -94,14 +94,17 @@ const kv_params *kv_get_params(const kv_state *kv);
  * never evicted, other requests on it get KVS_ERR_BUSY) that must be closed
  * with kv_commit or kv_abort. It takes from the pool only the blocks of the
  * positions it adds (a rewind, retry, inherit or epoch bump that finds no
- * free blocks for a copy rewrites the session's own blocks in place).
+ * free blocks for a copy rewrites the session's own blocks in place, keeping
+ * a copy of what it overwrites outside the pool until commit, so that an
+ * abort still restores it).
  * Errors (nothing changed): KVS_ERR_STALE_EPOCH (rep->live_epoch; also below
  * the remembered epoch of a released / evicted session), KVS_ERR_CACHE_MISS
  * (rep->have; a newer epoch that inherits nothing drops the old state even
  * then), KVS_ERR_CONTEXT_FULL, KVS_ERR_BUDGET_EXHAUSTED (blocks short after
  * evicting every idle session), KVS_ERR_BUSY (session pinned, or a new session
  * past max_sessions with every session pinned), KVS_ERR_NOMEM,
- * KVS_ERR_INVALID_ARG. */
+ * KVS_ERR_INVALID_ARG. A BUSY with rep->pinned_short is not counted in
+ * kv.busy (the caller may retry it itself): kv_note_busy when it answers it. */
 int kv_begin(kv_state *kv, const kv_sid *sid, uint64_t epoch, uint32_t start_pos, uint32_t n,
              const kv_inherit *inherit, kv_txn **out, kv_reply *rep);
 /* kv_begin for a tenant (kv_begin is tenant 0). A new session belongs to `tenant`; an existing
@@ -117,11 +120,18 @@ int kv_begin_tenant(kv_state *kv, uint64_t tenant, const kv_sid *sid, uint64_t e
 void kv_tenant_usage(kv_state *kv, uint64_t tenant, uint32_t *sessions, uint64_t *bytes);
 /* Makes positions [0, start_pos + n) the session's state; frees replaced blocks. */
 void kv_commit(kv_state *kv, kv_txn *txn, kv_reply *rep);
-/* Rolls back: the session is exactly as before kv_begin (or absent if it was
- * new) — except after an in-place rewrite, which leaves it holding
- * [0, start) in its old epoch (dropped when that is empty). cancelled only
- * selects which counter is bumped. */
+/* Rolls back: the session is exactly as before kv_begin — epoch, n_past and
+ * contents, in place or not. A session kv_begin created is removed as if it
+ * had never been: no tombstone, the id's remembered epoch (if any) unchanged,
+ * so kv_lookup answers KVS_ERR_NOT_FOUND. (Sessions that kv_begin evicted to
+ * make room stay evicted.) cancelled: counts it in kv.cancellations. */
 void kv_abort(kv_state *kv, kv_txn *txn, bool cancelled);
+/* The caller answered KVS_ERR_BUSY to a client for a begin that kv reported
+ * pinned_short (kv_begin does not count those): counts it in kv.busy. */
+void kv_note_busy(kv_state *kv);
+/* A request cancelled before it began (it never reached kv_begin): counts it
+ * in kv.cancellations. */
+void kv_note_cancel(kv_state *kv);
 
 /* Transaction view, valid until commit/abort. A K or V row holds head_dim
  * elements of kv_type for one kv head (head < n_kv_heads) at one position. */
@@ -148,7 +158,9 @@ int kv_truncate(kv_state *kv, const kv_sid *sid, uint64_t epoch, uint32_t len, k
  * STALE_EPOCH for as long as the epoch is remembered (tombstone). A newer epoch than the live
  * one also drops it (KVS_OK). An unknown id: CACHE_MISS(0). */
 int kv_release(kv_state *kv, const kv_sid *sid, uint64_t epoch, kv_reply *rep);
-/* Current epoch/n_past of a session: KVS_ERR_NOT_FOUND when absent. */
+/* Current epoch/n_past of a session (either pointer may be NULL): KVS_OK, or
+ * KVS_ERR_NOT_FOUND when absent (outputs untouched; a cancelled create is
+ * absent: its reply's live_epoch and n_past are 0). */
 int kv_lookup(kv_state *kv, const kv_sid *sid, uint64_t *epoch, uint32_t *n_past);
 /* Block ids of a session's table (tests: inherit moves blocks, no copy). Returns count. */
 uint32_t kv_debug_blocks(kv_state *kv, const kv_sid *sid, uint32_t *ids, uint32_t cap);
@@ -157,5 +169,11 @@ int kv_sweep_ttl(kv_state *kv, int max_work);
 void kv_get_stats(kv_state *kv, kv_stats *st);
 /* Test hook: the n-th counted allocation from now fails (n >= 1); 0 disables. */
 void kv_inject_alloc_failure(kv_state *kv, int n);
+/* Verifies the invariants I1-I9 of kvstate.c's design notes (block ownership against the free
+ * stack, exact byte accounting, block tables against n_past, pins and the LRU list, the session
+ * table, transactions, the tombstone index, tenant sums). Takes the lock; walks the whole state
+ * (tests and debugging). KVS_OK, or KVS_ERR_INTERNAL with msg naming the invariant and the
+ * values that break it (KVS_ERR_NOMEM, KVS_ERR_INVALID_ARG for a NULL kv). */
+int kv_check(kv_state *kv, char *msg, size_t msg_cap);
 
 #endif /* KVS_KVSTATE_H */
