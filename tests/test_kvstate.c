@@ -53,6 +53,7 @@ static int append(kv_state *kv, kv_sid sid, uint64_t epoch, uint32_t start, uint
 static uint64_t used(kv_state *kv) {
     kv_stats st;
     kv_get_stats(kv, &st);
+    CHECK_KV(kv);
     return st.bytes_used;
 }
 
@@ -63,12 +64,14 @@ static void test_append_rules(void) {
     kv_txn *t = NULL;
     /* Unknown session: only start_pos 0. */
     CHECK_EQ_INT(kv_begin(kv, &a, 1, 3, 1, NULL, &t, &r), KVS_ERR_CACHE_MISS);
+    CHECK_KV(kv);
     CHECK_EQ_INT(r.have, 0);
     CHECK_EQ_INT(append(kv, a, 1, 0, 6, 100, &r), KVS_OK);
     CHECK_EQ_INT(r.n_past, 6);
     CHECK_EQ_INT(used(kv), 2 * 512);
     /* Gap: CACHE_MISS(have = n_past), nothing changes. */
     CHECK_EQ_INT(kv_begin(kv, &a, 1, 8, 1, NULL, &t, &r), KVS_ERR_CACHE_MISS);
+    CHECK_KV(kv);
     CHECK_EQ_INT(r.have, 6);
     /* Decode appends. */
     CHECK_EQ_INT(append(kv, a, 1, 6, 1, 100, &r), KVS_OK);
@@ -77,8 +80,10 @@ static void test_append_rules(void) {
     CHECK(holds(kv, a, 1, 8, 100));
     /* Rewind then abort: old positions intact (copy-on-write of the partial block). */
     CHECK_EQ_INT(kv_begin(kv, &a, 1, 5, 2, NULL, &t, &r), KVS_OK);
+    CHECK_KV(kv);
     fill(t, 900);
     kv_abort(kv, t, true);
+    CHECK_KV(kv);
     CHECK(holds(kv, a, 1, 8, 100));
     uint64_t epoch;
     uint32_t n_past;
@@ -92,19 +97,33 @@ static void test_append_rules(void) {
     CHECK_EQ_INT(used(kv), 2 * 512);
     /* Context cap. */
     CHECK_EQ_INT(kv_begin(kv, &a, 1, 7, 34, NULL, &t, &r), KVS_ERR_CONTEXT_FULL);
+    CHECK_KV(kv);
     /* Busy while pinned. */
     CHECK_EQ_INT(kv_begin(kv, &a, 1, 7, 1, NULL, &t, &r), KVS_OK);
+    CHECK_KV(kv);
     kv_txn *t2 = NULL;
     CHECK_EQ_INT(kv_begin(kv, &a, 1, 7, 1, NULL, &t2, &r), KVS_ERR_BUSY);
+    CHECK_KV(kv);
+    CHECK(!r.pinned_short); /* the session itself is in flight: answered as is, so counted */
     CHECK_EQ_INT(kv_cancel(kv, &a), KVS_OK);
+    CHECK_KV(kv);
     CHECK(kv_txn_cancelled(t));
     kv_abort(kv, t, true);
+    CHECK_KV(kv);
     CHECK_EQ_INT(kv_cancel(kv, &a), KVS_ERR_NOT_FOUND);
+    CHECK_KV(kv);
     kv_stats st;
     kv_get_stats(kv, &st);
     CHECK_EQ_INT(st.rewinds, 1);
     CHECK_EQ_INT(st.cancellations, 2);
     CHECK_EQ_INT(st.misses, 2);
+    CHECK_EQ_INT(st.busy, 1);
+    /* A request cancelled before it reached kv_begin counts as well (kv_note_cancel). */
+    kv_note_cancel(kv);
+    CHECK_KV(kv);
+    kv_get_stats(kv, &st);
+    CHECK_EQ_INT(st.cancellations, 3);
+    CHECK_EQ_INT(st.busy, 1);
     kv_free(kv);
 }
 
@@ -117,19 +136,26 @@ static void test_truncate_release(void) {
     CHECK_EQ_INT(append(kv, b, 1, 0, 3, 50, &r), KVS_OK);
     CHECK_EQ_INT(used(kv), 4 * 512);
     CHECK_EQ_INT(kv_truncate(kv, &a, 1, 11, &r), KVS_ERR_INVALID_ARG);
+    CHECK_KV(kv);
     CHECK_EQ_INT(kv_truncate(kv, &a, 1, 4, &r), KVS_OK);
+    CHECK_KV(kv);
     CHECK_EQ_INT(used(kv), 2 * 512);
     CHECK(holds(kv, a, 1, 4, 0));
     CHECK_EQ_INT(kv_truncate(kv, &a, 0, 1, &r), KVS_ERR_STALE_EPOCH);
+    CHECK_KV(kv);
     CHECK_EQ_INT(r.live_epoch, 1);
     CHECK_EQ_INT(kv_release(kv, &a, 1, &r), KVS_OK);
+    CHECK_KV(kv);
     CHECK(holds(kv, b, 1, 3, 50));
     CHECK_EQ_INT(kv_release(kv, &b, 1, &r), KVS_OK);
+    CHECK_KV(kv);
     CHECK_EQ_INT(used(kv), before);
     kv_txn *t = NULL;
     CHECK_EQ_INT(kv_begin(kv, &a, 1, 4, 1, NULL, &t, &r), KVS_ERR_CACHE_MISS);
+    CHECK_KV(kv);
     CHECK_EQ_INT(r.have, 0);
     CHECK_EQ_INT(kv_release(kv, &a, 1, &r), KVS_ERR_CACHE_MISS);
+    CHECK_KV(kv);
     kv_stats st;
     kv_get_stats(kv, &st);
     CHECK_EQ_INT(st.sessions, 0);
@@ -150,6 +176,7 @@ static void test_epochs(void) {
     kv_stats s0, s1;
     kv_get_stats(kv, &s0);
     CHECK_EQ_INT(kv_begin(kv, &a, 4, 10, 1, NULL, &t, &r), KVS_ERR_STALE_EPOCH);
+    CHECK_KV(kv);
     CHECK_EQ_INT(r.live_epoch, 5);
     kv_get_stats(kv, &s1);
     CHECK_EQ_INT(s1.bytes_used, s0.bytes_used);
@@ -157,8 +184,10 @@ static void test_epochs(void) {
     /* Inherit (5, 8) into epoch 6: the first two blocks move, no copy. */
     kv_inherit inh = {.old_epoch = 5, .len = 8};
     CHECK_EQ_INT(kv_begin(kv, &a, 6, 8, 1, &inh, &t, &r), KVS_OK);
+    CHECK_KV(kv);
     fill(t, 0);
     kv_commit(kv, t, &r);
+    CHECK_KV(kv);
     CHECK_EQ_INT(r.n_past, 9);
     CHECK_EQ_INT(r.live_epoch, 6);
     CHECK_EQ_INT(kv_debug_blocks(kv, &a, ids_after, 8), 3);
@@ -168,14 +197,17 @@ static void test_epochs(void) {
     CHECK_EQ_INT(used(kv), 3 * 512);
     /* Old epoch now stale. */
     CHECK_EQ_INT(kv_begin(kv, &a, 5, 9, 1, NULL, &t, &r), KVS_ERR_STALE_EPOCH);
+    CHECK_KV(kv);
     /* Inherit asking past what is held: CACHE_MISS(have) and nothing changes. */
     inh.old_epoch = 6;
     inh.len = 9;
     CHECK_EQ_INT(kv_begin(kv, &a, 7, 12, 1, &inh, &t, &r), KVS_ERR_CACHE_MISS);
+    CHECK_KV(kv);
     CHECK_EQ_INT(r.have, 9);
     CHECK_EQ_INT(kv_lookup(kv, &a, &(uint64_t){0}, NULL), KVS_OK);
     /* Newer epoch without inherit drops the old state: only start 0 works. */
     CHECK_EQ_INT(kv_begin(kv, &a, 8, 9, 1, NULL, &t, &r), KVS_ERR_CACHE_MISS);
+    CHECK_KV(kv);
     CHECK_EQ_INT(r.have, 0);
     CHECK_EQ_INT(append(kv, a, 8, 0, 2, 30, &r), KVS_OK);
     CHECK_EQ_INT(used(kv), 1 * 512);
@@ -191,30 +223,47 @@ static void test_lru_budget(void) {
     CHECK_EQ_INT(append(kv, s[0], 1, 0, 12, 0, &r), KVS_OK); /* 3 blocks */
     CHECK_EQ_INT(append(kv, s[1], 1, 0, 12, 0, &r), KVS_OK); /* 3 blocks */
     CHECK_EQ_INT(append(kv, s[0], 1, 12, 1, 0, &r), KVS_OK); /* s0 now most recent, 4 blocks */
-    /* s2 needs 3 blocks, 1 free: the LRU idle session (s1) goes. */
+    CHECK_EQ_INT(used(kv), 7 * 512);
+    /* s2 needs 3 blocks, 1 free: the LRU idle session (s1, 3 blocks) goes, and only it. */
     CHECK_EQ_INT(append(kv, s[2], 1, 0, 12, 0, &r), KVS_OK);
     CHECK_EQ_INT(kv_lookup(kv, &s[1], NULL, NULL), KVS_ERR_NOT_FOUND);
     CHECK_EQ_INT(kv_lookup(kv, &s[0], NULL, NULL), KVS_OK);
-    CHECK(used(kv) <= 8 * 512);
+    CHECK_EQ_INT(used(kv), (4 + 3) * 512);
     /* Pin s0 and s2; s3 needs more than is free and nothing idle: BUDGET_EXHAUSTED, nothing changes. */
     kv_txn *p0 = NULL, *p2 = NULL;
     CHECK_EQ_INT(kv_begin(kv, &s[0], 1, 13, 1, NULL, &p0, &r), KVS_OK);
+    CHECK_KV(kv);
     CHECK_EQ_INT(kv_begin(kv, &s[2], 1, 12, 1, NULL, &p2, &r), KVS_OK);
+    CHECK_KV(kv);
     uint64_t u = used(kv);
     CHECK_EQ_INT(kv_begin(kv, &s[3], 1, 0, 8, NULL, &t, &r), KVS_ERR_BUDGET_EXHAUSTED);
+    CHECK_KV(kv);
+    CHECK_EQ_INT(u, 8 * 512); /* s0 fits its 14th position in its 4th block, s2 takes a 4th */
     CHECK_EQ_INT(used(kv), u);
     CHECK_EQ_INT(kv_lookup(kv, &s[3], NULL, NULL), KVS_ERR_NOT_FOUND);
     kv_commit(kv, p0, &r);
+    CHECK_KV(kv);
     kv_commit(kv, p2, &r);
+    CHECK_KV(kv);
     /* The evicted session gets CACHE_MISS(0) and can replay. */
     CHECK_EQ_INT(kv_begin(kv, &s[1], 1, 12, 1, NULL, &t, &r), KVS_ERR_CACHE_MISS);
+    CHECK_KV(kv);
     CHECK_EQ_INT(r.have, 0);
+    /* The pool is full: its 1 block takes the LRU idle session — s0, committed before s2. */
     CHECK_EQ_INT(append(kv, s[1], 1, 0, 4, 7, &r), KVS_OK);
     CHECK(holds(kv, s[1], 1, 4, 7));
+    CHECK_EQ_INT(kv_lookup(kv, &s[0], NULL, NULL), KVS_ERR_NOT_FOUND);
+    CHECK_EQ_INT(kv_lookup(kv, &s[2], NULL, NULL), KVS_OK);
+    CHECK(markers_hold_range(kv, SHAPE, s[2], 1, 13, 0, 12, 0)); /* 12 was committed unwritten */
     kv_stats st;
     kv_get_stats(kv, &st);
-    CHECK(st.evict_lru >= 1);
-    CHECK(st.bytes_used <= st.budget_bytes);
+    CHECK_EQ_INT(st.evict_lru, 2);
+    CHECK_EQ_INT(st.bytes_used, (4 + 1) * 512);
+    CHECK_EQ_INT(st.blocks_free, 3);
+    CHECK_EQ_INT(kv_release(kv, &s[1], 1, &r), KVS_OK);
+    CHECK_EQ_INT(kv_release(kv, &s[2], 1, &r), KVS_OK);
+    CHECK_KV(kv);
+    CHECK_EQ_INT(used(kv), 0);
     kv_free(kv);
 }
 
@@ -242,16 +291,30 @@ static void test_max_sessions(void) {
     CHECK_EQ_INT(kv_lookup(kv, &a, NULL, NULL), KVS_ERR_NOT_FOUND);
     CHECK_EQ_INT(kv_lookup(kv, &b, NULL, NULL), KVS_OK);
     CHECK_EQ_INT(kv_begin(kv, &b, 1, 4, 1, NULL, &tb, &r), KVS_OK);
+    CHECK_KV(kv);
     CHECK_EQ_INT(kv_begin(kv, &c, 1, 4, 1, NULL, &ta, &r), KVS_OK);
+    CHECK_KV(kv);
     kv_stats s0, s1;
     kv_get_stats(kv, &s0);
     CHECK_EQ_INT(kv_begin(kv, &a, 1, 0, 4, NULL, &t, &r), KVS_ERR_BUSY);
+    CHECK_KV(kv);
+    CHECK(r.pinned_short);
     kv_get_stats(kv, &s1);
     CHECK_EQ_INT(s1.sessions, 2);
     CHECK_EQ_INT(s1.evict_lru, s0.evict_lru);
     CHECK_EQ_INT(s1.bytes_used, s0.bytes_used);
+    CHECK_EQ_INT(s1.bytes_used, 2 * 2 * 512); /* b and c: 5 positions each */
+    /* A pinned_short BUSY is the caller's to retry: it counts only once the caller answers it. */
+    CHECK_EQ_INT(s1.busy, 0);
+    kv_note_busy(kv);
+    CHECK_KV(kv);
+    kv_get_stats(kv, &s1);
+    CHECK_EQ_INT(s1.busy, 1);
     kv_abort(kv, tb, false);
+    CHECK_KV(kv);
     kv_abort(kv, ta, false);
+    CHECK_KV(kv);
+    CHECK_EQ_INT(used(kv), 2 * 512); /* b and c back to 4 positions, 1 block each */
     kv_free(kv);
 }
 
@@ -265,14 +328,17 @@ static void test_ttl(void) {
     CHECK_EQ_INT(append(kv, b, 1, 0, 4, 0, &r), KVS_OK);
     clk.now = 1120; /* a idle 120 > 100, b idle 70 */
     CHECK_EQ_INT(kv_sweep_ttl(kv, 10), 1);
+    CHECK_KV(kv);
     CHECK_EQ_INT(kv_lookup(kv, &a, NULL, NULL), KVS_ERR_NOT_FOUND);
     CHECK_EQ_INT(kv_lookup(kv, &b, NULL, NULL), KVS_OK);
     clk.now = 1200;
     CHECK_EQ_INT(kv_sweep_ttl(kv, 10), 1);
+    CHECK_KV(kv);
     kv_stats st;
     kv_get_stats(kv, &st);
     CHECK_EQ_INT(st.evict_ttl, 2);
     CHECK_EQ_INT(st.bytes_used, 0);
+    CHECK_EQ_INT(st.blocks_free, 8);
     kv_free(kv);
 }
 
@@ -286,7 +352,9 @@ static void test_alloc_failure(void) {
         kv_stats s0, s1;
         kv_get_stats(kv, &s0);
         kv_inject_alloc_failure(kv, k);
+        CHECK_KV(kv);
         int err = kv_begin(kv, &b, 1, 0, 4, NULL, &t, &r);
+        CHECK_KV(kv);
         CHECK_EQ_INT(err, KVS_ERR_NOMEM);
         kv_get_stats(kv, &s1);
         CHECK_EQ_INT(s1.bytes_used, s0.bytes_used);
@@ -294,9 +362,12 @@ static void test_alloc_failure(void) {
         CHECK_EQ_INT(kv_lookup(kv, &b, NULL, NULL), KVS_ERR_NOT_FOUND);
         if (k <= 2) { /* an existing session's append makes two counted allocations */
             kv_inject_alloc_failure(kv, k);
+            CHECK_KV(kv);
             CHECK_EQ_INT(kv_begin(kv, &a, 1, 3, 2, NULL, &t, &r), KVS_ERR_NOMEM);
+            CHECK_KV(kv);
         }
         kv_inject_alloc_failure(kv, 0);
+        CHECK_KV(kv);
         CHECK(holds(kv, a, 1, 6, 0));
     }
     kv_free(kv);
@@ -325,20 +396,26 @@ static void *iso_thread(void *p) {
             uint32_t n = 1 + (uint32_t)((rng >> 40) % 5);
             if (n_past + n > 40) n = 1, n_past = 0;
             int err = kv_begin(a->kv, &sid, 1, n_past, n, NULL, &t, &r);
+            CHECK_KV(a->kv);
             if (err == KVS_ERR_BUDGET_EXHAUSTED || err == KVS_ERR_CACHE_MISS) { n_past = 0; continue; }
             if (err) { a->failures++; continue; }
             fill(t, marker);
             kv_commit(a->kv, t, &r);
+            CHECK_KV(a->kv);
             n_past += n;
         } else if (op == 1) {
             uint32_t start = (uint32_t)((rng >> 40) % n_past);
-            if (kv_begin(a->kv, &sid, 1, start, 1, NULL, &t, &r) != KVS_OK) { n_past = 0; continue; }
+            int err = kv_begin(a->kv, &sid, 1, start, 1, NULL, &t, &r);
+            CHECK_KV(a->kv);
+            if (err != KVS_OK) { n_past = 0; continue; }
             fill(t, -1.0f);
             kv_abort(a->kv, t, true);
+            CHECK_KV(a->kv);
         } else if (op == 2) {
             uint32_t len = (uint32_t)((rng >> 40) % (n_past + 1));
             if (kv_truncate(a->kv, &sid, 1, len, &r) == KVS_OK) n_past = len;
             else n_past = 0;
+            CHECK_KV(a->kv);
         } else {
             if (!holds(a->kv, sid, 1, n_past, marker)) {
                 uint32_t np = 0;
@@ -362,10 +439,27 @@ static void test_threads(void) {
         pthread_join(th[i], NULL);
         CHECK_EQ_INT(args[i].failures, 0);
     }
+    CHECK_KV(kv);
+    /* Exact accounting: the pool holds ceil(n_past / 4) blocks for each live session, and all of
+     * it comes back on release. */
+    uint64_t want = 0;
+    for (int i = 0; i < 4; i++) {
+        kv_sid sid = sid_of(100 + i);
+        uint32_t np = 0;
+        if (kv_lookup(kv, &sid, NULL, &np) == KVS_OK) want += (np + 3) / 4 * 512ull;
+    }
     kv_stats st;
     kv_get_stats(kv, &st);
-    CHECK(st.bytes_used <= st.budget_bytes);
-    CHECK_EQ_INT(st.bytes_used, (st.blocks_total - st.blocks_free) * st.block_bytes);
+    CHECK_EQ_INT(st.bytes_used, want);
+    for (int i = 0; i < 4; i++) {
+        kv_sid sid = sid_of(100 + i);
+        kv_reply r;
+        kv_release(kv, &sid, 1, &r);
+        CHECK_KV(kv);
+    }
+    kv_get_stats(kv, &st);
+    CHECK_EQ_INT(st.bytes_used, 0);
+    CHECK_EQ_INT(st.blocks_free, st.blocks_total);
     kv_free(kv);
 }
 
@@ -405,6 +499,7 @@ static void test_block_order(void) {
     CHECK(ids_are(kv, b, (const uint32_t[]){3, 4, 5, 6}, 4));
     CHECK(markers_hold(kv, sh, b, 1, 500, 3000));
     CHECK_EQ_INT(kv_release(kv, &b, 1, &r), KVS_OK);
+    CHECK_KV(kv);
     CHECK_EQ_INT(markers_append(kv, sh, c, 1, 0, 200, NULL, 5000, &r), KVS_OK);
     CHECK(ids_are(kv, c, (const uint32_t[]){3, 4}, 2)); /* b's first two, in their order */
     CHECK(markers_hold(kv, sh, a, 1, 700, 1000));
@@ -432,6 +527,7 @@ static void test_head_rows(void) {
     CHECK_EQ_INT(append(kv, a, 1, 7, 4, 100, &r), KVS_OK);
     kv_txn *t = NULL;
     CHECK_EQ_INT(kv_begin(kv, &a, 1, 11, 2, NULL, &t, &r), KVS_OK);
+    CHECK_KV(kv);
     const void *k[13], *v[13];
     const uint32_t lens[] = {1, 4, 5, 11, 13};
     for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++)
@@ -464,6 +560,7 @@ static void test_head_rows(void) {
             }
         }
     kv_abort(kv, t, false);
+    CHECK_KV(kv);
     kv_free(kv);
 }
 

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 
 #include "engine.h"
+#include "kv_markers.h"
 #include "mkmodel.h"
 #include "quant.h"
 #include "sampler.h"
@@ -76,6 +77,16 @@ static void sync_point(script_arg *a) {
 
 #define SCRIPT_CHECK(cond) do { if (!(cond)) { fprintf(stderr, "script %d: %s failed at line %d\n", a->k, #cond, __LINE__); a->failures++; } } while (0)
 
+/* kv_check from a script thread (counted in the script's failures, not test.h's counter). */
+#define SCRIPT_CHECK_KV()                                                                  \
+    do {                                                                                   \
+        char kv_msg_[256] = "";                                                            \
+        if (kv_check(e->kv, kv_msg_, sizeof(kv_msg_)) != KVS_OK) {                         \
+            fprintf(stderr, "script %d: kv_check at line %d: %s\n", a->k, __LINE__, kv_msg_); \
+            a->failures++;                                                                 \
+        }                                                                                  \
+    } while (0)
+
 /* Prefill, 6 greedy decodes, truncate by 3 and re-append, a cancelled append,
  * a rewind by 2, 4 more decodes. Same sync points in every script. */
 static void *script(void *p) {
@@ -88,40 +99,51 @@ static void *script(void *p) {
     o->toks[0] = 1;
     sync_point(a);
     SCRIPT_CHECK(step(e, a->k, o, 0, n_prompt) == KVS_OK);
+    SCRIPT_CHECK_KV();
     for (int i = 0; i < 6; i++) {
         sync_point(a);
         o->toks[o->n_past] = o->ids[o->n_steps - 1];
         SCRIPT_CHECK(step(e, a->k, o, o->n_past, o->n_past + 1) == KVS_OK);
+        SCRIPT_CHECK_KV();
     }
     sync_point(a);
     kv_sid sid = sid_of(a->k);
     kv_reply rep;
     uint32_t len = o->n_past - 3, full = o->n_past;
     SCRIPT_CHECK(kv_truncate(e->kv, &sid, 1, len, &rep) == KVS_OK);
+    SCRIPT_CHECK_KV();
     SCRIPT_CHECK(step(e, a->k, o, len, full) == KVS_OK);
+    SCRIPT_CHECK_KV();
     sync_point(a);
     /* A cancelled append: the session must come back exactly as it was. */
     kv_txn *txn = NULL;
     o->toks[o->n_past] = o->ids[o->n_steps - 1];
     SCRIPT_CHECK(kv_begin(e->kv, &sid, 1, o->n_past, 1, NULL, &txn, &rep) == KVS_OK);
+    SCRIPT_CHECK_KV();
     if (txn) {
         SCRIPT_CHECK(kv_cancel(e->kv, &sid) == KVS_OK);
+        SCRIPT_CHECK_KV();
         float *junk = malloc((size_t)nv * sizeof(float));
         fwd_item it = {.txn = txn, .tokens = o->toks + o->n_past, .out_mode = FWD_OUT_LOGITS_LAST, .out = junk};
         SCRIPT_CHECK(fwd_run(e->m, e->pool, e->kv, &it, 1) == KVS_OK);
+        SCRIPT_CHECK_KV();
         SCRIPT_CHECK(it.status == KVS_ERR_CANCELLED);
         kv_abort(e->kv, txn, true);
+        SCRIPT_CHECK_KV();
         free(junk);
     }
     uint32_t np = 0;
     SCRIPT_CHECK(kv_lookup(e->kv, &sid, NULL, &np) == KVS_OK && np == o->n_past);
+    SCRIPT_CHECK_KV();
     sync_point(a);
     /* Rewind by 2 through append (start_pos < n_past). */
     SCRIPT_CHECK(step(e, a->k, o, o->n_past - 2, o->n_past) == KVS_OK);
+    SCRIPT_CHECK_KV();
     for (int i = 0; i < 4; i++) {
         sync_point(a);
         o->toks[o->n_past] = o->ids[o->n_steps - 1];
         SCRIPT_CHECK(step(e, a->k, o, o->n_past, o->n_past + 1) == KVS_OK);
+        SCRIPT_CHECK_KV();
     }
     return NULL;
 }
@@ -194,6 +216,7 @@ static void run_model(const char *path) {
         engine_req r = {.sid = sid_of(100 + k), .epoch = 1, .n = conc[k].n_past, .tokens = conc[k].toks,
                         .out_mode = FWD_OUT_LOGITS_LAST, .out = full};
         engine_step(e, &r, 1);
+        CHECK_KV(e->kv);
         CHECK_EQ_INT(r.status, KVS_OK);
         CHECK(memcmp(full, conc[k].logits + (size_t)(conc[k].n_steps - 1) * nv, (size_t)nv * sizeof(float)) == 0);
     }
@@ -201,7 +224,9 @@ static void run_model(const char *path) {
     for (int k = 0; k < N_SESS; k++) {
         kv_sid a = sid_of(k), b = sid_of(100 + k);
         CHECK_EQ_INT(kv_release(e->kv, &a, 1, NULL), KVS_OK);
+        CHECK_KV(e->kv);
         CHECK_EQ_INT(kv_release(e->kv, &b, 1, NULL), KVS_OK);
+        CHECK_KV(e->kv);
     }
     kv_get_stats(e->kv, &st);
     CHECK_EQ_INT(st.bytes_used, before.bytes_used);
@@ -212,6 +237,7 @@ static void run_model(const char *path) {
         engine_req r = {.sid = sid_of(k), .epoch = 1, .n = 5 + 3 * (uint32_t)k, .tokens = solo[k].toks,
                         .out_mode = FWD_OUT_LOGITS_LAST, .out = full};
         engine_step(e, &r, 1);
+        CHECK_KV(e->kv);
         CHECK(memcmp(full, solo[k].logits, (size_t)nv * sizeof(float)) == 0);
     }
     engine_req reqs[N_SESS];
@@ -223,6 +249,7 @@ static void run_model(const char *path) {
                                    .out_mode = FWD_OUT_LOGITS_LAST, .out = bl + (size_t)k * nv};
         }
         CHECK_EQ_INT(engine_step(e, reqs, N_SESS), KVS_OK);
+        CHECK_KV(e->kv);
         for (int k = 0; k < N_SESS; k++) {
             CHECK_EQ_INT(reqs[k].status, KVS_OK);
             CHECK(memcmp(bl + (size_t)k * nv, solo[k].logits + (size_t)s * nv, (size_t)nv * sizeof(float)) == 0);
@@ -236,13 +263,17 @@ static void run_model(const char *path) {
         const uint32_t na = 5 + 3 * 1, nb = 5;
         engine_req r = {.sid = cb, .epoch = 1, .n = 3, .tokens = solo[0].toks, .out_mode = FWD_OUT_LOGITS_LAST, .out = full};
         engine_step(e, &r, 1);
+        CHECK_KV(e->kv);
         CHECK_EQ_INT(r.status, KVS_OK);
         kv_txn *ta = NULL, *tb = NULL;
         kv_reply rep;
         CHECK_EQ_INT(kv_begin(e->kv, &ca, 1, 0, na, NULL, &ta, &rep), KVS_OK);
+        CHECK_KV(e->kv);
         CHECK_EQ_INT(kv_begin(e->kv, &cb, 1, 3, nb - 3, NULL, &tb, &rep), KVS_OK);
+        CHECK_KV(e->kv);
         if (ta && tb) {
             CHECK_EQ_INT(kv_cancel(e->kv, &ca), KVS_OK);
+            CHECK_KV(e->kv);
             float *junk = malloc((size_t)nv * sizeof(float));
             fwd_item items[2] = {{.txn = ta, .tokens = solo[1].toks, .out_mode = FWD_OUT_LOGITS_LAST, .out = junk},
                                  {.txn = tb, .tokens = solo[0].toks + 3, .out_mode = FWD_OUT_LOGITS_LAST, .out = full}};
@@ -251,7 +282,9 @@ static void run_model(const char *path) {
             CHECK_EQ_INT(items[1].status, KVS_OK);
             CHECK(memcmp(full, solo[0].logits, (size_t)nv * sizeof(float)) == 0);
             kv_abort(e->kv, ta, true);
+            CHECK_KV(e->kv);
             kv_commit(e->kv, tb, &rep);
+            CHECK_KV(e->kv);
             free(junk);
         }
     }
@@ -269,27 +302,68 @@ static void run_model(const char *path) {
     uint64_t blocks_per_sess = (longest + 15) / 16;
     engine *tight = open_engine(path, (2 * blocks_per_sess + 1) * block);
     CHECK(tight != NULL);
-    int misses = 0;
+    if (tight) CHECK_EQ_INT(kv_block_bytes(tight->kv), block);
+    /* A reference model of the pool: which sessions live, with how many positions, and when each
+     * was last used (a step counter). Every eviction must take the least recently used idle
+     * sessions, and the bytes held must be exactly their blocks. */
+    int misses = 0, evictions = 0;
+    uint64_t last_use[N_SESS] = {0}, clock = 0;
     for (int s = 0; s < 7 && tight; s++) {
         for (int k = 0; k < N_SESS; k++) {
+            bool alive_before[N_SESS];
+            for (int j = 0; j < N_SESS; j++) {
+                kv_sid sj = sid_of(j);
+                alive_before[j] = kv_lookup(tight->kv, &sj, NULL, NULL) == KVS_OK;
+            }
             /* Client: ask for the next position; on CACHE_MISS replay from have. */
             uint32_t end = 5 + 3 * (uint32_t)k + (uint32_t)s;
             uint32_t start = s == 0 ? 0 : end - 1;
             engine_req r = {.sid = sid_of(k), .epoch = 1, .start_pos = start, .n = end - start,
                             .tokens = solo[k].toks + start, .out_mode = FWD_OUT_LOGITS_LAST, .out = full};
             engine_step(tight, &r, 1);
+            CHECK_KV(tight->kv);
             if (r.status == KVS_ERR_CACHE_MISS) {
                 misses++;
+                CHECK(s > 0 && !alive_before[k]); /* only an evicted session misses */
                 CHECK_EQ_INT(r.reply.have, 0);
                 r.start_pos = r.reply.have;
                 r.n = end - r.reply.have;
                 r.tokens = solo[k].toks + r.reply.have;
                 engine_step(tight, &r, 1);
+                CHECK_KV(tight->kv);
             }
             CHECK_EQ_INT(r.status, KVS_OK);
             CHECK(memcmp(full, solo[k].logits + (size_t)s * nv, (size_t)nv * sizeof(float)) == 0);
+            last_use[k] = ++clock;
+            /* LRU first: every session this step evicted was used less recently than every idle
+             * one it left. */
+            uint64_t newest_evicted = 0, oldest_kept = UINT64_MAX, want_bytes = 0;
+            uint32_t live = 0;
+            for (int j = 0; j < N_SESS; j++) {
+                kv_sid sj = sid_of(j);
+                uint32_t np = 0;
+                bool alive = kv_lookup(tight->kv, &sj, NULL, &np) == KVS_OK;
+                if (j == k) CHECK(alive && np == end);
+                if (alive) {
+                    live++;
+                    want_bytes += (np + 15) / 16 * block;
+                }
+                if (j == k || !alive_before[j]) continue;
+                if (!alive) {
+                    evictions++;
+                    if (last_use[j] > newest_evicted) newest_evicted = last_use[j];
+                } else if (last_use[j] < oldest_kept) {
+                    oldest_kept = last_use[j];
+                }
+            }
+            if (newest_evicted >= oldest_kept)
+                fprintf(stderr, "step %d of session %d: evicted a session used at %llu, kept one used at %llu\n", s, k,
+                        (unsigned long long)newest_evicted, (unsigned long long)oldest_kept);
+            CHECK(newest_evicted < oldest_kept);
             kv_get_stats(tight->kv, &st);
-            CHECK(st.bytes_used <= st.budget_bytes);
+            CHECK_EQ_INT(st.bytes_used, want_bytes);
+            CHECK_EQ_INT(st.sessions, live);
+            CHECK_EQ_INT(st.evict_lru, evictions);
         }
     }
     if (tight) {
@@ -299,6 +373,15 @@ static void run_model(const char *path) {
         CHECK(misses > 0);
         CHECK(st.evict_lru > 0);
         CHECK(st.sessions <= 3);
+        /* Every byte comes back on release. */
+        for (int k = 0; k < N_SESS; k++) {
+            kv_sid sk = sid_of(k);
+            kv_release(tight->kv, &sk, 1, NULL);
+            CHECK_KV(tight->kv);
+        }
+        kv_get_stats(tight->kv, &st);
+        CHECK_EQ_INT(st.bytes_used, 0);
+        CHECK_EQ_INT(st.blocks_free, st.blocks_total);
     }
     engine_close(tight);
     free(bl);

@@ -4,6 +4,7 @@
  * begin is refused with nothing changed. Deterministic: no clock, no threads, markers stand for
  * computed K/V. */
 #include "kvshard.h"
+#include "kv_markers.h"
 #include "kvstate.h"
 #include "quant.h"
 #include "test.h"
@@ -42,9 +43,11 @@ static kv_state *make_pool(const kv_params *p) {
 static int append(kv_state *kv, uint64_t tenant, kv_sid sid, uint32_t start, uint32_t n, kv_reply *r) {
     kv_txn *t = NULL;
     int err = kv_begin_tenant(kv, tenant, &sid, 1, start, n, NULL, &t, r);
+    CHECK_KV(kv);
     if (err) return err;
     for (uint32_t p = start; p < start + n; p++) ((float *)kv_txn_k(t, 0, p, 0))[0] = (float)p;
     kv_commit(kv, t, r);
+    CHECK_KV(kv);
     return KVS_OK;
 }
 
@@ -56,6 +59,7 @@ static bool alive(kv_state *kv, kv_sid sid, uint32_t n_past) {
 static kv_stats stats(kv_state *kv) {
     kv_stats st;
     kv_get_stats(kv, &st);
+    CHECK_KV(kv);
     return st;
 }
 
@@ -110,7 +114,9 @@ static void test_flood_spares_other_tenant(void) {
         kv_sid sid = sid_of(0, i);
         kv_txn *t = NULL;
         CHECK_EQ_INT(kv_begin(kv, &sid, 1, 0, 4, NULL, &t, &r), KVS_OK);
+        CHECK_KV(kv);
         if (t) kv_commit(kv, t, &r);
+        CHECK_KV(kv);
     }
     CHECK(!alive(kv, sid_of(0, 1), 4));
     CHECK(alive(kv, sid_of(0, 2), 4));
@@ -188,17 +194,24 @@ static void test_quota(void) {
     /* Session quota with both of A's sessions pinned: BUSY, over_quota, pinned_short. */
     kv_sid a2 = sid_of(TA, 2), a3 = sid_of(TA, 3), a4 = sid_of(TA, 4);
     CHECK_EQ_INT(kv_truncate(kv, &a2, 1, 3, &r), KVS_OK);
+    CHECK_KV(kv);
     kv_txn *t2 = NULL, *t3 = NULL, *t4 = NULL;
     CHECK_EQ_INT(kv_begin_tenant(kv, TA, &a2, 1, 3, 1, NULL, &t2, &r), KVS_OK); /* no new block */
+    CHECK_KV(kv);
     CHECK_EQ_INT(kv_begin_tenant(kv, TA, &a3, 1, 0, 1, NULL, &t3, &r), KVS_OK);
+    CHECK_KV(kv);
     CHECK_EQ_INT(kv_begin_tenant(kv, TA, &a4, 1, 0, 1, NULL, &t4, &r), KVS_ERR_BUSY);
+    CHECK_KV(kv);
     CHECK(r.over_quota);
     CHECK(r.pinned_short);
     CHECK(t4 == NULL);
+    CHECK_EQ_INT(stats(kv).busy, 0); /* pinned_short: the caller's to retry (kv_note_busy) */
     /* B is not held by A's quota. */
     CHECK_EQ_INT(append(kv, TB, sid_of(TB, 1), 0, 8, &r), KVS_OK);
     if (t2) kv_abort(kv, t2, false);
+    CHECK_KV(kv);
     if (t3) kv_abort(kv, t3, false);
+    CHECK_KV(kv);
     CHECK_EQ_INT(blocks_of(kv, TA, NULL), 1);
     uint64_t ts[] = {TA, TB};
     check_sums(kv, ts, 2);
@@ -240,6 +253,7 @@ static void test_tenant_records(void) {
     if (!kv) return;
     kv_reply r;
     kv_inject_alloc_failure(kv, 1);
+    CHECK_KV(kv);
     CHECK_EQ_INT(append(kv, TA, sid_of(TA, 0), 0, 4, &r), KVS_ERR_NOMEM);
     CHECK_EQ_INT(stats(kv).tenants, 0);
     CHECK_EQ_INT(stats(kv).sessions, 0);
@@ -248,6 +262,7 @@ static void test_tenant_records(void) {
     CHECK_EQ_INT(stats(kv).tenants, 2);
     kv_sid a0 = sid_of(TA, 0);
     CHECK_EQ_INT(kv_release(kv, &a0, 1, &r), KVS_OK);
+    CHECK_KV(kv);
     CHECK_EQ_INT(stats(kv).tenants, 1);
     /* A refused begin of a new tenant leaves no record. */
     CHECK_EQ_INT(append(kv, TA, sid_of(TA, 1), 0, 32, &r), KVS_ERR_BUDGET_EXHAUSTED);
