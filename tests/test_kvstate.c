@@ -5,6 +5,7 @@
 #include "kvshard.h"
 #include "kv_markers.h"
 #include "kvstate.h"
+#include "kvstate_impl.h" /* test_check_catches corrupts the state on purpose */
 #include "quant.h"
 #include "test.h"
 
@@ -564,6 +565,62 @@ static void test_head_rows(void) {
     kv_free(kv);
 }
 
+/* kv_check is not a tautology: each kind of corruption it is meant to see is reported, naming
+ * its invariant; undone, the state checks clean again. */
+static void expect_broken(kv_state *kv, const char *inv) {
+    char msg[256] = "";
+    CHECK_EQ_INT(kv_check(kv, msg, sizeof(msg)), KVS_ERR_INTERNAL);
+    if (strncmp(msg, inv, strlen(inv)) != 0) fprintf(stderr, "kv_check said \"%s\", want %s\n", msg, inv);
+    CHECK(strncmp(msg, inv, strlen(inv)) == 0);
+}
+
+static void test_check_catches(void) {
+    kv_state *kv = make_kv(8, NULL, 0);
+    kv_sid a = sid_of(60), b = sid_of(61);
+    kv_reply r;
+    CHECK_EQ_INT(append(kv, a, 1, 0, 6, 0, &r), KVS_OK);
+    CHECK_EQ_INT(append(kv, b, 1, 0, 3, 0, &r), KVS_OK);
+    CHECK_EQ_INT(kv_release(kv, &b, 1, &r), KVS_OK);
+    CHECK_KV(kv);
+    kv_session *s = kv->lru.lru_next; /* a, the only session */
+    /* I1: a session's block also on the free stack. */
+    uint32_t saved = kv->free_ids[0];
+    kv->free_ids[0] = s->blocks[0];
+    expect_broken(kv, "I1");
+    kv->free_ids[0] = saved;
+    /* I1: a block leaked (neither free nor in a table). */
+    kv->n_free--;
+    expect_broken(kv, "I1");
+    kv->n_free++;
+    /* I3: n_past that does not match the table. */
+    s->n_past = 9;
+    expect_broken(kv, "I3");
+    s->n_past = 6;
+    /* I4: an idle session off the LRU list. */
+    kv->lru.lru_next = kv->lru.lru_prev = &kv->lru;
+    expect_broken(kv, "I4");
+    kv->lru.lru_next = kv->lru.lru_prev = s;
+    /* I5: the session count. */
+    kv->n_sessions++;
+    expect_broken(kv, "I5");
+    kv->n_sessions--;
+    /* I8: the tombstone count, and an entry lost from its bucket chain. */
+    kv->n_tombs++;
+    expect_broken(kv, "I8");
+    kv->n_tombs--;
+    uint32_t h = kv_hash(&b);
+    int32_t head = kv->tomb_buckets[h];
+    kv->tomb_buckets[h] = KV_TOMB_NONE;
+    expect_broken(kv, "I8");
+    kv->tomb_buckets[h] = head;
+    /* I9: a tenant's block count. */
+    s->tenant->n_blocks++;
+    expect_broken(kv, "I9");
+    s->tenant->n_blocks--;
+    CHECK_KV(kv);
+    kv_free(kv);
+}
+
 int main(void) {
     test_append_rules();
     test_truncate_release();
@@ -575,5 +632,6 @@ int main(void) {
     test_threads();
     test_block_order();
     test_head_rows();
+    test_check_catches();
     return test_finish("test_kvstate", 1, 0);
 }
