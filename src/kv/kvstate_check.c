@@ -80,7 +80,8 @@ static int check_sessions(kv_state *kv, uint8_t *own, char *msg, size_t cap) {
     for (uint32_t h = 0; h < KV_HASH_BUCKETS; h++)
         for (kv_session *s = kv->buckets[h]; s; s = s->hash_next) {
             if (kv_hash(&s->sid) != h) return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I5: a session sits in bucket %u, not %u", h, kv_hash(&s->sid));
-            for (kv_session *o = s->hash_next; o; o = o->hash_next)
+            uint32_t rest = 0; /* bounded: a cycle in the chain is caught by the count above */
+            for (kv_session *o = s->hash_next; o && rest++ < kv->n_sessions; o = o->hash_next)
                 if (memcmp(o->sid.bytes, s->sid.bytes, 16) == 0) return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I5: an id has two sessions");
             if (++n > kv->n_sessions) return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I5: more sessions in the table than n_sessions %u", kv->n_sessions);
             bool listed = s->lru_prev != NULL;
@@ -126,7 +127,9 @@ static int check_tombs(kv_state *kv, char *msg, size_t cap) {
         for (int32_t i = kv->tomb_buckets[h]; i != KV_TOMB_NONE; i = kv->tombs[i].next) {
             if (i < 0 || (uint32_t)i >= cap_t || !kv->tombs[i].used || kv_hash(&kv->tombs[i].sid) != h || ++chained > used)
                 return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I8: bucket %u chains entry %d wrongly", h, i);
-            for (int32_t j = kv->tombs[i].next; j != KV_TOMB_NONE && j >= 0 && (uint32_t)j < cap_t; j = kv->tombs[j].next)
+            uint32_t rest = 0; /* bounded: a cycle in the chain is caught by the count above */
+            for (int32_t j = kv->tombs[i].next; j != KV_TOMB_NONE && j >= 0 && (uint32_t)j < cap_t && rest++ < used;
+                 j = kv->tombs[j].next)
                 if (memcmp(kv->tombs[j].sid.bytes, kv->tombs[i].sid.bytes, 16) == 0)
                     return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I8: an id has entries %d and %d", i, j);
         }
