@@ -70,7 +70,7 @@ int engine_step(engine *e, engine_req *reqs, int n_reqs) {
     for (int i = 0; i < n_reqs; i++) {
         engine_req *r = &reqs[i];
         kv_txn *txn = NULL;
-        r->status = kv_begin(e->kv, &r->sid, r->epoch, r->start_pos, r->n, r->inherit, &txn, &r->reply);
+        r->status = engine_txn_begin(e, 0, r, &txn, &r->reply);
         if (r->status) continue;
         fwd_item *it = &items[n_items];
         memset(it, 0, sizeof(*it));
@@ -81,18 +81,24 @@ int engine_step(engine *e, engine_req *reqs, int n_reqs) {
         it->out = r->out;
         map[n_items++] = i;
     }
-    int err = n_items ? fwd_run(e->m, e->pool, e->kv, items, n_items) : KVS_OK;
+    int err = n_items ? engine_txn_run(e, items, n_items) : KVS_OK;
     for (int k = 0; k < n_items; k++) {
         engine_req *r = &reqs[map[k]];
-        int st = err ? err : items[k].status;
-        if (st == KVS_OK) {
-            kv_commit(e->kv, items[k].txn, &r->reply);
-        } else {
-            kv_abort(e->kv, items[k].txn, st == KVS_ERR_CANCELLED);
-        }
-        r->status = st;
+        r->status = engine_txn_end(e, items[k].txn, err ? err : items[k].status, &r->reply);
     }
     if (items != stack_items) free(items);
     free(map);
     return err;
+}
+
+int engine_txn_begin(engine *e, uint64_t tenant, const engine_req *r, kv_txn **txn, kv_reply *rep) {
+    return kv_begin_tenant(e->kv, tenant, &r->sid, r->epoch, r->start_pos, r->n, r->inherit, txn, rep);
+}
+
+int engine_txn_run(engine *e, fwd_item *items, int n_items) { return fwd_run(e->m, e->pool, e->kv, items, n_items); }
+
+int engine_txn_end(engine *e, kv_txn *txn, int status, kv_reply *rep) {
+    if (status == KVS_OK) kv_commit(e->kv, txn, rep);
+    else kv_abort(e->kv, txn, status == KVS_ERR_CANCELLED);
+    return status;
 }

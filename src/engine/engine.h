@@ -56,4 +56,16 @@ typedef struct {
  * the batch as a whole failed (then every req carries that error too). */
 int engine_step(engine *e, engine_req *reqs, int n_reqs);
 
+/* The transaction of one request, for callers that run it over several steps (the shard's
+ * scheduler cuts a prefill into chunks); engine_step is these three in one batch.
+ * engine_txn_begin: kv_begin_tenant for r (validates it against its session, reserves its
+ * blocks, pins the session); KVS_OK with *txn set, or the refusal with rep's recovery fields.
+ * engine_txn_run: one forward pass over open transactions (fwd_run).
+ * engine_txn_end: commits when status is KVS_OK, else rolls the session back to exactly its
+ * state before the begin (a KVS_ERR_CANCELLED status counts as a cancellation); returns
+ * status. *txn is gone either way. */
+int engine_txn_begin(engine *e, uint64_t tenant, const engine_req *r, kv_txn **txn, kv_reply *rep);
+int engine_txn_run(engine *e, fwd_item *items, int n_items);
+int engine_txn_end(engine *e, kv_txn *txn, int status, kv_reply *rep);
+
 #endif /* KVS_ENGINE_H */

@@ -4,7 +4,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +12,7 @@
 #include <unistd.h>
 
 #include "digest.h"
+#include "log.h"
 #include "netio.h"
 #include "quant.h"
 #include "server_impl.h"
@@ -38,16 +38,6 @@ srv_params srv_default_params(void) {
     return p;
 }
 
-
-void srv_logf(srv *s, const char *fmt, ...) {
-    if (!s->p.log) return;
-    char line[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof(line), fmt, ap);
-    va_end(ap);
-    s->p.log(s->p.log_ctx, line);
-}
 
 void srv_stats(srv *s, struct wire_stats_reply *m) {
     kv_stats k;
@@ -218,10 +208,10 @@ int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
         err = kvs_fail(msg, cap, err, "cannot create the relay");
         goto fail;
     }
-    srv_logf(s, "loaded %s layers [%u, %u) of %u: %.1f MiB of weights (%d matrices repacked) in %.2f s", p->model_path,
+    kvs_logf(s->p.log, s->p.log_ctx, "loaded %s layers [%u, %u) of %u: %.1f MiB of weights (%d matrices repacked) in %.2f s", p->model_path,
              s->e->m->first, s->e->m->last, s->e->m->hp.n_layer, (double)s->e->m->weight_bytes / (1 << 20),
              s->e->m->n_repacked, s->e->open_s);
-    srv_logf(s, "hashing the model file for its digest");
+    kvs_logf(s->p.log, s->p.log_ctx, "hashing the model file for its digest");
     if ((err = digest_model_sha256(p->model_path, s->digest))) {
         err = kvs_fail(msg, cap, err, "cannot read %s to hash it", p->model_path);
         goto fail;
@@ -288,7 +278,7 @@ static void refuse_conn(srv *s, int fd, const char *why) {
 int srv_run(srv *s) {
     kv_stats ks;
     kv_get_stats(s->e->kv, &ks);
-    srv_logf(s, "listening on port %u (kv budget %llu MiB = %llu blocks of %llu B)", s->port,
+    kvs_logf(s->p.log, s->p.log_ctx, "listening on port %u (kv budget %llu MiB = %llu blocks of %llu B)", s->port,
              (unsigned long long)(ks.budget_bytes >> 20), (unsigned long long)ks.blocks_total,
              (unsigned long long)ks.block_bytes);
     if (pthread_create(&s->sched_thread, NULL, srv_sched_main, s) != 0) return KVS_ERR_INTERNAL;
@@ -311,7 +301,7 @@ int srv_run(srv *s) {
         if (addr_full) s->c_refused_addr++;
         pthread_mutex_unlock(&s->mu);
         if (full || addr_full) {
-            srv_logf(s, "connection from %s refused: %s", peer,
+            kvs_logf(s->p.log, s->p.log_ctx, "connection from %s refused: %s", peer,
                      full ? "all --max-conns slots open" : "--max-conns-per-addr reached for its address");
             refuse_conn(s, fd, full ? "the shard has no free connection slot" : "too many connections from this address");
             continue;
@@ -337,7 +327,7 @@ int srv_run(srv *s) {
         s->n_conns++;
         s->c_conns_total++;
         pthread_mutex_unlock(&s->mu);
-        srv_logf(s, "conn %u (%s): open", c->id, c->peer);
+        kvs_logf(s->p.log, s->p.log_ctx, "conn %u (%s): open", c->id, c->peer);
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
@@ -356,7 +346,7 @@ int srv_run(srv *s) {
         }
         pthread_attr_destroy(&attr);
     }
-    srv_logf(s, "shutting down");
+    kvs_logf(s->p.log, s->p.log_ctx, "shutting down");
     /* Wake every reader; each cancels its work and drops its reference. */
     pthread_mutex_lock(&s->mu);
     for (srv_conn *c = s->conns; c; c = c->next) {
@@ -377,7 +367,7 @@ int srv_run(srv *s) {
         nanosleep(&ts, NULL);
     }
     kv_get_stats(s->e->kv, &ks);
-    srv_logf(s, "stopped: %llu requests in %llu forward passes (%.2f per pass), %llu sessions live, %llu evicted (lru %llu, ttl %llu)",
+    kvs_logf(s->p.log, s->p.log_ctx, "stopped: %llu requests in %llu forward passes (%.2f per pass), %llu sessions live, %llu evicted (lru %llu, ttl %llu)",
              (unsigned long long)s->c_requests, (unsigned long long)s->c_batches,
              s->c_batches ? (double)s->c_batch_items / (double)s->c_batches : 0.0, (unsigned long long)ks.sessions,
              (unsigned long long)(ks.evict_lru + ks.evict_ttl), (unsigned long long)ks.evict_lru,

@@ -20,7 +20,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef void (*srv_log_fn)(void *ctx, const char *line);
+#include "log.h"
+
+typedef kvs_log_fn srv_log_fn;
 
 typedef struct {
     const char *model_path;

@@ -48,7 +48,7 @@ void srv_conn_send(srv_conn *c, uint16_t op, uint64_t rid, const uint8_t *payloa
     pthread_mutex_unlock(&c->write_lock);
     if (over) {
         free(o);
-        srv_logf(c->s, "conn %u (%s): not reading its replies (%zu bytes queued), closing", c->id, c->peer, queued);
+        kvs_logf(c->s->p.log, c->s->p.log_ctx, "conn %u (%s): not reading its replies (%zu bytes queued), closing", c->id, c->peer, queued);
         atomic_store(&c->closed, true);
         shutdown(c->fd, SHUT_RDWR);
     }
@@ -215,153 +215,175 @@ static void send_info(srv_conn *c, uint64_t rid, int status) {
     if (wire_encode_info(&in, buf, sizeof(buf), &len) == KVS_OK) srv_conn_send(c, WIRE_OP_INFO, rid, buf, len);
 }
 
+static void count_locked(srv *s, uint64_t *counter) {
+    pthread_mutex_lock(&s->mu);
+    (*counter)++;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* The TLS handshake and HELLO, under one deadline: KVS_OK when the peer is authenticated and
+ * has been sent INFO; otherwise the connection is to be closed (logged and counted here). */
+static int conn_hello(srv_conn *c, struct netio_buf *buf) {
+    srv *s = c->s;
+    struct wire_header h;
+    char msg[KVS_MSG_MAX] = "";
+    int err;
+    uint64_t hello_deadline = netio_deadline_ms(s->p.hello_timeout_ms);
+    if (s->tls && (err = tls_handshake(s->tls, c->fd, hello_deadline, c->identity, sizeof c->identity, msg,
+                                       sizeof msg)) != KVS_OK) {
+        count_locked(s, &s->c_auth_failures);
+        kvs_logf(s->p.log, s->p.log_ctx, "conn %u (%s): %s, closing", c->id, c->peer, msg);
+        return err;
+    }
+    netio_recv_opts hello_opts = {.idle_deadline_ns = hello_deadline, .frame_timeout_ms = -1,
+                                  .max_payload = 6 + WIRE_MAX_AUTH};
+    err = netio_recv_frame_opt(c->fd, &h, buf, &hello_opts, msg, sizeof(msg));
+    struct wire_hello hello;
+    if (err == KVS_OK && h.op == WIRE_OP_HELLO && wire_decode_hello(buf->data, buf->len, &hello, msg, sizeof(msg)) == KVS_OK &&
+        hello.min_version <= WIRE_PROTO_VERSION) {
+        c->version = hello.max_version < WIRE_PROTO_VERSION ? hello.max_version : (uint16_t)WIRE_PROTO_VERSION;
+        if (conn_authenticate(c, &hello) != KVS_OK) {
+            count_locked(s, &s->c_auth_failures);
+            send_info(c, h.request_id, KVS_ERR_INVALID_ARG);
+            kvs_logf(s->p.log, s->p.log_ctx, "conn %u (%s): wrong auth token, closing", c->id, c->peer);
+            return KVS_ERR_INVALID_ARG;
+        }
+        send_info(c, h.request_id, KVS_OK);
+        kvs_logf(s->p.log, s->p.log_ctx, "conn %u (%s): peer %s", c->id, c->peer, c->identity);
+        return KVS_OK;
+    }
+    if (err == KVS_OK || err == KVS_ERR_PROTOCOL || err == KVS_ERR_UNSUPPORTED) {
+        send_info(c, h.request_id, err == KVS_OK ? KVS_ERR_PROTOCOL : err);
+        srv_count_protocol_error(s);
+    }
+    kvs_logf(s->p.log, s->p.log_ctx, "conn %u (%s): no valid HELLO (%s), closing", c->id, c->peer,
+             err ? kvs_strerror(err) : "wrong first frame or version");
+    return err ? err : KVS_ERR_PROTOCOL;
+}
+
+/* A frame that could not be received: answered when the peer can still read it, logged and
+ * counted; the connection closes after it. */
+static void conn_recv_failed(srv_conn *c, int err, const struct wire_header *h, const netio_recv_opts *o,
+                             const char *msg) {
+    srv *s = c->s;
+    if (err == KVS_ERR_PROTOCOL || err == KVS_ERR_UNSUPPORTED || err == KVS_ERR_TOO_LARGE) {
+        srv_send_status(c, h->request_id, err, NULL, msg);
+        srv_count_protocol_error(s);
+        kvs_logf(s->p.log, s->p.log_ctx, "conn %u (%s): bad frame (%s), closing", c->id, c->peer, msg);
+    } else if (err == KVS_ERR_BUSY) {
+        count_locked(s, &s->c_refused_buffers);
+        srv_send_status(c, h->request_id, err, NULL, "the shard holds too many buffered bytes");
+        kvs_logf(s->p.log, s->p.log_ctx, "conn %u (%s): %s, closing", c->id, c->peer, msg);
+    } else if (err == KVS_ERR_TIMEOUT && o->started) {
+        count_locked(s, &s->c_frame_timeouts);
+        kvs_logf(s->p.log, s->p.log_ctx, "conn %u (%s): a frame took longer than %d ms, closing", c->id, c->peer, s->p.frame_timeout_ms);
+    } else if (err == KVS_ERR_TIMEOUT) {
+        kvs_logf(s->p.log, s->p.log_ctx, "conn %u (%s): idle for %d ms, closing", c->id, c->peer, s->p.idle_timeout_ms);
+    }
+}
+
+/* One request frame after HELLO: the cheap ops are answered here, FORWARD (and TRUNCATE /
+ * RELEASE behind one) become jobs for the scheduler. */
+static void conn_dispatch(srv_conn *c, const struct wire_header *h, const struct netio_buf *buf) {
+    srv *s = c->s;
+    char msg[KVS_MSG_MAX] = "";
+    const uint64_t rid = h->request_id;
+    switch (h->op) {
+    case WIRE_OP_FORWARD:
+        srv_handle_forward(c, rid, buf->data, buf->len);
+        break;
+    case WIRE_OP_TRUNCATE:
+    case WIRE_OP_RELEASE:
+        srv_handle_truncate_release(c, h, buf->data, buf->len);
+        break;
+    case WIRE_OP_CANCEL: {
+        struct wire_cancel t;
+        if (wire_decode_cancel(buf->data, buf->len, &t, msg, sizeof(msg))) {
+            srv_send_status(c, rid, KVS_ERR_PROTOCOL, NULL, msg);
+            break;
+        }
+        int n = srv_cancel_jobs(c, false, t.target_request_id);
+        srv_send_status(c, rid, n ? KVS_OK : KVS_ERR_NOT_FOUND, NULL, NULL);
+        break;
+    }
+    case WIRE_OP_RELAY_LISTEN: {
+        struct wire_relay_listen t;
+        if (wire_decode_relay_listen(buf->data, buf->len, &t, msg, sizeof(msg)))
+            srv_send_status(c, rid, KVS_ERR_PROTOCOL, NULL, msg);
+        else if (c->version < 2)
+            srv_send_status(c, rid, KVS_ERR_UNSUPPORTED, NULL, "RELAY_LISTEN needs protocol version 2");
+        else
+            srv_send_status(c, rid, relay_listen_add(s->relay, t.relay_id, c), NULL, NULL);
+        break;
+    }
+    case WIRE_OP_STATS:
+        if (wire_decode_empty(buf->data, buf->len, msg, sizeof(msg))) srv_send_status(c, rid, KVS_ERR_PROTOCOL, NULL, msg);
+        else srv_handle_stats(c, rid);
+        break;
+    case WIRE_OP_VOCAB: {
+        struct wire_vocab q;
+        if (wire_decode_vocab(buf->data, buf->len, &q, msg, sizeof(msg))) srv_send_status(c, rid, KVS_ERR_PROTOCOL, NULL, msg);
+        else srv_handle_vocab(c, rid, &q);
+        break;
+    }
+    case WIRE_OP_VOCAB_META: {
+        struct wire_vocab_meta q;
+        if (wire_decode_vocab_meta(buf->data, buf->len, &q, msg, sizeof(msg)))
+            srv_send_status(c, rid, KVS_ERR_PROTOCOL, NULL, msg);
+        else srv_handle_vocab_meta(c, rid, &q);
+        break;
+    }
+    default:
+        srv_send_status(c, rid, KVS_ERR_PROTOCOL, NULL, "op not valid from a client after HELLO");
+        srv_count_protocol_error(s);
+        break;
+    }
+}
+
+/* The reader is done: its jobs are cancelled, the writer drains what is queued and stops. */
+static void conn_close(srv_conn *c) {
+    srv *s = c->s;
+    relay_listen_drop(s->relay, c); /* before our unref: relay.h design note 4 */
+    int n = srv_cancel_jobs(c, true, 0);
+    /* Closed first, so nothing new is queued while the writer drains (an error reply before
+     * closing still goes out), then it is stopped and joined. */
+    atomic_store(&c->closed, true);
+    pthread_mutex_lock(&c->write_lock);
+    c->writer_stop = true;
+    pthread_cond_signal(&c->write_cv);
+    pthread_mutex_unlock(&c->write_lock);
+    pthread_join(c->writer, NULL);
+    shutdown(c->fd, SHUT_RDWR);
+    kvs_logf(s->p.log, s->p.log_ctx, "conn %u (%s): closed after %lu request(s)%s", c->id, c->peer, c->requests,
+             n ? ", cancelled its work in flight" : "");
+}
+
 void *srv_conn_main(void *arg) {
     srv_conn *c = arg;
     srv *s = c->s;
     struct netio_buf buf = {0};
-    struct wire_header h;
-    char msg[KVS_MSG_MAX] = "";
-    int err;
-    /* One deadline for the TLS handshake and HELLO together. */
-    uint64_t hello_deadline = netio_deadline_ms(s->p.hello_timeout_ms);
-    if (s->tls && (err = tls_handshake(s->tls, c->fd, hello_deadline, c->identity, sizeof c->identity, msg,
-                                       sizeof msg)) != KVS_OK) {
-        pthread_mutex_lock(&s->mu);
-        s->c_auth_failures++;
-        pthread_mutex_unlock(&s->mu);
-        srv_logf(s, "conn %u (%s): %s, closing", c->id, c->peer, msg);
-        goto out;
-    }
-    netio_recv_opts hello_opts = {.idle_deadline_ns = hello_deadline, .frame_timeout_ms = -1,
-                                  .max_payload = 6 + WIRE_MAX_AUTH};
-    err = netio_recv_frame_opt(c->fd, &h, &buf, &hello_opts, msg, sizeof(msg));
-    struct wire_hello hello;
-    if (err == KVS_OK && h.op == WIRE_OP_HELLO && wire_decode_hello(buf.data, buf.len, &hello, msg, sizeof(msg)) == KVS_OK &&
-        hello.min_version <= WIRE_PROTO_VERSION) {
-        c->version = hello.max_version < WIRE_PROTO_VERSION ? hello.max_version : (uint16_t)WIRE_PROTO_VERSION;
-        if (conn_authenticate(c, &hello) != KVS_OK) {
-            pthread_mutex_lock(&s->mu);
-            s->c_auth_failures++;
-            pthread_mutex_unlock(&s->mu);
-            send_info(c, h.request_id, KVS_ERR_INVALID_ARG);
-            srv_logf(s, "conn %u (%s): wrong auth token, closing", c->id, c->peer);
-            goto out;
-        }
-        send_info(c, h.request_id, KVS_OK);
-        srv_logf(s, "conn %u (%s): peer %s", c->id, c->peer, c->identity);
-    } else {
-        if (err == KVS_OK || err == KVS_ERR_PROTOCOL || err == KVS_ERR_UNSUPPORTED) {
-            send_info(c, h.request_id, err == KVS_OK ? KVS_ERR_PROTOCOL : err);
-            pthread_mutex_lock(&s->mu);
-            s->c_protocol_errors++;
-            pthread_mutex_unlock(&s->mu);
-        }
-        srv_logf(s, "conn %u (%s): no valid HELLO (%s), closing", c->id, c->peer,
-                 err ? kvs_strerror(err) : "wrong first frame or version");
-        goto out;
-    }
-    while (!atomic_load(&c->closed)) {
-        conn_release_rx(c);
-        netio_buf_trim(&buf); /* a large frame does not keep its buffer while the peer idles */
-        conn_count_rx(c, &buf);
-        netio_recv_opts o = {.idle_deadline_ns = netio_deadline_ms(s->p.idle_timeout_ms),
-                             .frame_timeout_ms = s->p.frame_timeout_ms > 0 ? s->p.frame_timeout_ms : -1,
-                             .admit = conn_admit, .admit_ctx = c};
-        err = netio_recv_frame_opt(c->fd, &h, &buf, &o, msg, sizeof(msg));
-        conn_count_rx(c, &buf);
-        if (err) {
-            if (err == KVS_ERR_PROTOCOL || err == KVS_ERR_UNSUPPORTED || err == KVS_ERR_TOO_LARGE) {
-                srv_send_status(c, h.request_id, err, NULL, msg);
-                srv_count_protocol_error(s);
-                srv_logf(s, "conn %u (%s): bad frame (%s), closing", c->id, c->peer, msg);
-            } else if (err == KVS_ERR_BUSY) {
-                pthread_mutex_lock(&s->mu);
-                s->c_refused_buffers++;
-                pthread_mutex_unlock(&s->mu);
-                srv_send_status(c, h.request_id, err, NULL, "the shard holds too many buffered bytes");
-                srv_logf(s, "conn %u (%s): %s, closing", c->id, c->peer, msg);
-            } else if (err == KVS_ERR_TIMEOUT && o.started) {
-                pthread_mutex_lock(&s->mu);
-                s->c_frame_timeouts++;
-                pthread_mutex_unlock(&s->mu);
-                srv_logf(s, "conn %u (%s): a frame took longer than %d ms, closing", c->id, c->peer,
-                         s->p.frame_timeout_ms);
-            } else if (err == KVS_ERR_TIMEOUT) {
-                srv_logf(s, "conn %u (%s): idle for %d ms, closing", c->id, c->peer, s->p.idle_timeout_ms);
-            }
-            break;
-        }
-        c->requests++;
-        switch (h.op) {
-        case WIRE_OP_FORWARD:
-            srv_handle_forward(c, h.request_id, buf.data, buf.len);
-            break;
-        case WIRE_OP_TRUNCATE:
-        case WIRE_OP_RELEASE:
-            srv_handle_truncate_release(c, &h, buf.data, buf.len);
-            break;
-        case WIRE_OP_CANCEL: {
-            struct wire_cancel t;
-            if (wire_decode_cancel(buf.data, buf.len, &t, msg, sizeof(msg))) {
-                srv_send_status(c, h.request_id, KVS_ERR_PROTOCOL, NULL, msg);
+    if (conn_hello(c, &buf) == KVS_OK) {
+        while (!atomic_load(&c->closed)) {
+            conn_release_rx(c);
+            netio_buf_trim(&buf); /* a large frame does not keep its buffer while the peer idles */
+            conn_count_rx(c, &buf);
+            struct wire_header h;
+            char msg[KVS_MSG_MAX] = "";
+            netio_recv_opts o = {.idle_deadline_ns = netio_deadline_ms(s->p.idle_timeout_ms),
+                                 .frame_timeout_ms = s->p.frame_timeout_ms > 0 ? s->p.frame_timeout_ms : -1,
+                                 .admit = conn_admit, .admit_ctx = c};
+            int err = netio_recv_frame_opt(c->fd, &h, &buf, &o, msg, sizeof(msg));
+            conn_count_rx(c, &buf);
+            if (err) {
+                conn_recv_failed(c, err, &h, &o, msg);
                 break;
             }
-            int n = srv_cancel_jobs(c, false, t.target_request_id);
-            srv_send_status(c, h.request_id, n ? KVS_OK : KVS_ERR_NOT_FOUND, NULL, NULL);
-            break;
-        }
-        case WIRE_OP_RELAY_LISTEN: {
-            struct wire_relay_listen t;
-            if (wire_decode_relay_listen(buf.data, buf.len, &t, msg, sizeof(msg)))
-                srv_send_status(c, h.request_id, KVS_ERR_PROTOCOL, NULL, msg);
-            else if (c->version < 2)
-                srv_send_status(c, h.request_id, KVS_ERR_UNSUPPORTED, NULL, "RELAY_LISTEN needs protocol version 2");
-            else
-                srv_send_status(c, h.request_id, relay_listen_add(s->relay, t.relay_id, c), NULL, NULL);
-            break;
-        }
-        case WIRE_OP_STATS:
-            if (wire_decode_empty(buf.data, buf.len, msg, sizeof(msg))) srv_send_status(c, h.request_id, KVS_ERR_PROTOCOL, NULL, msg);
-            else srv_handle_stats(c, h.request_id);
-            break;
-        case WIRE_OP_VOCAB: {
-            struct wire_vocab q;
-            if (wire_decode_vocab(buf.data, buf.len, &q, msg, sizeof(msg))) srv_send_status(c, h.request_id, KVS_ERR_PROTOCOL, NULL, msg);
-            else srv_handle_vocab(c, h.request_id, &q);
-            break;
-        }
-        case WIRE_OP_VOCAB_META: {
-            struct wire_vocab_meta q;
-            if (wire_decode_vocab_meta(buf.data, buf.len, &q, msg, sizeof(msg)))
-                srv_send_status(c, h.request_id, KVS_ERR_PROTOCOL, NULL, msg);
-            else srv_handle_vocab_meta(c, h.request_id, &q);
-            break;
-        }
-        default:
-            srv_send_status(c, h.request_id, KVS_ERR_PROTOCOL, NULL, "op not valid from a client after HELLO");
-            pthread_mutex_lock(&s->mu);
-            s->c_protocol_errors++;
-            pthread_mutex_unlock(&s->mu);
-            break;
+            c->requests++;
+            conn_dispatch(c, &h, &buf);
         }
     }
-out:
     conn_release_rx(c);
-    {
-        relay_listen_drop(s->relay, c); /* before our unref: relay.h design note 4 */
-        int n = srv_cancel_jobs(c, true, 0);
-        /* Let the writer flush what is queued (an error reply before closing), then stop it;
-         * closed first, so nothing new is queued while it drains. */
-        atomic_store(&c->closed, true);
-        pthread_mutex_lock(&c->write_lock);
-        c->writer_stop = true;
-        pthread_cond_signal(&c->write_cv);
-        pthread_mutex_unlock(&c->write_lock);
-        pthread_join(c->writer, NULL);
-        shutdown(c->fd, SHUT_RDWR);
-        srv_logf(s, "conn %u (%s): closed after %lu request(s)%s", c->id, c->peer, c->requests,
-                 n ? ", cancelled its work in flight" : "");
-    }
+    conn_close(c);
     netio_buf_free(&buf);
     conn_count_rx(c, &buf);
     srv_conn_unref(c);

@@ -76,6 +76,7 @@
 #include <sodium.h>
 
 #include "engine.h"
+#include "log.h"
 #include "relay.h"
 #include "server.h"
 #include "tls.h"
@@ -198,9 +199,6 @@ struct srv {
     uint64_t c_conns_total, c_requests, c_forward_rows, c_batches, c_batch_items, c_protocol_errors,
         c_rejected_conns;
 };
-
-/* server.c */
-void srv_logf(srv *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* server_conn.c */
 void *srv_conn_main(void *arg);   /* a connection's reader thread */

@@ -139,153 +139,172 @@ void srv_send_forward_reply(srv_job *j) {
     free(f16);
 }
 
+/* The shape of a FORWARD's work here: what this shard computes (hidden rows when it pushes on,
+ * the last row's logits to sample) and the reply's rows x cols. */
+typedef struct {
+    bool tokens_in, relayed, pushes;
+    uint32_t local_mode; /* WIRE_OUT_* this shard computes */
+    uint32_t rows, cols;
+} fwd_shape;
+
+static fwd_shape forward_shape(const model *m, const struct wire_forward *f) {
+    fwd_shape sh = {.tokens_in = f->in_kind == WIRE_IN_TOKENS, .relayed = (f->flags & WIRE_FWD_RELAY) != 0};
+    sh.pushes = sh.relayed && f->relay.n_next > 0;
+    sh.local_mode = sh.pushes ? WIRE_OUT_HIDDEN : f->out_mode == WIRE_OUT_SAMPLE ? WIRE_OUT_LOGITS_LAST : f->out_mode;
+    sh.rows = sh.local_mode == WIRE_OUT_LOGITS_LAST ? 1 : f->n_tokens;
+    sh.cols = sh.local_mode == WIRE_OUT_HIDDEN ? m->hp.n_embd : m->hp.n_vocab;
+    return sh;
+}
+
+/* Why this shard refuses the FORWARD before queueing it (NULL: it does not), with the status. */
+static const char *forward_refusal(srv_conn *c, const struct wire_forward *f, const fwd_shape *sh, int *status) {
+    const model *m = c->s->e->m;
+    *status = KVS_ERR_INVALID_ARG;
+    if (c->version < 2 && (sh->relayed || f->out_mode == WIRE_OUT_SAMPLE)) {
+        *status = KVS_ERR_UNSUPPORTED;
+        return "sampling and relay need protocol version 2 (say HELLO with max_version 2)";
+    }
+    if (c->version < 2 && f->in_kind == WIRE_IN_HIDDEN_BF16) {
+        *status = KVS_ERR_UNSUPPORTED;
+        return "bf16 hidden states need protocol version 2 (say HELLO with max_version 2)";
+    }
+    if (sh->relayed && f->relay.n_next == 0 && f->out_mode == WIRE_OUT_HIDDEN)
+        return "a relayed step must end in logits or a sample";
+    if (sh->pushes && m->has_head) return "relay hops after the shard that owns the output head";
+    if (sh->tokens_in != m->has_embd)
+        return m->has_embd ? "this shard owns layer 0 and takes token ids" : "this shard takes hidden states";
+    if (!sh->tokens_in && f->n_embd != m->hp.n_embd) return "hidden width does not match n_embd";
+    if (f->out_mode != WIRE_OUT_HIDDEN && !sh->pushes && !m->has_head)
+        return "logits requested from a shard without the output head";
+    *status = KVS_ERR_TOO_LARGE;
+    if (f->n_tokens > c->s->p.max_tokens) return "more rows than max_tokens";
+    /* positions past the context: kv_begin answers CONTEXT_FULL */
+    if ((uint64_t)sh->rows * sh->cols * 4 + 64 > WIRE_MAX_PAYLOAD) return "the reply would exceed the frame limit";
+    *status = KVS_ERR_INVALID_ARG;
+    if (sh->tokens_in)
+        for (uint32_t i = 0; i < f->n_tokens; i++) {
+            int32_t t = wire_forward_token(f, i);
+            if (t < 0 || (uint32_t)t >= m->hp.n_vocab) return "token id outside the vocabulary";
+        }
+    return NULL;
+}
+
+/* A job's buffers for f: its input rows, its output, the chunk scratch, the penalty window and
+ * the relay hops. NULL when out of memory (nothing left allocated). */
+static srv_job *forward_job_alloc(const model *m, const struct wire_forward *f, const fwd_shape *sh) {
+    srv_job *j = calloc(1, sizeof(*j));
+    if (!j) return NULL;
+    size_t d = m->hp.n_embd;
+    if (sh->tokens_in) {
+        j->tokens = malloc((size_t)f->n_tokens * sizeof(int32_t));
+        if (j->tokens)
+            for (uint32_t i = 0; i < f->n_tokens; i++) j->tokens[i] = wire_forward_token(f, i);
+    } else {
+        j->hidden = malloc((size_t)f->n_tokens * d * sizeof(float));
+        if (j->hidden && wire_forward_hidden_to_f32(f, j->hidden) != KVS_OK) {
+            free(j->hidden);
+            j->hidden = NULL;
+        }
+    }
+    j->out = malloc((size_t)sh->rows * sh->cols * sizeof(float));
+    bool chunked_last = sh->local_mode == WIRE_OUT_LOGITS_LAST && f->n_tokens > 1;
+    if (chunked_last) j->scratch = malloc((size_t)f->n_tokens * d * sizeof(float));
+    bool extra_ok = true;
+    if (f->out_mode == WIRE_OUT_SAMPLE && f->sample.n_window) {
+        j->window = malloc((size_t)f->sample.n_window * sizeof(int32_t));
+        extra_ok = j->window != NULL;
+        for (uint32_t i = 0; extra_ok && i < f->sample.n_window; i++)
+            j->window[i] = (int32_t)kvs_rd_u32((const uint8_t *)f->sample.window + 4 * (size_t)i);
+    }
+    if (sh->pushes && extra_ok) {
+        j->relay = malloc(sizeof(*j->relay));
+        if (j->relay) *j->relay = f->relay;
+        extra_ok = j->relay != NULL;
+    }
+    if ((!j->tokens && !j->hidden) || !j->out || !extra_ok || (chunked_last && !j->scratch)) {
+        srv_job_free(j);
+        return NULL;
+    }
+    return j;
+}
+
+/* Fills a new job's request fields from f; conn is the connection that answers it. */
+static void forward_job_fill(srv_job *j, srv_conn *conn, uint64_t rid, const struct wire_forward *f,
+                             const fwd_shape *sh) {
+    j->conn = conn;
+    j->op = WIRE_OP_FORWARD;
+    j->sample = f->out_mode == WIRE_OUT_SAMPLE && !sh->pushes;
+    j->sq = f->sample;
+    j->sq.window = NULL;
+    j->wire_out_mode = f->out_mode;
+    j->request_id = rid;
+    /* A relayed step acts on the session of the client that registered relay_id: keyed by that
+     * connection's identity, as its client-driven steps are (docs/protocol.md §4.3.2). */
+    srv_conn_sid(j->conn, f->session_id, &j->sid);
+    memcpy(j->wire_sid, f->session_id, WIRE_SID_SIZE);
+    j->epoch = f->epoch;
+    j->start_pos = f->start_pos;
+    j->n = f->n_tokens;
+    j->inherit = (f->flags & WIRE_FWD_INHERIT) != 0;
+    j->inh.old_epoch = f->inherit_epoch;
+    j->inh.len = f->inherit_len;
+    j->reply_f16 = f->in_kind == WIRE_IN_HIDDEN_F16;
+    j->reply_bf16 = f->in_kind == WIRE_IN_HIDDEN_BF16;
+    j->out_mode = sh->local_mode == WIRE_OUT_HIDDEN       ? FWD_OUT_HIDDEN
+                  : sh->local_mode == WIRE_OUT_LOGITS_ALL ? FWD_OUT_LOGITS_ALL
+                                                          : FWD_OUT_LOGITS_LAST;
+    j->out_rows = sh->rows;
+    j->out_cols = sh->cols;
+    j->state = JOB_QUEUED;
+    atomic_init(&j->cancel, false);
+}
+
+/* FORWARD: decoded and checked here (a refusal is answered at once), then queued as a job for
+ * the scheduler. A relayed step is answered on the connection its client registered
+ * (RELAY_LISTEN), whose reference the job holds. Always KVS_OK: errors are replies. */
 int srv_handle_forward(srv_conn *c, uint64_t rid, const uint8_t *payload, size_t len) {
     srv *s = c->s;
-    const model *m = s->e->m;
     struct wire_forward f;
     char msg[KVS_MSG_MAX] = "";
-    int err = wire_decode_forward(payload, len, &f, msg, sizeof(msg));
-    if (err) {
-        pthread_mutex_lock(&s->mu);
-        s->c_protocol_errors++;
-        pthread_mutex_unlock(&s->mu);
+    if (wire_decode_forward(payload, len, &f, msg, sizeof(msg))) {
+        srv_count_protocol_error(s);
         srv_send_status(c, rid, KVS_ERR_PROTOCOL, NULL, msg);
         return KVS_OK;
     }
-    struct wire_forward_reply bad;
-    memset(&bad, 0, sizeof(bad));
-    bad.st.status = KVS_OK;
-    const char *why = NULL;
-    bool tokens_in = f.in_kind == WIRE_IN_TOKENS;
-    const bool relayed = (f.flags & WIRE_FWD_RELAY) != 0, pushes = relayed && f.relay.n_next > 0;
-    /* A relayed step is answered on the connection its client registered (RELAY_LISTEN). */
-    srv_conn *target = relayed ? relay_listen_take(s->relay, f.relay.relay_id, srv_conn_ref) : NULL;
-    if (relayed && !target) srv_conn_ref(c);
-    if (relayed && !target) target = c;
-    if (c->version < 2 && (relayed || f.out_mode == WIRE_OUT_SAMPLE)) {
-        bad.st.status = KVS_ERR_UNSUPPORTED;
-        why = "sampling and relay need protocol version 2 (say HELLO with max_version 2)";
-    } else if (c->version < 2 && f.in_kind == WIRE_IN_HIDDEN_BF16) {
-        bad.st.status = KVS_ERR_UNSUPPORTED;
-        why = "bf16 hidden states need protocol version 2 (say HELLO with max_version 2)";
-    } else if (relayed && f.relay.n_next == 0 && f.out_mode == WIRE_OUT_HIDDEN) {
-        bad.st.status = KVS_ERR_INVALID_ARG;
-        why = "a relayed step must end in logits or a sample";
-    } else if (pushes && m->has_head) {
-        bad.st.status = KVS_ERR_INVALID_ARG;
-        why = "relay hops after the shard that owns the output head";
-    } else if (tokens_in != m->has_embd) {
-        bad.st.status = KVS_ERR_INVALID_ARG;
-        why = m->has_embd ? "this shard owns layer 0 and takes token ids" : "this shard takes hidden states";
-    } else if (!tokens_in && f.n_embd != m->hp.n_embd) {
-        bad.st.status = KVS_ERR_INVALID_ARG;
-        why = "hidden width does not match n_embd";
-    } else if (f.out_mode != WIRE_OUT_HIDDEN && !pushes && !m->has_head) {
-        bad.st.status = KVS_ERR_INVALID_ARG;
-        why = "logits requested from a shard without the output head";
-    } else if (f.n_tokens > s->p.max_tokens) {
-        bad.st.status = KVS_ERR_TOO_LARGE;
-        why = "more rows than max_tokens";
-    } /* positions past the context: kv_begin answers CONTEXT_FULL */
-    /* What this shard computes: hidden rows when it pushes on, the last row's logits to sample. */
-    uint32_t local_mode = pushes ? WIRE_OUT_HIDDEN : f.out_mode == WIRE_OUT_SAMPLE ? WIRE_OUT_LOGITS_LAST : f.out_mode;
-    uint32_t rows = local_mode == WIRE_OUT_LOGITS_LAST ? 1 : f.n_tokens;
-    uint32_t cols = local_mode == WIRE_OUT_HIDDEN ? m->hp.n_embd : m->hp.n_vocab;
-    if (!why && (uint64_t)rows * cols * 4 + 64 > WIRE_MAX_PAYLOAD) {
-        bad.st.status = KVS_ERR_TOO_LARGE;
-        why = "the reply would exceed the frame limit";
+    fwd_shape sh = forward_shape(s->e->m, &f);
+    srv_conn *target = sh.relayed ? relay_listen_take(s->relay, f.relay.relay_id, srv_conn_ref) : NULL;
+    if (sh.relayed && !target) {
+        srv_conn_ref(c);
+        target = c;
     }
-    if (!why && tokens_in)
-        for (uint32_t i = 0; i < f.n_tokens; i++) {
-            int32_t t = wire_forward_token(&f, i);
-            if (t < 0 || (uint32_t)t >= m->hp.n_vocab) {
-                bad.st.status = KVS_ERR_INVALID_ARG;
-                why = "token id outside the vocabulary";
-                break;
-            }
-        }
-    if (!why && atomic_load(&(target ? target : c)->inflight) >= s->p.max_inflight) {
-        bad.st.status = KVS_ERR_BUSY;
+    srv_conn *answer = target ? target : c;
+    int status = KVS_OK;
+    const char *why = forward_refusal(c, &f, &sh, &status);
+    if (!why && atomic_load(&answer->inflight) >= s->p.max_inflight) {
+        status = KVS_ERR_BUSY;
         why = "too many requests in flight on this connection";
         pthread_mutex_lock(&s->mu);
         s->c_busy_inflight++;
         pthread_mutex_unlock(&s->mu);
     }
-    srv_job *j = NULL;
-    if (!why) {
-        j = calloc(1, sizeof(*j));
-        if (j) {
-            size_t d = m->hp.n_embd;
-            if (tokens_in) {
-                j->tokens = malloc((size_t)f.n_tokens * sizeof(int32_t));
-                if (j->tokens)
-                    for (uint32_t i = 0; i < f.n_tokens; i++) j->tokens[i] = wire_forward_token(&f, i);
-            } else {
-                j->hidden = malloc((size_t)f.n_tokens * d * sizeof(float));
-                if (j->hidden && wire_forward_hidden_to_f32(&f, j->hidden) != KVS_OK) {
-                    free(j->hidden);
-                    j->hidden = NULL;
-                }
-            }
-            j->out = malloc((size_t)rows * cols * sizeof(float));
-            if (local_mode == WIRE_OUT_LOGITS_LAST && f.n_tokens > 1) j->scratch = malloc((size_t)f.n_tokens * d * sizeof(float));
-            bool extra_ok = true;
-            if (f.out_mode == WIRE_OUT_SAMPLE && f.sample.n_window) {
-                j->window = malloc((size_t)f.sample.n_window * sizeof(int32_t));
-                extra_ok = j->window != NULL;
-                for (uint32_t i = 0; extra_ok && i < f.sample.n_window; i++)
-                    j->window[i] = (int32_t)kvs_rd_u32((const uint8_t *)f.sample.window + 4 * (size_t)i);
-            }
-            if (pushes && extra_ok) {
-                j->relay = malloc(sizeof(*j->relay));
-                if (j->relay) *j->relay = f.relay;
-                extra_ok = j->relay != NULL;
-            }
-            if ((!j->tokens && !j->hidden) || !j->out || !extra_ok ||
-                (local_mode == WIRE_OUT_LOGITS_LAST && f.n_tokens > 1 && !j->scratch)) {
-                srv_job_free(j);
-                j = NULL;
-            }
-        }
-        if (!j) {
-            bad.st.status = KVS_ERR_NOMEM;
-            why = "out of memory";
-        }
+    srv_job *j = why ? NULL : forward_job_alloc(s->e->m, &f, &sh);
+    if (!why && !j) {
+        status = KVS_ERR_NOMEM;
+        why = "out of memory";
     }
     if (why) {
+        struct wire_forward_reply bad;
+        memset(&bad, 0, sizeof(bad));
+        bad.st.status = status;
         uint8_t buf[64];
         size_t l = 0;
         if (wire_encode_forward_reply(&bad, buf, sizeof(buf), &l) == KVS_OK)
-            srv_conn_send(target ? target : c, WIRE_OP_FORWARD_REPLY, rid, buf, l);
+            srv_conn_send(answer, WIRE_OP_FORWARD_REPLY, rid, buf, l);
         if (target) srv_conn_unref(target);
         return KVS_OK;
     }
-    j->conn = target ? target : c; /* a relayed job holds the ref taken with its target */
-    j->op = WIRE_OP_FORWARD;
-    j->sample = f.out_mode == WIRE_OUT_SAMPLE && !pushes;
-    j->sq = f.sample;
-    j->sq.window = NULL;
-    j->wire_out_mode = f.out_mode;
-    j->request_id = rid;
-    /* A relayed step acts on the session of the client that registered relay_id: keyed by that
-     * connection's identity, as its client-driven steps are (docs/protocol.md §4.3.2). */
-    srv_conn_sid(j->conn, f.session_id, &j->sid);
-    memcpy(j->wire_sid, f.session_id, WIRE_SID_SIZE);
-    j->epoch = f.epoch;
-    j->start_pos = f.start_pos;
-    j->n = f.n_tokens;
-    j->inherit = (f.flags & WIRE_FWD_INHERIT) != 0;
-    j->inh.old_epoch = f.inherit_epoch;
-    j->inh.len = f.inherit_len;
-    j->reply_f16 = f.in_kind == WIRE_IN_HIDDEN_F16;
-    j->reply_bf16 = f.in_kind == WIRE_IN_HIDDEN_BF16;
-    j->out_mode = local_mode == WIRE_OUT_HIDDEN ? FWD_OUT_HIDDEN
-                  : local_mode == WIRE_OUT_LOGITS_ALL ? FWD_OUT_LOGITS_ALL : FWD_OUT_LOGITS_LAST;
-    j->out_rows = rows;
-    j->out_cols = cols;
-    j->state = JOB_QUEUED;
-    atomic_init(&j->cancel, false);
-    if (!target) atomic_fetch_add(&c->refs, 1);
+    forward_job_fill(j, answer, rid, &f, &sh); /* a relayed job holds the ref taken with its target */
+    if (!target) srv_conn_ref(c);
     atomic_fetch_add(&j->conn->inflight, 1);
     pthread_mutex_lock(&s->mu);
     srv_jobs_append(s, j);
