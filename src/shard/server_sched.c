@@ -263,6 +263,7 @@ static void sched_shutdown(sched *sc) {
     sc->s->jobs = sc->s->jobs_tail = NULL;
     for (srv_job *j = rest; j; j = j->next) {
         if (j->state == JOB_RUNNING) engine_txn_end(sc->e, j->txn, KVS_ERR_CANCELLED, &j->reply);
+        else if (j->op == WIRE_OP_FORWARD) kv_note_cancel(sc->e->kv);
         j->status = KVS_ERR_CANCELLED;
     }
     pthread_mutex_unlock(&sc->s->mu);
