@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include "tokenizer.h"
-#include "tok_impl.h"
 #include "util.h"
+#include "vocab.h"
 
 static bool is_int_type(enum gguf_vtype t) {
     switch (t) {

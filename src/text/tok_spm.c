@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include "tok_heap.h"
-#include "tok_impl.h"
+#include "tok_spm.h"
 #include "util.h"
 
 typedef struct {
