@@ -121,7 +121,7 @@ static int load_messages(const char *path, msg_list *l) {
 /* ---- the two session kinds ---- */
 
 typedef struct {
-    local_session local; /* -m: the engine's step (local_session_step's ctx) */
+    local_session local; /* -m: the engine's session (local_session_step's ctx) */
     route *r;            /* --route */
     route_session *s;
 } chat_ctx;
@@ -163,7 +163,7 @@ static int pick_template(const char *name, const tok_vocab *v, chat_template *t)
 
 /* One assistant turn on msgs (design note at the top); appends the reply to msgs and
  * updates fed (the text the session holds). */
-static int chat_turn(const gen_opts *o, const gen_target *t, sampler *smp, chat_template tmpl, msg_list *msgs,
+static int chat_turn(const gen_opts *o, const gen_target *t, chat_template tmpl, msg_list *msgs,
                      char **fed, uint32_t *pos, int32_t *pending, size_t n_before_user) {
     char msg[KVS_MSG_MAX] = "";
     char *full = NULL, *prev = NULL, *reply = NULL;
@@ -181,11 +181,11 @@ static int chat_turn(const gen_opts *o, const gen_target *t, sampler *smp, chat_
             delta = !strncmp(full, prev, pl) ? full + pl : full;
         }
     }
-    if (gen_tokenize(t->vocab, delta, *pos == 0 && tok_add_bos(t->vocab), false, &ids, &n) != KVS_OK) {
+    if (gen_tokenize(t->vocab, delta, *pos == 0 && tok_add_bos(t->vocab), true, &ids, &n) != KVS_OK) {
         snprintf(msg, sizeof msg, "cannot tokenize the conversation");
         goto fail;
     }
-    if (gen_turn(o, t, smp, ids, n, pos, pending, &reply, stdout, msg, sizeof msg) != KVS_OK) goto fail;
+    if (gen_turn(o, t, ids, n, pos, pending, &reply, stdout, msg, sizeof msg) != KVS_OK) goto fail;
     putchar('\n');
     fflush(stdout);
     /* What the session now holds: the formatted text, the reply, and (fed next turn) its
@@ -273,8 +273,7 @@ int cmd_chat(int argc, char **argv) {
     chat_template tmpl = CHAT_TEMPLATE_CHATML;
     chat_ctx c = {.local.req = {.epoch = 1, .out_mode = FWD_OUT_LOGITS_LAST}};
     memcpy(c.local.req.sid.bytes, "kvshard-chat-ses", 16);
-    gen_target t = {.cmd = "chat", .ctx = &c};
-    sampler *smp = NULL;
+    gen_target t = {.cmd = "chat", .backend.ctx = &c};
     char *fed = calloc(1, 1);
 
     if (format_only) { /* the tokenizer alone */
@@ -314,7 +313,7 @@ int cmd_chat(int argc, char **argv) {
             goto out;
         }
         vocab = own_vocab;
-        t.step = route_step_fn;
+        t.backend.forward = route_step_fn;
         t.n_vocab = (int32_t)ri.n_vocab;
         t.max_ctx = ri.max_ctx < (uint32_t)ctx ? ri.max_ctx : (uint32_t)ctx;
     } else {
@@ -326,19 +325,18 @@ int cmd_chat(int argc, char **argv) {
             goto out;
         }
         vocab = e->vocab;
-        t.step = local_session_step;
-        t.ctx = &c.local;
+        t.backend.forward = local_session_step;
+        t.backend.ctx = &c.local;
         t.n_vocab = (int32_t)e->m->hp.n_vocab;
         t.max_ctx = e->m->hp.n_ctx < (uint32_t)ctx ? e->m->hp.n_ctx : (uint32_t)ctx;
     }
     t.vocab = vocab;
     if (pick_template(tmpl_name, vocab, &tmpl)) goto out;
-    if (!(smp = sampler_create(o.sp))) goto out;
     uint32_t pos = 0;
     int32_t pending = -1;
     if (messages || o.prompt) { /* one turn, then exit */
         if (o.prompt && !msgs_add(&msgs, "user", o.prompt)) goto out;
-        rc = chat_turn(&o, &t, smp, tmpl, &msgs, &fed, &pos, &pending, msgs.n ? msgs.n - 1 : 0) ? 1 : 0;
+        rc = chat_turn(&o, &t, tmpl, &msgs, &fed, &pos, &pending, msgs.n ? msgs.n - 1 : 0) ? 1 : 0;
         goto out;
     }
     bool tty = isatty(STDIN_FILENO);
@@ -355,7 +353,7 @@ int cmd_chat(int argc, char **argv) {
         if (k == 0) continue;
         size_t before = msgs.n;
         if (!msgs_add(&msgs, "user", line)) break;
-        if (chat_turn(&o, &t, smp, tmpl, &msgs, &fed, &pos, &pending, before)) {
+        if (chat_turn(&o, &t, tmpl, &msgs, &fed, &pos, &pending, before)) {
             free(line);
             goto out;
         }
@@ -363,7 +361,6 @@ int cmd_chat(int argc, char **argv) {
     free(line);
     rc = 0;
 out:
-    sampler_free(smp);
     if (c.r) {
         route_release(c.r, c.s);
         route_close(c.r);

@@ -1,5 +1,5 @@
 /* kvshard generate: drive a route of shards (no weights here). The generation loop is the one
- * `kvshard run` uses (gen_loop.c), so for the same prompt, model and sampling the ids and text
+ * `kvshard run` uses (gen.h, through gen_loop.c), so for the same prompt, model and sampling the ids and text
  * match. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -197,7 +197,9 @@ int cmd_generate(int argc, char **argv) {
     gen_route_ctx c = {.r = r, .s = sess, .o = route_default_step_opts()};
     c.o.relay = !no_relay;
     gen_target t = {.cmd = "generate", .vocab = vocab, .n_vocab = (int32_t)ri.n_vocab, .max_ctx = ri.max_ctx,
-                    .step = gen_route_step, .sample = logits_mode ? NULL : gen_route_sample, .describe = describe_stats, .session = describe_session, .ctx = &c};
+                    .backend = {.forward = gen_route_step, .forward_sample = logits_mode ? NULL : gen_route_sample,
+                                .ctx = &c},
+                    .describe = describe_stats, .session = describe_session};
     rc = gen_run(&o, &t);
     if (verbose && route_session_epoch(sess) > 1)
         fprintf(stderr, "kvshard generate: finished at epoch %llu\n", (unsigned long long)route_session_epoch(sess));

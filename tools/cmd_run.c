@@ -51,7 +51,7 @@ int cmd_run(int argc, char **argv) {
         local_session c = {.e = e, .req = {.epoch = 1, .out_mode = FWD_OUT_LOGITS_LAST}};
         memcpy(c.req.sid.bytes, "kvshard-run-sess", 16);
         gen_target t = {.cmd = "run", .vocab = e->vocab, .n_vocab = (int32_t)e->m->hp.n_vocab,
-                        .max_ctx = e->m->hp.n_ctx, .step = local_session_step, .ctx = &c};
+                        .max_ctx = e->m->hp.n_ctx, .backend = {.forward = local_session_step, .ctx = &c}};
         rc = gen_run(&o, &t);
     }
     engine_close(e);
@@ -129,7 +129,7 @@ int cmd_logits(int argc, char **argv) {
     float *logits = NULL;
     if (prompt) {
         if (!e->vocab) { local_engine_say_no_vocab("logits", path, e); goto out; }
-        if (gen_tokenize(e->vocab, prompt, tok_add_bos(e->vocab), plain, &ids, &n) != KVS_OK) goto out;
+        if (gen_tokenize(e->vocab, prompt, tok_add_bos(e->vocab), !plain, &ids, &n) != KVS_OK) goto out;
     }
     if (n == 0) { fprintf(stderr, "kvshard logits: no tokens\n"); goto out; }
     if ((uint32_t)n > e->m->hp.n_ctx) { fprintf(stderr, "kvshard logits: %d tokens exceed the context length %u\n", n, e->m->hp.n_ctx); goto out; }

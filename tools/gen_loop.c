@@ -57,31 +57,6 @@ void gen_usage_common(FILE *f) {
             "  --pause-after N   testing aid: after N tokens, say so on stderr and wait for a line on stdin\n");
 }
 
-/* The text of a generation: pieces appended raw; printed up to the last complete
- * character (design of gen_loop.h). */
-typedef struct {
-    char *buf;
-    size_t len, cap, printed;
-    FILE *out; /* NULL: not streamed */
-} gen_text;
-
-static bool text_append(gen_text *t, const tok_vocab *v, int32_t id) {
-    size_t n = 0;
-    if (tok_piece(v, id, NULL, 0, &n) != KVS_OK) return true;
-    if (t->len + n + 1 > t->cap) {
-        size_t nc = (t->cap ? t->cap * 2 : 256) + n;
-        char *nb = realloc(t->buf, nc);
-        if (!nb) return false;
-        t->buf = nb;
-        t->cap = nc;
-    }
-    size_t got = 0;
-    tok_piece(v, id, t->buf + t->len, n, &got);
-    t->len += n;
-    t->buf[t->len] = 0;
-    return true;
-}
-
 void gen_write_utf8(FILE *f, const char *s, size_t n) {
     char *r = NULL;
     size_t rl = 0;
@@ -89,32 +64,15 @@ void gen_write_utf8(FILE *f, const char *s, size_t n) {
     free(r);
 }
 
-/* Streams what is complete (final: everything, a cut character as U+FFFD). */
-static void text_flush(gen_text *t, bool final) {
-    if (!t->out) return;
-    size_t upto = final ? t->len : t->printed + tok_utf8_complete_len(t->buf + t->printed, t->len - t->printed);
-    if (upto > t->printed) {
-        gen_write_utf8(t->out, t->buf + t->printed, upto - t->printed);
-        fflush(t->out);
+/* Writes the text that may leave now (gen_ready) past *sent to out (NULL: nothing). */
+static void stream_text(FILE *out, const gen_state *g, size_t *sent) {
+    if (!out) return;
+    size_t upto = gen_ready(g, *sent);
+    if (upto > *sent) {
+        gen_write_utf8(out, g->text + *sent, upto - *sent);
+        fflush(out);
     }
-    t->printed = upto;
-}
-
-int gen_tokenize(const tok_vocab *v, const char *text, bool add_bos, bool plain, int32_t **ids, int *n) {
-    *ids = NULL;
-    *n = 0;
-    size_t len = strlen(text);
-    int need = 0;
-    int err = tok_encode_ex(v, text, len, add_bos, !plain, NULL, 0, &need);
-    if (err != KVS_OK && err != KVS_ERR_TOO_LARGE) return err;
-    int32_t *buf = malloc(((size_t)need + 1) * sizeof *buf);
-    if (!buf) return KVS_ERR_NOMEM;
-    if ((err = tok_encode_ex(v, text, len, add_bos, !plain, buf, need + 1, n)) != KVS_OK) {
-        free(buf);
-        return err;
-    }
-    *ids = buf;
-    return KVS_OK;
+    *sent = upto;
 }
 
 static void print_json(const int32_t *ids, int n_ids, const int32_t *gen, int n_out, const char *text, size_t len) {
@@ -137,134 +95,130 @@ static void print_json(const int32_t *ids, int n_ids, const int32_t *gen, int n_
 /* The --pause-after line: the command, the count and what the target says of its session. */
 static void pause_line(FILE *f, const gen_target *t, int n_out) {
     fprintf(f, "kvshard %s: paused after %d tokens", t->cmd, n_out);
-    if (t->session) t->session(t->ctx, f);
+    if (t->session) t->session(t->backend.ctx, f);
     fputc('\n', f);
 }
 
-int gen_run(const gen_opts *o, const gen_target *t) {
-    int rc = 1;
-    int n_ids = 0;
-    int32_t *ids = NULL;
-    int32_t *gen = malloc(((size_t)o->n_gen + 1) * sizeof(int32_t));
-    int32_t *all = NULL; /* (n_ids + n_gen) prompt + generated: the penalty window's source */
-    float *logits = malloc((size_t)t->n_vocab * sizeof(float));
-    char msg[KVS_MSG_MAX] = "";
-    gen_text text = {.out = o->json ? NULL : stdout};
-    sampler *smp = sampler_create(o->sp);
-    if (!gen || !logits || !smp) {
-        fprintf(stderr, "kvshard %s: out of memory\n", t->cmd);
-        goto out;
-    }
-    if (gen_tokenize(t->vocab, o->prompt, tok_add_bos(t->vocab), o->plain, &ids, &n_ids) != KVS_OK) {
+/* --pause-after: says so on stderr, then waits for a line (or EOF) on stdin. */
+static void pause_for_line(const gen_target *t, int n_out) {
+    /* The line is made whole first and written at once: a reader of the log never sees
+     * it without its session id. */
+    char *line_buf = NULL;
+    size_t line_len = 0;
+    FILE *ls = open_memstream(&line_buf, &line_len);
+    if (ls) pause_line(ls, t, n_out);
+    if (ls && fclose(ls) == 0) fwrite(line_buf, 1, line_len, stderr);
+    else pause_line(stderr, t, n_out); /* no memory for the stream: written piece by piece */
+    free(line_buf);
+    fflush(stderr);
+    char line[16];
+    if (!fgets(line, sizeof(line), stdin)) { /* EOF also resumes */ }
+}
+
+/* Step times of one gen_run, for --stats. */
+typedef struct {
+    uint64_t start_ns, prefill_ns, decode_ns, max_step_ns, resume_step_ns;
+    int decode_steps;
+} gen_times;
+
+static void print_stats(const gen_target *t, const gen_times *tm, int n_ids, int n_out) {
+    fprintf(stderr,
+            "{\"prompt_tokens\":%d,\"generated\":%d,\"prefill_ms\":%.3f,\"decode_tok_s\":%.2f,\"max_step_ms\":%.3f,"
+            "\"resume_step_ms\":%.3f,\"total_ms\":%.3f",
+            n_ids, n_out, (double)tm->prefill_ns / 1e6,
+            tm->decode_ns ? (double)tm->decode_steps / ((double)tm->decode_ns / 1e9) : 0.0,
+            (double)tm->max_step_ns / 1e6, (double)tm->resume_step_ns / 1e6,
+            (double)(kvs_now_ns() - tm->start_ns) / 1e6);
+    if (t->describe) t->describe(t->backend.ctx, stderr);
+    fprintf(stderr, "}\n");
+}
+
+/* Tokenizes the prompt and checks it against the context; messages name the command. */
+static bool prompt_ids(const gen_opts *o, const gen_target *t, int32_t **ids, int *n_ids) {
+    if (gen_tokenize(t->vocab, o->prompt, tok_add_bos(t->vocab), !o->plain, ids, n_ids) != KVS_OK) {
         fprintf(stderr, "kvshard %s: cannot tokenize the prompt\n", t->cmd);
-        goto out;
+        return false;
     }
-    if (n_ids == 0) {
+    if (*n_ids == 0) {
         fprintf(stderr, "kvshard %s: the prompt has no tokens\n", t->cmd);
-        goto out;
+        return false;
     }
-    if ((uint64_t)n_ids + (uint64_t)o->n_gen > t->max_ctx) {
+    if ((uint64_t)*n_ids + (uint64_t)o->n_gen > t->max_ctx) {
         fprintf(stderr, "kvshard %s: prompt (%d tokens) + %ld new tokens exceed the context length %u\n", t->cmd,
-                n_ids, o->n_gen, t->max_ctx);
-        goto out;
+                *n_ids, o->n_gen, t->max_ctx);
+        return false;
     }
+    return true;
+}
+
+static gen_params target_params(const gen_opts *o, const gen_target *t, uint32_t max_gen, uint32_t pos0) {
+    return (gen_params){.vocab = t->vocab, .n_vocab = t->n_vocab, .sp = o->sp, .max_gen = max_gen,
+                        .repeat_last_n = (uint32_t)o->repeat_last_n, .pos0 = pos0};
+}
+
+int gen_run(const gen_opts *o, const gen_target *t) {
+    int rc = 1, n_ids = 0;
+    int32_t *ids = NULL;
+    char msg[KVS_MSG_MAX] = "";
+    gen_state g = {0};
+    if (!prompt_ids(o, t, &ids, &n_ids)) goto out;
     if (!o->json) {
         gen_write_utf8(stdout, o->prompt, strlen(o->prompt));
         fflush(stdout);
     }
-    all = malloc(((size_t)n_ids + (size_t)o->n_gen + 1) * sizeof *all);
-    if (!all) {
-        fprintf(stderr, "kvshard %s: out of memory\n", t->cmd);
+    gen_params p = target_params(o, t, (uint32_t)o->n_gen, 0);
+    if (gen_begin(&g, &t->backend, &p, ids, (uint32_t)n_ids, msg, sizeof msg) != KVS_OK) {
+        fprintf(stderr, "kvshard %s: %s\n", t->cmd, msg);
         goto out;
     }
-    memcpy(all, ids, (size_t)n_ids * sizeof *all);
-    const int32_t *step = ids;
-    uint32_t step_n = (uint32_t)n_ids;
-    int n_out = 0;
-    uint64_t t_start = kvs_now_ns(), prefill_ns = 0, decode_ns = 0, max_step_ns = 0, resume_step_ns = 0;
-    int decode_steps = 0;
+    FILE *out = o->json ? NULL : stdout;
+    size_t sent = 0;
+    gen_times tm = {.start_ns = kvs_now_ns()};
     bool resumed = false;
-    for (;;) {
-        uint32_t n_all = (uint32_t)(n_ids + n_out), n_win = (uint32_t)o->repeat_last_n;
-        if (n_win > n_all) n_win = n_all;
-        gen_sample_req rq = {.sp = &o->sp, .pos = n_all, .window = all + (n_all - n_win), .n_window = n_win};
-        sampler_result res;
+    for (bool first = true;; first = false) {
+        uint32_t n_before = g.n_gen;
         uint64_t t0 = kvs_now_ns();
-        int err = t->sample ? t->sample(t->ctx, step, step_n, &rq, &res, msg, sizeof(msg))
-                            : t->step(t->ctx, step, step_n, logits, msg, sizeof(msg));
-        if (!err && !t->sample)
-            err = kvs_fail(msg, sizeof(msg), sampler_pick(smp, logits, t->n_vocab, rq.pos, rq.window, rq.n_window, &res, 0),
-                           "cannot sample");
+        int err = gen_step(&g, msg, sizeof msg);
         uint64_t dt = kvs_now_ns() - t0;
+        if (err == KVS_ERR_NOMEM && g.n_gen > n_before) { /* the text, not the step */
+            fprintf(stderr, "kvshard %s: out of memory\n", t->cmd);
+            goto out;
+        }
         if (err) {
             fprintf(stderr, "\nkvshard %s: forward failed: %s\n", t->cmd, msg[0] ? msg : kvs_strerror(err));
             goto out;
         }
-        if (step == ids) prefill_ns = dt;
+        if (first) tm.prefill_ns = dt;
         else {
-            decode_steps++;
-            decode_ns += dt;
-            if (dt > max_step_ns) max_step_ns = dt;
+            tm.decode_steps++;
+            tm.decode_ns += dt;
+            if (dt > tm.max_step_ns) tm.max_step_ns = dt;
             if (resumed) {
-                resume_step_ns = dt;
+                tm.resume_step_ns = dt;
                 resumed = false;
             }
         }
-        if (n_out >= o->n_gen) break;
-        int32_t id = res.id;
-        if (tok_is_eog(t->vocab, id)) break;
-        all[n_ids + n_out] = id;
-        gen[n_out++] = id;
-        if (!text_append(&text, t->vocab, id)) {
-            fprintf(stderr, "kvshard %s: out of memory\n", t->cmd);
-            goto out;
-        }
-        text_flush(&text, false);
-        if (n_out >= o->n_gen) break;
-        if (o->pause_after && n_out == o->pause_after) {
-            /* The line is made whole first and written at once: a reader of the log never sees
-             * it without its session id. */
-            char *line_buf = NULL;
-            size_t line_len = 0;
-            FILE *ls = open_memstream(&line_buf, &line_len);
-            if (ls) pause_line(ls, t, n_out);
-            if (ls && fclose(ls) == 0) fwrite(line_buf, 1, line_len, stderr);
-            else pause_line(stderr, t, n_out); /* no memory for the stream: written piece by piece */
-            free(line_buf);
-            fflush(stderr);
-            char line[16];
-            if (!fgets(line, sizeof(line), stdin)) { /* EOF also resumes */ }
+        if (g.n_gen > n_before) stream_text(out, &g, &sent);
+        if (g.finish != GEN_RUNNING) break;
+        if (o->pause_after && g.n_gen == (uint32_t)o->pause_after) {
+            pause_for_line(t, (int)g.n_gen);
             resumed = true;
         }
-        step = &gen[n_out - 1];
-        step_n = 1;
     }
-    text_flush(&text, true);
-    if (o->json) print_json(ids, n_ids, gen, n_out, text.buf, text.len);
+    stream_text(out, &g, &sent);
+    if (o->json) print_json(ids, n_ids, g.ids + g.n_prompt, (int)g.n_gen, g.text, g.text_len);
     else putchar('\n');
     fflush(stdout);
-    if (o->stats) {
-        fprintf(stderr,
-                "{\"prompt_tokens\":%d,\"generated\":%d,\"prefill_ms\":%.3f,\"decode_tok_s\":%.2f,\"max_step_ms\":%.3f,"
-                "\"resume_step_ms\":%.3f,\"total_ms\":%.3f",
-                n_ids, n_out, (double)prefill_ns / 1e6, decode_ns ? (double)decode_steps / ((double)decode_ns / 1e9) : 0.0,
-                (double)max_step_ns / 1e6, (double)resume_step_ns / 1e6, (double)(kvs_now_ns() - t_start) / 1e6);
-        if (t->describe) t->describe(t->ctx, stderr);
-        fprintf(stderr, "}\n");
-    }
+    if (o->stats) print_stats(t, &tm, n_ids, (int)g.n_gen);
     rc = 0;
 out:
-    sampler_free(smp);
+    gen_end(&g);
     free(ids);
-    free(gen);
-    free(all);
-    free(logits);
-    free(text.buf);
     return rc;
 }
 
-int gen_turn(const gen_opts *o, const gen_target *t, sampler *smp, const int32_t *ids, int n, uint32_t *pos,
-             int32_t *pending, char **reply, FILE *out, char *msg, size_t msg_cap) {
+int gen_turn(const gen_opts *o, const gen_target *t, const int32_t *ids, int n, uint32_t *pos, int32_t *pending,
+             char **reply, FILE *out, char *msg, size_t msg_cap) {
     *reply = NULL;
     int32_t held = *pending;
     *pending = -1;
@@ -273,53 +227,34 @@ int gen_turn(const gen_opts *o, const gen_target *t, sampler *smp, const int32_t
     if ((uint64_t)*pos + n_feed + 1 > t->max_ctx)
         return kvs_fail(msg, msg_cap, KVS_ERR_CONTEXT_FULL, "the conversation (%u + %zu tokens) fills the context of %u",
                         *pos, n_feed, t->max_ctx);
-    /* feed, then this turn's generated ids: the penalty window's source */
-    int32_t *feed = malloc((n_feed + (size_t)o->n_gen + 1) * sizeof *feed);
-    float *logits = malloc((size_t)t->n_vocab * sizeof(float));
-    gen_text text = {.out = out};
-    int err = KVS_OK;
-    size_t n_hist = n_feed;
-    if (!feed || !logits) {
-        err = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
-        goto done;
-    }
+    int32_t *feed = malloc(n_feed * sizeof *feed);
+    if (!feed) return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
     if (held >= 0) feed[0] = held;
     memcpy(feed + (held >= 0), ids, (size_t)n * sizeof *ids);
-    if ((err = t->step(t->ctx, feed, (uint32_t)n_feed, logits, msg, msg_cap)) != KVS_OK) goto done;
-    *pos += (uint32_t)n_feed;
-    for (long k = 0; k < o->n_gen; k++) {
-        /* the draw for a position is a pure function of seed and position, as in gen_run */
-        uint32_t n_win = (uint32_t)o->repeat_last_n < n_hist ? (uint32_t)o->repeat_last_n : (uint32_t)n_hist;
-        sampler_result res;
-        if ((err = sampler_pick(smp, logits, t->n_vocab, *pos, feed + (n_hist - n_win), n_win, &res, 0)) != KVS_OK) {
-            err = kvs_fail(msg, msg_cap, err, "cannot sample");
-            goto done;
-        }
-        int32_t id = res.id;
-        feed[n_hist++] = id;
-        if (tok_is_eog(t->vocab, id)) {
-            *pending = id;
-            break;
-        }
-        if (!text_append(&text, t->vocab, id)) {
-            err = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
-            goto done;
-        }
-        text_flush(&text, false);
-        if (k + 1 == o->n_gen || *pos + 2 > t->max_ctx) { /* keep it for the next turn */
-            *pending = id;
-            break;
-        }
-        if ((err = t->step(t->ctx, &id, 1, logits, msg, msg_cap)) != KVS_OK) goto done;
-        *pos += 1;
-    }
-    text_flush(&text, true);
-    *reply = text.buf ? text.buf : calloc(1, 1);
-    text.buf = NULL;
-    if (!*reply) err = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
-done:
-    free(text.buf);
+    /* The turn stops where the next one could no longer feed its pending id and draw. */
+    uint32_t room = t->max_ctx - *pos - (uint32_t)n_feed;
+    uint32_t max_gen = (uint64_t)o->n_gen < room ? (uint32_t)o->n_gen : room;
+    gen_params p = target_params(o, t, max_gen, *pos);
+    gen_state g;
+    size_t sent = 0;
+    int err = gen_begin(&g, &t->backend, &p, feed, (uint32_t)n_feed, msg, msg_cap);
     free(feed);
-    free(logits);
+    uint32_t pos0 = *pos;
+    while (err == KVS_OK && g.finish == GEN_RUNNING) {
+        uint32_t n_before = g.n_gen;
+        err = gen_step(&g, msg, msg_cap);
+        *pos = pos0 + g.n_fed;
+        if (err == KVS_OK && g.n_gen > n_before) stream_text(out, &g, &sent);
+    }
+    if (err == KVS_OK) {
+        stream_text(out, &g, &sent);
+        /* the last id drawn is not fed: the next turn feeds it first */
+        if (g.finish == GEN_FINISH_EOG) *pending = g.last.id;
+        else if (g.n_gen > 0) *pending = g.ids[g.n_ids - 1];
+        *reply = g.text ? g.text : calloc(1, 1);
+        g.text = NULL;
+        if (!*reply) err = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
+    }
+    gen_end(&g);
     return err;
 }

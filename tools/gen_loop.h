@@ -1,12 +1,11 @@
 /*
- * The generation loop shared by `kvshard run` (one process), `kvshard generate`
- * (a route of shards) and `kvshard chat` (either): tokenize (BOS as the file
- * says, special-token text parsed unless --plain), one step for the prompt,
- * then one token at a time, sample, stop at -n or any end-of-generation token,
- * stream the text (an incomplete UTF-8 character is held back until it
- * completes) or print one JSON object (valid UTF-8: bad bytes become U+FFFD).
- * Only the step function differs, so the commands produce the same ids and
- * text for the same model and sampling.
+ * The command-line side of the generation loop (src/gen/gen.h), shared by `kvshard run`
+ * (one process), `kvshard generate` (a route of shards) and `kvshard chat` (either): the
+ * options, tokenizing the prompt (BOS as the file says, special-token text parsed unless
+ * --plain), checking it against the context, then driving gen_step and streaming the text
+ * (gen_ready holds back an incomplete UTF-8 character) or printing one JSON object (valid
+ * UTF-8: bad bytes become U+FFFD). Only the backend differs, so the commands produce the
+ * same ids and text for the same model and sampling.
  */
 #ifndef KVS_GEN_LOOP_H
 #define KVS_GEN_LOOP_H
@@ -15,6 +14,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "gen.h"
 #include "sampler.h"
 #include "tokenizer.h"
 
@@ -37,20 +37,6 @@ int gen_parse_opt(gen_opts *o, int argc, char **argv, int *i);
 /* The shared part of the --help text. */
 void gen_usage_common(FILE *f);
 
-/* Appends tokens[0..n) at the session's position and writes the last position's logits. */
-typedef int (*gen_step_fn)(void *ctx, const int32_t *tokens, uint32_t n, float *logits, char *msg, size_t cap);
-/* What the sampler needs for one pick (sampler_pick): the settings, the position the new token
- * takes and the penalty window (the last repeat_last_n ids). */
-typedef struct {
-    const sampler_params *sp;
-    uint32_t pos;
-    const int32_t *window;
-    uint32_t n_window;
-} gen_sample_req;
-/* Appends tokens[0..n) and samples the next token somewhere else (the tail shard) with exactly
- * sampler_pick(rq): the result goes to *res. */
-typedef int (*gen_sample_fn)(void *ctx, const int32_t *tokens, uint32_t n, const gen_sample_req *rq,
-                             sampler_result *res, char *msg, size_t cap);
 /* Appends extra ",\"key\":value" members to the --stats object / the pause line (may be NULL). */
 typedef void (*gen_describe_fn)(void *ctx, FILE *f);
 
@@ -59,32 +45,26 @@ typedef struct {
     const tok_vocab *vocab;
     int32_t n_vocab;
     uint32_t max_ctx;
-    gen_step_fn step;         /* logits here, sampled here (used when sample is NULL) */
-    gen_sample_fn sample;     /* NULL, or: sampled by the target (same ids as step + sampler_pick) */
+    gen_backend backend;      /* the logits (or the draw) for each step; its ctx is the describers' too */
     gen_describe_fn describe; /* stats extras */
     gen_describe_fn session;  /* pause line: session id and epoch */
-    void *ctx;
 } gen_target;
 
 /* Runs the whole generation; returns the process exit status (0 ok, 1 failure). */
 int gen_run(const gen_opts *o, const gen_target *t);
 
 /* One turn of a conversation on a session whose position is *pos: feeds *pending (when
- * >= 0) and ids[0..n) (the new prompt tokens), then samples up to o->n_gen tokens with
- * smp, stopping after an end-of-generation token, streaming the text to out (NULL:
+ * >= 0) and ids[0..n) (the new prompt tokens), then samples up to o->n_gen tokens,
+ * stopping after an end-of-generation token, streaming the text to out (NULL:
  * silent). The last sampled token (the end-of-generation one included) is not fed: it
  * comes back in *pending for the next turn to feed first, as llama.cpp's chat feeds it.
  * *reply gets the turn's text without the end-of-generation token (malloc'd,
  * NUL-terminated, raw bytes; caller frees). Returns KVS_OK, KVS_ERR_CONTEXT_FULL (nothing
  * fed), or the step's error (msg). */
-int gen_turn(const gen_opts *o, const gen_target *t, sampler *smp, const int32_t *ids, int n, uint32_t *pos,
+int gen_turn(const gen_opts *o, const gen_target *t, const int32_t *ids, int n, uint32_t *pos,
              int32_t *pending, char **reply, FILE *out, char *msg, size_t msg_cap);
 
 /* Writes s[0..n) to f as valid UTF-8 (bad bytes as U+FFFD). */
 void gen_write_utf8(FILE *f, const char *s, size_t n);
-
-/* Tokenizes text as the shared options say (BOS per the file, specials unless plain);
- * *ids is malloc'd (caller frees). KVS_OK or the tokenizer's error. */
-int gen_tokenize(const tok_vocab *v, const char *text, bool add_bos, bool plain, int32_t **ids, int *n);
 
 #endif /* KVS_GEN_LOOP_H */

@@ -24,7 +24,7 @@ typedef struct {
     engine_req req;
 } local_session;
 
-/* gen_step_fn on a local_session (ctx): appends tokens[0..n) and writes the last position's
+/* gen_backend.forward on a local_session (ctx): appends tokens[0..n) and writes the last position's
  * logits. KVS_OK, or the request's status with its text in msg. */
 int local_session_step(void *ctx, const int32_t *tokens, uint32_t n, float *logits, char *msg, size_t cap);
 
