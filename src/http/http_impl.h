@@ -3,7 +3,7 @@
  *   http_req.c      OpenAI request bodies -> http_gen_req, with OpenAI-shaped errors
  *   http_chat.c     messages -> prompt text (the chat template)
  *   http_lanes.c    lanes, the bounded wait queue, kept sessions (prefix reuse), health probes
- *   http_gen.c      one generation: prefill, sample, stop strings, logprobs, text deltas
+ *   http_gen.c      one generation on a lane: the loop of gen.h, logprobs, metrics
  *   http_openai.c   reply bodies and server-sent events
  *   http_metrics.c  counters and histograms, Prometheus text
  *   http_page.c     the embedded chat page
@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gen.h"
 #include "http.h"
 #include "prom.h"
 #include "route.h"
@@ -181,19 +182,16 @@ typedef struct {
     int lane;
     route *r;
     route_session *s;
-    int32_t *toks;          /* (cap) prompt then generated ids */
-    uint32_t n_prompt, n_gen, n_toks, cap;
-    uint32_t n_fed;         /* positions the session holds */
+    gen_state gen;          /* the loop (gen.h): ids, sampler, text, stop strings */
     uint32_t reuse;         /* prompt tokens that came from a kept session */
-    uint32_t max_gen;
-    sampler *smp;
-    float *logits;          /* (n_vocab) */
-    int32_t n_vocab;
-    char *text;             /* generated text (after stop truncation) */
-    size_t text_len, text_cap, emitted;
+    /* Views of gen for http_openai.c and http.c, refreshed by http_gen_step. */
+    uint32_t n_prompt, n_gen;
+    char *text;             /* generated text (after stop truncation); gen owns it */
+    size_t text_len;
+    http_finish finish;     /* of gen.finish: an end-of-generation id and a stop string both STOP */
+    size_t emitted;         /* text bytes already sent (streaming) */
     http_tok_lp *lps;       /* (max_gen) when req->logprobs */
     size_t lp_emitted;      /* entries already sent (streaming) */
-    http_finish finish;
     bool failed;
     char err[KVS_MSG_MAX];
     uint64_t t_start_ns, t_first_ns, t_last_ns;
