@@ -23,8 +23,8 @@
  *   4. an end-of-generation id (tok_is_eog) or a negative one: FINISHED (EOG), not appended;
  *   5. append the id and its piece (tok_piece) to the text; a stop string now in the text:
  *      the text is cut where it begins, FINISHED (STOP); n_gen == max_gen: FINISHED (LENGTH).
- * The id appended last is never fed: a generation ends with the session holding n_fed
- * positions, one fewer than pos0 + n_ids when an id was appended (chat feeds it next turn).
+ * The id drawn last is never fed (an end-of-generation id is not even appended): the session
+ * ends holding pos0 + n_fed positions, and chat feeds that id first in its next turn.
  *
  * Text that may leave (gen_ready): up to the end, less a tail that could still grow into a
  * stop string (the longest stop string less one byte) and an incomplete UTF-8 character at
