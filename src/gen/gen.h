@@ -18,7 +18,8 @@
  *      already holds, gen_skip_held) on the first step, the last appended id afterwards;
  *   2. draw the id for position pos0 + n_ids: sampler_pick over the logits with the last
  *      repeat_last_n ids as the penalty window, or the backend's forward_sample (the same
- *      pick done where the logits are); the draw depends only on (seed, position, logits);
+ *      pick done where the logits are); the draw depends only on its arguments (seed,
+ *      position, window, logits), never on earlier draws;
  *   3. n_gen == max_gen: FINISHED (LENGTH), the drawn id dropped (only max_gen == 0 gets here);
  *   4. an end-of-generation id (tok_is_eog) or a negative one: FINISHED (EOG), not appended;
  *   5. append the id and its piece (tok_piece) to the text; a stop string now in the text:
@@ -28,7 +29,7 @@
  *
  * Text that may leave (gen_ready): up to the end, less a tail that could still grow into a
  * stop string (the longest stop string less one byte) and an incomplete UTF-8 character at
- * the very end; all of it once FINISHED. Callers stream [what they sent, gen_ready).
+ * the very end; all of it once FINISHED or FAILED. Callers stream [what they sent, gen_ready).
  *
  * Ownership: the caller owns the backend and its session, the vocab and the stop strings,
  * borrowed for the generation's life; the generation owns its ids, logits, sampler and
