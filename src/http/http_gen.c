@@ -59,7 +59,8 @@ bool http_gen_begin(http_gen *g, http_lanes *L, http_metrics *m, const http_gen_
     int n = 0;
     int err = gen_tokenize(L->vocab, prompt, tok_add_bos(L->vocab), req->chat, &ids, &n);
     if (err == KVS_ERR_NOMEM) return nomem(e);
-    if (err) return http_fail(e, 400, "invalid_request_error", "invalid_value", param, "the prompt cannot be tokenized");
+    if (err)
+        return http_fail(e, 400, "invalid_request_error", "invalid_value", param, "the prompt cannot be tokenized");
     uint64_t want = (uint64_t)n + (uint64_t)(req->max_tokens > 0 ? req->max_tokens : 1);
     if (want > max_ctx) {
         free(ids);
