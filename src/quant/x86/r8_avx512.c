@@ -6,4 +6,4 @@
  * unsigned instead of a sign step); exported as quant_avx512_r8_*.
  */
 #define QUANT_R8_VNNI 1
-#include "quant_r8_avx2.c"
+#include "r8_avx2.c"

@@ -9,7 +9,7 @@
  * double-pumped, so it is not kept.
  */
 #define QUANT_AVX2_AS_VNNI 1
-#include "quant_avx2.c"
+#include "rows_avx2.c"
 
 const quant_isa_table quant_table_avx512 = {
     .k = {QK_AVX2_KERNELS},
