@@ -23,6 +23,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "cpu.h"
+#include "f16.h"
 #include "quant.h"
 #include "vecops.h"
 
@@ -58,7 +60,7 @@ int main(int argc, char **argv) {
     float *q = malloc(sizeof(float) * GROUP * HD), *sc = malloc(sizeof(float) * GROUP * (size_t)n), out[GROUP * HD];
     const void **keys = malloc(sizeof(void *) * (size_t)n), **vals = malloc(sizeof(void *) * (size_t)n);
     if (!arena || !perm || !q || !sc || !keys || !vals) { fprintf(stderr, "out of memory\n"); return 1; }
-    for (size_t i = 0; i < bytes / sizeof(uint16_t); i++) arena[i] = quant_f32_to_f16((float)((int)(i % 13) - 6) * 0.01f);
+    for (size_t i = 0; i < bytes / sizeof(uint16_t); i++) arena[i] = kvs_f32_to_f16((float)((int)(i % 13) - 6) * 0.01f);
     for (int i = 0; i < GROUP * HD; i++) q[i] = (float)(i % 7 - 3) * 0.1f;
     for (int i = 0; i < nb; i++) perm[i] = i;
     srand(1);
@@ -87,7 +89,7 @@ int main(int argc, char **argv) {
     printf("isa %s, %d positions, %d layer(s) of %d kv heads x %d query heads, head_dim %d, f16 KV, "
            "blocks of %d positions %s; ms per layer:\n"
            "scores %.4f  softmax %.4f  weighted sums %.4f  (total %.4f; out[3] = %g)\n",
-           quant_isa_name(quant_isa_current()), n, layers, NKV, GROUP, HD, BT, order, best[0] * 1e3 / layers, best[1] * 1e3 / layers,
+           kvs_isa_name(kvs_isa_current()), n, layers, NKV, GROUP, HD, BT, order, best[0] * 1e3 / layers, best[1] * 1e3 / layers,
            best[2] * 1e3 / layers, (best[0] + best[1] + best[2]) * 1e3 / layers, (double)out[3]);
     free(arena); free(perm); free(q); free(sc); free(keys); free(vals);
     return 0;

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu.h"
 #include "quant.h"
 #include "bench_util.h"
 
@@ -24,12 +25,12 @@ int main(int argc, char **argv) {
     static const uint32_t types[] = {QUANT_Q4_0, QUANT_Q8_0, QUANT_Q4_K, QUANT_Q6_K, QUANT_Q2_K,
                                      QUANT_Q3_K, QUANT_IQ4_NL, QUANT_IQ4_XS};
     static float out[ROWS * T];
-    if (argc > 2 || (argc == 2 && !quant_isa_force_name(argv[1]))) {
+    if (argc > 2 || (argc == 2 && !kvs_isa_force_name(argv[1]))) {
         fprintf(stderr, "usage: bench_quant_kernels [scalar|avx2|avx512] (an ISA this CPU has)\n");
         return 2;
     }
     srand(1);
-    printf("isa %s, n %d, %d rows\n", quant_isa_name(quant_isa_current()), N, ROWS);
+    printf("isa %s, n %d, %d rows\n", kvs_isa_name(kvs_isa_current()), N, ROWS);
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         const uint32_t type = types[ti];
         uint64_t rb = 0;

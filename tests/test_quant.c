@@ -3,6 +3,8 @@
 #include <stdint.h>
 
 #include "isa_check.h"
+#include "cpu.h"
+#include "f16.h"
 #include "quant.h"
 #include "test.h"
 
@@ -29,7 +31,7 @@ static void fill_random(float *x, int64_t n, float scale) {
 static float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
 static int n_isas;
-static enum quant_isa isas[3];
+static enum kvs_isa isas[3];
 
 static void test_traits(void) {
     CHECK(quant_get_traits(4) == NULL);
@@ -80,45 +82,45 @@ static void test_traits(void) {
 }
 
 static void test_half(void) {
-    CHECK_EQ_INT(quant_f32_to_f16(1.0f), 0x3C00);
-    CHECK_EQ_INT(quant_f32_to_f16(-2.0f), 0xC000);
-    CHECK_EQ_INT(quant_f32_to_f16(0.0f), 0x0000);
-    CHECK_EQ_INT(quant_f32_to_f16(-0.0f), 0x8000);
-    CHECK_EQ_INT(quant_f32_to_f16(65504.0f), 0x7BFF);
-    CHECK_EQ_INT(quant_f32_to_f16(65519.0f), 0x7BFF);
-    CHECK_EQ_INT(quant_f32_to_f16(65520.0f), 0x7C00);
-    CHECK_EQ_INT(quant_f32_to_f16(INFINITY), 0x7C00);
-    CHECK_EQ_INT(quant_f32_to_f16(-INFINITY), 0xFC00);
-    CHECK_EQ_INT(quant_f32_to_f16(0x1p-24f), 0x0001);
-    CHECK_EQ_INT(quant_f32_to_f16(0x1p-25f), 0x0000);       /* tie -> even */
-    CHECK_EQ_INT(quant_f32_to_f16(0x1.8p-25f), 0x0001);
-    CHECK_EQ_INT(quant_f32_to_f16(0x1.8p-24f), 0x0002);     /* tie -> even */
-    CHECK_EQ_INT(quant_f32_to_f16(0x1p-14f), 0x0400);
-    CHECK_EQ_INT(quant_f32_to_f16(0x1p-30f), 0x0000);
-    CHECK_EQ_INT(quant_f32_to_f16(1.0f + 0x1p-11f), 0x3C00); /* tie -> even */
-    CHECK_EQ_INT(quant_f32_to_f16(1.0f + 0x1.8p-10f), 0x3C02);
-    uint16_t hn = quant_f32_to_f16(NAN);
+    CHECK_EQ_INT(kvs_f32_to_f16(1.0f), 0x3C00);
+    CHECK_EQ_INT(kvs_f32_to_f16(-2.0f), 0xC000);
+    CHECK_EQ_INT(kvs_f32_to_f16(0.0f), 0x0000);
+    CHECK_EQ_INT(kvs_f32_to_f16(-0.0f), 0x8000);
+    CHECK_EQ_INT(kvs_f32_to_f16(65504.0f), 0x7BFF);
+    CHECK_EQ_INT(kvs_f32_to_f16(65519.0f), 0x7BFF);
+    CHECK_EQ_INT(kvs_f32_to_f16(65520.0f), 0x7C00);
+    CHECK_EQ_INT(kvs_f32_to_f16(INFINITY), 0x7C00);
+    CHECK_EQ_INT(kvs_f32_to_f16(-INFINITY), 0xFC00);
+    CHECK_EQ_INT(kvs_f32_to_f16(0x1p-24f), 0x0001);
+    CHECK_EQ_INT(kvs_f32_to_f16(0x1p-25f), 0x0000);       /* tie -> even */
+    CHECK_EQ_INT(kvs_f32_to_f16(0x1.8p-25f), 0x0001);
+    CHECK_EQ_INT(kvs_f32_to_f16(0x1.8p-24f), 0x0002);     /* tie -> even */
+    CHECK_EQ_INT(kvs_f32_to_f16(0x1p-14f), 0x0400);
+    CHECK_EQ_INT(kvs_f32_to_f16(0x1p-30f), 0x0000);
+    CHECK_EQ_INT(kvs_f32_to_f16(1.0f + 0x1p-11f), 0x3C00); /* tie -> even */
+    CHECK_EQ_INT(kvs_f32_to_f16(1.0f + 0x1.8p-10f), 0x3C02);
+    uint16_t hn = kvs_f32_to_f16(NAN);
     CHECK((hn & 0x7C00) == 0x7C00 && (hn & 0x3FF) != 0);
-    CHECK(isnan(quant_f16_to_f32(0x7E00)));
-    CHECK(quant_f16_to_f32(0x7C00) == INFINITY);
-    CHECK(quant_f16_to_f32(0xFC00) == -INFINITY);
-    CHECK(quant_f16_to_f32(0x0001) == 0x1p-24f);
-    CHECK(quant_f16_to_f32(0x03FF) == 1023.0f * 0x1p-24f);
-    CHECK(quant_f16_to_f32(0x8000) == 0.0f && signbit(quant_f16_to_f32(0x8000)));
+    CHECK(isnan(kvs_f16_to_f32(0x7E00)));
+    CHECK(kvs_f16_to_f32(0x7C00) == INFINITY);
+    CHECK(kvs_f16_to_f32(0xFC00) == -INFINITY);
+    CHECK(kvs_f16_to_f32(0x0001) == 0x1p-24f);
+    CHECK(kvs_f16_to_f32(0x03FF) == 1023.0f * 0x1p-24f);
+    CHECK(kvs_f16_to_f32(0x8000) == 0.0f && signbit(kvs_f16_to_f32(0x8000)));
     int bad = 0;
     for (uint32_t h = 0; h < 65536; h++) {
         if ((h & 0x7C00) == 0x7C00 && (h & 0x3FF)) continue;
-        if (quant_f32_to_f16(quant_f16_to_f32((uint16_t)h)) != h) bad++;
+        if (kvs_f32_to_f16(kvs_f16_to_f32((uint16_t)h)) != h) bad++;
     }
     CHECK_EQ_INT(bad, 0);
 
-    CHECK_EQ_INT(quant_f32_to_bf16(1.0f), 0x3F80);
-    CHECK_EQ_INT(quant_f32_to_bf16(bits_f32(0x3F808000u)), 0x3F80); /* tie -> even */
-    CHECK_EQ_INT(quant_f32_to_bf16(bits_f32(0x3F818000u)), 0x3F82);
-    CHECK_EQ_INT(quant_f32_to_bf16(bits_f32(0x3F808001u)), 0x3F81);
-    CHECK_EQ_INT(quant_f32_to_bf16(INFINITY), 0x7F80);
-    CHECK(isnan(quant_bf16_to_f32(quant_f32_to_bf16(NAN))));
-    CHECK(quant_bf16_to_f32(0xC040) == -3.0f);
+    CHECK_EQ_INT(kvs_f32_to_bf16(1.0f), 0x3F80);
+    CHECK_EQ_INT(kvs_f32_to_bf16(bits_f32(0x3F808000u)), 0x3F80); /* tie -> even */
+    CHECK_EQ_INT(kvs_f32_to_bf16(bits_f32(0x3F818000u)), 0x3F82);
+    CHECK_EQ_INT(kvs_f32_to_bf16(bits_f32(0x3F808001u)), 0x3F81);
+    CHECK_EQ_INT(kvs_f32_to_bf16(INFINITY), 0x7F80);
+    CHECK(isnan(kvs_bf16_to_f32(kvs_f32_to_bf16(NAN))));
+    CHECK(kvs_bf16_to_f32(0xC040) == -3.0f);
 
     /* rows: every ISA equals the scalar conversion (NaN excluded) */
     enum { N = 1037 };
@@ -132,11 +134,11 @@ static void test_half(void) {
         do hsrc[i] = (uint16_t)rng_u32(); while ((hsrc[i] & 0x7C00) == 0x7C00 && (hsrc[i] & 0x3FF));
     }
     for (int i = 0; i < N; i++) {
-        h_ref[i] = quant_f32_to_f16(src[i]);
-        back_ref[i] = quant_f16_to_f32(hsrc[i]);
+        h_ref[i] = kvs_f32_to_f16(src[i]);
+        back_ref[i] = kvs_f16_to_f32(hsrc[i]);
     }
     for (int k = 0; k < n_isas; k++) {
-        quant_isa_force(isas[k]);
+        kvs_isa_force(isas[k]);
         quant_f32_to_f16_row(src, h, N);
         quant_f16_to_f32_row(hsrc, back, N);
         int diff_h = 0, diff_f = 0;
@@ -284,7 +286,7 @@ static void test_type(uint32_t type, int64_t n, double rt_bound) {
     }
 
     for (int k = 0; k < n_isas; k++) {
-        CHECK(quant_isa_force(isas[k]));
+        CHECK(kvs_isa_force(isas[k]));
         quant_dequant_row(type, w, y, n);
         CHECK(memcmp(y, y_ref, sizeof(float) * (size_t)n) == 0);
 
@@ -308,7 +310,7 @@ static void test_type(uint32_t type, int64_t n, double rt_bound) {
             int same = memcmp(out, single, sizeof(float) * (size_t)m) == 0;
             if (!same)
                 fprintf(stderr, "%s/%s n=%lld n_act=%d: dot_multi differs from dot\n", t->name,
-                        quant_isa_name(isas[k]), (long long)n, m);
+                        kvs_isa_name(isas[k]), (long long)n, m);
             CHECK(same);
         }
     }
@@ -335,7 +337,7 @@ static void test_tile(uint32_t type, int64_t n) {
     size_t abytes = quant_act_row_bytes(type, n);
     int tested = 0;
     for (int k = 0; k < n_isas; k++) {
-        CHECK(quant_isa_force(isas[k]));
+        CHECK(kvs_isa_force(isas[k]));
         if (!quant_has_tile(type)) continue;
         tested++;
         static float single[TOKS][ROWS];
@@ -357,7 +359,7 @@ static void test_tile(uint32_t type, int64_t n) {
                 for (int r = 0; r < nr; r++) diff += memcmp(&out[t][r], &single[t][r], 4) != 0;
             if (diff)
                 fprintf(stderr, "%s/%s n=%lld tile %dx%d: %d outputs differ from quant_dot\n",
-                        quant_get_traits(type)->name, quant_isa_name(isas[k]), (long long)n, nr, nt, diff);
+                        quant_get_traits(type)->name, kvs_isa_name(isas[k]), (long long)n, nr, nt, diff);
             CHECK_EQ_INT(diff, 0);
         }
     }
@@ -383,7 +385,7 @@ static void test_random_blocks(uint32_t type, int64_t n) {
     for (int64_t i = 0; i < nb * (int64_t)t->block_bytes; i++) w[i] = (uint8_t)rng_u32();
     for (int64_t b = 0; b < nb; b++)
         for (int k = 0; k < n_f16; k++) {
-            uint16_t h = quant_f32_to_f16((rng_unit() + 0.01f) * 0.02f);
+            uint16_t h = kvs_f32_to_f16((rng_unit() + 0.01f) * 0.02f);
             memcpy(w + (size_t)b * t->block_bytes + f16_at[k], &h, 2);
         }
     quant_dequant_row_ref(type, w, y_ref, n);
@@ -400,7 +402,7 @@ static void test_random_blocks(uint32_t type, int64_t n) {
         tol[j] = 2e-5 * abs_sum + 1e-6;
     }
     for (int k = 0; k < n_isas; k++) {
-        CHECK(quant_isa_force(isas[k]));
+        CHECK(kvs_isa_force(isas[k]));
         quant_dequant_row(type, w, y, n);
         CHECK(memcmp(y, y_ref, sizeof(float) * (size_t)n) == 0);
         float single[N_ACT], multi[N_ACT];
@@ -420,7 +422,7 @@ static void test_zero(uint32_t type, int64_t n) {
     memset(z, 0, sizeof z);
     CHECK(quant_quantize_row(type, z, w, n));
     for (int k = 0; k < n_isas; k++) {
-        quant_isa_force(isas[k]);
+        kvs_isa_force(isas[k]);
         quant_act_quantize(type, z, act, n);
         float d = quant_dot(type, n, w, act);
         CHECK(d == 0.0f);
@@ -431,11 +433,11 @@ static void test_zero(uint32_t type, int64_t n) {
 static void test_kernel_path(void) {
     static const char *const want_q4_0[] = {"scalar", "avx2+tile", "avx512-vnni+tile"};
     for (int k = 0; k < n_isas; k++) {
-        CHECK(quant_isa_force(isas[k]));
+        CHECK(kvs_isa_force(isas[k]));
         const char *p = quant_kernel_path(QUANT_Q4_0);
         CHECK(p != NULL);
         if (p && strcmp(p, want_q4_0[isas[k]]) != 0)
-            fprintf(stderr, "q4_0 kernel path under %s: got '%s', want '%s'\n", quant_isa_name(isas[k]), p,
+            fprintf(stderr, "q4_0 kernel path under %s: got '%s', want '%s'\n", kvs_isa_name(isas[k]), p,
                     want_q4_0[isas[k]]);
         CHECK(p && strcmp(p, want_q4_0[isas[k]]) == 0);
         /* a tile kernel pays from some batch size; without one there is none */
@@ -489,7 +491,7 @@ static void test_r8(uint32_t type, int64_t n) {
     }
     static const char *const modes[] = {"", "+pairs1", "+quads1", "+spread1"};
     for (int k = 0; k < 4 * n_isas; k++) { /* every ISA with one-token pairs off, on, quads, spread quads */
-        CHECK(quant_isa_force(isas[k % n_isas]));
+        CHECK(kvs_isa_force(isas[k % n_isas]));
         quant_r8_set_pairs1(k / n_isas);
         static const int shapes[][2] = {{1, 1}, {1, 4}, {3, 11}, {2, 5}, {3, 3}, {1, 8}, {2, 2}, {3, 1},
                                         {4, 1}, {5, 1}, {6, 1}, {7, 1}, {7, 3}, {4, 2},
@@ -504,7 +506,7 @@ static void test_r8(uint32_t type, int64_t n) {
                 for (int r = 0; r < 8 * ng; r++) diff += memcmp(&out[t][r], &ref[t][r], 4) != 0;
             if (diff)
                 fprintf(stderr, "%s/%s%s n=%lld r8 %d groups x %d tokens: %d outputs differ from the reference\n",
-                        quant_get_traits(type)->name, quant_isa_name(isas[k % n_isas]), modes[k / n_isas],
+                        quant_get_traits(type)->name, kvs_isa_name(isas[k % n_isas]), modes[k / n_isas],
                         (long long)n, ng, nt, diff);
             CHECK_EQ_INT(diff, 0);
             int untouched = 0; /* nothing written past the groups */
@@ -519,18 +521,18 @@ static void test_r8(uint32_t type, int64_t n) {
 
 int main(void) {
     check_expected_isa("test_quant");
-    enum quant_isa best = quant_isa_detect();
-    for (int i = 0; i <= (int)best; i++) isas[n_isas++] = (enum quant_isa)i;
-    CHECK(!quant_isa_force((enum quant_isa)3));
-    CHECK(quant_isa_current() == best);
+    enum kvs_isa best = kvs_isa_detect();
+    for (int i = 0; i <= (int)best; i++) isas[n_isas++] = (enum kvs_isa)i;
+    CHECK(!kvs_isa_force((enum kvs_isa)3));
+    CHECK(kvs_isa_current() == best);
     /* By name: every ISA up to the best, none past it, no unknown name; a refusal changes nothing. */
-    for (int i = 0; i <= (int)QUANT_ISA_AVX512; i++) {
-        CHECK_EQ_INT(quant_isa_force_name(quant_isa_name((enum quant_isa)i)), i <= (int)best);
-        if (i <= (int)best) CHECK(quant_isa_current() == (enum quant_isa)i);
+    for (int i = 0; i <= (int)KVS_ISA_AVX512; i++) {
+        CHECK_EQ_INT(kvs_isa_force_name(kvs_isa_name((enum kvs_isa)i)), i <= (int)best);
+        if (i <= (int)best) CHECK(kvs_isa_current() == (enum kvs_isa)i);
     }
-    CHECK(quant_isa_force(best));
-    CHECK(!quant_isa_force_name("sse9") && !quant_isa_force_name(""));
-    CHECK(quant_isa_current() == best);
+    CHECK(kvs_isa_force(best));
+    CHECK(!kvs_isa_force_name("sse9") && !kvs_isa_force_name(""));
+    CHECK(kvs_isa_current() == best);
 
     test_traits();
     test_half();
@@ -591,8 +593,8 @@ int main(void) {
         quant_r8_set_pairs1(on);
         CHECK(quant_r8_pairs1() == on);
         for (int k = 0; k < n_isas; k++) {
-            CHECK(quant_isa_force(isas[k]));
-            const int want = isas[k] == QUANT_ISA_AVX512 ? on : 0;
+            CHECK(kvs_isa_force(isas[k]));
+            const int want = isas[k] == KVS_ISA_AVX512 ? on : 0;
             CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q4_0), want);
             CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q8_0), want);
             CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q4_K), want >= 2 ? want : 0);
@@ -611,12 +613,12 @@ int main(void) {
     /* Every type with an r8 layout has a SIMD r8 kernel under every SIMD ISA
      * (so test_r8 above ran that kernel, not the scalar one it falls back to). */
     for (int k = 0; k < n_isas; k++) {
-        if (isas[k] == QUANT_ISA_SCALAR) continue;
-        CHECK(quant_isa_force(isas[k]));
+        if (isas[k] == KVS_ISA_SCALAR) continue;
+        CHECK(kvs_isa_force(isas[k]));
         int no_simd = 0;
         for (uint32_t t = 0; t < QUANT_TYPE_LIMIT; t++)
             if (quant_r8_supported(t) && !quant_r8_preferred(t)) {
-                fprintf(stderr, "%s has no r8 kernel under %s\n", quant_get_traits(t)->name, quant_isa_name(isas[k]));
+                fprintf(stderr, "%s has no r8 kernel under %s\n", quant_get_traits(t)->name, kvs_isa_name(isas[k]));
                 no_simd++;
             }
         CHECK_EQ_INT(no_simd, 0);
@@ -625,6 +627,6 @@ int main(void) {
     quant_r8_set_pairs1(0);
     quant_r8_set_pairs1(-1);
     CHECK_EQ_INT(quant_r8_pairs1(), 3);
-    quant_isa_force(best);
+    kvs_isa_force(best);
     return test_finish("test_quant", 1, 0);
 }

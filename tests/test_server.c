@@ -16,6 +16,7 @@
 #include "engine.h"
 #include "mkmodel.h"
 #include "netio.h"
+#include "f16.h"
 #include "quant.h"
 #include "sampler.h"
 #include "server.h"
@@ -704,7 +705,7 @@ static void test_hidden_dtypes(const char *model_path) {
         CHECK_EQ_INT(r.n_cols, d);
         CHECK_EQ_INT(wire_forward_reply_to_f32(&r, back), KVS_OK);
         for (size_t i = 0; i < (size_t)n * d; i++) {
-            float want = f16 ? quant_f16_to_f32(quant_f32_to_f16(local[i])) : local[i];
+            float want = f16 ? kvs_f16_to_f32(kvs_f32_to_f16(local[i])) : local[i];
             if (back[i] != want) {
                 fprintf(stderr, "%s hidden reply differs at %zu: %g vs %g\n", f16 ? "f16" : "f32", i,
                         (double)back[i], (double)want);

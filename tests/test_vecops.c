@@ -7,8 +7,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "f16.h"
 #include "isa_check.h"
-#include "quant.h"
 #include "test.h"
 #include "vecops.h"
 
@@ -27,8 +27,8 @@ static void test_scores(int group, int hd, int f16) {
     static uint16_t kh[MAX_HD];
     for (int i = 0; i < group * hd; i++) q[i] = frand();
     for (int i = 0; i < hd; i++) {
-        kh[i] = quant_f32_to_f16(frand() * 2.0f);
-        kf[i] = f16 ? quant_f16_to_f32(kh[i]) : frand() * 2.0f;
+        kh[i] = kvs_f32_to_f16(frand() * 2.0f);
+        kf[i] = f16 ? kvs_f16_to_f32(kh[i]) : frand() * 2.0f;
     }
     const float scale = 0.125f;
     memset(got, 0, sizeof got);
@@ -57,7 +57,7 @@ static void test_scores_run(int group, int hd, int f16) {
     for (int j = 0; j < KEYS; j++) {
         for (int i = 0; i < hd; i++) {
             kf[j][i] = frand();
-            kh[j][i] = quant_f32_to_f16(kf[j][i]);
+            kh[j][i] = kvs_f32_to_f16(kf[j][i]);
         }
         const int r = (j * 11) % KEYS; /* rows in no particular order, as KV blocks are */
         keys[j] = f16 ? (const void *)kh[r] : (const void *)kf[r];
@@ -76,8 +76,8 @@ static void test_wsum(int n, int hd, int f16) {
     for (int j = 0; j < n; j++) {
         p[j] = frand() * 0.5f + 0.5f;
         for (int i = 0; i < hd; i++) {
-            vh[j][i] = quant_f32_to_f16(frand());
-            vf[j][i] = f16 ? quant_f16_to_f32(vh[j][i]) : frand();
+            vh[j][i] = kvs_f32_to_f16(frand());
+            vf[j][i] = f16 ? kvs_f16_to_f32(vh[j][i]) : frand();
         }
         rows[j] = f16 ? (const void *)vh[j] : (const void *)vf[j];
     }
@@ -186,17 +186,17 @@ static void test_avx512_bits(int group, int hd, int f16, int n) {
     for (int j = 0; j < n; j++) {
         for (int i = 0; i < hd; i++) {
             kf[j][i] = frand();
-            kh[j][i] = quant_f32_to_f16(kf[j][i]);
+            kh[j][i] = kvs_f32_to_f16(kf[j][i]);
         }
         const int r = (j * 7) % n;
         rows[j] = f16 ? (const void *)kh[r] : (const void *)kf[r];
     }
-    CHECK(quant_isa_force(QUANT_ISA_AVX2));
+    CHECK(kvs_isa_force(KVS_ISA_AVX2));
     vec_scores(q, group, hd, rows, n, f16, 0.25f, s2, (size_t)n);
     memcpy(w, s2, sizeof(float) * (size_t)(group * n));
     for (int h = 0; h < group; h++) vec_softmax(w + (size_t)h * (size_t)n, n);
     vec_wsum_group(w, (size_t)n, group, n, rows, f16, hd, o2);
-    CHECK(quant_isa_force(QUANT_ISA_AVX512));
+    CHECK(kvs_isa_force(KVS_ISA_AVX512));
     vec_scores(q, group, hd, rows, n, f16, 0.25f, s5, (size_t)n);
     const int sdiff = memcmp(s2, s5, sizeof(float) * (size_t)(group * n)) != 0;
     memcpy(w5, s2, sizeof(float) * (size_t)(group * n));
@@ -214,10 +214,10 @@ static void test_avx512_bits(int group, int hd, int f16, int n) {
 
 int main(void) {
     check_expected_isa("test_vecops");
-    enum quant_isa best = quant_isa_detect();
+    enum kvs_isa best = kvs_isa_detect();
     int checked = 0;
     for (int isa = 0; isa <= (int)best; isa++) {
-        CHECK(quant_isa_force((enum quant_isa)isa));
+        CHECK(kvs_isa_force((enum kvs_isa)isa));
         static const int hds[] = {8, 64, 72, 128, 136};
         static const int groups[] = {1, 3, 7, 8, 12};
         for (size_t a = 0; a < sizeof hds / sizeof hds[0]; a++)
@@ -239,10 +239,10 @@ int main(void) {
         for (size_t a = 0; a < sizeof wn / sizeof wn[0]; a++) test_swiglu(wn[a]);
         static const size_t rn[] = {256, 512, 768, 4096, 32768};
         for (size_t a = 0; a < sizeof rn / sizeof rn[0]; a++) test_read_sum(rn[a]);
-        printf("test_vecops: %s checked\n", quant_isa_name((enum quant_isa)isa));
+        printf("test_vecops: %s checked\n", kvs_isa_name((enum kvs_isa)isa));
         checked++;
     }
-    if (best >= QUANT_ISA_AVX512) {
+    if (best >= KVS_ISA_AVX512) {
         /* 32, 64, 96, 128 and 256: the transposed f16 scores (head sizes a multiple of 32 up to 256);
          * 288: past them, the per-tile walk */
         static const int hds[] = {8, 24, 32, 48, 64, 72, 96, 128, 136, 256, 288};
@@ -253,6 +253,6 @@ int main(void) {
                     for (int f16 = 0; f16 < 2; f16++) test_avx512_bits(group, hds[a], f16, ns[b]);
         printf("test_vecops: avx512 attention bit-identical to avx2\n");
     }
-    quant_isa_force(best);
+    kvs_isa_force(best);
     return test_finish("test_vecops", checked, 0);
 }

@@ -9,6 +9,7 @@
 
 #include "args.h"
 #include "cli.h"
+#include "cpu.h"
 #include "digest.h"
 #include "engine.h"
 #include "quant.h"
@@ -310,9 +311,9 @@ static bool bench_pairs1(const char *mode) {
 
 /* --isa NAME: the kernels of one ISA instead of the best detected (an A/B on one machine). */
 static bool bench_force_isa(const char *name) {
-    if (quant_isa_force_name(name)) return true;
+    if (kvs_isa_force_name(name)) return true;
     fprintf(stderr, "kvshard bench: --isa %s: not one this CPU runs (scalar, avx2 or avx512 up to %s)\n",
-            name, quant_isa_name(quant_isa_detect()));
+            name, kvs_isa_name(kvs_isa_detect()));
     return false;
 }
 
@@ -515,7 +516,7 @@ int cmd_bench(int argc, char **argv) {
            "\"kv_bytes_per_token\":%llu,\"kv_block_bytes\":%llu,\"kv_bytes_used\":%llu,\"kv_bytes_needed\":%llu,"
            "\"kv_waste_bytes\":%llu,\"kv_waste_under_one_block_per_session\":%s,"
            "\"kv_open_us\":%.3f,\"kv_release_us\":%.3f,\"kv_open_evict_us\":%.3f%s}\n",
-           path, sha, ops_pool_threads(e->pool), cpu, quant_isa_name(quant_isa_current()), kernels, KVS_COMMIT, m->first, m->last, e->open_s,
+           path, sha, ops_pool_threads(e->pool), cpu, kvs_isa_name(kvs_isa_current()), kernels, KVS_COMMIT, m->first, m->last, e->open_s,
            (unsigned long long)m->weight_bytes, (unsigned long long)rss, n_prompt, n_decode,
            n_sessions, (double)(n_prompt * n_sessions) / prefill_s, decode_tok_s, step_s * 1e3, bw, bw_streams,
            (unsigned long long)wbytes, floor_s * 1e3, floor_s / step_s, (unsigned long long)kv_tok,

@@ -4,7 +4,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "quant.h"
+#include "cpu.h"
+#include "f16.h"
 #define VEC_TARGET __attribute__((target("avx2,fma,f16c")))
 #include "vecops_impl.h"
 
@@ -15,7 +16,7 @@ static void axpy_f32_ref(float a, const float *x, float *y, int n) {
 }
 
 static void axpy_f16_ref(float a, const uint16_t *x, float *y, int n) {
-    for (int i = 0; i < n; i++) y[i] += a * quant_f16_to_f32(x[i]);
+    for (int i = 0; i < n; i++) y[i] += a * kvs_f16_to_f32(x[i]);
 }
 
 /* ---- AVX2 + FMA + F16C ---- */
@@ -70,7 +71,7 @@ static void swiglu_ref(float *gate, const float *up, int64_t n) {
 
 /* Key element i as f32. */
 static inline float key_at(const void *k, int k_f16, int i) {
-    return k_f16 ? quant_f16_to_f32(((const uint16_t *)k)[i]) : ((const float *)k)[i];
+    return k_f16 ? kvs_f16_to_f32(((const uint16_t *)k)[i]) : ((const float *)k)[i];
 }
 
 static void scores_ref(const float *q, int group, int hd, const void *k, int k_f16, float scale, float *scores,
@@ -181,9 +182,9 @@ VEC_TARGET static uint64_t read_sum_avx2(const void *p, size_t n, int streams) {
 
 /* ---- dispatch: follows quant's choice so a test that forces scalar gets scalar here too ---- */
 
-static inline int use_simd(void) { return quant_isa_current() != QUANT_ISA_SCALAR; }
+static inline int use_simd(void) { return kvs_isa_current() != KVS_ISA_SCALAR; }
 /* The 512-bit attention walks (vecops_avx512.c): the same bits as the AVX2 ones. */
-static inline int use_avx512(void) { return quant_isa_current() == QUANT_ISA_AVX512; }
+static inline int use_avx512(void) { return kvs_isa_current() == KVS_ISA_AVX512; }
 
 void vec_axpy_f32(float a, const float *x, float *y, int n) {
     if (use_simd()) axpy_f32_avx2(a, x, y, n);

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "cpu.h"
 #include "quant_impl.h"
 #include "util.h"
 
@@ -54,75 +55,11 @@ int quant_type_from_name(const char *name) {
 static const quant_isa_table *const isa_tables[] = {&quant_table_ref, &quant_table_avx2,
                                                     &quant_table_avx512};
 
-/* -1 until first use; then the ISA in use. Relaxed atomics: every thread that
- * races on the first use computes the same value. */
-static _Atomic int current_isa = -1;
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-
-/* CPUID plus the OS check (XCR0) that the wide registers are saved on context
- * switch; __builtin_cpu_supports is not used because clang lacks some names. */
-enum quant_isa quant_isa_detect(void) {
-    unsigned a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d)) return QUANT_ISA_SCALAR;
-    const bool fma = c & (1u << 12), osxsave = c & (1u << 27), avx = c & (1u << 28),
-               f16c = c & (1u << 29);
-    if (!(fma && osxsave && avx && f16c)) return QUANT_ISA_SCALAR;
-    unsigned xlo, xhi;
-    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
-    (void)xhi;
-    if ((xlo & 0x6u) != 0x6u) return QUANT_ISA_SCALAR; /* XMM and YMM state */
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return QUANT_ISA_SCALAR;
-    if (!(b & (1u << 5))) return QUANT_ISA_SCALAR; /* AVX2 */
-    const bool f = b & (1u << 16), dq = b & (1u << 17), bw = b & (1u << 30), vl = b & (1u << 31),
-               vnni = c & (1u << 11);
-    if (f && dq && bw && vl && vnni && (xlo & 0xE6u) == 0xE6u) return QUANT_ISA_AVX512;
-#ifdef KVS_EMU_AVX512
-    return QUANT_ISA_AVX512; /* its kernels were built for AVX2 on SIMDe (src/emu_avx512.h) */
-#else
-    return QUANT_ISA_AVX2;
-#endif
-}
-#else
-enum quant_isa quant_isa_detect(void) { return QUANT_ISA_SCALAR; }
-#endif
-
-enum quant_isa quant_isa_current(void) {
-    int isa = atomic_load_explicit(&current_isa, memory_order_relaxed);
-    if (isa < 0) {
-        isa = (int)quant_isa_detect();
-        atomic_store_explicit(&current_isa, isa, memory_order_relaxed);
-    }
-    return (enum quant_isa)isa;
-}
-
-bool quant_isa_force(enum quant_isa isa) {
-    if ((int)isa < 0 || (int)isa > (int)quant_isa_detect()) return false;
-    atomic_store_explicit(&current_isa, (int)isa, memory_order_relaxed);
-    return true;
-}
-
-const char *quant_isa_name(enum quant_isa isa) {
-    switch (isa) {
-    case QUANT_ISA_SCALAR: return "scalar";
-    case QUANT_ISA_AVX2: return "avx2";
-    case QUANT_ISA_AVX512: return "avx512";
-    }
-    return "unknown";
-}
-
-bool quant_isa_force_name(const char *name) {
-    for (int i = QUANT_ISA_SCALAR; i <= QUANT_ISA_AVX512; i++)
-        if (!strcmp(quant_isa_name((enum quant_isa)i), name)) return quant_isa_force((enum quant_isa)i);
-    return false;
-}
-
 const char *quant_kernel_path(uint32_t wtype) {
     static const char *const names[3][2] = {
         {"scalar", "scalar+tile"}, {"avx2", "avx2+tile"}, {"avx512-vnni", "avx512-vnni+tile"}};
     if (wtype >= QUANT_TYPE_LIMIT || !quant_table_ref.k[wtype].dot) return NULL;
-    int i = (int)quant_isa_current();
+    int i = (int)kvs_isa_current();
     while (i > 0 && !isa_tables[i]->k[wtype].dot) i--;
     return names[i][quant_has_tile(wtype) ? 1 : 0];
 }
@@ -133,7 +70,7 @@ const char *quant_kernel_path(uint32_t wtype) {
 static quant_kernels resolve(uint32_t type) {
     KVS_ASSERT(type < QUANT_TYPE_LIMIT && quant_table_ref.k[type].dot);
     quant_kernels k = {0};
-    for (int i = (int)quant_isa_current(); i >= 0; i--) {
+    for (int i = (int)kvs_isa_current(); i >= 0; i--) {
         const quant_kernels *t = &isa_tables[i]->k[type];
         if (!k.dot) k.dot = t->dot;
         if (!k.dequant) k.dequant = t->dequant;
@@ -204,7 +141,7 @@ void quant_dequant_row_ref(uint32_t wtype, const void *w, float *y, int64_t n) {
 }
 
 void quant_f16_to_f32_row(const uint16_t *src, float *dst, int64_t n) {
-    for (int i = (int)quant_isa_current(); i >= 0; i--)
+    for (int i = (int)kvs_isa_current(); i >= 0; i--)
         if (isa_tables[i]->f16_to_f32) {
             isa_tables[i]->f16_to_f32(src, dst, n);
             return;
@@ -212,7 +149,7 @@ void quant_f16_to_f32_row(const uint16_t *src, float *dst, int64_t n) {
 }
 
 void quant_f32_to_f16_row(const float *src, uint16_t *dst, int64_t n) {
-    for (int i = (int)quant_isa_current(); i >= 0; i--)
+    for (int i = (int)kvs_isa_current(); i >= 0; i--)
         if (isa_tables[i]->f32_to_f16) {
             isa_tables[i]->f32_to_f16(src, dst, n);
             return;
@@ -222,12 +159,12 @@ void quant_f32_to_f16_row(const float *src, uint16_t *dst, int64_t n) {
 /* --- tiled prefill (design note 6) ----------------------------------------- */
 
 bool quant_has_tile(uint32_t wtype) {
-    return wtype < QUANT_TYPE_LIMIT && isa_tables[quant_isa_current()]->k[wtype].tile != NULL;
+    return wtype < QUANT_TYPE_LIMIT && isa_tables[kvs_isa_current()]->k[wtype].tile != NULL;
 }
 
 int quant_tile_min_tokens(uint32_t wtype) {
     if (!quant_has_tile(wtype)) return 0;
-    const int m = isa_tables[quant_isa_current()]->k[wtype].tile_min_tokens;
+    const int m = isa_tables[kvs_isa_current()]->k[wtype].tile_min_tokens;
     return m > 0 ? m : 5;
 }
 
@@ -235,7 +172,7 @@ void quant_act_tile_layout(uint32_t wtype, void *act, int64_t n) {
     KVS_ASSERT(wtype == QUANT_Q4_0 || wtype == QUANT_Q8_0 || wtype == QUANT_Q4_K || wtype == QUANT_Q2_K ||
                wtype == QUANT_Q3_K || wtype == QUANT_IQ4_XS);
     check_n(wtype, n);
-    const quant_layout_fn own = isa_tables[quant_isa_current()]->k[wtype].layout;
+    const quant_layout_fn own = isa_tables[kvs_isa_current()]->k[wtype].layout;
     if (own) {
         own(act, n);
         return;
@@ -260,7 +197,7 @@ void quant_dot_tile(uint32_t wtype, int64_t n, const void *w, size_t w_stride, i
     KVS_ASSERT(quant_has_tile(wtype));
     check_n(wtype, n);
     if (n_rows > 0 && n_act > 0)
-        isa_tables[quant_isa_current()]->k[wtype].tile(n, w, w_stride, n_rows, act, act_stride, n_act, out,
+        isa_tables[kvs_isa_current()]->k[wtype].tile(n, w, w_stride, n_rows, act, act_stride, n_act, out,
                                                        out_stride);
 }
 
@@ -272,7 +209,7 @@ void quant_r8_set_enabled(bool on) { atomic_store(&r8_enabled, on); }
 
 bool quant_r8_preferred(uint32_t wtype) {
     if (!quant_r8_supported(wtype) || !atomic_load(&r8_enabled)) return false;
-    for (int i = (int)quant_isa_current(); i > (int)QUANT_ISA_SCALAR; i--)
+    for (int i = (int)kvs_isa_current(); i > (int)KVS_ISA_SCALAR; i--)
         if (isa_tables[i]->k[wtype].r8) return true;
     return false;
 }
@@ -290,7 +227,7 @@ int quant_r8_pairs1(void) { return atomic_load_explicit(&r8_pairs1_mode, memory_
 /* The kernel table entry whose r8 kernels wtype runs under the current ISA
  * (the best one that has them); NULL: none. */
 static const quant_kernels *r8_entry(uint32_t wtype) {
-    for (int i = (int)quant_isa_current(); i >= 0; i--)
+    for (int i = (int)kvs_isa_current(); i >= 0; i--)
         if (isa_tables[i]->k[wtype].r8) return &isa_tables[i]->k[wtype];
     return NULL;
 }

@@ -61,11 +61,7 @@ bool quant_row_bytes(uint32_t type, uint64_t n, uint64_t *out_bytes);
 /* Parses a type name ("f32", "q4_0", "q4_k", ...); returns -1 when unknown. */
 int quant_type_from_name(const char *name);
 
-/* --- half precision ------------------------------------------------------ */
-float quant_f16_to_f32(uint16_t h);
-uint16_t quant_f32_to_f16(float f); /* round to nearest even */
-float quant_bf16_to_f32(uint16_t h);
-uint16_t quant_f32_to_bf16(float f); /* round to nearest even */
+/* --- half precision rows (one value: base/f16.h) -------------------------- */
 void quant_f16_to_f32_row(const uint16_t *src, float *dst, int64_t n);
 void quant_f32_to_f16_row(const float *src, uint16_t *dst, int64_t n);
 
@@ -167,18 +163,7 @@ void quant_act_quantize_ref(uint32_t wtype, const float *x, void *act, int64_t n
 float quant_dot_ref(uint32_t wtype, int64_t n, const void *w, const void *act);
 void quant_dequant_row_ref(uint32_t wtype, const void *w, float *y, int64_t n);
 
-/* --- dispatch ------------------------------------------------------------ */
-enum quant_isa { QUANT_ISA_SCALAR = 0, QUANT_ISA_AVX2 = 1, QUANT_ISA_AVX512 = 2 };
-/* Best ISA this CPU supports. */
-enum quant_isa quant_isa_detect(void);
-/* The ISA in use (detected at first use unless forced). */
-enum quant_isa quant_isa_current(void);
-/* Forces an ISA (for tests); returns false and changes nothing if the CPU lacks it. */
-bool quant_isa_force(enum quant_isa isa);
-const char *quant_isa_name(enum quant_isa isa);
-/* Forces the ISA that quant_isa_name calls NAME ("scalar", "avx2", "avx512"); returns
- * false and changes nothing for an unknown name or one this CPU lacks. */
-bool quant_isa_force_name(const char *name);
+/* --- dispatch (the ISA: base/cpu.h) ------------------------------------- */
 /* The kernel path the dispatcher takes for weight type wtype under the current
  * ISA, for reports: "scalar", "avx2" or "avx512-vnni" (the table that supplies
  * the dot kernel after fall back), with "+tile" when a tiled prefill kernel

@@ -61,6 +61,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cpu.h"
+#include "f16.h"
 #include "quant.h"
 
 #define QK32 32

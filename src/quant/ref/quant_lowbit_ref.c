@@ -19,7 +19,7 @@
 
 #include "quant_impl.h"
 
-static inline float h2f(uint16_t h) { return quant_f16_to_f32(h); }
+static inline float h2f(uint16_t h) { return kvs_f16_to_f32(h); }
 
 /* Round half to even, clamped to [lo, hi]; NaN -> lo. */
 static inline int nearest_clamp(float v, int lo, int hi) {
@@ -204,8 +204,8 @@ void quant_ref_quantize_q2_k(const float *x, void *w, int64_t n) {
             max_min = gmin[g] > max_min ? gmin[g] : max_min;
             max_scale = (mx - mn) / 3.0f > max_scale ? (mx - mn) / 3.0f : max_scale;
         }
-        y[b].d = quant_f32_to_f16(max_scale / 15.0f);
-        y[b].dmin = quant_f32_to_f16(max_min / 15.0f);
+        y[b].d = kvs_f32_to_f16(max_scale / 15.0f);
+        y[b].dmin = kvs_f32_to_f16(max_min / 15.0f);
         float d = h2f(y[b].d), dmin = h2f(y[b].dmin);
         int q[QKK];
         for (int g = 0; g < 16; g++) {
@@ -232,7 +232,7 @@ void quant_ref_quantize_q3_k(const float *x, void *w, int64_t n) {
             gs[g] = signed_amax(x + 16 * g, 16) / -4.0f;
             amax = fabsf(gs[g]) > amax ? fabsf(gs[g]) : amax;
         }
-        y[b].d = quant_f32_to_f16(amax / 31.0f);
+        y[b].d = kvs_f32_to_f16(amax / 31.0f);
         float d = h2f(y[b].d);
         int sc[16], q[QKK];
         for (int g = 0; g < 16; g++) {
@@ -261,7 +261,7 @@ void quant_ref_quantize_q3_k(const float *x, void *w, int64_t n) {
 void quant_ref_quantize_iq4_nl(const float *x, void *w, int64_t n) {
     block_iq4_nl *y = (block_iq4_nl *)w;
     for (int64_t b = 0; b < n / QK32; b++, x += QK32) {
-        y[b].d = quant_f32_to_f16(signed_amax(x, QK32) / -127.0f);
+        y[b].d = kvs_f32_to_f16(signed_amax(x, QK32) / -127.0f);
         iq4_pack(x, h2f(y[b].d), y[b].qs);
     }
 }
@@ -276,7 +276,7 @@ void quant_ref_quantize_iq4_xs(const float *x, void *w, int64_t n) {
             ks[k] = signed_amax(x + 32 * k, 32) / -127.0f;
             amax = fabsf(ks[k]) > amax ? fabsf(ks[k]) : amax;
         }
-        y[b].d = quant_f32_to_f16(amax / 31.0f);
+        y[b].d = kvs_f32_to_f16(amax / 31.0f);
         float d = h2f(y[b].d);
         uint16_t sh = 0;
         memset(y[b].scales_l, 0, sizeof y[b].scales_l);

@@ -124,14 +124,14 @@ static int32_t sum32(const uint8_t *qs, const uint8_t *qh, int r, const act_q8 *
 /* Row r's block step: t = fma(P, da, -8 s), acc = fma(t, dw, acc). */
 static float step_q4_0(const block_q4_0x8 *g, const act_q8 *a, int r, float acc) {
     const float tt = fmaf((float)sum32(g->qs, NULL, r, a), a->d, a->s * -8.0f);
-    return fmaf(tt, quant_f16_to_f32(g->d[r]), acc);
+    return fmaf(tt, kvs_f16_to_f32(g->d[r]), acc);
 }
 
 /* q4_1 / q5_1 (u: the nibble, or with the fifth bit): acc = fma(P da, dw,
  * acc), then acc = fma(m, s, acc) (s = da sum(a)). */
 static float step_min32(const uint16_t *d, const uint16_t *m, int32_t p, const act_q8 *a, int r, float acc) {
-    acc = fmaf((float)p * a->d, quant_f16_to_f32(d[r]), acc);
-    return fmaf(quant_f16_to_f32(m[r]), a->s, acc);
+    acc = fmaf((float)p * a->d, kvs_f16_to_f32(d[r]), acc);
+    return fmaf(kvs_f16_to_f32(m[r]), a->s, acc);
 }
 
 static float step_q4_1(const block_q4_1x8 *g, const act_q8 *a, int r, float acc) {
@@ -144,7 +144,7 @@ static float step_q5_1(const block_q5_1x8 *g, const act_q8 *a, int r, float acc)
 
 /* q5_0: q4_0's steps with u = q + 16: t = fma(P, da, -16 s), acc = fma(t, dw, acc). */
 static float step_q5_0(const block_q5_0x8 *g, const act_q8 *a, int r, float acc) {
-    return fmaf(fmaf((float)sum32(g->qs, g->qh, r, a), a->d, a->s * -16.0f), quant_f16_to_f32(g->d[r]), acc);
+    return fmaf(fmaf((float)sum32(g->qs, g->qh, r, a), a->d, a->s * -16.0f), kvs_f16_to_f32(g->d[r]), acc);
 }
 
 /* iq4_nl: the exact sum of table values P (its activations carry qsum128, the
@@ -152,7 +152,7 @@ static float step_q5_0(const block_q5_0x8 *g, const act_q8 *a, int r, float acc)
 static float step_iq4_nl(const block_iq4_nlx8 *g, const act_q8 *a, int r, float acc) {
     int32_t p = 0;
     for (int e = 0; e < 32; e++) p += quant_iq4_values[nibble32(g->qs, r, e)] * a->qs[e];
-    return fmaf((float)p * a->d, quant_f16_to_f32(g->d[r]), acc);
+    return fmaf((float)p * a->d, kvs_f16_to_f32(g->d[r]), acc);
 }
 
 /* q8_0: element e of row r sits at qs[32 (e / 4) + 4 r + e % 4]. */
@@ -186,7 +186,7 @@ static void unpack_q8_0(int64_t n, const void *group, void *rows, size_t row_str
 static float step_q8_0(const block_q8_0x8 *g, const act_q8 *a, int r, float acc) {
     int32_t p = 0;
     for (int e = 0; e < 32; e++) p += g->qs[32 * (e / 4) + 4 * r + e % 4] * a->qs[e];
-    return fmaf((float)p * a->d, quant_f16_to_f32(g->d[r]), acc);
+    return fmaf((float)p * a->d, kvs_f16_to_f32(g->d[r]), acc);
 }
 
 /* The six-bit scale (mins: m) of entry k (8 j + r) of a q4_kx8 block. */
@@ -355,7 +355,7 @@ static float step_q4_k(const block_q4_kx8 *g, const block_q8_k *a, int r, float 
         s1 += q4_kx8_entry(g, 8 * j + r, false) * p;
         s2 += q4_kx8_entry(g, 8 * j + r, true) * a->bsums[j]; /* 32-element sums (q8_k_sums32) */
     }
-    const float dd = quant_f16_to_f32(g->d[r]) * a->d, dm = quant_f16_to_f32(g->dmin[r]) * a->d;
+    const float dd = kvs_f16_to_f32(g->d[r]) * a->d, dm = kvs_f16_to_f32(g->dmin[r]) * a->d;
     acc = fmaf((float)s1, dd, acc);
     return fmaf((float)s2, -dm, acc);
 }
@@ -375,7 +375,7 @@ static float step_q5_k(const block_q5_kx8 *g, const block_q8_k *a, int r, float 
         s1 += q4_kx8_entry(&g->lo, 8 * j + r, false) * p;
         s2 += q4_kx8_entry(&g->lo, 8 * j + r, true) * a->bsums[j]; /* 32-element sums (q8_k_sums32) */
     }
-    const float dd = quant_f16_to_f32(g->lo.d[r]) * a->d, dm = quant_f16_to_f32(g->lo.dmin[r]) * a->d;
+    const float dd = kvs_f16_to_f32(g->lo.d[r]) * a->d, dm = kvs_f16_to_f32(g->lo.dmin[r]) * a->d;
     acc = fmaf((float)s1, dd, acc);
     return fmaf((float)s2, -dm, acc);
 }
@@ -453,7 +453,7 @@ static float step_iq4_xs(const block_iq4_xsx8 *g, const block_q8_k *a, int r, fl
             }
         s += (iq4_xsx8_scale(g, 8 * j + r) - 32) * p;
     }
-    return fmaf((float)s, quant_f16_to_f32(g->d[r]) * a->d, acc);
+    return fmaf((float)s, kvs_f16_to_f32(g->d[r]) * a->d, acc);
 }
 
 /* q6_k: element e = 128 half + 32 k + l of a block has u (0..63) with its low
@@ -545,7 +545,7 @@ static float step_q6_k(const block_q6_kx8 *g, const block_q8_k *a, int r, float 
         s1 += g->sc[8 * k + r] * p;
         s2 += g->sc[8 * k + r] * a->bsums[k];
     }
-    return fmaf((float)(s1 - 32 * s2), quant_f16_to_f32(g->d[r]) * a->d, acc);
+    return fmaf((float)(s1 - 32 * s2), kvs_f16_to_f32(g->d[r]) * a->d, acc);
 }
 
 /* The two-bit q of the 256 elements of a q2_k / q3_k block's qs (element
@@ -656,7 +656,7 @@ static float step_q3_k(const block_q3_kx8 *g, const block_q8_k *a, int r, float 
         s1 += sc * p;
         s2 += sc * a->bsums[k];
     }
-    return fmaf((float)(s1 - 4 * s2), quant_f16_to_f32(g->d[r]) * a->d, acc);
+    return fmaf((float)(s1 - 4 * s2), kvs_f16_to_f32(g->d[r]) * a->d, acc);
 }
 
 static void pack_q2_k(int64_t n, const void *rows, size_t row_stride, void *out) {
@@ -705,7 +705,7 @@ static float step_q2_k(const block_q2_kx8 *g, const block_q8_k *a, int r, float 
         s1 += (sm & 0xF) * p;
         s2 += (sm >> 4) * a->bsums[k];
     }
-    const float dd = quant_f16_to_f32(g->d[r]) * a->d, dm = quant_f16_to_f32(g->dmin[r]) * a->d;
+    const float dd = kvs_f16_to_f32(g->d[r]) * a->d, dm = kvs_f16_to_f32(g->dmin[r]) * a->d;
     acc = fmaf((float)s1, dd, acc);
     return fmaf((float)s2, -dm, acc);
 }

@@ -9,64 +9,17 @@
 #include "quant_impl.h"
 #include "util.h"
 
-/* --- half precision ------------------------------------------------------ */
-
-static float f32_from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-
-float quant_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1Fu;
-    uint32_t mant = h & 0x3FFu;
-    if (exp == 0) {
-        /* zero or subnormal: mant * 2^-24 is exact in f32 */
-        float f = (float)mant * 0x1p-24f;
-        return sign ? -f : f;
-    }
-    if (exp == 31) return f32_from_bits(sign | 0x7F800000u | (mant << 13));
-    return f32_from_bits(sign | ((exp + 112u) << 23) | (mant << 13));
-}
-
-uint16_t quant_f32_to_f16(float f) {
-    uint32_t u = f32_bits(f);
-    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-    uint32_t a = u & 0x7FFFFFFFu;
-    if (a > 0x7F800000u) /* NaN: quiet it, keep the top payload bits (as F16C does) */
-        return (uint16_t)(sign | 0x7E00u | ((a >> 13) & 0x3FFu));
-    if (a >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u); /* rounds to inf */
-    if (a < 0x38800000u) {
-        /* result is subnormal or zero: mantissa in units of 2^-24 */
-        uint32_t e = a >> 23;
-        uint32_t m = (a & 0x7FFFFFu) | (e ? 0x800000u : 0);
-        uint32_t s = 126u - e; /* >= 14 */
-        if (s > 24) return sign;
-        uint32_t r = m >> s, rem = m & ((1u << s) - 1u), half = 1u << (s - 1u);
-        if (rem > half || (rem == half && (r & 1u))) r++;
-        return (uint16_t)(sign | r);
-    }
-    uint32_t base = ((a >> 23) - 112u) << 10 | ((a >> 13) & 0x3FFu);
-    uint32_t rem = a & 0x1FFFu;
-    if (rem > 0x1000u || (rem == 0x1000u && (base & 1u))) base++;
-    return (uint16_t)(sign | base);
-}
-
-float quant_bf16_to_f32(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
-
-uint16_t quant_f32_to_bf16(float f) {
-    uint32_t u = f32_bits(f);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40u);
-    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
+/* --- half precision rows ------------------------------------------------ */
 
 void quant_ref_f16_to_f32_row(const uint16_t *src, float *dst, int64_t n) {
-    for (int64_t i = 0; i < n; i++) dst[i] = quant_f16_to_f32(src[i]);
+    for (int64_t i = 0; i < n; i++) dst[i] = kvs_f16_to_f32(src[i]);
 }
 
 void quant_ref_f32_to_f16_row(const float *src, uint16_t *dst, int64_t n) {
-    for (int64_t i = 0; i < n; i++) dst[i] = quant_f32_to_f16(src[i]);
+    for (int64_t i = 0; i < n; i++) dst[i] = kvs_f32_to_f16(src[i]);
 }
 
-static inline float h2f(uint16_t h) { return quant_f16_to_f32(h); }
+static inline float h2f(uint16_t h) { return kvs_f16_to_f32(h); }
 
 /* Round half to even under the default rounding mode, clamped to [lo, hi]; NaN -> lo. */
 static inline int round_clamp(float v, int lo, int hi) {
@@ -142,7 +95,7 @@ static void dq_f16(const void *w, float *y, int64_t n) {
 
 static void dq_bf16(const void *w, float *y, int64_t n) {
     const uint16_t *x = (const uint16_t *)w;
-    for (int64_t i = 0; i < n; i++) y[i] = quant_bf16_to_f32(x[i]);
+    for (int64_t i = 0; i < n; i++) y[i] = kvs_bf16_to_f32(x[i]);
 }
 
 static void dq_q4_0(const void *w, float *y, int64_t n) {
@@ -267,7 +220,7 @@ static float dot_bf16(int64_t n, const void *w, const void *act) {
     const uint16_t *x = (const uint16_t *)w;
     const float *a = (const float *)act;
     float s = 0.0f;
-    for (int64_t i = 0; i < n; i++) s += quant_bf16_to_f32(x[i]) * a[i];
+    for (int64_t i = 0; i < n; i++) s += kvs_bf16_to_f32(x[i]) * a[i];
     return s;
 }
 
@@ -458,7 +411,7 @@ static void qz_q4_0(const float *x, void *w, int64_t n) {
     block_q4_0 *y = (block_q4_0 *)w;
     for (int64_t b = 0; b < n / QK32; b++, x += QK32) {
         float d = signed_amax(x, QK32) / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        y[b].d = quant_f32_to_f16(d);
+        y[b].d = kvs_f32_to_f16(d);
         for (int i = 0; i < 16; i++)
             y[b].qs[i] = (uint8_t)(round_clamp(x[i] * id + 8.0f, 0, 15) |
                                    round_clamp(x[i + 16] * id + 8.0f, 0, 15) << 4);
@@ -480,8 +433,8 @@ static void qz_q4_1(const float *x, void *w, int64_t n) {
         float mn, mx;
         minmax(x, QK32, &mn, &mx);
         float d = (mx - mn) / 15.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        y[b].d = quant_f32_to_f16(d);
-        y[b].m = quant_f32_to_f16(mn);
+        y[b].d = kvs_f32_to_f16(d);
+        y[b].m = kvs_f32_to_f16(mn);
         for (int i = 0; i < 16; i++)
             y[b].qs[i] = (uint8_t)(round_clamp((x[i] - mn) * id, 0, 15) |
                                    round_clamp((x[i + 16] - mn) * id, 0, 15) << 4);
@@ -492,7 +445,7 @@ static void qz_q5_0(const float *x, void *w, int64_t n) {
     block_q5_0 *y = (block_q5_0 *)w;
     for (int64_t b = 0; b < n / QK32; b++, x += QK32) {
         float d = signed_amax(x, QK32) / -16.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        y[b].d = quant_f32_to_f16(d);
+        y[b].d = kvs_f32_to_f16(d);
         uint32_t qh = 0;
         for (int i = 0; i < 16; i++) {
             int q0 = round_clamp(x[i] * id + 16.0f, 0, 31), q1 = round_clamp(x[i + 16] * id + 16.0f, 0, 31);
@@ -509,8 +462,8 @@ static void qz_q5_1(const float *x, void *w, int64_t n) {
         float mn, mx;
         minmax(x, QK32, &mn, &mx);
         float d = (mx - mn) / 31.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        y[b].d = quant_f32_to_f16(d);
-        y[b].m = quant_f32_to_f16(mn);
+        y[b].d = kvs_f32_to_f16(d);
+        y[b].m = kvs_f32_to_f16(mn);
         uint32_t qh = 0;
         for (int i = 0; i < 16; i++) {
             int q0 = round_clamp((x[i] - mn) * id, 0, 31), q1 = round_clamp((x[i + 16] - mn) * id, 0, 31);
@@ -526,7 +479,7 @@ static void qz_q8_0(const float *x, void *w, int64_t n) {
     for (int64_t b = 0; b < n / QK32; b++, x += QK32) {
         float amax = fabsf(signed_amax(x, QK32));
         float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        y[b].d = quant_f32_to_f16(d);
+        y[b].d = kvs_f32_to_f16(d);
         for (int i = 0; i < QK32; i++) y[b].qs[i] = (int8_t)round_clamp(x[i] * id, -127, 127);
     }
 }
@@ -545,8 +498,8 @@ static void qz_k4(const float *x, int nmax, uint16_t *d16, uint16_t *dmin16, uin
         max_scale = sub_scale[j] > max_scale ? sub_scale[j] : max_scale;
         max_min = sub_min[j] > max_min ? sub_min[j] : max_min;
     }
-    *d16 = quant_f32_to_f16(max_scale / 63.0f);
-    *dmin16 = quant_f32_to_f16(max_min / 63.0f);
+    *d16 = kvs_f32_to_f16(max_scale / 63.0f);
+    *dmin16 = kvs_f32_to_f16(max_min / 63.0f);
     float d = h2f(*d16), dmin = h2f(*dmin16);
     uint8_t sc[8], m[8];
     for (int j = 0; j < 8; j++) {
@@ -603,7 +556,7 @@ static void qz_q6_k(const float *x, void *w, int64_t n) {
             sub_scale[j] = signed_amax(x + 16 * j, 16) / -32.0f;
             max_scale = fabsf(sub_scale[j]) > max_scale ? fabsf(sub_scale[j]) : max_scale;
         }
-        y[b].d = quant_f32_to_f16(max_scale / 127.0f);
+        y[b].d = kvs_f32_to_f16(max_scale / 127.0f);
         float d = h2f(y[b].d);
         int q[QKK];
         for (int j = 0; j < 16; j++) {
@@ -630,7 +583,7 @@ bool quant_quantize_row(uint32_t type, const float *x, void *w, int64_t n) {
     case QUANT_F16: quant_f32_to_f16_row(x, (uint16_t *)w, n); return true;
     case QUANT_BF16: {
         uint16_t *y = (uint16_t *)w;
-        for (int64_t i = 0; i < n; i++) y[i] = quant_f32_to_bf16(x[i]);
+        for (int64_t i = 0; i < n; i++) y[i] = kvs_f32_to_bf16(x[i]);
         return true;
     }
     case QUANT_Q4_0: qz_q4_0(x, w, n); return true;
