@@ -52,13 +52,92 @@ int quant_type_from_name(const char *name) {
 
 /* --- dispatch ------------------------------------------------------------ */
 
-static const quant_isa_table *const isa_tables[] = {&quant_table_ref, &quant_table_avx2,
-                                                    &quant_table_avx512};
+/* The tables: for each ISA the kernels of each type; a NULL entry falls back to the ISA below
+ * (design note 5). This is the one place that names every ISA's kernels. */
+#define REF(type, act_fmt)                                                                          \
+    .dot = quant_ref_dot_##type, .dequant = quant_ref_dequant_##type, .act = quant_ref_act_##act_fmt
+#define ROW(isa, type, act_fmt) .dot = quant_##isa##_dot_##type, .act = quant_##isa##_act_##act_fmt
+#define R8(isa, type) .r8 = quant_##isa##_r8_##type
+#define R8_QUADS1(type) \
+    R8(avx512, type), .r8_quads1 = quant_avx512_r8_quads1_##type, .r8_spread1 = quant_avx512_r8_spread1_##type
+#define R8_PAIRS1(type) R8_QUADS1(type), .r8_pairs1 = quant_avx512_r8_pairs1_##type
+
+static const quant_isa_table table_ref = {
+    .k = {
+        [QUANT_F32] = {REF(f32, f32)},
+        [QUANT_F16] = {REF(f16, f32)},
+        [QUANT_BF16] = {REF(bf16, f32)},
+        [QUANT_Q4_0] = {REF(q4_0, q8), R8(ref, q4_0)},
+        [QUANT_Q4_1] = {REF(q4_1, q8), R8(ref, q4_1)},
+        [QUANT_Q5_0] = {REF(q5_0, q8), R8(ref, q5_0)},
+        [QUANT_Q5_1] = {REF(q5_1, q8), R8(ref, q5_1)},
+        [QUANT_Q8_0] = {REF(q8_0, q8_0), R8(ref, q8_0)},
+        [QUANT_Q4_K] = {REF(q4_k, q8k32), R8(ref, q4_k)},
+        [QUANT_Q5_K] = {REF(q5_k, q8k32), R8(ref, q5_k)},
+        [QUANT_Q6_K] = {REF(q6_k, q8k), R8(ref, q6_k)},
+        [QUANT_Q2_K] = {REF(q2_k, q8k), R8(ref, q2_k)},
+        [QUANT_Q3_K] = {REF(q3_k, q8k), R8(ref, q3_k)},
+        [QUANT_IQ4_NL] = {REF(iq4_nl, q8_0), R8(ref, iq4_nl)},
+        [QUANT_IQ4_XS] = {REF(iq4_xs, q8k), R8(ref, iq4_xs)},
+    },
+    .f16_to_f32 = quant_ref_f16_to_f32_row,
+    .f32_to_f16 = quant_ref_f32_to_f16_row,
+};
+
+/* Plain AVX2 tiles q4_0 in its own pair layout, from one token on (design note 6). */
+static const quant_isa_table table_avx2 = {
+    .k = {
+        [QUANT_F32] = {ROW(avx2, f32, f32)},
+        [QUANT_F16] = {ROW(avx2, f16, f32), .dequant = quant_avx2_dequant_f16},
+        [QUANT_BF16] = {ROW(avx2, bf16, f32)},
+        [QUANT_Q4_0] = {ROW(avx2, q4_0, q8), .tile = quant_avx2_tile_q4_0_p8, .layout = quant_avx2_layout_q4_0_pair,
+                        .tile_min_tokens = 1, R8(avx2, q4_0)},
+        [QUANT_Q4_1] = {ROW(avx2, q4_1, q8), R8(avx2, q4_1)},
+        [QUANT_Q5_0] = {ROW(avx2, q5_0, q8), R8(avx2, q5_0)},
+        [QUANT_Q5_1] = {ROW(avx2, q5_1, q8), R8(avx2, q5_1)},
+        [QUANT_Q8_0] = {ROW(avx2, q8_0, q8_0), .tile = quant_avx2_tile_q8_0, R8(avx2, q8_0)},
+        [QUANT_Q4_K] = {ROW(avx2, q4_k, q8k32), .tile = quant_avx2_tile_q4_k, R8(avx2, q4_k)},
+        [QUANT_Q5_K] = {ROW(avx2, q5_k, q8k32), R8(avx2, q5_k)},
+        [QUANT_Q6_K] = {ROW(avx2, q6_k, q8k), R8(avx2, q6_k)},
+        [QUANT_Q2_K] = {ROW(avx2, q2_k, q8k), .tile = quant_avx2_tile_q2_k, R8(avx2, q2_k)},
+        [QUANT_Q3_K] = {ROW(avx2, q3_k, q8k), .tile = quant_avx2_tile_q3_k, R8(avx2, q3_k)},
+        [QUANT_IQ4_NL] = {ROW(avx2, iq4_nl, q8_0), R8(avx2, iq4_nl)},
+        [QUANT_IQ4_XS] = {ROW(avx2, iq4_xs, q8k), .tile = quant_avx2_tile_iq4_xs, R8(avx2, iq4_xs)},
+    },
+    .f16_to_f32 = quant_avx2_f16_to_f32_row,
+    .f32_to_f16 = quant_avx2_f32_to_f16_row,
+};
+
+/* AVX-512 (VNNI) has the one-token r8 kernels that take several groups at a time. */
+static const quant_isa_table table_avx512 = {
+    .k = {
+        [QUANT_F32] = {ROW(avx512, f32, f32)},
+        [QUANT_F16] = {ROW(avx512, f16, f32), .dequant = quant_avx512_dequant_f16},
+        [QUANT_BF16] = {ROW(avx512, bf16, f32)},
+        [QUANT_Q4_0] = {ROW(avx512, q4_0, q8), .tile = quant_avx512_tile_q4_0, R8_PAIRS1(q4_0)},
+        [QUANT_Q4_1] = {ROW(avx512, q4_1, q8), R8_QUADS1(q4_1)},
+        [QUANT_Q5_0] = {ROW(avx512, q5_0, q8), R8_QUADS1(q5_0)},
+        [QUANT_Q5_1] = {ROW(avx512, q5_1, q8), R8_QUADS1(q5_1)},
+        [QUANT_Q8_0] = {ROW(avx512, q8_0, q8_0), .tile = quant_avx512_tile_q8_0, R8_PAIRS1(q8_0)},
+        [QUANT_Q4_K] = {ROW(avx512, q4_k, q8k32), .tile = quant_avx512_tile_q4_k, R8_QUADS1(q4_k)},
+        [QUANT_Q5_K] = {ROW(avx512, q5_k, q8k32), R8_QUADS1(q5_k)},
+        [QUANT_Q6_K] = {ROW(avx512, q6_k, q8k), R8_QUADS1(q6_k)},
+        [QUANT_Q2_K] = {ROW(avx512, q2_k, q8k), .tile = quant_avx512_tile_q2_k, R8_QUADS1(q2_k)},
+        [QUANT_Q3_K] = {ROW(avx512, q3_k, q8k), .tile = quant_avx512_tile_q3_k, R8_QUADS1(q3_k)},
+        [QUANT_IQ4_NL] = {ROW(avx512, iq4_nl, q8_0), R8_QUADS1(iq4_nl)},
+        [QUANT_IQ4_XS] = {ROW(avx512, iq4_xs, q8k), .tile = quant_avx512_tile_iq4_xs, R8_QUADS1(iq4_xs)},
+    },
+    .f16_to_f32 = quant_avx512_f16_to_f32_row,
+    .f32_to_f16 = quant_avx512_f32_to_f16_row,
+};
+
+/* Indexed by enum kvs_isa. */
+static const quant_isa_table *const isa_tables[] = {&table_ref, &table_avx2, &table_avx512};
 
 const char *quant_kernel_path(uint32_t wtype) {
     static const char *const names[3][2] = {
         {"scalar", "scalar+tile"}, {"avx2", "avx2+tile"}, {"avx512-vnni", "avx512-vnni+tile"}};
-    if (wtype >= QUANT_TYPE_LIMIT || !quant_table_ref.k[wtype].dot) return NULL;
+    if (wtype >= QUANT_TYPE_LIMIT || !table_ref.k[wtype].dot) return NULL;
     int i = (int)kvs_isa_current();
     while (i > 0 && !isa_tables[i]->k[wtype].dot) i--;
     return names[i][quant_has_tile(wtype) ? 1 : 0];
@@ -68,7 +147,7 @@ const char *quant_kernel_path(uint32_t wtype) {
  * to the next lower ISA. Asserts on a non-compute type: callers validate types
  * when they load a model, so reaching here with one is a bug. */
 static quant_kernels resolve(uint32_t type) {
-    KVS_ASSERT(type < QUANT_TYPE_LIMIT && quant_table_ref.k[type].dot);
+    KVS_ASSERT(type < QUANT_TYPE_LIMIT && table_ref.k[type].dot);
     quant_kernels k = {0};
     for (int i = (int)kvs_isa_current(); i >= 0; i--) {
         const quant_kernels *t = &isa_tables[i]->k[type];
@@ -84,7 +163,7 @@ static void check_n(uint32_t type, int64_t n) {
 }
 
 size_t quant_act_row_bytes(uint32_t wtype, int64_t n) {
-    if (wtype >= QUANT_TYPE_LIMIT || !quant_table_ref.k[wtype].dot || n < 0) return 0;
+    if (wtype >= QUANT_TYPE_LIMIT || !table_ref.k[wtype].dot || n < 0) return 0;
     switch (wtype) {
     case QUANT_F32: case QUANT_F16: case QUANT_BF16: return (size_t)n * sizeof(float);
     case QUANT_Q2_K: case QUANT_Q3_K: case QUANT_Q4_K: case QUANT_Q5_K: case QUANT_Q6_K: case QUANT_IQ4_XS:
@@ -121,23 +200,23 @@ void quant_dequant_row(uint32_t wtype, const void *w, float *y, int64_t n) {
 }
 
 void quant_act_quantize_ref(uint32_t wtype, const float *x, void *act, int64_t n) {
-    KVS_ASSERT(wtype < QUANT_TYPE_LIMIT && quant_table_ref.k[wtype].act);
+    KVS_ASSERT(wtype < QUANT_TYPE_LIMIT && table_ref.k[wtype].act);
     check_n(wtype, n);
-    quant_table_ref.k[wtype].act(x, act, n);
+    table_ref.k[wtype].act(x, act, n);
 }
 
 float quant_dot_ref(uint32_t wtype, int64_t n, const void *w, const void *act) {
-    KVS_ASSERT(wtype < QUANT_TYPE_LIMIT && quant_table_ref.k[wtype].dot);
+    KVS_ASSERT(wtype < QUANT_TYPE_LIMIT && table_ref.k[wtype].dot);
     check_n(wtype, n);
     float r;
-    quant_table_ref.k[wtype].dot(n, w, act, 0, 1, &r);
+    table_ref.k[wtype].dot(n, w, act, 0, 1, &r);
     return r;
 }
 
 void quant_dequant_row_ref(uint32_t wtype, const void *w, float *y, int64_t n) {
-    KVS_ASSERT(wtype < QUANT_TYPE_LIMIT && quant_table_ref.k[wtype].dequant);
+    KVS_ASSERT(wtype < QUANT_TYPE_LIMIT && table_ref.k[wtype].dequant);
     check_n(wtype, n);
-    quant_table_ref.k[wtype].dequant(w, y, n);
+    table_ref.k[wtype].dequant(w, y, n);
 }
 
 void quant_f16_to_f32_row(const uint16_t *src, float *dst, int64_t n) {
@@ -154,6 +233,33 @@ void quant_f32_to_f16_row(const float *src, uint16_t *dst, int64_t n) {
             isa_tables[i]->f32_to_f16(src, dst, n);
             return;
         }
+}
+
+bool quant_quantize_row(uint32_t type, const float *x, void *w, int64_t n) {
+    const quant_traits *t = quant_get_traits(type);
+    if (!t || n < 0 || n % t->block_elems != 0) return false;
+    switch (type) {
+    case QUANT_F32: memcpy(w, x, (size_t)n * sizeof(float)); return true;
+    case QUANT_F16: quant_f32_to_f16_row(x, (uint16_t *)w, n); return true;
+    case QUANT_BF16: {
+        uint16_t *y = (uint16_t *)w;
+        for (int64_t i = 0; i < n; i++) y[i] = kvs_f32_to_bf16(x[i]);
+        return true;
+    }
+    case QUANT_Q4_0: quant_ref_quantize_q4_0(x, w, n); return true;
+    case QUANT_Q4_1: quant_ref_quantize_q4_1(x, w, n); return true;
+    case QUANT_Q5_0: quant_ref_quantize_q5_0(x, w, n); return true;
+    case QUANT_Q5_1: quant_ref_quantize_q5_1(x, w, n); return true;
+    case QUANT_Q8_0: quant_ref_quantize_q8_0(x, w, n); return true;
+    case QUANT_Q4_K: quant_ref_quantize_q4_k(x, w, n); return true;
+    case QUANT_Q5_K: quant_ref_quantize_q5_k(x, w, n); return true;
+    case QUANT_Q6_K: quant_ref_quantize_q6_k(x, w, n); return true;
+    case QUANT_Q2_K: quant_ref_quantize_q2_k(x, w, n); return true;
+    case QUANT_Q3_K: quant_ref_quantize_q3_k(x, w, n); return true;
+    case QUANT_IQ4_NL: quant_ref_quantize_iq4_nl(x, w, n); return true;
+    case QUANT_IQ4_XS: quant_ref_quantize_iq4_xs(x, w, n); return true;
+    default: return false;
+    }
 }
 
 /* --- tiled prefill (design note 6) ----------------------------------------- */
@@ -202,6 +308,42 @@ void quant_dot_tile(uint32_t wtype, int64_t n, const void *w, size_t w_stride, i
 }
 
 /* --- r8 (row-interleaved) weights ------------------------------------------ */
+
+/* Each type's packer and unpacker; quant_r8_supported is "has one". */
+typedef struct {
+    void (*pack)(int64_t n, const void *rows, size_t row_stride, void *out);
+    void (*unpack)(int64_t n, const void *group, void *rows, size_t row_stride);
+} r8_codec;
+#define R8_CODEC(T, type) [T] = {quant_ref_r8_pack_##type, quant_ref_r8_unpack_##type}
+static const r8_codec R8_CODECS[QUANT_TYPE_LIMIT] = {
+    R8_CODEC(QUANT_Q4_0, q4_0),   R8_CODEC(QUANT_Q4_1, q4_1),     R8_CODEC(QUANT_Q5_0, q5_0),
+    R8_CODEC(QUANT_Q5_1, q5_1),   R8_CODEC(QUANT_Q8_0, q8_0),     R8_CODEC(QUANT_IQ4_NL, iq4_nl),
+    R8_CODEC(QUANT_Q2_K, q2_k),   R8_CODEC(QUANT_Q3_K, q3_k),     R8_CODEC(QUANT_Q4_K, q4_k),
+    R8_CODEC(QUANT_Q5_K, q5_k),   R8_CODEC(QUANT_Q6_K, q6_k),     R8_CODEC(QUANT_IQ4_XS, iq4_xs),
+};
+
+bool quant_r8_supported(uint32_t wtype) { return wtype < QUANT_TYPE_LIMIT && R8_CODECS[wtype].pack; }
+
+/* A supported type and whole blocks of it. */
+static void check_r8(uint32_t wtype, int64_t n) {
+    KVS_ASSERT(quant_r8_supported(wtype) && n >= 0 && n % quant_get_traits(wtype)->block_elems == 0);
+}
+
+void quant_r8_pack(uint32_t wtype, int64_t n, const void *rows, size_t row_stride, void *out) {
+    check_r8(wtype, n);
+    R8_CODECS[wtype].pack(n, rows, row_stride, out);
+}
+
+void quant_r8_unpack(uint32_t wtype, int64_t n, const void *group, void *rows, size_t row_stride) {
+    check_r8(wtype, n);
+    R8_CODECS[wtype].unpack(n, group, rows, row_stride);
+}
+
+void quant_dot_r8_ref(uint32_t wtype, int64_t n, const void *w, int n_groups, const void *act,
+                      size_t act_stride, int n_act, float *out, size_t out_stride) {
+    check_r8(wtype, n);
+    table_ref.k[wtype].r8(n, w, n_groups, act, act_stride, n_act, out, out_stride);
+}
 
 static atomic_bool r8_enabled = true;
 

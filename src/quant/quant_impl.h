@@ -388,15 +388,6 @@ typedef struct {
     void (*f32_to_f16)(const float *src, uint16_t *dst, int64_t n);   /* NULL: fall back */
 } quant_isa_table;
 
-/* Tables, one per ISA file. The SIMD tables must only be used on CPUs with the ISA. */
-extern const quant_isa_table quant_table_ref;
-extern const quant_isa_table quant_table_avx2;
-extern const quant_isa_table quant_table_avx512;
-
-/* Scalar helpers shared by the files (defined in quant_ref.c). */
-void quant_ref_f16_to_f32_row(const uint16_t *src, float *dst, int64_t n);
-void quant_ref_f32_to_f16_row(const float *src, uint16_t *dst, int64_t n);
-
 /* 6-bit scale and min j (0..7) of a q4_k/q5_k block. */
 static inline void quant_scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
     if (j < 4) {
@@ -423,59 +414,72 @@ static inline int quant_iq4_xs_scale(const block_iq4_xs *b, int k) {
     return ((b->scales_l[k / 2] >> (4 * (k % 2))) & 0xF) | (((b->scales_h >> (2 * k)) & 3) << 4);
 }
 
-/* --- low-bit types: q2_k, q3_k (K-quant activations), iq4_nl (act_q8), iq4_xs
- * (K-quant activations). Kernels in quant_lowbit_ref.c / _avx2.c / _avx512.c,
- * registered in the tables of quant_ref.c / quant_avx2.c / quant_avx512.c. */
-#define QUANT_LOWBIT_DOTS(isa)                                                                        \
-    void quant_##isa##_dot_q2_k(int64_t n, const void *w, const void *act, size_t stride, int n_act,   \
-                                float *out);                                                           \
-    void quant_##isa##_dot_q3_k(int64_t n, const void *w, const void *act, size_t stride, int n_act,   \
-                                float *out);                                                           \
-    void quant_##isa##_dot_iq4_nl(int64_t n, const void *w, const void *act, size_t stride, int n_act, \
-                                  float *out);                                                         \
-    void quant_##isa##_dot_iq4_xs(int64_t n, const void *w, const void *act, size_t stride, int n_act, \
+/* --- the kernels of each file, which quant.c's tables name -------------------------------
+ * quant_<isa>_<kind>_<type>, isa one of ref, avx2, avx512. The dot kernels are "multi" kernels
+ * (design note 4); act_<format> makes the activation rows of design note 2 (q8: act_q8 with d
+ * sum, q8_0: act_q8 with qsum128, q8k: block_q8_k, q8k32: block_q8_k with 32-element sums). */
+#define QUANT_DECL_DOT(isa, type)                                                                      \
+    void quant_##isa##_dot_##type(int64_t n, const void *w, const void *act, size_t stride, int n_act,  \
                                   float *out);
-QUANT_LOWBIT_DOTS(ref)
-QUANT_LOWBIT_DOTS(avx2)
-QUANT_LOWBIT_DOTS(avx512)
-
-/* Tile kernels (quant_dot_tile) of the 256-element low-bit types; their
- * activations keep the block_q8_k layout. */
-#define QUANT_LOWBIT_TILES(isa)                                                                       \
-    void quant_##isa##_tile_q2_k(int64_t n, const void *w, size_t w_stride, int n_rows, const void *act, \
-                                 size_t act_stride, int n_act, float *out, size_t out_stride);         \
-    void quant_##isa##_tile_q3_k(int64_t n, const void *w, size_t w_stride, int n_rows, const void *act, \
-                                 size_t act_stride, int n_act, float *out, size_t out_stride);         \
-    void quant_##isa##_tile_iq4_xs(int64_t n, const void *w, size_t w_stride, int n_rows,              \
-                                   const void *act, size_t act_stride, int n_act, float *out,          \
-                                   size_t out_stride);
-QUANT_LOWBIT_TILES(avx2)
-QUANT_LOWBIT_TILES(avx512)
-
-/* r8 kernels (quant_r8_ref.c, quant_r8_avx2.c, quant_r8_avx512.c), one per type with an r8 layout. */
-#define QUANT_R8_DECL(isa, type)                                                                     \
-    void quant_##isa##_r8_##type(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, \
-                                 int n_act, float *out, size_t out_stride);
+#define QUANT_DECL_ACTS(isa)                                                                           \
+    void quant_##isa##_act_f32(const float *x, void *act, int64_t n);                                 \
+    void quant_##isa##_act_q8(const float *x, void *act, int64_t n);                                  \
+    void quant_##isa##_act_q8_0(const float *x, void *act, int64_t n);                                \
+    void quant_##isa##_act_q8k(const float *x, void *act, int64_t n);                                 \
+    void quant_##isa##_act_q8k32(const float *x, void *act, int64_t n);
+#define QUANT_DECL_TILE(isa, type)                                                                     \
+    void quant_##isa##_tile_##type(int64_t n, const void *w, size_t w_stride, int n_rows, const void *act, \
+                                   size_t act_stride, int n_act, float *out, size_t out_stride);
+#define QUANT_DECL_F16_ROWS(isa)                                                                       \
+    void quant_##isa##_f16_to_f32_row(const uint16_t *src, float *dst, int64_t n);                    \
+    void quant_##isa##_f32_to_f16_row(const float *src, uint16_t *dst, int64_t n);
+/* X(arg, type) for every compute type. */
+#define QUANT_ROW_TYPES(X, arg) X(arg, f32) X(arg, f16) X(arg, bf16) X(arg, q4_0) X(arg, q4_1) X(arg, q5_0) \
+    X(arg, q5_1) X(arg, q8_0) X(arg, q2_k) X(arg, q3_k) X(arg, q4_k) X(arg, q5_k) X(arg, q6_k)            \
+    X(arg, iq4_nl) X(arg, iq4_xs)
 /* X(arg, type) for every type with an r8 layout. */
 #define QUANT_R8_TYPES(X, arg) X(arg, q4_0) X(arg, q8_0) X(arg, q4_1) X(arg, q5_0) X(arg, q5_1) X(arg, iq4_nl) \
     X(arg, q2_k) X(arg, q3_k) X(arg, q4_k) X(arg, q5_k) X(arg, q6_k) X(arg, iq4_xs)
-/* The one-token quad and spread-quad kernels (the VNNI build's, every type). */
+
+/* ref/rows.c: the scalar kernels, weight quantizers and f16 rows. */
+QUANT_ROW_TYPES(QUANT_DECL_DOT, ref)
+QUANT_DECL_ACTS(ref)
+QUANT_DECL_F16_ROWS(ref)
+#define QUANT_DECL_REF_DEQUANT(arg, type) void quant_ref_dequant_##type(const void *w, float *y, int64_t n);
+#define QUANT_DECL_REF_QUANTIZE(arg, type) void quant_ref_quantize_##type(const float *x, void *w, int64_t n);
+QUANT_ROW_TYPES(QUANT_DECL_REF_DEQUANT, _)
+QUANT_R8_TYPES(QUANT_DECL_REF_QUANTIZE, _) /* the block types: the same list */
+
+/* x86/rows_avx2.c, compiled as itself (avx2) and as x86/rows_avx512.c (avx512, QUANT_AVX2_AS_VNNI). */
+QUANT_ROW_TYPES(QUANT_DECL_DOT, avx2)
+QUANT_ROW_TYPES(QUANT_DECL_DOT, avx512)
+QUANT_DECL_ACTS(avx2)
+QUANT_DECL_ACTS(avx512)
+QUANT_DECL_F16_ROWS(avx2)
+QUANT_DECL_F16_ROWS(avx512)
+void quant_avx2_dequant_f16(const void *w, float *y, int64_t n);
+void quant_avx512_dequant_f16(const void *w, float *y, int64_t n);
+QUANT_DECL_TILE(avx2, q4_0_p8) QUANT_DECL_TILE(avx2, q8_0) QUANT_DECL_TILE(avx2, q4_k)
+QUANT_DECL_TILE(avx2, q2_k) QUANT_DECL_TILE(avx2, q3_k) QUANT_DECL_TILE(avx2, iq4_xs)
+void quant_avx2_layout_q4_0_pair(void *act, int64_t n); /* tile_q4_0_p8's activations */
+QUANT_DECL_TILE(avx512, q4_0) QUANT_DECL_TILE(avx512, q8_0) QUANT_DECL_TILE(avx512, q4_k)
+QUANT_DECL_TILE(avx512, q2_k) QUANT_DECL_TILE(avx512, q3_k) QUANT_DECL_TILE(avx512, iq4_xs)
+
+/* ref/r8.c, x86/r8_avx2.c and x86/r8_avx512.c (r8_avx2.c with QUANT_R8_VNNI): one r8 kernel per
+ * type, and the packers; the VNNI build also takes one token's groups two (pairs1), four
+ * (quads1) or four far apart (spread1) at a time. */
+#define QUANT_R8_DECL(isa, type)                                                                     \
+    void quant_##isa##_r8_##type(int64_t n, const void *w, int n_groups, const void *act, size_t act_stride, \
+                                 int n_act, float *out, size_t out_stride);
 #define QUANT_R8_DECL_QUADS1(isa, type) QUANT_R8_DECL(isa, quads1_##type) QUANT_R8_DECL(isa, spread1_##type)
+#define QUANT_R8_DECL_CODEC(arg, type)                                                               \
+    void quant_ref_r8_pack_##type(int64_t n, const void *rows, size_t row_stride, void *out);        \
+    void quant_ref_r8_unpack_##type(int64_t n, const void *group, void *rows, size_t row_stride);
 QUANT_R8_TYPES(QUANT_R8_DECL, ref)
+QUANT_R8_TYPES(QUANT_R8_DECL_CODEC, _)
 QUANT_R8_TYPES(QUANT_R8_DECL, avx2)
 QUANT_R8_TYPES(QUANT_R8_DECL, avx512)
 QUANT_R8_TYPES(QUANT_R8_DECL_QUADS1, avx512)
 QUANT_R8_DECL(avx512, pairs1_q4_0) QUANT_R8_DECL(avx512, pairs1_q8_0)
-
-void quant_ref_dequant_q2_k(const void *w, float *y, int64_t n);
-void quant_ref_dequant_q3_k(const void *w, float *y, int64_t n);
-void quant_ref_dequant_iq4_nl(const void *w, float *y, int64_t n);
-void quant_ref_dequant_iq4_xs(const void *w, float *y, int64_t n);
-
-/* Reference weight quantizers (round to nearest; see quant_lowbit_ref.c). */
-void quant_ref_quantize_q2_k(const float *x, void *w, int64_t n);
-void quant_ref_quantize_q3_k(const float *x, void *w, int64_t n);
-void quant_ref_quantize_iq4_nl(const float *x, void *w, int64_t n);
-void quant_ref_quantize_iq4_xs(const float *x, void *w, int64_t n);
 
 #endif /* KVS_QUANT_IMPL_H */

@@ -80,7 +80,7 @@ static void unpack_qh32(const uint8_t *gqh, int r, uint8_t qh[4]) {
 #define R8_B32_BACK_QH(x, g, r) unpack_qh32((g).qh, r, (x).qh)
 #define R8_B32_NONE(a, b, r) ((void)0)
 #define R8_B32_PACKERS(type, rowblk_t, blk_t, MOVE_M, MOVE_QH, BACK_M, BACK_QH)                                \
-    static void pack_##type(int64_t n, const void *rows, size_t row_stride, void *out) {                      \
+    void quant_ref_r8_pack_##type(int64_t n, const void *rows, size_t row_stride, void *out) {                      \
         blk_t *g = (blk_t *)out;                                                                              \
         for (int64_t b = 0; b < n / QK32; b++) {                                                              \
             blk_t o;                                                                                          \
@@ -95,7 +95,7 @@ static void unpack_qh32(const uint8_t *gqh, int r, uint8_t qh[4]) {
             memcpy(&g[b], &o, sizeof o);                                                                      \
         }                                                                                                     \
     }                                                                                                         \
-    static void unpack_##type(int64_t n, const void *group, void *rows, size_t row_stride) {                  \
+    void quant_ref_r8_unpack_##type(int64_t n, const void *group, void *rows, size_t row_stride) {                  \
         const blk_t *g = (const blk_t *)group;                                                                \
         for (int64_t b = 0; b < n / QK32; b++)                                                                \
             for (int r = 0; r < 8; r++) {                                                                     \
@@ -156,7 +156,7 @@ static float step_iq4_nl(const block_iq4_nlx8 *g, const act_q8 *a, int r, float 
 }
 
 /* q8_0: element e of row r sits at qs[32 (e / 4) + 4 r + e % 4]. */
-static void pack_q8_0(int64_t n, const void *rows, size_t row_stride, void *out) {
+void quant_ref_r8_pack_q8_0(int64_t n, const void *rows, size_t row_stride, void *out) {
     const int64_t nb = n / QK32;
     block_q8_0x8 *g = (block_q8_0x8 *)out;
     for (int64_t b = 0; b < nb; b++) {
@@ -170,7 +170,7 @@ static void pack_q8_0(int64_t n, const void *rows, size_t row_stride, void *out)
     }
 }
 
-static void unpack_q8_0(int64_t n, const void *group, void *rows, size_t row_stride) {
+void quant_ref_r8_unpack_q8_0(int64_t n, const void *group, void *rows, size_t row_stride) {
     const int64_t nb = n / QK32;
     const block_q8_0x8 *g = (const block_q8_0x8 *)group;
     for (int64_t b = 0; b < nb; b++)
@@ -222,7 +222,7 @@ static void pack_q4_k_row(block_q4_kx8 *o, int r, const block_q4_k *x) {
         }
 }
 
-static void pack_q4_k(int64_t n, const void *rows, size_t row_stride, void *out) {
+void quant_ref_r8_pack_q4_k(int64_t n, const void *rows, size_t row_stride, void *out) {
     const int64_t nb = n / QKK;
     block_q4_kx8 *g = (block_q4_kx8 *)out;
     for (int64_t b = 0; b < nb; b++) {
@@ -262,7 +262,7 @@ static void unpack_q4_k_row(const block_q4_kx8 *g, int r, block_q4_k *x) {
             }
 }
 
-static void unpack_q4_k(int64_t n, const void *group, void *rows, size_t row_stride) {
+void quant_ref_r8_unpack_q4_k(int64_t n, const void *group, void *rows, size_t row_stride) {
     const int64_t nb = n / QKK;
     const block_q4_kx8 *g = (const block_q4_kx8 *)group;
     for (int64_t b = 0; b < nb; b++)
@@ -290,7 +290,7 @@ static uint64_t bit_transpose8(uint64_t x) {
  * qh[32 j + 4 r + i]: for each i, the eight bytes (c, h) as one 8 x 8 bit
  * matrix, transposed. */
 
-static void pack_q5_k(int64_t n, const void *rows, size_t row_stride, void *out) {
+void quant_ref_r8_pack_q5_k(int64_t n, const void *rows, size_t row_stride, void *out) {
     const int64_t nb = n / QKK;
     block_q5_kx8 *g = (block_q5_kx8 *)out;
     for (int64_t b = 0; b < nb; b++) {
@@ -318,7 +318,7 @@ static int q5_kx8_bit(const block_q5_kx8 *g, int r, int j, int c, int i, int h) 
     return (g->qh[32 * j + 4 * r + i] >> (2 * c + h)) & 1;
 }
 
-static void unpack_q5_k(int64_t n, const void *group, void *rows, size_t row_stride) {
+void quant_ref_r8_unpack_q5_k(int64_t n, const void *group, void *rows, size_t row_stride) {
     const int64_t nb = n / QKK;
     const block_q5_kx8 *g = (const block_q5_kx8 *)group;
     for (int64_t b = 0; b < nb; b++)
@@ -390,7 +390,7 @@ static int iq4_xsx8_scale(const block_iq4_xsx8 *g, int k) {
  * qs[16 j + e] (e < 16) or the high one of qs[16 j + e - 16]: elements 8 c + i
  * and 8 c + 4 + i are the low (c < 2) or high (c >= 2) nibbles of qs[16 j +
  * 8 (c % 2) + i] and [.. + 4]. */
-static void pack_iq4_xs(int64_t n, const void *rows, size_t row_stride, void *out) {
+void quant_ref_r8_pack_iq4_xs(int64_t n, const void *rows, size_t row_stride, void *out) {
     const int64_t nb = n / QKK;
     block_iq4_xsx8 *g = (block_iq4_xsx8 *)out;
     for (int64_t b = 0; b < nb; b++) {
@@ -413,7 +413,7 @@ static void pack_iq4_xs(int64_t n, const void *rows, size_t row_stride, void *ou
     }
 }
 
-static void unpack_iq4_xs(int64_t n, const void *group, void *rows, size_t row_stride) {
+void quant_ref_r8_unpack_iq4_xs(int64_t n, const void *group, void *rows, size_t row_stride) {
     const int64_t nb = n / QKK;
     const block_iq4_xsx8 *g = (const block_iq4_xsx8 *)group;
     for (int64_t b = 0; b < nb; b++)
@@ -477,7 +477,7 @@ static void q6_kx8_pos(int r, int e, int *ql, int *ql_shift, int *qh, int *qh_sh
     *qh_shift = 2 * part;
 }
 
-static void pack_q6_k(int64_t n, const void *rows, size_t row_stride, void *out) {
+void quant_ref_r8_pack_q6_k(int64_t n, const void *rows, size_t row_stride, void *out) {
     const int64_t nb = n / QKK;
     block_q6_kx8 *g = (block_q6_kx8 *)out;
     for (int64_t b = 0; b < nb; b++) {
@@ -521,7 +521,7 @@ static int q6_kx8_u(const block_q6_kx8 *g, int r, int e) {
     return ((g->ql[ql] >> qls) & 0xF) | ((g->qh[qh] >> qhs) & 3) << 4;
 }
 
-static void unpack_q6_k(int64_t n, const void *group, void *rows, size_t row_stride) {
+void quant_ref_r8_unpack_q6_k(int64_t n, const void *group, void *rows, size_t row_stride) {
     const int64_t nb = n / QKK;
     const block_q6_kx8 *g = (const block_q6_kx8 *)group;
     for (int64_t b = 0; b < nb; b++)
@@ -596,7 +596,7 @@ static int q3_kx8_top(const block_q3_kx8 *g, int r, int e) {
 
 static int q3_kx8_u(const block_q3_kx8 *g, int r, int e) { return crumb(g->qs, r, e) | q3_kx8_top(g, r, e) << 2; }
 
-static void pack_q3_k(int64_t n, const void *rows, size_t row_stride, void *out) {
+void quant_ref_r8_pack_q3_k(int64_t n, const void *rows, size_t row_stride, void *out) {
     const int64_t nb = n / QKK;
     block_q3_kx8 *g = (block_q3_kx8 *)out;
     for (int64_t b = 0; b < nb; b++) {
@@ -625,7 +625,7 @@ static void pack_q3_k(int64_t n, const void *rows, size_t row_stride, void *out)
     }
 }
 
-static void unpack_q3_k(int64_t n, const void *group, void *rows, size_t row_stride) {
+void quant_ref_r8_unpack_q3_k(int64_t n, const void *group, void *rows, size_t row_stride) {
     const int64_t nb = n / QKK;
     const block_q3_kx8 *g = (const block_q3_kx8 *)group;
     for (int64_t b = 0; b < nb; b++)
@@ -659,7 +659,7 @@ static float step_q3_k(const block_q3_kx8 *g, const block_q8_k *a, int r, float 
     return fmaf((float)(s1 - 4 * s2), kvs_f16_to_f32(g->d[r]) * a->d, acc);
 }
 
-static void pack_q2_k(int64_t n, const void *rows, size_t row_stride, void *out) {
+void quant_ref_r8_pack_q2_k(int64_t n, const void *rows, size_t row_stride, void *out) {
     const int64_t nb = n / QKK;
     block_q2_kx8 *g = (block_q2_kx8 *)out;
     for (int64_t b = 0; b < nb; b++) {
@@ -677,7 +677,7 @@ static void pack_q2_k(int64_t n, const void *rows, size_t row_stride, void *out)
     }
 }
 
-static void unpack_q2_k(int64_t n, const void *group, void *rows, size_t row_stride) {
+void quant_ref_r8_unpack_q2_k(int64_t n, const void *group, void *rows, size_t row_stride) {
     const int64_t nb = n / QKK;
     const block_q2_kx8 *g = (const block_q2_kx8 *)group;
     for (int64_t b = 0; b < nb; b++)
@@ -741,39 +741,3 @@ R8_REF_KERNEL(iq4_xs, block_iq4_xsx8, block_q8_k, QKK)
 R8_REF_KERNEL(q6_k, block_q6_kx8, block_q8_k, QKK)
 R8_REF_KERNEL(q3_k, block_q3_kx8, block_q8_k, QKK)
 R8_REF_KERNEL(q2_k, block_q2_kx8, block_q8_k, QKK)
-
-/* Each type's packer and unpacker; quant_r8_supported is "has one". */
-typedef struct {
-    void (*pack)(int64_t n, const void *rows, size_t row_stride, void *out);
-    void (*unpack)(int64_t n, const void *group, void *rows, size_t row_stride);
-} r8_codec;
-#define R8_CODEC(T, type) [T] = {pack_##type, unpack_##type}
-static const r8_codec R8_CODECS[QUANT_TYPE_LIMIT] = {
-    R8_CODEC(QUANT_Q4_0, q4_0),   R8_CODEC(QUANT_Q4_1, q4_1),     R8_CODEC(QUANT_Q5_0, q5_0),
-    R8_CODEC(QUANT_Q5_1, q5_1),   R8_CODEC(QUANT_Q8_0, q8_0),     R8_CODEC(QUANT_IQ4_NL, iq4_nl),
-    R8_CODEC(QUANT_Q2_K, q2_k),   R8_CODEC(QUANT_Q3_K, q3_k),     R8_CODEC(QUANT_Q4_K, q4_k),
-    R8_CODEC(QUANT_Q5_K, q5_k),   R8_CODEC(QUANT_Q6_K, q6_k),     R8_CODEC(QUANT_IQ4_XS, iq4_xs),
-};
-
-bool quant_r8_supported(uint32_t wtype) { return wtype < QUANT_TYPE_LIMIT && R8_CODECS[wtype].pack; }
-
-/* A supported type and whole blocks of it. */
-static void check_r8(uint32_t wtype, int64_t n) {
-    KVS_ASSERT(quant_r8_supported(wtype) && n >= 0 && n % quant_get_traits(wtype)->block_elems == 0);
-}
-
-void quant_r8_pack(uint32_t wtype, int64_t n, const void *rows, size_t row_stride, void *out) {
-    check_r8(wtype, n);
-    R8_CODECS[wtype].pack(n, rows, row_stride, out);
-}
-
-void quant_r8_unpack(uint32_t wtype, int64_t n, const void *group, void *rows, size_t row_stride) {
-    check_r8(wtype, n);
-    R8_CODECS[wtype].unpack(n, group, rows, row_stride);
-}
-
-void quant_dot_r8_ref(uint32_t wtype, int64_t n, const void *w, int n_groups, const void *act,
-                      size_t act_stride, int n_act, float *out, size_t out_stride) {
-    check_r8(wtype, n);
-    quant_table_ref.k[wtype].r8(n, w, n_groups, act, act_stride, n_act, out, out_stride);
-}

@@ -30,7 +30,7 @@ static inline int round_clamp(float v, int lo, int hi) {
 
 /* --- activations --------------------------------------------------------- */
 
-static void act_f32_ref(const float *x, void *act, int64_t n) {
+void quant_ref_act_f32(const float *x, void *act, int64_t n) {
     memcpy(act, x, (size_t)n * sizeof(float));
 }
 
@@ -63,10 +63,10 @@ static void act_q8_rows_ref(const float *x, act_q8 *y, int64_t n, bool qsum128) 
     }
 }
 
-static void act_q8_ref(const float *x, void *act, int64_t n) { act_q8_rows_ref(x, act, n, false); }
-static void act_q8_0_ref(const float *x, void *act, int64_t n) { act_q8_rows_ref(x, act, n, true); }
+void quant_ref_act_q8(const float *x, void *act, int64_t n) { act_q8_rows_ref(x, act, n, false); }
+void quant_ref_act_q8_0(const float *x, void *act, int64_t n) { act_q8_rows_ref(x, act, n, true); }
 
-static void act_q8k_ref(const float *x, void *act, int64_t n) {
+void quant_ref_act_q8k(const float *x, void *act, int64_t n) {
     block_q8_k *y = (block_q8_k *)act;
     for (int64_t b = 0; b < n / QKK; b++) {
         int s;
@@ -80,25 +80,25 @@ static void act_q8k_ref(const float *x, void *act, int64_t n) {
 }
 
 /* q4_k / q5_k: 32-element sums (q8_k_sums32). */
-static void act_q8k32_ref(const float *x, void *act, int64_t n) {
-    act_q8k_ref(x, act, n);
+void quant_ref_act_q8k32(const float *x, void *act, int64_t n) {
+    quant_ref_act_q8k(x, act, n);
     for (int64_t b = 0; b < n / QKK; b++) q8_k_sums32((block_q8_k *)act + b);
 }
 
 /* --- dequantization ------------------------------------------------------ */
 
-static void dq_f32(const void *w, float *y, int64_t n) { memcpy(y, w, (size_t)n * sizeof(float)); }
+void quant_ref_dequant_f32(const void *w, float *y, int64_t n) { memcpy(y, w, (size_t)n * sizeof(float)); }
 
-static void dq_f16(const void *w, float *y, int64_t n) {
+void quant_ref_dequant_f16(const void *w, float *y, int64_t n) {
     quant_ref_f16_to_f32_row((const uint16_t *)w, y, n);
 }
 
-static void dq_bf16(const void *w, float *y, int64_t n) {
+void quant_ref_dequant_bf16(const void *w, float *y, int64_t n) {
     const uint16_t *x = (const uint16_t *)w;
     for (int64_t i = 0; i < n; i++) y[i] = kvs_bf16_to_f32(x[i]);
 }
 
-static void dq_q4_0(const void *w, float *y, int64_t n) {
+void quant_ref_dequant_q4_0(const void *w, float *y, int64_t n) {
     const block_q4_0 *x = (const block_q4_0 *)w;
     for (int64_t b = 0; b < n / QK32; b++, y += QK32) {
         float d = h2f(x[b].d);
@@ -109,7 +109,7 @@ static void dq_q4_0(const void *w, float *y, int64_t n) {
     }
 }
 
-static void dq_q4_1(const void *w, float *y, int64_t n) {
+void quant_ref_dequant_q4_1(const void *w, float *y, int64_t n) {
     const block_q4_1 *x = (const block_q4_1 *)w;
     for (int64_t b = 0; b < n / QK32; b++, y += QK32) {
         float d = h2f(x[b].d), m = h2f(x[b].m);
@@ -122,7 +122,7 @@ static void dq_q4_1(const void *w, float *y, int64_t n) {
 
 static inline int q5_hi(const uint8_t qh[4], int i) { return (int)((kvs_rd_u32(qh) >> i) & 1u) << 4; }
 
-static void dq_q5_0(const void *w, float *y, int64_t n) {
+void quant_ref_dequant_q5_0(const void *w, float *y, int64_t n) {
     const block_q5_0 *x = (const block_q5_0 *)w;
     for (int64_t b = 0; b < n / QK32; b++, y += QK32) {
         float d = h2f(x[b].d);
@@ -133,7 +133,7 @@ static void dq_q5_0(const void *w, float *y, int64_t n) {
     }
 }
 
-static void dq_q5_1(const void *w, float *y, int64_t n) {
+void quant_ref_dequant_q5_1(const void *w, float *y, int64_t n) {
     const block_q5_1 *x = (const block_q5_1 *)w;
     for (int64_t b = 0; b < n / QK32; b++, y += QK32) {
         float d = h2f(x[b].d), m = h2f(x[b].m);
@@ -144,7 +144,7 @@ static void dq_q5_1(const void *w, float *y, int64_t n) {
     }
 }
 
-static void dq_q8_0(const void *w, float *y, int64_t n) {
+void quant_ref_dequant_q8_0(const void *w, float *y, int64_t n) {
     const block_q8_0 *x = (const block_q8_0 *)w;
     for (int64_t b = 0; b < n / QK32; b++, y += QK32) {
         float d = h2f(x[b].d);
@@ -152,7 +152,7 @@ static void dq_q8_0(const void *w, float *y, int64_t n) {
     }
 }
 
-static void dq_q4_k(const void *w, float *y, int64_t n) {
+void quant_ref_dequant_q4_k(const void *w, float *y, int64_t n) {
     const block_q4_k *x = (const block_q4_k *)w;
     for (int64_t b = 0; b < n / QKK; b++) {
         float d = h2f(x[b].d), dmin = h2f(x[b].dmin);
@@ -166,7 +166,7 @@ static void dq_q4_k(const void *w, float *y, int64_t n) {
     }
 }
 
-static void dq_q5_k(const void *w, float *y, int64_t n) {
+void quant_ref_dequant_q5_k(const void *w, float *y, int64_t n) {
     const block_q5_k *x = (const block_q5_k *)w;
     for (int64_t b = 0; b < n / QKK; b++) {
         float d = h2f(x[b].d), dmin = h2f(x[b].dmin);
@@ -189,7 +189,7 @@ static inline int q6_get(const block_q6_k *x, int e) {
     return q | (((x->qh[32 * half + l] >> (2 * k)) & 3) << 4);
 }
 
-static void dq_q6_k(const void *w, float *y, int64_t n) {
+void quant_ref_dequant_q6_k(const void *w, float *y, int64_t n) {
     const block_q6_k *x = (const block_q6_k *)w;
     for (int64_t b = 0; b < n / QKK; b++) {
         float d = h2f(x[b].d);
@@ -355,7 +355,7 @@ static float dot_q6_k(int64_t n, const void *w, const void *act) {
 }
 
 #define REF_MULTI(name)                                                                        \
-    static void name##_multi(int64_t n, const void *w, const void *act, size_t stride, int n_act, \
+    void quant_ref_##name(int64_t n, const void *w, const void *act, size_t stride, int n_act,  \
                              float *out) {                                                     \
         for (int j = 0; j < n_act; j++) out[j] = name(n, w, (const uint8_t *)act + (size_t)j * stride); \
     }
@@ -371,32 +371,6 @@ REF_MULTI(dot_q4_k)
 REF_MULTI(dot_q5_k)
 REF_MULTI(dot_q6_k)
 
-const quant_isa_table quant_table_ref = {
-    .k = {
-        [QUANT_F32] = {.dot = dot_f32_multi, .dequant = dq_f32, .act = act_f32_ref},
-        [QUANT_F16] = {.dot = dot_f16_multi, .dequant = dq_f16, .act = act_f32_ref},
-        [QUANT_BF16] = {.dot = dot_bf16_multi, .dequant = dq_bf16, .act = act_f32_ref},
-        [QUANT_Q4_0] = {.dot = dot_q4_0_multi, .dequant = dq_q4_0, .act = act_q8_ref, .r8 = quant_ref_r8_q4_0},
-        [QUANT_Q4_1] = {.dot = dot_q4_1_multi, .dequant = dq_q4_1, .act = act_q8_ref, .r8 = quant_ref_r8_q4_1},
-        [QUANT_Q5_0] = {.dot = dot_q5_0_multi, .dequant = dq_q5_0, .act = act_q8_ref, .r8 = quant_ref_r8_q5_0},
-        [QUANT_Q5_1] = {.dot = dot_q5_1_multi, .dequant = dq_q5_1, .act = act_q8_ref, .r8 = quant_ref_r8_q5_1},
-        [QUANT_Q8_0] = {.dot = dot_q8_0_multi, .dequant = dq_q8_0, .act = act_q8_0_ref, .r8 = quant_ref_r8_q8_0},
-        [QUANT_Q4_K] = {.dot = dot_q4_k_multi, .dequant = dq_q4_k, .act = act_q8k32_ref, .r8 = quant_ref_r8_q4_k},
-        [QUANT_Q5_K] = {.dot = dot_q5_k_multi, .dequant = dq_q5_k, .act = act_q8k32_ref, .r8 = quant_ref_r8_q5_k},
-        [QUANT_Q6_K] = {.dot = dot_q6_k_multi, .dequant = dq_q6_k, .act = act_q8k_ref, .r8 = quant_ref_r8_q6_k},
-        [QUANT_Q2_K] = {.dot = quant_ref_dot_q2_k, .dequant = quant_ref_dequant_q2_k, .act = act_q8k_ref,
-                        .r8 = quant_ref_r8_q2_k},
-        [QUANT_Q3_K] = {.dot = quant_ref_dot_q3_k, .dequant = quant_ref_dequant_q3_k, .act = act_q8k_ref,
-                        .r8 = quant_ref_r8_q3_k},
-        [QUANT_IQ4_NL] = {.dot = quant_ref_dot_iq4_nl, .dequant = quant_ref_dequant_iq4_nl, .act = act_q8_0_ref,
-                          .r8 = quant_ref_r8_iq4_nl},
-        [QUANT_IQ4_XS] = {.dot = quant_ref_dot_iq4_xs, .dequant = quant_ref_dequant_iq4_xs, .act = act_q8k_ref,
-                          .r8 = quant_ref_r8_iq4_xs},
-    },
-    .f16_to_f32 = quant_ref_f16_to_f32_row,
-    .f32_to_f16 = quant_ref_f32_to_f16_row,
-};
-
 /* --- weight quantizers (reference only) ---------------------------------- */
 
 /* Value of x[0..len) with the largest magnitude, sign kept. */
@@ -407,7 +381,7 @@ static float signed_amax(const float *x, int len) {
     return best;
 }
 
-static void qz_q4_0(const float *x, void *w, int64_t n) {
+void quant_ref_quantize_q4_0(const float *x, void *w, int64_t n) {
     block_q4_0 *y = (block_q4_0 *)w;
     for (int64_t b = 0; b < n / QK32; b++, x += QK32) {
         float d = signed_amax(x, QK32) / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
@@ -427,7 +401,7 @@ static void minmax(const float *x, int len, float *mn, float *mx) {
     }
 }
 
-static void qz_q4_1(const float *x, void *w, int64_t n) {
+void quant_ref_quantize_q4_1(const float *x, void *w, int64_t n) {
     block_q4_1 *y = (block_q4_1 *)w;
     for (int64_t b = 0; b < n / QK32; b++, x += QK32) {
         float mn, mx;
@@ -441,7 +415,7 @@ static void qz_q4_1(const float *x, void *w, int64_t n) {
     }
 }
 
-static void qz_q5_0(const float *x, void *w, int64_t n) {
+void quant_ref_quantize_q5_0(const float *x, void *w, int64_t n) {
     block_q5_0 *y = (block_q5_0 *)w;
     for (int64_t b = 0; b < n / QK32; b++, x += QK32) {
         float d = signed_amax(x, QK32) / -16.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
@@ -456,7 +430,7 @@ static void qz_q5_0(const float *x, void *w, int64_t n) {
     }
 }
 
-static void qz_q5_1(const float *x, void *w, int64_t n) {
+void quant_ref_quantize_q5_1(const float *x, void *w, int64_t n) {
     block_q5_1 *y = (block_q5_1 *)w;
     for (int64_t b = 0; b < n / QK32; b++, x += QK32) {
         float mn, mx;
@@ -474,7 +448,7 @@ static void qz_q5_1(const float *x, void *w, int64_t n) {
     }
 }
 
-static void qz_q8_0(const float *x, void *w, int64_t n) {
+void quant_ref_quantize_q8_0(const float *x, void *w, int64_t n) {
     block_q8_0 *y = (block_q8_0 *)w;
     for (int64_t b = 0; b < n / QK32; b++, x += QK32) {
         float amax = fabsf(signed_amax(x, QK32));
@@ -524,7 +498,7 @@ static void qz_k4(const float *x, int nmax, uint16_t *d16, uint16_t *dmin16, uin
     }
 }
 
-static void qz_q4_k(const float *x, void *w, int64_t n) {
+void quant_ref_quantize_q4_k(const float *x, void *w, int64_t n) {
     block_q4_k *y = (block_q4_k *)w;
     for (int64_t b = 0; b < n / QKK; b++, x += QKK) {
         int q[QKK];
@@ -535,7 +509,7 @@ static void qz_q4_k(const float *x, void *w, int64_t n) {
     }
 }
 
-static void qz_q5_k(const float *x, void *w, int64_t n) {
+void quant_ref_quantize_q5_k(const float *x, void *w, int64_t n) {
     block_q5_k *y = (block_q5_k *)w;
     for (int64_t b = 0; b < n / QKK; b++, x += QKK) {
         int q[QKK];
@@ -548,7 +522,7 @@ static void qz_q5_k(const float *x, void *w, int64_t n) {
     }
 }
 
-static void qz_q6_k(const float *x, void *w, int64_t n) {
+void quant_ref_quantize_q6_k(const float *x, void *w, int64_t n) {
     block_q6_k *y = (block_q6_k *)w;
     for (int64_t b = 0; b < n / QKK; b++, x += QKK) {
         float sub_scale[16], max_scale = 0.0f;
@@ -572,32 +546,5 @@ static void qz_q6_k(const float *x, void *w, int64_t n) {
             y[b].ql[64 * half + l + 32 * (k & 1)] |= (uint8_t)((q[e] & 0xF) << (k < 2 ? 0 : 4));
             y[b].qh[32 * half + l] |= (uint8_t)((q[e] >> 4) << (2 * k));
         }
-    }
-}
-
-bool quant_quantize_row(uint32_t type, const float *x, void *w, int64_t n) {
-    const quant_traits *t = quant_get_traits(type);
-    if (!t || n < 0 || n % t->block_elems != 0) return false;
-    switch (type) {
-    case QUANT_F32: memcpy(w, x, (size_t)n * sizeof(float)); return true;
-    case QUANT_F16: quant_f32_to_f16_row(x, (uint16_t *)w, n); return true;
-    case QUANT_BF16: {
-        uint16_t *y = (uint16_t *)w;
-        for (int64_t i = 0; i < n; i++) y[i] = kvs_f32_to_bf16(x[i]);
-        return true;
-    }
-    case QUANT_Q4_0: qz_q4_0(x, w, n); return true;
-    case QUANT_Q4_1: qz_q4_1(x, w, n); return true;
-    case QUANT_Q5_0: qz_q5_0(x, w, n); return true;
-    case QUANT_Q5_1: qz_q5_1(x, w, n); return true;
-    case QUANT_Q8_0: qz_q8_0(x, w, n); return true;
-    case QUANT_Q4_K: qz_q4_k(x, w, n); return true;
-    case QUANT_Q5_K: qz_q5_k(x, w, n); return true;
-    case QUANT_Q6_K: qz_q6_k(x, w, n); return true;
-    case QUANT_Q2_K: quant_ref_quantize_q2_k(x, w, n); return true;
-    case QUANT_Q3_K: quant_ref_quantize_q3_k(x, w, n); return true;
-    case QUANT_IQ4_NL: quant_ref_quantize_iq4_nl(x, w, n); return true;
-    case QUANT_IQ4_XS: quant_ref_quantize_iq4_xs(x, w, n); return true;
-    default: return false;
     }
 }

@@ -16,6 +16,12 @@
 #include "quant_impl.h"
 
 #define QK_INLINE static inline __attribute__((always_inline))
+/* The exported kernels, by the ISA the file is compiled for (quant_impl.h declares both). */
+#ifdef QUANT_AVX2_AS_VNNI
+#define QK_NAME(x) quant_avx512_##x
+#else
+#define QK_NAME(x) quant_avx2_##x
+#endif
 
 /* Micro-tile of the tiled q4_0 kernel: weight rows x tokens. */
 #ifndef QK_TILE_R
@@ -79,15 +85,15 @@ QK_INLINE __m256i bits32_x10(const uint8_t *p) {
 
 /* Walks n_act rows of activations in groups of G (then 3, 2, 1). */
 #define QK_MULTI(name, G)                                                                        \
-    static void name##_multi(int64_t n, const void *w, const void *act, size_t stride, int n_act, \
+    void QK_NAME(dot_##name)(int64_t n, const void *w, const void *act, size_t stride, int n_act, \
                              float *out) {                                                       \
         const uint8_t *a = (const uint8_t *)act;                                                 \
         int j = 0;                                                                               \
-        for (; n_act - j >= (G); j += (G)) name##_rows(n, w, a + (size_t)j * stride, stride, (G), out + j); \
+        for (; n_act - j >= (G); j += (G)) avx_##name##_rows(n, w, a + (size_t)j * stride, stride, (G), out + j); \
         switch (n_act - j) {                                                                     \
-        case 3: name##_rows(n, w, a + (size_t)j * stride, stride, 3, out + j); break;            \
-        case 2: name##_rows(n, w, a + (size_t)j * stride, stride, 2, out + j); break;            \
-        case 1: name##_rows(n, w, a + (size_t)j * stride, stride, 1, out + j); break;            \
+        case 3: avx_##name##_rows(n, w, a + (size_t)j * stride, stride, 3, out + j); break;            \
+        case 2: avx_##name##_rows(n, w, a + (size_t)j * stride, stride, 2, out + j); break;            \
+        case 1: avx_##name##_rows(n, w, a + (size_t)j * stride, stride, 1, out + j); break;            \
         default: break;                                                                          \
         }                                                                                        \
     }
@@ -154,9 +160,9 @@ QK_INLINE float ld1_bf16(const uint8_t *x, int64_t i) {
 QK_FLOAT_ROWS(avx_f32, ld8_f32, ld1_f32)
 QK_FLOAT_ROWS(avx_f16, ld8_f16, ld1_f16)
 QK_FLOAT_ROWS(avx_bf16, ld8_bf16, ld1_bf16)
-QK_MULTI(avx_f32, 2)
-QK_MULTI(avx_f16, 2)
-QK_MULTI(avx_bf16, 2)
+QK_MULTI(f32, 2)
+QK_MULTI(f16, 2)
+QK_MULTI(bf16, 2)
 
 /* --- 32-element blocks with signed quants (q5_0; q4_0 and q8_0 below) ------- */
 
@@ -209,7 +215,7 @@ QK_INLINE __m256i unpack_q5_0(const block_q5_0 *b) {
 }
 
 QK_SIGNED32_ROWS(avx_q5_0, block_q5_0, unpack_q5_0)
-QK_MULTI(avx_q5_0, 4)
+QK_MULTI(q5_0, 4)
 
 /* --- q4_0 ----------------------------------------------------------------------
  * Unsigned nibbles u = 0..15 go straight into the u8 x s8 dot (no sign trick):
@@ -340,7 +346,7 @@ QK_INLINE void avx_q4_0_rows(int64_t n, const void *w, const uint8_t *act, size_
                              float *out) {
     q4_0_tile(n, (const uint8_t *)w, 0, 1, act, stride, g, out, 1);
 }
-QK_MULTI(avx_q4_0, 4)
+QK_MULTI(q4_0, 4)
 
 /* Tiled q4_0 (design note 6 in quant_impl.h). A full group of eight blocks of a
  * weight row is transposed once per R x T micro-tile: chunk i, lane k = unpacked
@@ -379,7 +385,7 @@ QK_INLINE void q4_0_w_chunks(const block_q4_0 *x, __m256i c[8]) {
 /* Walks n_rows x n_act in micro-tiles of QK_TILE_R rows (then 1) and QK_TILE_T tokens
  * (then 1), calling RT (an inline kernel specialized on its constant R and T). */
 #define QK_TILE_WALK(name, RT)                                                                    \
-    static void name(int64_t n, const void *w, size_t wstride, int n_rows, const void *act, size_t astride, \
+    void name(int64_t n, const void *w, size_t wstride, int n_rows, const void *act, size_t astride, \
                      int n_act, float *out, size_t ostride) {                                     \
         const uint8_t *wb = (const uint8_t *)w, *ab = (const uint8_t *)act;                       \
         for (int r = 0; r < n_rows;) {                                                            \
@@ -456,7 +462,7 @@ QK_INLINE void q4_0_tile_rt(int64_t n, const uint8_t *w, size_t wstride, const i
 }
 
 /* Rows in micro-tiles of QK_TILE_R (then 1), tokens of QK_TILE_T (then fewer). */
-QK_TILE_WALK(avx_q4_0_tile, q4_0_tile_rt)
+QK_TILE_WALK(QK_NAME(tile_q4_0), q4_0_tile_rt)
 #endif
 
 #ifndef QUANT_AVX2_AS_VNNI
@@ -472,9 +478,9 @@ QK_TILE_WALK(avx_q4_0_tile, q4_0_tile_rt)
  * add in i16 (|sum| <= 4 x 15 x 127, no saturation) and one madd makes i32
  * lanes 0..3 = block m, 4..7 = block m+4; three hadds then put block k's exact
  * sum in lane k: the same P as q4_0_step, followed by q4_0_step's float steps,
- * so this is bit-identical to avx_q4_0_multi. It pays from one token on, so
+ * so this is bit-identical to the q4_0 dot kernel. It pays from one token on, so
  * decode takes it too (quant_tile_min_tokens). */
-static void avx_q4_0_pair_layout(void *act, int64_t n) {
+void QK_NAME(layout_q4_0_pair)(void *act, int64_t n) {
     act_q8 *y = (act_q8 *)act;
     for (int64_t g = 0; g + 8 <= n / QK32; g += 8) {
         act_q8 b[8];
@@ -536,7 +542,7 @@ QK_INLINE void q4_0_p8_rt(int64_t n, const uint8_t *w, size_t wstride, const int
     QK_TILE_FINISH(q4_0_step);
 }
 
-QK_TILE_WALK(avx_q4_0_p8_tile, q4_0_p8_rt)
+QK_TILE_WALK(QK_NAME(tile_q4_0_p8), q4_0_p8_rt)
 #endif
 
 
@@ -599,7 +605,7 @@ QK_INLINE void avx_q8_0_rows(int64_t n, const void *w, const uint8_t *act, size_
     if (ib < nb) q8_0_step(x, 1, a, g, ib, (int)(nb - ib), acc);
     FOR_ROWS out[r] = hsum_ps(acc[0][r]);
 }
-QK_MULTI(avx_q8_0, 4)
+QK_MULTI(q8_0, 4)
 
 /* Chunk i, lane k = bytes 4i..4i+3 of block x[k] (an 8 x 8 transpose of i32). */
 QK_INLINE void q8_0_w_chunks(const block_q8_0 *x, __m256i c[8]) {
@@ -645,7 +651,7 @@ QK_INLINE void q8_0_tile_rt(int64_t n, const uint8_t *w, size_t wstride, const i
     QK_TILE_FINISH(q8_0_step);
 }
 
-QK_TILE_WALK(avx_q8_0_tile, q8_0_tile_rt)
+QK_TILE_WALK(QK_NAME(tile_q8_0), q8_0_tile_rt)
 
 /* --- 32-element blocks with unsigned quants and a min (q4_1, q5_1) --------- */
 
@@ -683,8 +689,8 @@ QK_INLINE __m256i unpack_q5_1(const block_q5_1 *b) {
 
 QK_MIN32_ROWS(avx_q4_1, block_q4_1, unpack_q4_1)
 QK_MIN32_ROWS(avx_q5_1, block_q5_1, unpack_q5_1)
-QK_MULTI(avx_q4_1, 4)
-QK_MULTI(avx_q5_1, 4)
+QK_MULTI(q4_1, 4)
+QK_MULTI(q5_1, 4)
 
 /* --- K-quants with Q8_K activations ------------------------------------------ */
 
@@ -898,7 +904,7 @@ QK_INLINE void q4_k_tile_rt(int64_t n, const uint8_t *w, size_t wstride, const i
                          out + (size_t)t * ostride + (size_t)r, ostride);                             \
     } while (0)
 
-static void avx_q4_k_tile(int64_t n, const void *w, size_t wstride, int n_rows, const void *act,
+void QK_NAME(tile_q4_k)(int64_t n, const void *w, size_t wstride, int n_rows, const void *act,
                           size_t astride, int n_act, float *out, size_t ostride) {
     const uint8_t *wb = (const uint8_t *)w, *ab = (const uint8_t *)act;
     int r = 0;
@@ -913,13 +919,13 @@ static void avx_q4_k_tile(int64_t n, const void *w, size_t wstride, int n_rows, 
 }
 
 #ifdef QUANT_AVX2_AS_VNNI
-QK_MULTI(avx_q4_k, 4)
-QK_MULTI(avx_q5_k, 4)
-QK_MULTI(avx_q6_k, 4)
+QK_MULTI(q4_k, 4)
+QK_MULTI(q5_k, 4)
+QK_MULTI(q6_k, 4)
 #else
-QK_MULTI(avx_q4_k, 2)
-QK_MULTI(avx_q5_k, 2)
-QK_MULTI(avx_q6_k, 2)
+QK_MULTI(q4_k, 2)
+QK_MULTI(q5_k, 2)
+QK_MULTI(q6_k, 2)
 #endif
 
 /* --- activations (bit-identical to quant_ref.c, design note 3) --------------- */
@@ -963,10 +969,10 @@ QK_INLINE void avx_act_q8_rows(const float *x, act_q8 *y, int64_t n, const bool 
     }
 }
 
-static void avx_act_q8(const float *x, void *act, int64_t n) { avx_act_q8_rows(x, act, n, false); }
-static void avx_act_q8_0(const float *x, void *act, int64_t n) { avx_act_q8_rows(x, act, n, true); }
+void QK_NAME(act_q8)(const float *x, void *act, int64_t n) { avx_act_q8_rows(x, act, n, false); }
+void QK_NAME(act_q8_0)(const float *x, void *act, int64_t n) { avx_act_q8_rows(x, act, n, true); }
 
-static void avx_act_q8k(const float *x, void *act, int64_t n) {
+void QK_NAME(act_q8k)(const float *x, void *act, int64_t n) {
     block_q8_k *y = (block_q8_k *)act;
     for (int64_t b = 0; b < n / QKK; b++, x += QKK) {
         float d = amax_ps(x, QKK) / 127.0f;
@@ -985,78 +991,26 @@ static void avx_act_q8k(const float *x, void *act, int64_t n) {
     }
 }
 
-static void avx_act_q8k32(const float *x, void *act, int64_t n) { /* q4_k, q5_k */
-    avx_act_q8k(x, act, n);
+void QK_NAME(act_q8k32)(const float *x, void *act, int64_t n) { /* q4_k, q5_k */
+    QK_NAME(act_q8k)(x, act, n);
     for (int64_t b = 0; b < n / QKK; b++) q8_k_sums32((block_q8_k *)act + b);
 }
 
-static void avx_act_f32(const float *x, void *act, int64_t n) { memcpy(act, x, (size_t)n * sizeof(float)); }
+void QK_NAME(act_f32)(const float *x, void *act, int64_t n) { memcpy(act, x, (size_t)n * sizeof(float)); }
 
 /* --- f16 rows ------------------------------------------------------------------ */
 
-static void avx_f16_to_f32_row(const uint16_t *src, float *dst, int64_t n) {
+void QK_NAME(f16_to_f32_row)(const uint16_t *src, float *dst, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
     quant_ref_f16_to_f32_row(src + i, dst + i, n - i);
 }
 
-static void avx_f32_to_f16_row(const float *src, uint16_t *dst, int64_t n) {
+void QK_NAME(f32_to_f16_row)(const float *src, uint16_t *dst, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
     quant_ref_f32_to_f16_row(src + i, dst + i, n - i);
 }
 
-static void avx_dq_f16(const void *w, float *y, int64_t n) { avx_f16_to_f32_row((const uint16_t *)w, y, n); }
-
-#ifdef QUANT_AVX2_AS_VNNI
-#define QK_Q4_0_ENTRY \
-    [QUANT_Q4_0] = {.dot = avx_q4_0_multi, .act = avx_act_q8, .tile = avx_q4_0_tile, QK_R8_PAIRS1(q4_0)}
-#else
-#define QK_Q4_0_ENTRY                                                                                      \
-    [QUANT_Q4_0] = {.dot = avx_q4_0_multi, .act = avx_act_q8, .tile = avx_q4_0_p8_tile,                  \
-                    .layout = avx_q4_0_pair_layout, .tile_min_tokens = 1, QK_R8(q4_0)}
-#endif
-
-/* The low-bit types' dots live in quant_lowbit_avx2.c (and, for VNNI, _avx512.c);
- * the r8 kernels in quant_r8_avx2.c (and _avx512.c). */
-#ifdef QUANT_AVX2_AS_VNNI
-#define QK_LOWBIT(name) quant_avx512_##name
-#define QK_R8(type) .r8 = quant_avx512_r8_##type
-#define QK_R8_PAIRS1(type) QK_R8_QUADS1(type), .r8_pairs1 = quant_avx512_r8_pairs1_##type
-#define QK_R8_QUADS1(type) \
-    .r8 = quant_avx512_r8_##type, .r8_quads1 = quant_avx512_r8_quads1_##type, .r8_spread1 = quant_avx512_r8_spread1_##type
-#else
-#define QK_LOWBIT(name) quant_avx2_##name
-#define QK_R8(type) .r8 = quant_avx2_r8_##type
-#define QK_R8_PAIRS1(type) QK_R8(type)
-#define QK_R8_QUADS1(type) QK_R8(type)
-#endif
-
-#define QK_AVX2_KERNELS                                                                                    \
-    [QUANT_F32] = {.dot = avx_f32_multi, .act = avx_act_f32},                                             \
-    [QUANT_F16] = {.dot = avx_f16_multi, .dequant = avx_dq_f16, .act = avx_act_f32},                      \
-    [QUANT_BF16] = {.dot = avx_bf16_multi, .act = avx_act_f32},                                           \
-    QK_Q4_0_ENTRY,                                                                                        \
-    [QUANT_Q4_1] = {.dot = avx_q4_1_multi, .act = avx_act_q8, QK_R8_QUADS1(q4_1)},                        \
-    [QUANT_Q5_0] = {.dot = avx_q5_0_multi, .act = avx_act_q8, QK_R8_QUADS1(q5_0)},                        \
-    [QUANT_Q5_1] = {.dot = avx_q5_1_multi, .act = avx_act_q8, QK_R8_QUADS1(q5_1)},                        \
-    [QUANT_Q8_0] = {.dot = avx_q8_0_multi, .act = avx_act_q8_0, .tile = avx_q8_0_tile, QK_R8_PAIRS1(q8_0)}, \
-    [QUANT_Q4_K] = {.dot = avx_q4_k_multi, .act = avx_act_q8k32, .tile = avx_q4_k_tile, QK_R8_QUADS1(q4_k)}, \
-    [QUANT_Q5_K] = {.dot = avx_q5_k_multi, .act = avx_act_q8k32, QK_R8_QUADS1(q5_k)},                       \
-    [QUANT_Q6_K] = {.dot = avx_q6_k_multi, .act = avx_act_q8k, QK_R8_QUADS1(q6_k)},         \
-    [QUANT_Q2_K] = {.dot = QK_LOWBIT(dot_q2_k), .act = avx_act_q8k, .tile = QK_LOWBIT(tile_q2_k),         \
-                    QK_R8_QUADS1(q2_k)},                                                                  \
-    [QUANT_Q3_K] = {.dot = QK_LOWBIT(dot_q3_k), .act = avx_act_q8k, .tile = QK_LOWBIT(tile_q3_k),         \
-                    QK_R8_QUADS1(q3_k)},                                                                  \
-    [QUANT_IQ4_NL] = {.dot = QK_LOWBIT(dot_iq4_nl), .act = avx_act_q8_0, QK_R8_QUADS1(iq4_nl)},            \
-    [QUANT_IQ4_XS] = {.dot = QK_LOWBIT(dot_iq4_xs), .act = avx_act_q8k, .tile = QK_LOWBIT(tile_iq4_xs),   \
-                      QK_R8_QUADS1(iq4_xs)}
-
-#ifndef QUANT_AVX2_AS_VNNI
-const quant_isa_table quant_table_avx2 = {
-    .k = {QK_AVX2_KERNELS},
-    .f16_to_f32 = avx_f16_to_f32_row,
-    .f32_to_f16 = avx_f32_to_f16_row,
-};
-#endif
+void QK_NAME(dequant_f16)(const void *w, float *y, int64_t n) { QK_NAME(f16_to_f32_row)((const uint16_t *)w, y, n); }

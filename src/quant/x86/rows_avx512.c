@@ -11,8 +11,3 @@
 #define QUANT_AVX2_AS_VNNI 1
 #include "rows_avx2.c"
 
-const quant_isa_table quant_table_avx512 = {
-    .k = {QK_AVX2_KERNELS},
-    .f16_to_f32 = avx_f16_to_f32_row,
-    .f32_to_f16 = avx_f32_to_f16_row,
-};
