@@ -450,7 +450,7 @@ QUANT_DECL_F16_ROWS(ref)
 QUANT_ROW_TYPES(QUANT_DECL_REF_DEQUANT, _)
 QUANT_R8_TYPES(QUANT_DECL_REF_QUANTIZE, _) /* the block types: the same list */
 
-/* x86/rows_avx2.c, compiled as itself (avx2) and as x86/rows_avx512.c (avx512, QUANT_AVX2_AS_VNNI). */
+/* x86/rows_avx2.c, compiled as itself (avx2) and as x86/rows_avx512.c (avx512, QUANT_VNNI). */
 QUANT_ROW_TYPES(QUANT_DECL_DOT, avx2)
 QUANT_ROW_TYPES(QUANT_DECL_DOT, avx512)
 QUANT_DECL_ACTS(avx2)
@@ -465,7 +465,7 @@ void quant_avx2_layout_q4_0_pair(void *act, int64_t n); /* tile_q4_0_p8's activa
 QUANT_DECL_TILE(avx512, q4_0) QUANT_DECL_TILE(avx512, q8_0) QUANT_DECL_TILE(avx512, q4_k)
 QUANT_DECL_TILE(avx512, q2_k) QUANT_DECL_TILE(avx512, q3_k) QUANT_DECL_TILE(avx512, iq4_xs)
 
-/* ref/r8.c, x86/r8_avx2.c and x86/r8_avx512.c (r8_avx2.c with QUANT_R8_VNNI): one r8 kernel per
+/* ref/r8.c, x86/r8_avx2.c and x86/r8_avx512.c (r8_avx2.c with QUANT_VNNI): one r8 kernel per
  * type, and the packers; the VNNI build also takes one token's groups two (pairs1), four
  * (quads1) or four far apart (spread1) at a time. */
 #define QUANT_R8_DECL(isa, type)                                                                     \

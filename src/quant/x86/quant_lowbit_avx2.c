@@ -2,7 +2,7 @@
  * quant_lowbit_avx2 — AVX2+FMA+F16C dot kernels for q2_k, q3_k, iq4_nl and
  * iq4_xs (layouts in quant_impl.h; scalar twins in quant_lowbit_ref.c).
  *
- * quant_lowbit_avx512.c includes this file with QUANT_LOWBIT_VNNI defined: the
+ * quant_lowbit_avx512.c includes this file with QUANT_VNNI defined: the
  * same 256-bit kernels then use AVX512-VNNI (vpdpbusd / vpdpwssd) for the int8
  * and int16 dot steps and export quant_avx512_* names instead of quant_avx2_*.
  *
@@ -17,7 +17,7 @@
 
 #include "quant_impl.h"
 
-#ifdef QUANT_LOWBIT_VNNI
+#ifdef QUANT_VNNI
 #define LB_NAME(x) quant_avx512_##x
 #else
 #define LB_NAME(x) quant_avx2_##x
@@ -46,7 +46,7 @@ LB_INLINE float h2f(uint16_t h) { return _cvtsh_ss(h); }
 
 /* Sum of u8 x s8 products, four bytes per i32 lane. */
 LB_INLINE __m256i dot_u8s8(__m256i u, __m256i s) {
-#ifdef QUANT_LOWBIT_VNNI
+#ifdef QUANT_VNNI
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
 #else
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
@@ -55,7 +55,7 @@ LB_INLINE __m256i dot_u8s8(__m256i u, __m256i s) {
 
 /* acc + pairwise i16 products of p and scale. */
 LB_INLINE __m256i acc_i16(__m256i acc, __m256i p, __m256i scale) {
-#ifdef QUANT_LOWBIT_VNNI
+#ifdef QUANT_VNNI
     return _mm256_dpwssd_epi32(acc, p, scale);
 #else
     return _mm256_add_epi32(acc, _mm256_madd_epi16(p, scale));

@@ -1,6 +1,6 @@
 /*
  * quant_r8_avx2 — the r8 (row-interleaved) q4_0 kernel under AVX2; compiled a
- * second time as quant_r8_avx512.c with QUANT_R8_VNNI, where vpdpbusd makes
+ * second time as quant_r8_avx512.c with QUANT_VNNI, where vpdpbusd makes
  * each block's integer sum in place of maddubs + add + madd, and where 512-bit
  * pair kernels (below, "512-bit pair kernels") take neighbouring groups two
  * at a time (0.47-0.74 of the 256-bit VNNI kernels' time on Zen 5, rows in
@@ -26,7 +26,7 @@
 
 #define R8_INLINE static inline __attribute__((always_inline))
 #define R8_UNROLL _Pragma("GCC unroll 8")
-#ifdef QUANT_R8_VNNI
+#ifdef QUANT_VNNI
 #define R8_TOKENS 8 /* tokens per pass over a group's blocks (32 registers) */
 #else
 #define R8_TOKENS 4 /* tokens per pass over a group's blocks */
@@ -35,7 +35,7 @@
 #define R8_PREFETCH 2304 /* bytes ahead (16 blocks) the weights are prefetched */
 #endif
 
-#ifdef QUANT_R8_VNNI
+#ifdef QUANT_VNNI
 #define R8_NAME(x) quant_avx512_##x
 #else
 #define R8_NAME(x) quant_avx2_##x
@@ -64,7 +64,7 @@ R8_INLINE __m256i bcast4(const int8_t *p) {
 
 /* Lane r: the exact sum of row r's 32 products with activation block y. */
 R8_INLINE __m256i r8_block_sum(const __m256i lo[4], const __m256i hi[4], const int8_t *q) {
-#ifdef QUANT_R8_VNNI
+#ifdef QUANT_VNNI
     __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), lo[0], bcast4(q));
     s = _mm256_dpbusd_epi32(s, hi[0], bcast4(q + 4));
     R8_UNROLL for (int j = 1; j < 4; j++) {
@@ -90,14 +90,14 @@ R8_INLINE __m256i r8_block_sum(const __m256i lo[4], const __m256i hi[4], const i
  * ones (2 x 240 x 127 > 32767). */
 R8_INLINE __m256i r8_iq4_table(void) {
     const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)quant_iq4_values));
-#ifdef QUANT_R8_VNNI
+#ifdef QUANT_VNNI
     return _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80));
 #else
     return v;
 #endif
 }
 
-#ifdef QUANT_R8_VNNI
+#ifdef QUANT_VNNI
 #define R8_NL_EXACT(P, p, y) P##_sub_epi32(p, P##_set1_epi32((y)->qsum128)) /* P + 128 S less 128 S */
 #else
 #define R8_NL_EXACT(P, p, y) (p)
@@ -151,7 +151,7 @@ R8_INLINE __m256 r8_q4_0_step(__m256i p, const act_q8 *y, __m256 dw, __m256 acc)
     return _mm256_fmadd_ps(tt, dw, acc);
 }
 
-#ifdef QUANT_R8_VNNI
+#ifdef QUANT_VNNI
 R8_INLINE void r8z_q4_0_one(int64_t nb, const block_q4_0x8 *g, const act_q8 *y, float *out);
 #endif
 
@@ -159,7 +159,7 @@ R8_INLINE void r8z_q4_0_one(int64_t nb, const block_q4_0x8 *g, const act_q8 *y, 
  * VNNI build one token goes to r8z_q4_0_one. */
 R8_INLINE void r8_q4_0_group(int64_t nb, const block_q4_0x8 *g, const uint8_t *act, size_t astride, const int T,
                              float *out, size_t ostride) {
-#ifdef QUANT_R8_VNNI
+#ifdef QUANT_VNNI
     if (T == 1) {
         r8z_q4_0_one(nb, g, (const act_q8 *)act, out);
         return;
@@ -178,7 +178,7 @@ R8_INLINE void r8_q4_0_group(int64_t nb, const block_q4_0x8 *g, const uint8_t *a
 
 /* Chunk j of block b of G groups: each group's |w| once, then every token's
  * 4-byte broadcast meets every group's chunk, its products into s[k][t]. */
-#ifdef QUANT_R8_VNNI
+#ifdef QUANT_VNNI
 #define R8_Q8_0_DOT(s, u, v) _mm256_dpbusd_epi32(s, u, v)
 #else
 #define R8_Q8_0_DOT(s, u, v) _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), ones))
@@ -214,7 +214,7 @@ R8_INLINE void r8_q8_0_groups(int64_t nb, const block_q8_0x8 *g, const int G, co
         a[t] = (const act_q8 *)(act + (size_t)t * astride);
         R8_UNROLL for (int k = 0; k < G; k++) acc[k][t] = _mm256_setzero_ps();
     }
-#ifndef QUANT_R8_VNNI
+#ifndef QUANT_VNNI
     const __m256i ones = _mm256_set1_epi16(1);
 #endif
     for (int64_t b = 0; b < nb; b++) {
@@ -316,14 +316,14 @@ R8_INLINE __m256 r8_min_step(__m256i s1, const block_q8_k *y, const __m256i *mn,
     return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(s2), _mm256_mul_ps(dmin, da), acc);
 }
 
-#ifdef QUANT_R8_VNNI
+#ifdef QUANT_VNNI
 R8_INLINE void r8z_q4_k_one(int64_t nb, const block_q4_kx8 *g, const block_q8_k *y, float *out);
 #endif
 
 /* One group x T tokens; in the VNNI build one token goes to r8z_q4_k_one. */
 R8_INLINE void r8_q4_k_group(int64_t nb, const block_q4_kx8 *g, const uint8_t *act, size_t astride, const int T,
                              float *out, size_t ostride) {
-#ifdef QUANT_R8_VNNI
+#ifdef QUANT_VNNI
     if (T == 1) {
         r8z_q4_k_one(nb, g, (const block_q8_k *)act, out);
         return;
@@ -342,7 +342,7 @@ R8_INLINE void r8_q4_k_group(int64_t nb, const block_q4_kx8 *g, const uint8_t *a
             __m256i lo[4], hi[4];
             r8_nibbles(qs, lo, hi);
             R8_UNROLL for (int t = 0; t < T; t++) {
-#ifdef QUANT_R8_VNNI
+#ifdef QUANT_VNNI
                 s1[t] = _mm256_dpwssd_epi32(s1[t], r8_sub_sum16(lo, hi, a[t][b].qs + 32 * j), sc32[j]);
 #else
                 s1[t] = _mm256_add_epi32(s1[t], _mm256_madd_epi16(r8_sub_sum16(lo, hi, a[t][b].qs + 32 * j), sc32[j]));
@@ -404,7 +404,7 @@ R8_INLINE void r8_q5_k_group(int64_t nb, const block_q5_kx8 *g, const uint8_t *a
             r8_q5_nibbles(qs, qh, lo, hi);
             R8_UNROLL for (int t = 0; t < T; t++) {
                 const int8_t *q = a[t][b].qs + 32 * j;
-#ifdef QUANT_R8_VNNI
+#ifdef QUANT_VNNI
                 s1[t] = _mm256_dpwssd_epi32(_mm256_dpwssd_epi32(s1[t], r8_half_sum16(lo, q, 0), sc32[j]),
                                             r8_half_sum16(hi, q, 4), sc32[j]);
 #else
@@ -496,7 +496,7 @@ R8_INLINE void r8_q6_k_group(int64_t nb, const block_q6_kx8 *g, const uint8_t *a
                     const int8_t *q = a[t][b].qs + 32 * j + 16 * h;
                     __m256i x, y;
                     R8_Q6_K_SUMS16(_mm256, bcast4, u, q, x, y);
-#ifdef QUANT_R8_VNNI
+#ifdef QUANT_VNNI
                     s1[t] = _mm256_dpwssd_epi32(_mm256_dpwssd_epi32(s1[t], x, sc), y, sc);
 #else
                     s1[t] = _mm256_add_epi32(s1[t], _mm256_add_epi32(_mm256_madd_epi16(x, sc), _mm256_madd_epi16(y, sc)));
@@ -532,14 +532,14 @@ R8_INLINE void r8_q3_k_scales(const block_q3_kx8 *g, __m256i sc16[16], __m256i s
         const __m256i v = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
         _mm256_storeu_si256((__m256i *)(sc + 32 * m), _mm256_sub_epi8(v, k32));
     }
-#ifdef QUANT_R8_VNNI
+#ifdef QUANT_VNNI
     r8_i8_scales(sc, 0, sc16, scp);
 #else
     r8_i8_scales(sc, 1, sc16, scp);
 #endif
 }
 
-#ifdef QUANT_R8_VNNI
+#ifdef QUANT_VNNI
 #define R8_LOW2_OR(P, S, x, hi, m3) P##_ternarylogic_epi32(x, hi, m3, 0xEC) /* (x & m3) | hi */
 #else
 #define R8_LOW2_OR(P, S, x, hi, m3) P##_or_##S(P##_and_##S(x, m3), hi)
@@ -558,7 +558,7 @@ R8_INLINE void r8_q3_k_scales(const block_q3_kx8 *g, __m256i sc16[16], __m256i s
  * in the low i16 half only (P's high half, its sign, meets a zero); AVX2:
  * q6_k's i16 sums and madd against the scale in both halves. */
 R8_INLINE __m256i r8_group16_sum(const __m256i u[4], const int8_t *aq, __m256i sc, __m256i s1) {
-#ifdef QUANT_R8_VNNI
+#ifdef QUANT_VNNI
     __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u[0], bcast4(aq));
     R8_UNROLL for (int c = 1; c < 4; c++) p = _mm256_dpbusd_epi32(p, u[c], bcast4(aq + 4 * c));
     return _mm256_dpwssd_epi32(s1, p, sc);
@@ -607,7 +607,7 @@ R8_INLINE void r8_q2_k_scales(const block_q2_kx8 *g, __m256i sc16[16], __m256i m
     R8_UNROLL for (int k = 0; k < 16; k++) {
         const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(g->sc + 8 * k)));
         const __m256i sc = _mm256_and_si256(v, m4);
-#ifdef QUANT_R8_VNNI
+#ifdef QUANT_VNNI
         sc16[k] = sc;
 #else
         sc16[k] = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));
@@ -657,7 +657,7 @@ R8_INLINE void r8_q2_k_group(int64_t nb, const block_q2_kx8 *g, const uint8_t *a
     R8_GROUP_END();
 }
 
-#ifdef QUANT_R8_VNNI
+#ifdef QUANT_VNNI
 /* --- 512-bit pair kernels (VNNI build) ---------------------------------------
  * Two neighbouring groups at once, one zmm: lanes 0-7 are group g's rows,
  * lanes 8-15 the next group's (its blocks start nb blocks after g's), whose
@@ -982,7 +982,7 @@ R8_INLINE void r8z_q5_k_pair_block(const block_q5_kx8 *g, const block_q5_kx8 *h,
 }
 R8Z_PAIR_KERNELS(q5_k, block_q5_kx8, block_q8_k)
 
-#endif /* QUANT_R8_VNNI */
+#endif /* QUANT_VNNI */
 
 /* --- iq4_xs ----------------------------------------------------------------
  * Each nibble indexes r8_iq4_table by vpshufb. Under VNNI a sub-block's sum
@@ -1028,7 +1028,7 @@ R8_INLINE void r8_iq4_xs_group(int64_t nb, const block_iq4_xsx8 *g, const uint8_
     const __m256i m4 = _mm256_set1_epi8(0x0F), tbl = r8_iq4_table();
     for (int64_t b = 0; b < nb; b++) {
         __m256i sc[8], s1[R8_TOKENS];
-#ifdef QUANT_R8_VNNI
+#ifdef QUANT_VNNI
         __m256i s2[R8_TOKENS];
         R8_UNROLL for (int t = 0; t < T; t++) s2[t] = _mm256_setzero_si256();
 #endif
@@ -1045,7 +1045,7 @@ R8_INLINE void r8_iq4_xs_group(int64_t nb, const block_iq4_xsx8 *g, const uint8_
                 lo[c] = _mm256_shuffle_epi8(tbl, _mm256_and_si256(v, m4));
                 hi[c] = _mm256_shuffle_epi8(tbl, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
             }
-#ifdef QUANT_R8_VNNI
+#ifdef QUANT_VNNI
             const __m256i scp = R8_I16_PAIR(_mm256, si256, sc[j]);
             R8_UNROLL for (int t = 0; t < T; t++) {
                 s1[t] = _mm256_add_epi32(s1[t], _mm256_mullo_epi32(r8_block_sum(lo, hi, a[t][b].qs + 32 * j), sc[j]));
@@ -1059,7 +1059,7 @@ R8_INLINE void r8_iq4_xs_group(int64_t nb, const block_iq4_xsx8 *g, const uint8_
         }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g[b].d));
         R8_UNROLL for (int t = 0; t < T; t++) {
-#ifdef QUANT_R8_VNNI
+#ifdef QUANT_VNNI
             const __m256i sum = _mm256_sub_epi32(s1[t], _mm256_slli_epi32(s2[t], 7));
 #else
             const __m256i sum = s1[t];
@@ -1070,7 +1070,7 @@ R8_INLINE void r8_iq4_xs_group(int64_t nb, const block_iq4_xsx8 *g, const uint8_
     R8_GROUP_END();
 }
 
-#ifdef QUANT_R8_VNNI
+#ifdef QUANT_VNNI
 
 /* r8_iq4_xs_group's step on 16 lanes: groups g and h. */
 R8_INLINE void r8z_iq4_xs_pair_block(const block_iq4_xsx8 *g, const block_iq4_xsx8 *h, int64_t b,
@@ -1299,7 +1299,7 @@ R8_INLINE void r8z_q2_k_pair_block(const block_q2_kx8 *g, const block_q2_kx8 *h,
     R8_UNROLL for (int t = 0; t < T; t++) acc[t] = z_min_step(s1[t], &a[t][b], mnp, 8, d, dmin, acc[t]);
 }
 R8Z_PAIR_KERNELS(q2_k, block_q2_kx8, block_q8_k)
-#endif /* QUANT_R8_VNNI */
+#endif /* QUANT_VNNI */
 
 /* --- the other 32-element types: q4_1, q5_0, q5_1 and iq4_nl ---------------
  * q4_0's frame with each type's values and float steps: VALUES says how a
@@ -1341,7 +1341,7 @@ R8_INLINE void r8_b32_values(const r8_b32_view v, const int values, __m256i lo[4
 }
 
 R8_INLINE __m256i r8_b32_sum(const __m256i lo[4], const __m256i hi[4], const int8_t *q, const int values) {
-#ifndef QUANT_R8_VNNI
+#ifndef QUANT_VNNI
     if (values == R8_B32_Q5) {
         const __m256i ones = _mm256_set1_epi16(1);
         return _mm256_add_epi32(_mm256_madd_epi16(r8_half_sum16(lo, q, 0), ones),
@@ -1382,7 +1382,7 @@ R8_B32_GROUP(q5_0, block_q5_0x8, R8_B32_Q5, R8_B32_OFF16)
 R8_B32_GROUP(q5_1, block_q5_1x8, R8_B32_Q5, R8_B32_MIN)
 R8_B32_GROUP(iq4_nl, block_iq4_nlx8, R8_B32_NL, R8_B32_EXACT)
 
-#ifdef QUANT_R8_VNNI
+#ifdef QUANT_VNNI
 
 /* A type's 512-bit pair step: the group kernel's on 16 lanes. */
 #define R8Z_B32_PAIR(type, block_t, VALUES, STEP)                                                               \
@@ -1443,7 +1443,7 @@ R8Z_B32_PAIR(iq4_nl, block_iq4_nlx8, R8_B32_NL, R8_B32_EXACT)
         if (two) pair_fn(nb, g, at, act_stride, TT, ot, out_stride);                                          \
         else r8_##type##_group(nb, g, at, act_stride, TT, ot, out_stride);                                    \
         break;
-#ifdef QUANT_R8_VNNI
+#ifdef QUANT_VNNI
 #define R8_PASS_WIDE(type, pair_fn) R8_PASS(type, 8, pair_fn) R8_PASS(type, 7, pair_fn) R8_PASS(type, 6, pair_fn) R8_PASS(type, 5, pair_fn)
 #else
 #define R8_PASS_WIDE(type, pair_fn)
@@ -1492,7 +1492,7 @@ R8_INLINE void r8_q8_0_group(int64_t nb, const block_q8_0x8 *g, const uint8_t *a
                              float *out, size_t ostride) {
     r8_q8_0_groups(nb, g, 1, act, astride, T, out, ostride);
 }
-#ifdef QUANT_R8_VNNI
+#ifdef QUANT_VNNI
 R8_KERNEL(r8_q4_0, q4_0, block_q4_0x8, QK32, 2, r8z_q4_0_pair)
 R8_KERNEL(r8_q8_0, q8_0, block_q8_0x8, QK32, 2, r8z_q8_0_pair)
 R8_KERNEL(r8_q4_k, q4_k, block_q4_kx8, QKK, 2, r8z_q4_k_pair)

@@ -5,5 +5,5 @@
  * 512-bit pair kernels (16 rows a register; q8_0 with its weights offset to
  * unsigned instead of a sign step); exported as quant_avx512_r8_*.
  */
-#define QUANT_R8_VNNI 1
+#define QUANT_VNNI 1
 #include "r8_avx2.c"

@@ -1,7 +1,7 @@
 /*
  * quant_avx2 — AVX2+FMA+F16C kernels (256-bit).
  *
- * quant_avx512.c includes this file with QUANT_AVX2_AS_VNNI defined: the same
+ * quant_avx512.c includes this file with QUANT_VNNI defined: the same
  * 256-bit kernels then use AVX512-VNNI (vpdpbusd / vpdpwssd) for the int8 and
  * int16 dot steps, and that file supplies its own table. Integer sums are
  * exact either way, so only the float parts decide rounding.
@@ -17,7 +17,7 @@
 
 #define QK_INLINE static inline __attribute__((always_inline))
 /* The exported kernels, by the ISA the file is compiled for (quant_impl.h declares both). */
-#ifdef QUANT_AVX2_AS_VNNI
+#ifdef QUANT_VNNI
 #define QK_NAME(x) quant_avx512_##x
 #else
 #define QK_NAME(x) quant_avx2_##x
@@ -25,7 +25,7 @@
 
 /* Micro-tile of the tiled q4_0 kernel: weight rows x tokens. */
 #ifndef QK_TILE_R
-#ifdef QUANT_AVX2_AS_VNNI /* 32 registers: 16 accumulators; measured 4x4 > 2x8 > 2x4 > 1x8 on Zen 4 */
+#ifdef QUANT_VNNI /* 32 registers: 16 accumulators; measured 4x4 > 2x8 > 2x4 > 1x8 on Zen 4 */
 #define QK_TILE_R 4
 #define QK_TILE_T 4
 #else
@@ -48,7 +48,7 @@ QK_INLINE float h2f(uint16_t h) { return _cvtsh_ss(h); }
 /* Sum of u8 x s8 products, four bytes per i32 lane. No saturation here: the
  * callers keep |u| <= 128 and |s| <= 127, so maddubs never saturates either. */
 QK_INLINE __m256i dot_u8s8(__m256i u, __m256i s) {
-#ifdef QUANT_AVX2_AS_VNNI
+#ifdef QUANT_VNNI
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
 #else
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
@@ -57,7 +57,7 @@ QK_INLINE __m256i dot_u8s8(__m256i u, __m256i s) {
 
 /* acc + pairwise i16 products of p and scale. */
 QK_INLINE __m256i acc_i16(__m256i acc, __m256i p, __m256i scale) {
-#ifdef QUANT_AVX2_AS_VNNI
+#ifdef QUANT_VNNI
     return _mm256_dpwssd_epi32(acc, p, scale);
 #else
     return _mm256_add_epi32(acc, _mm256_madd_epi16(p, scale));
@@ -271,7 +271,7 @@ QK_INLINE void q4_0_act_ds(const act_q8 *y, const int nk, __m256 *d, __m256 *ns)
 
 /* The f16 scales of blocks x[0..nk) in lanes 0..nk), zero above. */
 QK_INLINE __m256 q4_0_w_d(const block_q4_0 *x, const int nk) {
-#ifdef QUANT_AVX2_AS_VNNI
+#ifdef QUANT_VNNI
     /* the scales are words 9k of the group's first 128 bytes: one word permute */
     if (nk == 8) {
         const __m512i lo = _mm512_loadu_si512((const void *)x);
@@ -357,14 +357,14 @@ QK_MULTI(q4_0, 4)
 
 /* Sum of u8 x s8 products added to acc (exact, as in dot_u8s8). */
 QK_INLINE __m256i dot_u8s8_acc(__m256i acc, __m256i u, __m256i s) {
-#ifdef QUANT_AVX2_AS_VNNI
+#ifdef QUANT_VNNI
     return _mm256_dpbusd_epi32(acc, u, s);
 #else
     return _mm256_add_epi32(acc, dot_u8s8(u, s));
 #endif
 }
 
-#ifdef QUANT_AVX2_AS_VNNI /* the transposed q4_0 tile: plain AVX2 uses the pair-layout kernel below */
+#ifdef QUANT_VNNI /* the transposed q4_0 tile: plain AVX2 uses the pair-layout kernel below */
 /* The eight transposed weight chunks of blocks x[0..8). */
 QK_INLINE void q4_0_w_chunks(const block_q4_0 *x, __m256i c[8]) {
     __m256i b[4];
@@ -436,7 +436,7 @@ QK_INLINE void q4_0_w_chunks(const block_q4_0 *x, __m256i c[8]) {
             QK_UNROLL for (int t = 0; t < T; t++) out[(size_t)t * ostride + (size_t)r] = hsum_ps(acc[r][t]); \
     } while (0)
 
-#ifdef QUANT_AVX2_AS_VNNI
+#ifdef QUANT_VNNI
 /* out[t * ostride + r] for an R x T micro-tile, R and T compile-time. */
 QK_INLINE void q4_0_tile_rt(int64_t n, const uint8_t *w, size_t wstride, const int R, const uint8_t *act,
                             size_t astride, const int T, float *out, size_t ostride) {
@@ -465,7 +465,7 @@ QK_INLINE void q4_0_tile_rt(int64_t n, const uint8_t *w, size_t wstride, const i
 QK_TILE_WALK(QK_NAME(tile_q4_0), q4_0_tile_rt)
 #endif
 
-#ifndef QUANT_AVX2_AS_VNNI
+#ifndef QUANT_VNNI
 /* Tiled q4_0 under plain AVX2, pair layout. Without vpdpbusd the transpose
  * above costs as much as it saves, so the AVX2 table reorders the activations
  * differently (quant_kernels.layout) and leaves the weights as they are: a
@@ -918,7 +918,7 @@ void QK_NAME(tile_q4_k)(int64_t n, const void *w, size_t wstride, int n_rows, co
     }
 }
 
-#ifdef QUANT_AVX2_AS_VNNI
+#ifdef QUANT_VNNI
 QK_MULTI(q4_k, 4)
 QK_MULTI(q5_k, 4)
 QK_MULTI(q6_k, 4)
