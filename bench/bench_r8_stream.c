@@ -1,5 +1,5 @@
 /*
- * bench_r8_stream — the one-token r8 kernel modes (quant_r8_set_pairs1: off,
+ * bench_r8_stream — the one-token r8 kernel modes (quant_r8_set_walk: off,
  * pairs, quads, spread quads), the same hand-out with no arithmetic ("no math":
  * its ceiling) and the bandwidth probe's stream counts, streaming weights
  * from DRAM the way decode does, side by side in one run: a 512 MiB buffer of
@@ -112,7 +112,7 @@ int main(int argc, char **argv) {
     probe_task pt = {.buf = buf, .chunk = (size_t)1 << 20};
     for (int pass = 0; pass < passes; pass++) {
         for (int m = 0; m < MODES; m++) {
-            quant_r8_set_pairs1(m < 4 ? m : -1);
+            quant_r8_set_walk(m < 4 ? m : -1);
             const double t0 = bench_now_s();
             for (size_t i = 0; i < n_mat; i++) {
                 mat_task t = {.type = type, .w = buf + i * mat_bytes, .rb = rb, .act = act, .ab = ab, .out = out};
@@ -127,7 +127,7 @@ int main(int argc, char **argv) {
             gbs[MODES + p][pass] = bytes / (bench_now_s() - t0) / 1e9;
         }
     }
-    quant_r8_set_pairs1(-1);
+    quant_r8_set_walk(-1);
     double probe_best = 0, med[MODES + PROBES], best[MODES + PROBES];
     for (int m = 0; m < MODES + PROBES; m++) {
         best[m] = 0;

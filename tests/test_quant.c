@@ -492,7 +492,7 @@ static void test_r8(uint32_t type, int64_t n) {
     static const char *const modes[] = {"", "+pairs1", "+quads1", "+spread1"};
     for (int k = 0; k < 4 * n_isas; k++) { /* every ISA with one-token pairs off, on, quads, spread quads */
         CHECK(kvs_isa_force(isas[k % n_isas]));
-        quant_r8_set_pairs1(k / n_isas);
+        quant_r8_set_walk(k / n_isas);
         static const int shapes[][2] = {{1, 1}, {1, 4}, {3, 11}, {2, 5}, {3, 3}, {1, 8}, {2, 2}, {3, 1},
                                         {4, 1}, {5, 1}, {6, 1}, {7, 1}, {7, 3}, {4, 2},
                                         {8, 1}, {9, 1}, {10, 1}, {11, 1}, {11, 2}, {8, 3}};
@@ -514,7 +514,7 @@ static void test_r8(uint32_t type, int64_t n) {
             CHECK_EQ_INT(untouched, nt);
         }
     }
-    quant_r8_set_pairs1(-1);
+    quant_r8_set_walk(QUANT_R8_WALK_DEFAULT);
     printf("  %-5s n=%-5lld r8 groups bit-identical to the reference on %d ISA(s), one-token one/pairs/quads/spread\n",
            quant_get_traits(type)->name, (long long)n, n_isas);
 }
@@ -590,24 +590,24 @@ int main(void) {
      * spread quads, those and q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, q3_k, q2_k,
      * iq4_nl and iq4_xs; forced off, none does; f16 has no r8 layout. */
     for (int on = 0; on <= 3; on++) {
-        quant_r8_set_pairs1(on);
-        CHECK(quant_r8_pairs1() == on);
+        quant_r8_set_walk(on);
+        CHECK(quant_r8_walk() == on);
         for (int k = 0; k < n_isas; k++) {
             CHECK(kvs_isa_force(isas[k]));
             const int want = isas[k] == KVS_ISA_AVX512 ? on : 0;
-            CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q4_0), want);
-            CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q8_0), want);
-            CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q4_K), want >= 2 ? want : 0);
-            CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q5_K), want >= 2 ? want : 0);
-            CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q6_K), want >= 2 ? want : 0);
-            CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_IQ4_XS), want >= 2 ? want : 0);
-            CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_IQ4_NL), want >= 2 ? want : 0);
-            CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q4_1), want >= 2 ? want : 0);
-            CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q5_0), want >= 2 ? want : 0);
-            CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q5_1), want >= 2 ? want : 0);
-            CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q3_K), want >= 2 ? want : 0);
-            CHECK_EQ_INT(quant_r8_pairs1_used(QUANT_Q2_K), want >= 2 ? want : 0);
-            CHECK(!quant_r8_supported(QUANT_F16) && !quant_r8_pairs1_used(QUANT_F16));
+            CHECK_EQ_INT(quant_r8_walk_used(QUANT_Q4_0), want);
+            CHECK_EQ_INT(quant_r8_walk_used(QUANT_Q8_0), want);
+            CHECK_EQ_INT(quant_r8_walk_used(QUANT_Q4_K), want >= 2 ? want : 0);
+            CHECK_EQ_INT(quant_r8_walk_used(QUANT_Q5_K), want >= 2 ? want : 0);
+            CHECK_EQ_INT(quant_r8_walk_used(QUANT_Q6_K), want >= 2 ? want : 0);
+            CHECK_EQ_INT(quant_r8_walk_used(QUANT_IQ4_XS), want >= 2 ? want : 0);
+            CHECK_EQ_INT(quant_r8_walk_used(QUANT_IQ4_NL), want >= 2 ? want : 0);
+            CHECK_EQ_INT(quant_r8_walk_used(QUANT_Q4_1), want >= 2 ? want : 0);
+            CHECK_EQ_INT(quant_r8_walk_used(QUANT_Q5_0), want >= 2 ? want : 0);
+            CHECK_EQ_INT(quant_r8_walk_used(QUANT_Q5_1), want >= 2 ? want : 0);
+            CHECK_EQ_INT(quant_r8_walk_used(QUANT_Q3_K), want >= 2 ? want : 0);
+            CHECK_EQ_INT(quant_r8_walk_used(QUANT_Q2_K), want >= 2 ? want : 0);
+            CHECK(!quant_r8_supported(QUANT_F16) && !quant_r8_walk_used(QUANT_F16));
         }
     }
     /* Every type with an r8 layout has a SIMD r8 kernel under every SIMD ISA
@@ -624,9 +624,9 @@ int main(void) {
         CHECK_EQ_INT(no_simd, 0);
     }
     /* By default the spread quads, on every CPU. */
-    quant_r8_set_pairs1(0);
-    quant_r8_set_pairs1(-1);
-    CHECK_EQ_INT(quant_r8_pairs1(), 3);
+    quant_r8_set_walk(QUANT_R8_WALK_ONE);
+    quant_r8_set_walk(QUANT_R8_WALK_DEFAULT);
+    CHECK_EQ_INT(quant_r8_walk(), QUANT_R8_WALK_SPREAD);
     kvs_isa_force(best);
     return test_finish("test_quant", 1, 0);
 }

@@ -249,7 +249,7 @@ static void kernel_paths(const model *m, char *out, size_t cap) {
         if (path)
             len += (size_t)snprintf(out + len, cap - len, "%s\"%s\":\"%s%s\"", len > 1 ? "," : "",
                                     quant_get_traits((uint32_t)t)->name, path,
-                                    !r8[t] ? "" : (const char *[]){"+r8", "+r8+pairs1", "+r8+quads1", "+r8+spread1"}[quant_r8_pairs1_used((uint32_t)t)]);
+                                    !r8[t] ? "" : (const char *[]){"+r8", "+r8+pairs1", "+r8+quads1", "+r8+spread1"}[quant_r8_walk_used((uint32_t)t)]);
     }
     if (len < cap) snprintf(out + len, cap - len, "}");
 }
@@ -297,12 +297,12 @@ static double step_sessions(const bench_sessions *b, long step) {
     return dt;
 }
 
-/* --pairs1 auto|off|on|quad|spread: quant_r8_set_pairs1(-1 .. 3). */
+/* --pairs1 auto|off|on|quad|spread: quant_r8_set_walk(-1 .. 3). */
 static bool bench_pairs1(const char *mode) {
     static const char *const names[] = {"auto", "off", "on", "quad", "spread"};
     for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
         if (!strcmp(mode, names[i])) {
-            quant_r8_set_pairs1(i - 1);
+            quant_r8_set_walk(i - 1);
             return true;
         }
     fprintf(stderr, "kvshard bench: --pairs1 wants auto, on, off, quad or spread, got '%s'\n", mode);

@@ -356,15 +356,16 @@ bool quant_r8_preferred(uint32_t wtype) {
     return false;
 }
 
-/* 0 / 1 / 2 / 3: one, pairs, quads, spread quads (quant.h). */
-enum { R8_PAIRS1_DEFAULT = 3 };
-static _Atomic int r8_pairs1_mode = R8_PAIRS1_DEFAULT;
+static _Atomic int r8_walk = QUANT_R8_WALK_SPREAD; /* enum quant_r8_walk */
 
-void quant_r8_set_pairs1(int mode) {
-    atomic_store(&r8_pairs1_mode, mode < 0 ? R8_PAIRS1_DEFAULT : mode > 3 ? 3 : mode);
+void quant_r8_set_walk(enum quant_r8_walk walk) {
+    const int w = (int)walk;
+    atomic_store(&r8_walk, w < 0 ? QUANT_R8_WALK_SPREAD : w > QUANT_R8_WALK_SPREAD ? QUANT_R8_WALK_SPREAD : w);
 }
 
-int quant_r8_pairs1(void) { return atomic_load_explicit(&r8_pairs1_mode, memory_order_relaxed); }
+enum quant_r8_walk quant_r8_walk(void) {
+    return (enum quant_r8_walk)atomic_load_explicit(&r8_walk, memory_order_relaxed);
+}
 
 /* The kernel table entry whose r8 kernels wtype runs under the current ISA
  * (the best one that has them); NULL: none. */
@@ -377,17 +378,20 @@ static const quant_kernels *r8_entry(uint32_t wtype) {
 /* The kernel of entry k (r8_entry) for n_act tokens; NULL: none. */
 static quant_dot_r8_fn r8_kernel(const quant_kernels *k, int n_act) {
     if (!k || n_act != 1) return k ? k->r8 : NULL;
-    const int mode = quant_r8_pairs1();
-    if (mode == 3 && k->r8_spread1) return k->r8_spread1;
-    if (mode >= 2 && k->r8_quads1) return k->r8_quads1;
-    return mode && k->r8_pairs1 ? k->r8_pairs1 : k->r8;
+    const enum quant_r8_walk walk = quant_r8_walk();
+    if (walk == QUANT_R8_WALK_SPREAD && k->r8_spread1) return k->r8_spread1;
+    if (walk >= QUANT_R8_WALK_QUADS && k->r8_quads1) return k->r8_quads1;
+    return walk != QUANT_R8_WALK_ONE && k->r8_pairs1 ? k->r8_pairs1 : k->r8;
 }
 
-int quant_r8_pairs1_used(uint32_t wtype) {
-    if (!quant_r8_supported(wtype)) return 0;
+enum quant_r8_walk quant_r8_walk_used(uint32_t wtype) {
+    if (!quant_r8_supported(wtype)) return QUANT_R8_WALK_ONE;
     const quant_kernels *k = r8_entry(wtype);
+    if (!k) return QUANT_R8_WALK_ONE;
     const quant_dot_r8_fn one = r8_kernel(k, 1);
-    return !k ? 0 : one == k->r8_spread1 ? 3 : one == k->r8_quads1 ? 2 : one == k->r8_pairs1 ? 1 : 0;
+    if (one == k->r8_spread1) return QUANT_R8_WALK_SPREAD;
+    if (one == k->r8_quads1) return QUANT_R8_WALK_QUADS;
+    return one == k->r8_pairs1 ? QUANT_R8_WALK_PAIRS : QUANT_R8_WALK_ONE;
 }
 
 void quant_dot_r8(uint32_t wtype, int64_t n, const void *w, int n_groups, const void *act, size_t act_stride,

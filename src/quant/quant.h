@@ -120,27 +120,27 @@ bool quant_r8_preferred(uint32_t wtype);
 /* Turns repacking on (the default) or off process-wide, for models loaded after
  * the call (kvshard's --no-repack; tests that compare the two). */
 void quant_r8_set_enabled(bool on);
-/* How the r8 kernels take row groups for a single token where the ISA has
- * such kernels (AVX-512 VNNI): 0 one at a time (one weight stream per
- * thread), 1 two at a time (q4_0, q8_0: two streams), 2 four at a time (q4_0,
- * q8_0, q4_k, q6_k: two pairs side by side, four streams), 3 four at a time spread
- * over the range (i, i + Q, i + 2Q, i + 3Q, Q = the call's groups / 4: four
- * streams far apart). By default 3, on every CPU: more streams, and streams
- * far apart, read DRAM faster on both machines measured (2 threads,
- * scripts/bench_r8_stream.c, median GB/s 0 / 2 / 3 — an Intel Xeon, rounds
- * 12-13: q4_0 18.0 / 21.7 / 25.0, q4_k 19.2 / 21.8 / 25.5; a Zen 5 EPYC,
- * round 16: q4_0 56.5 / 50.6 / 65.4, q4_k 60.8 / 52.2 / 65.0, q6_k 41.0 /
- * 42.3 / 60.1; end to end, kvshard bench, q4_0 decode 35.5 -> 40.8 tok/s on
- * the Xeon (2 against 3) and 82-92 -> 89-100 on the Zen 5 (0 against 3);
- * BENCHMARKS.md rounds 12, 13 and 16). Zen 4, whose 512-bit instructions
- * are double-pumped, is unmeasured. Same bits every way. */
-int quant_r8_pairs1(void);
-/* -1: the default (3); 0-3 as above. Process-wide, from the next call. */
-void quant_r8_set_pairs1(int mode);
-/* What a single token of wtype runs under the current ISA and mode: 1 the
- * pairs kernel, 2 the quads kernel, 3 the spread quads, 0 the type's own (one
- * group at a time, or q6_k's pairs). */
-int quant_r8_pairs1_used(uint32_t wtype);
+/* How the r8 kernels walk the row groups for a single token, where the ISA has
+ * such kernels (AVX-512 VNNI); the bits are the same every way. */
+enum quant_r8_walk {
+    QUANT_R8_WALK_DEFAULT = -1, /* for quant_r8_set_walk: QUANT_R8_WALK_SPREAD */
+    QUANT_R8_WALK_ONE = 0,      /* one group at a time: one weight stream per thread */
+    QUANT_R8_WALK_PAIRS = 1,    /* two at a time (q4_0, q8_0): two streams */
+    QUANT_R8_WALK_QUADS = 2,    /* four at a time, two pairs side by side: four streams */
+    QUANT_R8_WALK_SPREAD = 3,   /* four at a time at i, i + Q, i + 2Q, i + 3Q (Q = the call's
+                                   groups / 4): four streams far apart */
+};
+/* The walk set for a single token. SPREAD by default on every CPU: more weight
+ * streams, and streams far apart, read DRAM faster on every machine measured
+ * (BENCHMARKS.md). */
+enum quant_r8_walk quant_r8_walk(void);
+/* Sets the walk process-wide, from the next call; QUANT_R8_WALK_DEFAULT (or any
+ * negative value) restores the default, a value above SPREAD means SPREAD. */
+void quant_r8_set_walk(enum quant_r8_walk walk);
+/* The walk a single token of wtype runs under the current ISA and setting: the
+ * set one or the nearest below it that wtype has a kernel for; ONE where it has
+ * none (its own r8 kernel) or no r8 layout. */
+enum quant_r8_walk quant_r8_walk_used(uint32_t wtype);
 /* Packs 8 rows (n elements of wtype each, row_stride bytes apart) into one group
  * (8 x the row bytes at out; out must not overlap the rows). */
 void quant_r8_pack(uint32_t wtype, int64_t n, const void *rows, size_t row_stride, void *out);

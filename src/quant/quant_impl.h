@@ -377,9 +377,9 @@ typedef struct {
     quant_layout_fn layout;     /* the tile layout when tile is set; NULL: design note 6's */
     int tile_min_tokens;        /* tile is the faster path from this many tokens; 0: from 5 */
     quant_dot_r8_fn r8;         /* kernel over r8 groups (quant.h); NULL: fall back */
-    quant_dot_r8_fn r8_pairs1;  /* r8 with pairs of groups from one token, for quant_r8_pairs1; NULL: r8 */
-    quant_dot_r8_fn r8_quads1;  /* r8 with four groups at a time from one token (pairs1 mode 2); NULL: r8_pairs1 / r8 */
-    quant_dot_r8_fn r8_spread1; /* r8_quads1 with the four groups spread over the range (mode 3); NULL: as mode 2 */
+    quant_dot_r8_fn r8_pairs1;  /* one token, groups two at a time (QUANT_R8_WALK_PAIRS); NULL: r8 */
+    quant_dot_r8_fn r8_quads1;  /* one token, four at a time (QUANT_R8_WALK_QUADS); NULL: r8_pairs1 / r8 */
+    quant_dot_r8_fn r8_spread1; /* one token, four far apart (QUANT_R8_WALK_SPREAD); NULL: as QUADS */
 } quant_kernels;
 
 typedef struct {

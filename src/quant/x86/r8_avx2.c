@@ -1417,27 +1417,15 @@ R8Z_B32_PAIR(iq4_nl, block_iq4_nlx8, R8_B32_NL, R8_B32_EXACT)
  * there are at least PAIR tokens, else one at a time; tokens R8_TOKENS at a
  * time, then the rest; the token count T compile-time in each call. A type
  * without a pair kernel names its group kernel as PAIR_FN with PAIR 0 (never
- * called). q4_0, q8_0 and q4_k take pairs from two tokens: a single token is
- * memory bound, and one group at a time (one weight stream per thread) streams
- * closer to the machine's bandwidth than a pair's two streams, 9 KB apart,
- * though the pair is faster in cache (Zen 5, 2 threads, matrices far past L3:
- * 0.74-0.86 of the bandwidth probe against 0.61-0.65 for q4_0, 0.82-0.89
- * against 0.72-0.77 for q4_k, 0.89-0.92 against 0.66-0.82 for q8_0;
- * BENCHMARKS.md rounds 9 and 10). q6_k, whose single group is compute bound,
- * streams no better alone and keeps its pairs. On the Intel Xeon of round 11
- * two streams per thread read faster than one for q4_0 and q8_0, so the VNNI
- * build also exports r8_pairs1_* for them (pairs from one token), and four
- * faster still (round 12), so r8_quads1_* for them, q4_k and (round 13) q6_k
- * (two pairs side by side, R8_KERNEL_QUADS1), which quant_dot_r8 takes at one
- * token where quant_r8_pairs1 says so: four groups a quarter of the call's
- * range apart, r8_spread1_*, read fastest there, q6_k's too (its pair step is
- * no cheaper, but its streams far apart read 1.15-1.2x its pairs). The types
- * repacked later take the same shapes: q2_k and q3_k pair from one token like
- * q6_k (their single group is compute bound too), the 32-element q4_1, q5_0,
- * q5_1 and iq4_nl from two like q4_0, and all of them have quad and spread
- * kernels (round 15). Round 16 measured the spread quads on a Zen 5 too, where
- * they read 1.06-1.48x faster than one group at a time, so they are the
- * default on every CPU (quant_r8_pairs1). */
+ * called). A single token is memory bound for most types, and one group at a
+ * time (one weight stream per thread) streams closer to the machine's
+ * bandwidth than a pair's two streams 9 KB apart, though the pair is faster in
+ * cache: those types pair from two tokens. q6_k, q3_k and q2_k, whose single
+ * group is compute bound, stream no better alone and pair from one. For one
+ * token the VNNI build also has kernels that walk more groups at once
+ * (quant_r8_walk): pairs for q4_0 and q8_0, and quads and spread quads for
+ * every type, since more streams, and streams far apart, read DRAM faster on
+ * the machines measured (BENCHMARKS.md). */
 #define R8_PASS(type, TT, pair_fn)                                                                            \
     case TT:                                                                                                  \
         if (two) pair_fn(nb, g, at, act_stride, TT, ot, out_stride);                                          \
@@ -1505,15 +1493,14 @@ R8_KERNEL(r8_q5_0, q5_0, block_q5_0x8, QK32, 2, r8z_q5_0_pair)
 R8_KERNEL(r8_q5_1, q5_1, block_q5_1x8, QK32, 2, r8z_q5_1_pair)
 R8_KERNEL(r8_iq4_nl, iq4_nl, block_iq4_nlx8, QK32, 2, r8z_iq4_nl_pair)
 R8_KERNEL(r8_q2_k, q2_k, block_q2_kx8, QKK, 1, r8z_q2_k_pair)
-/* q4_0 and q8_0 with pairs from one token (quant_r8_pairs1: two weight streams
- * per thread, which an Intel Xeon reads faster than one; q4_k read the same
- * either way there, so it keeps one; BENCHMARKS.md round 11). */
+/* q4_0 and q8_0 with pairs from one token (QUANT_R8_WALK_PAIRS: two weight
+ * streams per thread). */
 R8_KERNEL(r8_pairs1_q4_0, q4_0, block_q4_0x8, QK32, 1, r8z_q4_0_pair)
 R8_KERNEL(r8_pairs1_q8_0, q8_0, block_q8_0x8, QK32, 1, r8z_q8_0_pair)
 /* One token four groups at a time (r8z_TYPE_quad1), the last one to three
  * through ONE_FN (the pairs or the plain kernel); more tokens: the plain
- * kernel. r8_quads1_TYPE (quant_r8_pairs1 mode 2) takes neighbouring groups
- * 4i .. 4i + 3; r8_spread1_TYPE (mode 3) takes i, i + Q, i + 2Q and i + 3Q
+ * kernel. r8_quads1_TYPE (QUANT_R8_WALK_QUADS) takes neighbouring groups
+ * 4i .. 4i + 3; r8_spread1_TYPE (QUANT_R8_WALK_SPREAD) takes i, i + Q, i + 2Q and i + 3Q
  * (Q = n_groups / 4), four streams a quarter of the range apart rather than
  * 9 KB. */
 #define R8_KERNEL_QUADS1(type, block_t, QB, one_fn)                                                      \
