@@ -180,7 +180,7 @@ VEC_TARGET static uint64_t read_sum_avx2(const void *p, size_t n, int streams) {
     return w[0] + w[1] + w[2] + w[3];
 }
 
-/* ---- dispatch: follows quant's choice so a test that forces scalar gets scalar here too ---- */
+/* ---- dispatch: the ISA of base/cpu.h, quant's too, so a test that forces scalar gets scalar here too ---- */
 
 static inline int use_simd(void) { return kvs_isa_current() != KVS_ISA_SCALAR; }
 /* The 512-bit attention walks (vecops_avx512.c): the same bits as the AVX2 ones. */

@@ -1,10 +1,10 @@
 /*
  * vecops — short float vector kernels for attention (dot of a query head with
  * a key row, accumulation of value rows), keys/values in f32 or f16, and the
- * SwiGLU of the feed-forward. Chosen at run time: AVX2+FMA+F16C when quant's
- * dispatcher uses a SIMD ISA, else scalar; under AVX-512 the scores, softmax
- * and weighted sums run 512 bits wide (vecops_avx512.c) with the AVX2 code's
- * bits. Each result is reduced in one fixed order for a given ISA (per head
+ * SwiGLU of the feed-forward. Chosen at run time: AVX2+FMA+F16C when the ISA
+ * in use (base/cpu.h, the one quant's kernels run too) is a SIMD one, else
+ * scalar; under AVX-512 the scores, softmax and weighted sums run 512 bits
+ * wide (vecops_avx512.c) with the AVX2 code's bits. Each result is reduced in one fixed order for a given ISA (per head
  * and position, whatever the group or batch), so attention stays batch invariant.
  */
 #ifndef KVS_VECOPS_H
@@ -45,10 +45,8 @@ void vec_swiglu(float *gate, const float *up, int64_t n);
  * 4 KiB ahead, as `streams` (1-8) equal contiguous parts walked side by side,
  * 256 bytes of each in turn: the memory read-bandwidth probe of `kvshard
  * bench`. A scalar loop reads DRAM well below what the weight kernels reach on
- * some cores (Intel Xeon, 2 threads: 14-18 GB/s against 19-25 with 512-bit
- * loads; BENCHMARKS.md round 11), and one stream per core below what several
- * do (the same Xeon: 21-24 GB/s with one, 29-40 with four; round 12), so the
- * probe reads the way the fastest kernels can and keeps the best. */
+ * some cores, and one stream per core below what several do (BENCHMARKS.md),
+ * so the probe reads the way the fastest kernels can and keeps the best. */
 uint64_t vec_read_sum(const void *p, size_t n, int streams);
 
 #endif /* KVS_VECOPS_H */

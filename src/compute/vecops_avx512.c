@@ -1,7 +1,7 @@
 /*
  * vecops_avx512 — the attention walks of vecops.c at 512 bits, for a core
- * with full-width AVX-512 (vecops.c picks them when quant's dispatcher runs
- * AVX-512). The same bits as the AVX2 walks:
+ * with full-width AVX-512 (vecops.c picks them when the ISA in use, base/cpu.h,
+ * is AVX-512). The same bits as the AVX2 walks:
  * - scores, f16 keys and head sizes a multiple of 32 (the usual case): the
  *   keys transposed eight at a time, element pairs across lanes, each lane one
  *   of the AVX2 tile's lane sums, reduced in hsum8x8's tree (scores_t_body);

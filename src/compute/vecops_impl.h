@@ -37,7 +37,7 @@ VEC_TARGET static inline __attribute__((always_inline)) __m256 hsum8x8(const __m
  * scattered over the arena, which the hardware prefetchers follow poorly.
  * The walks issue it a tile at a time, between the tiles' arithmetic: a burst
  * of a whole block's prefetches at once overlapped less with the arithmetic
- * (2-13 % slower attention in decode at 2016 positions, BENCHMARKS.md). */
+ * and made attention slower. */
 enum { KV_AHEAD = 32 };
 VEC_INLINE size_t kv_row_bytes(int f16, int hd) { return (size_t)hd * (f16 ? 2u : 4u); }
 VEC_INLINE void prefetch_rows(const void *const *rows, int j, int n, int n_rows, size_t row_bytes) {

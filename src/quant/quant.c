@@ -1,8 +1,7 @@
 /*
- * quant — type traits and run-time dispatch. The kernels live in quant_ref.c
- * (scalar), quant_avx2.c and quant_avx512.c, and for the low-bit types (q2_k,
- * q3_k, iq4_nl, iq4_xs) in quant_lowbit_{ref,avx2,avx512}.c; see quant_impl.h
- * for the design.
+ * quant — type traits, the kernel table of each ISA and the run-time dispatch
+ * through them: the one file that names every ISA's kernels (the kernel files
+ * only define them). File map and design notes: quant_impl.h.
  */
 #include <stdatomic.h>
 #include <string.h>

@@ -2,6 +2,22 @@
  * quant_impl — private to the quant module: block layouts, activation
  * layouts, and the per-ISA kernel tables that quant.c dispatches through.
  *
+ * Files (kernels by layout x ISA)
+ *   quant.h            the public API
+ *   quant_impl.h       block layouts, table types, the kernels each file exports
+ *   quant.c            traits, the tables of the three ISAs, dispatch, the r8
+ *                      entry points (pack, unpack, supported), quant_quantize_row
+ *   ref/rows.c         scalar kernels of the plain row formats (dots, dequant,
+ *                      activations, f16 rows) and the weight quantizers
+ *   ref/r8.c           the r8 layout: packers and scalar kernels
+ *   x86/rows_avx2.c    AVX2 kernels of the row formats
+ *   x86/rows_avx512.c  rows_avx2.c compiled again with QUANT_VNNI (AVX-512 VNNI)
+ *   x86/r8_avx2.c      AVX2 r8 kernels, and under QUANT_VNNI the 512-bit pair
+ *                      and one-token walk kernels
+ *   x86/r8_avx512.c    r8_avx2.c compiled again with QUANT_VNNI
+ *   x86/emu_avx512.h   SIMDe in place of AVX-512 for the emu512 build (CMake)
+ * One f16/bf16 value: base/f16.h; which ISA runs: base/cpu.h.
+ *
  * Design notes
  *  1. Weight blocks match ggml/GGUF byte for byte (little-endian). Every block
  *     is a struct with a static_assert on its size. Halves are kept as raw
@@ -38,7 +54,7 @@
  *     their multi kernel runs four at a time (design note 4), so they are
  *     bit-identical to it by construction.
  *     An ISA may use its own tile layout (quant_kernels.layout): plain AVX2
- *     q4_0 pairs blocks m and m+4 instead of transposing (quant_avx2.c), and
+ *     q4_0 pairs blocks m and m+4 instead of transposing (x86/rows_avx2.c), and
  *     takes the tile path from one token on (quant_kernels.tile_min_tokens).
  *  7. r8 layout (quant.h; block_q4_0x8, block_q4_1x8, block_q5_0x8,
  *     block_q5_1x8, block_q8_0x8, block_q4_kx8, block_q5_kx8,
@@ -48,7 +64,7 @@
  *     activation bytes, and lane r sums row r exactly — no horizontal step, no
  *     weight transpose, one kernel for decode and prefill (quant_kernels.r8,
  *     falling back like dot). Per (row, token) it runs the float steps of its
- *     scalar reference in quant_r8_ref.c over the blocks in order, one
+ *     scalar reference in ref/r8.c over the blocks in order, one
  *     accumulator per row, so every ISA and batch gives the same bits as the
  *     reference (not as quant_dot on the unpacked rows, which reduces in lanes).
  *     A group has the bytes of its eight rows: repacking replaces a matrix at

@@ -1,7 +1,7 @@
 /*
- * quant_r8_ref — the row-interleaved ("r8") weight layout (quant.h,
+ * ref/r8 — the row-interleaved ("r8") weight layout (quant.h,
  * block_q4_0x8 in quant_impl.h): packing, unpacking and the scalar reference
- * kernel. The SIMD kernels (quant_r8_avx2.c) run the same float steps per
+ * kernels. The SIMD kernels (x86/r8_avx2.c) run the same float steps per
  * (row, token) — t = fma(P, da, -8 s), acc = fma(t, dw, acc) over the blocks in
  * order, P the exact integer sum — so they are bit-identical to this one.
  */

@@ -1,19 +1,19 @@
 /*
- * quant_r8_avx2 — the r8 (row-interleaved) q4_0 kernel under AVX2; compiled a
- * second time as quant_r8_avx512.c with QUANT_VNNI, where vpdpbusd makes
- * each block's integer sum in place of maddubs + add + madd, and where 512-bit
+ * x86/r8_avx2 — the r8 (row-interleaved) kernels of every type under AVX2;
+ * compiled a second time as r8_avx512.c with QUANT_VNNI, where vpdpbusd makes
+ * each block's integer sum in place of maddubs + add + madd, where 512-bit
  * pair kernels (below, "512-bit pair kernels") take neighbouring groups two
- * at a time (0.47-0.74 of the 256-bit VNNI kernels' time on Zen 5, rows in
- * cache: BENCHMARKS.md, round 9) and one-token kernels for q4_0 and q4_k take
- * two neighbouring blocks (sub-blocks) of one group (one weight stream).
+ * at a time, faster than the 256-bit VNNI kernels with the rows in cache, and
+ * where one-token kernels for q4_0 and q4_k take two neighbouring blocks
+ * (sub-blocks) of one group (one weight stream).
  *
- * Per block of eight rows: four 32-byte loads give, masked and shifted, eight
+ * Per block of eight rows, q4_0 for example: four 32-byte loads give, masked and shifted, eight
  * registers whose i32 lane r holds four unsigned elements of row r (layout in
  * quant_impl.h, block_q4_0x8). Each pairs with one 4-byte broadcast of the
  * activation block, so the eight u8 x s8 products sum to row r's exact block
  * sum P in lane r with no horizontal step: under plain AVX2 the eight maddubs
  * add in i16 (|sum| <= 16 x 15 x 127 = 30480, no saturation) and one madd
- * makes i32. Then the float steps of quant_r8_ref.c, one lane per row:
+ * makes i32. Then the float steps of ref/r8.c, one lane per row:
  * t = fma(P, da, -8 s), acc = fma(t, dw, acc). The unpacked weights of a
  * block serve up to four tokens. Same steps whatever the number of tokens:
  * batch invariant, and bit-identical to the scalar reference.
@@ -116,10 +116,9 @@ R8_INLINE __m256i r8_signed_block_sum(const __m256i lo[4], const __m256i hi[4], 
 }
 #endif
 
-/* The weights R8_PREFETCH bytes past a q4_0x8 block. A single core's DRAM
- * stream runs ~1.3x faster with this on the AVX2 EPYC (decode, weights far
- * beyond L3: 11 -> 14 GB/s per core); on Zen 5 it neither helps nor hurts
- * (BENCHMARKS.md, round 9). */
+/* The weights R8_PREFETCH bytes past a q4_0x8 block: a single core's DRAM
+ * stream (decode, weights far beyond L3) runs faster with it on some cores and
+ * no slower on others (BENCHMARKS.md). */
 R8_INLINE void r8_prefetch_q4_0(const block_q4_0x8 *blk) {
     _mm_prefetch((const char *)blk + R8_PREFETCH, _MM_HINT_T0);
     _mm_prefetch((const char *)blk + R8_PREFETCH + 72, _MM_HINT_T0);
@@ -203,8 +202,8 @@ R8_INLINE void r8_q4_0_group(int64_t nb, const block_q4_0x8 *g, const uint8_t *a
  * pair sum is <= 2 x 128 x 127 (no saturation) and goes to i32 at once
  * (s[k][t], exact, so the order of chunks, groups and tokens does not
  * matter). G (1 or 2) groups of eight rows at a time, group k at g + k nb and
- * its sums at out + 8 k: a broadcast serves both groups (one core, in cache:
- * 3-5 % less per row-token than one group). Float steps of quant_r8_ref.c:
+ * its sums at out + 8 k: a broadcast serves both groups (a little less time per row-token than
+ * one group, in cache). Float steps of ref/r8.c:
  * acc = fma(P da, dw, acc). */
 R8_INLINE void r8_q8_0_groups(int64_t nb, const block_q8_0x8 *g, const int G, const uint8_t *act, size_t astride,
                               const int T, float *out, size_t ostride) {
@@ -225,7 +224,7 @@ R8_INLINE void r8_q8_0_groups(int64_t nb, const block_q8_0x8 *g, const int G, co
         __m256i s[2][R8_TOKENS];
         R8_UNROLL for (int k = 0; k < G; k++) R8_UNROLL for (int t = 0; t < T; t++) s[k][t] = _mm256_setzero_si256();
         /* With four tokens a fully unrolled chunk loop spills (gcc keeps every
-         * chunk's products live); rolled, the pass runs ~4 % faster on one core.
+         * chunk's products live); rolled, the pass runs faster.
          * Fewer tokens keep the unrolled form, which is faster there. */
         if (T >= R8_TOKENS) {
             _Pragma("GCC unroll 1") for (int j = 0; j < 8; j++) R8_Q8_0_CHUNK(j);
@@ -260,7 +259,7 @@ R8_INLINE __m256i r8_sub_sum16(const __m256i lo[4], const __m256i hi[4], const i
  * mins 2p and 2p + 1), then per sub-block the q4_0-style sums, times the scale
  * by one madd (exact: S1 <= 8 x 63 x 60960), and per token the mins against
  * the activation's sub-block sums by four madds; float steps of
- * quant_r8_ref.c. */
+ * ref/r8.c. */
 /* The 6-bit scale and min bytes of a q4_kx8 super-block from its sc_lo (l),
  * m_lo (ml) and hi (h) bytes: b[0] / b[1] = scales 0-3 / 4-7 (byte 8j + r:
  * row r's scale j or 4 + j), b[2] / b[3] the mins; at either width (P _mm256
@@ -426,7 +425,7 @@ R8_INLINE void r8_q5_k_group(int64_t nb, const block_q5_kx8 *g, const uint8_t *a
  * Per sub-block the 6-bit u = q + 32 are rebuilt from ql and qh; per 16-element
  * group two maddubs add in i16 (|sum| <= 4 x 63 x 127) and one madd applies
  * the scale; the -32 offset comes back as 32 sum_g sc_g bs_g (eight madds per
- * token); float steps of quant_r8_ref.c. */
+ * token); float steps of ref/r8.c. */
 R8_INLINE void r8_i8_scales(const int8_t *sc, const int both, __m256i sc16[16], __m256i scp[8]) {
     const __m256i lo16 = _mm256_set1_epi32(0xFFFF);
     __m256i v[16];
@@ -709,7 +708,7 @@ R8_INLINE __m512i z_block_sum(const __m512i lo[4], const __m512i hi[4], const in
  * h, T tokens, into acc[t]'s 16 lanes), its pair kernel (groups g and g + nb,
  * T tokens) and its one-token quad kernel (groups gs[0..3], wherever they lie,
  * as two pairs stepped side by side: four weight streams per thread, which
- * the Xeon of round 12 reads faster than two; group k's eight outputs to
+ * read DRAM faster than two; group k's eight outputs to
  * os[k]; per lane the pair kernel's steps, so the same bits). */
 #define R8Z_PAIR_KERNELS(type, block_t, act_t)                                                                   \
     R8_INLINE void r8z_##type##_pair(int64_t nb, const block_t *g, const uint8_t *act, size_t astride, const int T,  \
@@ -753,8 +752,7 @@ R8Z_PAIR_KERNELS(q4_0, block_q4_0x8, act_q8)
 
 /* q4_0, one token (decode): one group, two consecutive blocks per zmm (lanes
  * 0-7 block b's rows, 8-15 block b + 1's), so the weights stay one stream per
- * thread (a pair of groups is two, which reads DRAM slower: BENCHMARKS.md
- * round 10) while each vpdpbusd does the work of two 256-bit ones. The
+ * thread (a pair of groups is two, which read DRAM slower) while each vpdpbusd does the work of two 256-bit ones. The
  * activation pieces come from one load of both blocks' quants by vpermd.
  * Per lane the group kernel's integer sum and float steps; the two blocks
  * meet the accumulator in order (block b's fma, then b + 1's), so the bits
@@ -799,8 +797,8 @@ R8_INLINE void r8z_q4_0_one(int64_t nb, const block_q4_0x8 *g, const act_q8 *y, 
 /* q8_0: vpdpbusd wants one unsigned side, so the weights go in as w + 128
  * (a flipped top bit) and the exact sum P = sum (w + 128) q - 128 sum q comes
  * back per token with one subtraction of the activation block's qsum128
- * (made once per row when it is quantized; computing it here, per pair of
- * groups, took 25 % of the kernel's time at eight tokens), in place of |w| and
+ * (made once per row when it is quantized: computing it here, per pair of
+ * groups, took a quarter of the kernel's time), in place of |w| and
  * sign(q, w) per chunk; then r8_q8_0_groups' float steps:
  * acc = fma(P da, dw, acc). */
 R8_INLINE void r8z_q8_0_pair_block(const block_q8_0x8 *g, const block_q8_0x8 *h, int64_t b, const act_q8 *const *a,
@@ -1306,7 +1304,7 @@ R8Z_PAIR_KERNELS(q2_k, block_q2_kx8, block_q8_k)
  * block's chunks become bytes (R8_B32_NIB: the nibbles; R8_B32_Q5: with the
  * fifth bit at bit 4, as q5_k's; R8_B32_NL: r8_iq4_table's values by vpshufb,
  * under AVX2 signed, summed by r8_signed_block_sum), STEP the reference's float
- * steps per block (quant_r8_ref.c): R8_B32_OFF16 (q5_0) t = fma(P, da, -16 s),
+ * steps per block (ref/r8.c): R8_B32_OFF16 (q5_0) t = fma(P, da, -16 s),
  * acc = fma(t, dw, acc); R8_B32_MIN (q4_1, q5_1) acc = fma(P da, dw, acc),
  * acc = fma(m, s, acc); R8_B32_EXACT (iq4_nl) P (under VNNI less the
  * activation's qsum128: R8_NL_EXACT), acc = fma(P da, dw, acc). Under AVX2 a

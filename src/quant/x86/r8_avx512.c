@@ -1,5 +1,5 @@
 /*
- * quant_r8_avx512 — the r8 kernels of quant_r8_avx2.c compiled again for
+ * x86/r8_avx512 — the r8 kernels of r8_avx2.c compiled again for
  * AVX-512 VNNI (vpdpbusd / vpdpwssd for the integer sums; same float steps, so
  * the same bits), where neighbouring groups go two at a time through the
  * 512-bit pair kernels (16 rows a register; q8_0 with its weights offset to

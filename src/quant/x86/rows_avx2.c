@@ -1,14 +1,17 @@
 /*
- * quant_avx2 — AVX2+FMA+F16C kernels (256-bit).
+ * x86/rows_avx2 — AVX2+FMA+F16C kernels (256-bit) of the plain row formats:
+ * the dots, tile kernels, activation quantizers and f16 rows.
  *
- * quant_avx512.c includes this file with QUANT_VNNI defined: the same
- * 256-bit kernels then use AVX512-VNNI (vpdpbusd / vpdpwssd) for the int8 and
- * int16 dot steps, and that file supplies its own table. Integer sums are
- * exact either way, so only the float parts decide rounding.
+ * rows_avx512.c includes this file with QUANT_VNNI defined: the same 256-bit
+ * kernels then use AVX512-VNNI (vpdpbusd / vpdpwssd) for the int8 and int16
+ * dot steps and export quant_avx512_* names instead of quant_avx2_* (QK_NAME).
+ * Integer sums are exact either way (no step saturates), so only the float
+ * parts decide rounding.
  *
  * Batch invariance (design note 4 in quant_impl.h): each *_rows function takes
  * a compile-time group size g; after inlining, row r of a group runs exactly
- * the instruction sequence of a group of one. *_multi walks n_act in groups.
+ * the instruction sequence of a group of one. The dot kernels walk n_act in
+ * groups (QK_MULTI, LB_MULTI).
  */
 #include <immintrin.h>
 #include <string.h>
@@ -25,7 +28,7 @@
 
 /* Micro-tile of the tiled q4_0 kernel: weight rows x tokens. */
 #ifndef QK_TILE_R
-#ifdef QUANT_VNNI /* 32 registers: 16 accumulators; measured 4x4 > 2x8 > 2x4 > 1x8 on Zen 4 */
+#ifdef QUANT_VNNI /* 32 registers: 16 accumulators, the fastest shape measured */
 #define QK_TILE_R 4
 #define QK_TILE_T 4
 #else
@@ -827,8 +830,7 @@ QK_INLINE void avx_q6_k_rows(int64_t n, const void *w, const uint8_t *act, size_
  * rows. Lane j of sumi gets the same exact i32 as in k4_rows, and the float
  * steps per (row, token) are k4_rows' (acc, accm, then hsum(acc) - hsum(accm)),
  * so the result is bit-identical. The activations keep the block_q8_k layout. */
-#ifndef QK_KTILE_R /* measured on Zen 4 (ns per row-token, n = 2048): VNNI 1x8 27.5 < 2x4 29.0 <
-                     * 4x4 29.1 < multi 31.5; AVX2 1x8 36 < 2x4 39 < 2x2 43 = multi */
+#ifndef QK_KTILE_R /* one row by eight tokens: the fastest shape measured, VNNI or not */
 #define QK_KTILE_R 1
 #define QK_KTILE_T 8
 #endif
@@ -931,8 +933,7 @@ QK_MULTI(q6_k, 2)
 /* --- q2_k, q3_k, iq4_nl, iq4_xs (design note 4: *_rows by a group size g) ---- */
 
 /* Activation rows per group. Under AVX2 (16 registers) 4 spills a little yet
- * measured faster than 2 on Zen (ns per row-token at n = 2048, 8 tokens, one
- * core: q2_k 42 vs 48, q3_k 44 vs 58, iq4_xs 50 vs 66). */
+ * runs faster than 2. */
 #define LB_GROUP_K 4  /* q2_k, q3_k, iq4_xs */
 #define LB_GROUP_32 4 /* iq4_nl */
 
@@ -1185,7 +1186,7 @@ LB_TILE(q2_k)
 LB_TILE(q3_k)
 LB_TILE(iq4_xs)
 
-/* --- activations (bit-identical to quant_ref.c, design note 3) --------------- */
+/* --- activations (bit-identical to ref/rows.c, design note 3) -------------- */
 
 /* Quantizes 32 floats with inverse scale id into q; returns the sum of q. */
 QK_INLINE int q8_32(const float *x, __m256 id, int8_t *q) {
