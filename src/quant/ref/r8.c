@@ -79,8 +79,8 @@ static void unpack_qh32(const uint8_t *gqh, int r, uint8_t qh[4]) {
 #define R8_B32_BACK_M(x, g, r) ((x).m = (g).m[r])
 #define R8_B32_BACK_QH(x, g, r) unpack_qh32((g).qh, r, (x).qh)
 #define R8_B32_NONE(a, b, r) ((void)0)
-#define R8_B32_PACKERS(type, rowblk_t, blk_t, MOVE_M, MOVE_QH, BACK_M, BACK_QH)                                \
-    void quant_ref_r8_pack_##type(int64_t n, const void *rows, size_t row_stride, void *out) {                      \
+#define R8_B32_PACKERS(type, rowblk_t, blk_t, MOVE_M, MOVE_QH, BACK_M, BACK_QH)                               \
+    void quant_ref_r8_pack_##type(int64_t n, const void *rows, size_t row_stride, void *out) {                \
         blk_t *g = (blk_t *)out;                                                                              \
         for (int64_t b = 0; b < n / QK32; b++) {                                                              \
             blk_t o;                                                                                          \
@@ -95,7 +95,7 @@ static void unpack_qh32(const uint8_t *gqh, int r, uint8_t qh[4]) {
             memcpy(&g[b], &o, sizeof o);                                                                      \
         }                                                                                                     \
     }                                                                                                         \
-    void quant_ref_r8_unpack_##type(int64_t n, const void *group, void *rows, size_t row_stride) {                  \
+    void quant_ref_r8_unpack_##type(int64_t n, const void *group, void *rows, size_t row_stride) {            \
         const blk_t *g = (const blk_t *)group;                                                                \
         for (int64_t b = 0; b < n / QK32; b++)                                                                \
             for (int r = 0; r < 8; r++) {                                                                     \

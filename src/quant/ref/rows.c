@@ -420,8 +420,8 @@ static float dot_q6_k(int64_t n, const void *w, const void *act) {
 }
 
 #define REF_MULTI(name)                                                                        \
-    void quant_ref_##name(int64_t n, const void *w, const void *act, size_t stride, int n_act,  \
-                             float *out) {                                                     \
+    void quant_ref_##name(int64_t n, const void *w, const void *act, size_t stride, int n_act, \
+                          float *out) {                                                        \
         for (int j = 0; j < n_act; j++) out[j] = name(n, w, (const uint8_t *)act + (size_t)j * stride); \
     }
 REF_MULTI(dot_f32)

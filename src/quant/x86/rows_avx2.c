@@ -94,9 +94,9 @@ QK_INLINE __m256i bits32_x10(const uint8_t *p) {
         int j = 0;                                                                               \
         for (; n_act - j >= (G); j += (G)) avx_##name##_rows(n, w, a + (size_t)j * stride, stride, (G), out + j); \
         switch (n_act - j) {                                                                     \
-        case 3: avx_##name##_rows(n, w, a + (size_t)j * stride, stride, 3, out + j); break;            \
-        case 2: avx_##name##_rows(n, w, a + (size_t)j * stride, stride, 2, out + j); break;            \
-        case 1: avx_##name##_rows(n, w, a + (size_t)j * stride, stride, 1, out + j); break;            \
+        case 3: avx_##name##_rows(n, w, a + (size_t)j * stride, stride, 3, out + j); break;      \
+        case 2: avx_##name##_rows(n, w, a + (size_t)j * stride, stride, 2, out + j); break;      \
+        case 1: avx_##name##_rows(n, w, a + (size_t)j * stride, stride, 1, out + j); break;      \
         default: break;                                                                          \
         }                                                                                        \
     }
