@@ -9,7 +9,6 @@
 #include <string.h>
 
 #include "quant_impl.h"
-#include "util.h"
 
 /* Four bytes at p as one word (the packers move four elements at a time). */
 static uint32_t ld32(const void *p) {
