@@ -234,6 +234,8 @@ void quant_f32_to_f16_row(const float *src, uint16_t *dst, int64_t n) {
         }
 }
 
+/* --- weight quantizers (the reference ones of ref/rows.c) ------------------- */
+
 bool quant_quantize_row(uint32_t type, const float *x, void *w, int64_t n) {
     const quant_traits *t = quant_get_traits(type);
     if (!t || n < 0 || n % t->block_elems != 0) return false;
