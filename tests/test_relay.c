@@ -272,6 +272,52 @@ static int call(int fd, uint16_t op, const void *m, uint64_t rid, struct wire_he
     return err;
 }
 
+/* The value of STATS counter name on fd; -1 when absent. */
+static long long stat_value(int fd, const char *name) {
+    struct wire_header hd;
+    struct netio_buf b = {0};
+    char msg[KVS_MSG_MAX];
+    long long v = -1;
+    struct wire_stats_reply *m = calloc(1, sizeof *m);
+    if (!netio_send_frame(fd, WIRE_OP_STATS, 9, NULL, 0, netio_deadline_ms(5000)) &&
+        !netio_recv_frame(fd, &hd, &b, netio_deadline_ms(10000), msg, sizeof msg) &&
+        !wire_decode_stats_reply(b.data, b.len, m, msg, sizeof msg))
+        for (uint32_t i = 0; i < m->n_stats; i++)
+            if (!strcmp(m->stats[i].name, name)) v = (long long)m->stats[i].value;
+    free(m);
+    netio_buf_free(&b);
+    return v;
+}
+
+/* Issue 42 item 7: a relay list that names this shard, or one hop twice, is refused before any
+ * work (FORWARD_REPLY INVALID_ARG, no relay connection made), so one request cannot make a shard
+ * compute its layers again and again. f is a relayed FORWARD whose relay_id is registered. */
+static void check_relay_loops(int fd, struct wire_forward *f, int self_port, uint16_t dead_port) {
+    struct wire_header hd;
+    struct netio_buf b = {0};
+    struct wire_forward_reply rep;
+    char msg[KVS_MSG_MAX];
+    long long connects = stat_value(fd, "relay.connects");
+    const char *lists[2][2] = {{"127.0.0.1:%u", "127.0.0.1:%u"}, {"127.0.0.1:%u", "127.0.0.1:0%u"}};
+    unsigned ports[2][2] = {{(unsigned)self_port, (unsigned)dead_port}, {dead_port, dead_port}};
+    for (int k = 0; k < 2; k++) {
+        f->relay.n_next = 2;
+        for (int i = 0; i < 2; i++) {
+            snprintf(f->relay.next[i].addr, sizeof f->relay.next[i].addr, lists[k][i], ports[k][i]);
+            f->relay.next[i].addr_len = (uint8_t)strlen(f->relay.next[i].addr);
+        }
+        CHECK_EQ_INT(call(fd, WIRE_OP_FORWARD, f, 5, &hd, &b), KVS_OK);
+        CHECK_EQ_INT(hd.op, WIRE_OP_FORWARD_REPLY);
+        if (hd.op == WIRE_OP_FORWARD_REPLY) {
+            CHECK_EQ_INT(wire_decode_forward_reply(b.data, b.len, &rep, msg, sizeof msg), KVS_OK);
+            CHECK_EQ_INT(rep.st.status, KVS_ERR_INVALID_ARG);
+        }
+    }
+    CHECK_EQ_INT(stat_value(fd, "relay.connects"), connects);
+    f->relay.n_next = 1;
+    netio_buf_free(&b);
+}
+
 static void check_protocol(const char *model, int n_layer) {
     char la[16];
     snprintf(la, sizeof la, "0:%d", n_layer / 2);
@@ -326,6 +372,7 @@ static void check_protocol(const char *model, int n_layer) {
     CHECK(strstr(sr.msg, want) != NULL);
     CHECK(sr.st.status != KVS_OK);
     printf("  protocol: v1 client answered in v1 and refused SAMPLE; unreachable next hop answered as '%s'\n", sr.msg);
+    check_relay_loops(fd, f, s.port, dead_port);
     close(fd);
     free(f);
     netio_buf_free(&b);

@@ -36,6 +36,8 @@ static void serve_usage(FILE *f) {
             "  --prefill-chunk N    prefill rows per batch step (default 64)\n"
             ARGS_SECURITY_USAGE
             "  --insecure           serve plaintext on an address that is not loopback\n"
+            "  --relay-allow LIST   HOST:PORT,... (numeric) next hops relayed steps may be pushed to\n"
+            "                       (default: loopback hops on a loopback --listen, else none)\n"
             "  --max-conns-per-addr N   open connections from one IP address (default 16)\n"
             "  --max-inflight N     FORWARD requests queued per connection before BUSY (default 32)\n"
             "  --frame-timeout S    seconds a frame may take once its first byte arrived (default 10)\n"
@@ -87,6 +89,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--tenant-max-sessions")) ok = args_int(argc, argv, &i, 0, 1 << 24, &tenant_sessions);
         else if (!strcmp(a, "--tenant-kv-share")) ok = args_str(argc, argv, &i, &tenant_share);
         else if (!strcmp(a, "--metrics-listen")) ok = args_str(argc, argv, &i, &metrics_listen);
+        else if (!strcmp(a, "--relay-allow")) ok = args_str(argc, argv, &i, &p.relay_allow);
         else { fprintf(stderr, "kvshard serve: unknown option '%s'\n", a); serve_usage(stderr); return 2; }
         if (!ok) return 2;
     }

@@ -1,6 +1,7 @@
 /* route_relay — relayed steps: RELAY_LISTEN, one FORWARD to the head, the tail's answer. */
 #include "route.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <poll.h>
 #include <string.h>
@@ -36,6 +37,9 @@ bool route_relay_possible(const route *r, const route_session *s, uint32_t base,
     for (uint32_t k = 0; k < r->n_hops; k++) {
         const route_hop *h = &r->hops[k];
         if (h->fd < 0 || h->info.version < 2 || strlen(h->addr.text) > WIRE_MAX_ADDR) return false;
+        /* Shards push only to numeric next hops (relay.h design note 5): a named hop is driven. */
+        uint8_t ip[16];
+        if (inet_pton(AF_INET, h->addr.host, ip) != 1 && inet_pton(AF_INET6, h->addr.host, ip) != 1) return false;
         if (s->hop_epoch[k] == 0 && base > 0) return false; /* needs a replay: client-driven */
     }
     return true;

@@ -9,6 +9,7 @@
  */
 #include "relay.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -17,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kvshard.h"
@@ -38,13 +40,16 @@ typedef struct relay_item {
 typedef struct relay_link {
     struct relay_link *next;
     relay *r;
-    char addr[WIRE_MAX_ADDR + 1];
+    char addr[RELAY_ADDR_MAX];  /* canonical (relay_canon_addr) */
     char host[NETIO_HOST_MAX];
     uint16_t port;
     int fd;                     /* -1 when not connected (I2) */
     pthread_t thread;
     relay_item *head, *tail;    /* guarded by r->mu */
     bool stop;                  /* guarded by r->mu */
+    bool exited;                /* the worker left on idle; relay_reap joins it (guarded by r->mu) */
+    uint64_t down_until;        /* kvs_now_ns() until which pushes fail at once (guarded by r->mu) */
+    char down_why[KVS_MSG_MAX]; /* why the last connect failed (guarded by r->mu) */
 } relay_link;
 
 typedef struct {
@@ -58,14 +63,67 @@ struct relay {
     pthread_mutex_t mu;         /* links, queues, stop flags, counters */
     pthread_cond_t cv;          /* a queue got an item or a stop */
     relay_link *links;
-    relay_stats st;
+    relay_stats st;             /* st.links: links not yet reaped; st.queued_bytes: items not done */
+    char (*allow)[RELAY_ADDR_MAX]; /* (n_allow) canonical next hops allowed */
+    size_t n_allow;
     pthread_mutex_t listen_mu;  /* the listen table */
     relay_listener *listeners;  /* (n_listeners) */
     size_t n_listeners, cap_listeners;
 };
 
 relay_params relay_default_params(void) {
-    return (relay_params){.timeout_ms = 10000, .auth = NULL, .done = NULL, .log = NULL, .ctx = NULL};
+    return (relay_params){.timeout_ms = 10000, .max_links = 64, .idle_ms = 60000, .retry_ms = 1000,
+                          .max_queued_bytes = (size_t)256 << 20};
+}
+
+int relay_canon_addr(const char *addr, char out[RELAY_ADDR_MAX]) {
+    char host[NETIO_HOST_MAX], ip[INET6_ADDRSTRLEN];
+    uint16_t port;
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (!addr || netio_parse_hostport(addr, host, sizeof host, &port) != KVS_OK || port == 0)
+        return KVS_ERR_INVALID_ARG;
+    if (inet_pton(AF_INET, host, &a4) == 1 && inet_ntop(AF_INET, &a4, ip, sizeof ip))
+        snprintf(out, RELAY_ADDR_MAX, "%s:%u", ip, (unsigned)port);
+    else if (inet_pton(AF_INET6, host, &a6) == 1 && inet_ntop(AF_INET6, &a6, ip, sizeof ip))
+        snprintf(out, RELAY_ADDR_MAX, "[%s]:%u", ip, (unsigned)port);
+    else
+        return KVS_ERR_INVALID_ARG;
+    return KVS_OK;
+}
+
+/* True for a canonical address on 127.0.0.0/8 or ::1. */
+static bool canon_is_loopback(const char *canon) {
+    return !strncmp(canon, "127.", 4) || !strncmp(canon, "[::1]:", 6);
+}
+
+bool relay_allowed(const relay *r, const char *addr) {
+    char canon[RELAY_ADDR_MAX];
+    if (relay_canon_addr(addr, canon) != KVS_OK) return false;
+    if (!r->n_allow) return r->p.allow_loopback && canon_is_loopback(canon);
+    for (size_t i = 0; i < r->n_allow; i++)
+        if (!strcmp(r->allow[i], canon)) return true;
+    return false;
+}
+
+/* Parses the comma-separated allow list into r->allow; KVS_OK, INVALID_ARG or NOMEM. */
+static int parse_allow(relay *r, const char *list) {
+    const char *p = list;
+    while (p && *p) {
+        const char *end = strchr(p, ',');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        char one[RELAY_ADDR_MAX + 8];
+        if (n == 0 || n >= sizeof one) return KVS_ERR_INVALID_ARG;
+        memcpy(one, p, n);
+        one[n] = 0;
+        void *grown = realloc(r->allow, (r->n_allow + 1) * sizeof *r->allow);
+        if (!grown) return KVS_ERR_NOMEM;
+        r->allow = grown;
+        if (relay_canon_addr(one, r->allow[r->n_allow]) != KVS_OK) return KVS_ERR_INVALID_ARG;
+        r->n_allow++;
+        p = end ? end + 1 : NULL;
+    }
+    return KVS_OK;
 }
 
 int relay_create(const relay_params *p, relay **out) {
@@ -76,12 +134,21 @@ int relay_create(const relay_params *p, relay **out) {
     if (!r) return KVS_ERR_NOMEM;
     r->p = *p;
     r->auth = strdup(p->auth ? p->auth : "");
-    if (!r->auth) {
+    int rc = r->auth ? parse_allow(r, p->allow) : KVS_ERR_NOMEM;
+    if (rc != KVS_OK) {
+        free(r->allow);
+        free(r->auth);
         free(r);
-        return KVS_ERR_NOMEM;
+        return rc;
     }
+    r->p.auth = NULL;
+    r->p.allow = NULL; /* parsed; the caller's strings need not outlive relay_create */
     pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* the idle wait's clock, as kvs_now_ns */
+    pthread_cond_init(&r->cv, &ca);
+    pthread_condattr_destroy(&ca);
     pthread_mutex_init(&r->listen_mu, NULL);
     *out = r;
     return KVS_OK;
@@ -180,86 +247,169 @@ static int link_send(relay_link *l, const relay_item *it, char *why, size_t cap)
     return KVS_OK;
 }
 
+/* Waits (r->mu held) for an item or a stop; false when the link stayed idle for idle_ms. */
+static bool link_wait(relay_link *l) {
+    relay *r = l->r;
+    uint64_t until = r->p.idle_ms > 0 ? kvs_now_ns() + (uint64_t)r->p.idle_ms * 1000000ull : 0;
+    while (!l->head && !l->stop) {
+        if (!until) {
+            pthread_cond_wait(&r->cv, &r->mu);
+            continue;
+        }
+        uint64_t now = kvs_now_ns();
+        if (now >= until) return false;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        uint64_t at = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + (until - now);
+        ts.tv_sec = (time_t)(at / 1000000000ull);
+        ts.tv_nsec = (long)(at % 1000000000ull);
+        pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+    }
+    return true;
+}
+
+/* One item's outcome: counters, done, then the item freed and its bytes returned. */
+static void item_finish(relay_link *l, relay_item *it, int rc, const char *why) {
+    relay *r = l->r;
+    if (rc != KVS_OK) kvs_logf(r->p.log, r->p.ctx, "relay: push to hop %u (%s) failed: %s", it->hop, l->addr, why);
+    pthread_mutex_lock(&r->mu);
+    if (rc == KVS_OK) r->st.pushed++;
+    else r->st.failed++;
+    pthread_mutex_unlock(&r->mu);
+    r->p.done(r->p.ctx, it->target, it->rid, it->hop, l->addr, it->len, rc, why);
+    pthread_mutex_lock(&r->mu);
+    r->st.queued_bytes -= it->len; /* after done: the caller's accounting is released first */
+    pthread_mutex_unlock(&r->mu);
+    free(it->payload);
+    free(it);
+}
+
 static void *link_main(void *arg) {
     relay_link *l = arg;
     relay *r = l->r;
     pthread_mutex_lock(&r->mu);
     for (;;) {
-        while (!l->head && !l->stop) pthread_cond_wait(&r->cv, &r->mu);
+        if (!link_wait(l)) {
+            l->exited = true; /* idle: relay_reap joins and frees us */
+            break;
+        }
         relay_item *it = l->head;
         if (!it) break; /* stopped, queue empty */
         l->head = it->next;
         if (!l->head) l->tail = NULL;
-        bool stopping = l->stop;
-        pthread_mutex_unlock(&r->mu);
+        bool stopping = l->stop, down = l->down_until > kvs_now_ns();
         char why[KVS_MSG_MAX] = "";
-        int rc = stopping ? kvs_fail(why, sizeof why, KVS_ERR_CLOSED, "the shard is shutting down")
-                          : link_send(l, it, why, sizeof why);
-        if (rc != KVS_OK)
-            kvs_logf(r->p.log, r->p.ctx, "relay: push to hop %u (%s) failed: %s", it->hop, l->addr, why);
-        pthread_mutex_lock(&r->mu);
-        if (rc == KVS_OK) r->st.pushed++;
-        else r->st.failed++;
+        if (down) snprintf(why, sizeof why, "%s", l->down_why);
         pthread_mutex_unlock(&r->mu);
-        r->p.done(r->p.ctx, it->target, it->rid, it->hop, l->addr, rc, why);
-        free(it->payload);
-        free(it);
+        int rc = stopping ? kvs_fail(why, sizeof why, KVS_ERR_CLOSED, "the shard is shutting down")
+                 : down   ? KVS_ERR_CLOSED
+                          : link_send(l, it, why, sizeof why);
+        if (rc != KVS_OK && l->fd < 0 && !down && !stopping) {
+            pthread_mutex_lock(&r->mu); /* the hop is down: what is queued behind fails at once */
+            l->down_until = kvs_now_ns() + (uint64_t)(r->p.retry_ms > 0 ? r->p.retry_ms : 0) * 1000000ull;
+            snprintf(l->down_why, sizeof l->down_why, "next hop down: %s", why);
+            pthread_mutex_unlock(&r->mu);
+        }
+        item_finish(l, it, rc, why);
         pthread_mutex_lock(&r->mu);
     }
     pthread_mutex_unlock(&r->mu);
+    link_close(l);
     return NULL;
 }
 
-/* The link for addr, created (with its thread) when new; NULL on failure. Called with r->mu. */
-static relay_link *link_get(relay *r, const char *addr, char *why, size_t cap) {
+/* Joins and frees every link whose worker left on idle. Called with r->mu (the worker no
+ * longer takes it once exited is set). */
+static void relay_reap(relay *r) {
+    for (relay_link **pl = &r->links; *pl;) {
+        relay_link *l = *pl;
+        if (!l->exited) {
+            pl = &l->next;
+            continue;
+        }
+        *pl = l->next;
+        pthread_join(l->thread, NULL);
+        free(l);
+        r->st.links--;
+    }
+}
+
+/* The link for the canonical address canon, created (with its thread) when new; NULL with the
+ * status in *rc on failure. Called with r->mu. */
+static relay_link *link_get(relay *r, const char *canon, int *rc, char *why, size_t cap) {
+    relay_reap(r);
     for (relay_link *l = r->links; l; l = l->next)
-        if (!strcmp(l->addr, addr)) return l;
+        if (!strcmp(l->addr, canon)) return l;
+    if (r->st.links >= (uint64_t)(r->p.max_links > 0 ? r->p.max_links : 0)) {
+        *rc = kvs_fail(why, cap, KVS_ERR_BUSY, "%d relay links are open already", r->p.max_links);
+        return NULL;
+    }
     relay_link *l = calloc(1, sizeof *l);
     if (!l) {
-        kvs_fail(why, cap, KVS_ERR_NOMEM, "out of memory");
+        *rc = kvs_fail(why, cap, KVS_ERR_NOMEM, "out of memory");
         return NULL;
     }
     l->r = r;
     l->fd = -1;
-    snprintf(l->addr, sizeof l->addr, "%s", addr);
-    if (netio_parse_hostport(addr, l->host, sizeof l->host, &l->port) != KVS_OK) {
+    snprintf(l->addr, sizeof l->addr, "%s", canon);
+    if (netio_parse_hostport(canon, l->host, sizeof l->host, &l->port) != KVS_OK) {
         free(l);
-        kvs_fail(why, cap, KVS_ERR_INVALID_ARG, "'%s' is not HOST:PORT", addr);
+        *rc = kvs_fail(why, cap, KVS_ERR_INVALID_ARG, "'%s' is not HOST:PORT", canon);
         return NULL;
     }
     if (pthread_create(&l->thread, NULL, link_main, l) != 0) {
         free(l);
-        kvs_fail(why, cap, KVS_ERR_NOMEM, "cannot start a link thread");
+        *rc = kvs_fail(why, cap, KVS_ERR_NOMEM, "cannot start a link thread");
         return NULL;
     }
     l->next = r->links;
     r->links = l;
+    r->st.links++;
     return l;
+}
+
+/* Why a push to addr cannot be queued now (KVS_OK: it can), with *lp its link. r->mu held. */
+static int push_admit(relay *r, const char *addr, size_t len, relay_link **lp, char *why, size_t cap) {
+    char canon[RELAY_ADDR_MAX];
+    *lp = NULL;
+    if (relay_canon_addr(addr, canon) != KVS_OK)
+        return kvs_fail(why, cap, KVS_ERR_INVALID_ARG, "'%s' is not a numeric HOST:PORT", addr);
+    if (!relay_allowed(r, canon))
+        return kvs_fail(why, cap, KVS_ERR_INVALID_ARG, "%s is not an allowed next hop (--relay-allow)", canon);
+    if (len > r->p.max_queued_bytes || r->st.queued_bytes > r->p.max_queued_bytes - len)
+        return kvs_fail(why, cap, KVS_ERR_BUSY, "relay queue full (%zu bytes)", r->p.max_queued_bytes);
+    int rc = KVS_OK;
+    relay_link *l = link_get(r, canon, &rc, why, cap);
+    if (!l) return rc;
+    if (l->down_until > kvs_now_ns()) return kvs_fail(why, cap, KVS_ERR_CLOSED, "%s", l->down_why);
+    *lp = l;
+    return KVS_OK;
 }
 
 void relay_push(relay *r, const char *addr, uint16_t hop, uint8_t *payload, size_t len, uint64_t request_id,
                 void *target) {
     char why[KVS_MSG_MAX] = "";
     int rc = KVS_OK;
+    relay_link *l = NULL;
     relay_item *it = calloc(1, sizeof *it);
     if (!it) rc = kvs_fail(why, sizeof why, KVS_ERR_NOMEM, "out of memory");
     pthread_mutex_lock(&r->mu);
-    relay_link *l = rc == KVS_OK ? link_get(r, addr, why, sizeof why) : NULL;
-    if (rc == KVS_OK && !l) rc = KVS_ERR_INVALID_ARG;
-    if (l) {
+    if (rc == KVS_OK) rc = push_admit(r, addr, len, &l, why, sizeof why);
+    if (rc == KVS_OK) {
         *it = (relay_item){.payload = payload, .len = len, .rid = request_id, .hop = hop, .target = target};
         if (l->tail) l->tail->next = it;
         else l->head = it;
         l->tail = it;
+        r->st.queued_bytes += len;
         pthread_cond_broadcast(&r->cv);
     } else {
         r->st.failed++;
     }
     pthread_mutex_unlock(&r->mu);
-    if (!l) {
+    if (rc != KVS_OK) {
         free(it);
         free(payload);
-        r->p.done(r->p.ctx, target, request_id, hop, addr, rc, why);
+        r->p.done(r->p.ctx, target, request_id, hop, addr, len, rc, why);
     }
 }
 
@@ -273,11 +423,11 @@ void relay_stop(relay *r) {
     while (l) {
         relay_link *next = l->next;
         pthread_join(l->thread, NULL); /* the worker fails what was queued (done CLOSED) */
-        link_close(l);
         free(l);
         l = next;
     }
     r->links = NULL;
+    r->st.links = 0;
 }
 
 void relay_destroy(relay *r) {
@@ -287,6 +437,7 @@ void relay_destroy(relay *r) {
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->listen_mu);
     free(r->listeners);
+    free(r->allow);
     free(r->auth);
     free(r);
 }
@@ -391,6 +542,7 @@ void relay_listen_drop(relay *r, void *target) {
 
 void relay_get_stats(relay *r, relay_stats *out) {
     pthread_mutex_lock(&r->mu);
+    relay_reap(r); /* links reports live links: idle ones that left are gone */
     *out = r->st;
     pthread_mutex_unlock(&r->mu);
 }

@@ -23,10 +23,17 @@
  *     RELAY_LISTEN. Entries are opaque pointers; relay_listen_take() calls the caller's ref
  *     function under the table lock, so an entry found is never freed under the finder as long
  *     as the owner calls relay_listen_drop() before dropping its own reference.
+ *  5. Links are bounded: only next hops the operator allowed are connected (relay_allowed: the
+ *     allow list, else loopback hops from a loopback-only shard), addresses are numeric and
+ *     canonical (relay_canon_addr: "127.0.0.1:080" and "127.0.0.1:80" are one link; no name is
+ *     resolved), at most max_links are open, and a link with nothing queued for idle_ms closes
+ *     and ends its thread. Queued payload bytes over all links stay under max_queued_bytes;
+ *     after a failed connect the link is down for retry_ms and pushes to it fail at once.
  */
 #ifndef KVS_RELAY_H
 #define KVS_RELAY_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,24 +42,32 @@
 typedef struct relay relay;
 
 /* Outcome of one push (design note 2). target and request_id are those given to relay_push. */
+/* len is the payload's byte count as given to relay_push (for the caller's accounting). */
 typedef void (*relay_done_fn)(void *ctx, void *target, uint64_t request_id, uint16_t hop, const char *addr,
-                              int status, const char *why);
+                              size_t len, int status, const char *why);
 typedef kvs_log_fn relay_log_fn; /* one event line, as every module's log (log.h) */
 
 typedef struct {
     int64_t timeout_ms;  /* connect, HELLO and send deadline per push; < 0: none */
     const char *auth;    /* HELLO auth token for next hops; NULL = none; copied */
     struct tls_ctx *tls; /* client-side TLS context for next hops (not owned); NULL: plaintext */
+    const char *allow;   /* "HOST:PORT,..." numeric next hops allowed; NULL/"": allow_loopback rules */
+    bool allow_loopback; /* without an allow list: loopback next hops allowed (else none) */
+    int max_links;       /* links open at once; more: KVS_ERR_BUSY */
+    int64_t idle_ms;     /* a link with nothing queued this long closes; <= 0: never */
+    int64_t retry_ms;    /* after a failed connect, pushes to that hop fail at once this long */
+    size_t max_queued_bytes; /* payload bytes queued or being sent over all links; more: BUSY */
     relay_done_fn done;  /* required */
     relay_log_fn log;    /* link events (connected, failed); NULL: silent */
     void *ctx;           /* passed to done and log */
 } relay_params;
 
-/* timeout 10000 ms, no auth, no callbacks. */
+/* timeout 10000 ms, no auth, no callbacks, no allow list and no loopback (nothing allowed), 64
+ * links, idle 60 s, retry 1 s, 256 MiB queued. */
 relay_params relay_default_params(void);
 
-/* KVS_OK with *out a new relay (relay_destroy); KVS_ERR_INVALID_ARG without a done callback;
- * KVS_ERR_NOMEM. */
+/* KVS_OK with *out a new relay (relay_destroy); KVS_ERR_INVALID_ARG without a done callback or
+ * with an allow list entry that is not a numeric HOST:PORT; KVS_ERR_NOMEM. */
 int relay_create(const relay_params *p, relay **out);
 
 /* Stops and joins every link: pushes still queued end with done(KVS_ERR_CLOSED); the listen
@@ -68,6 +83,15 @@ void relay_destroy(relay *r);
  * done (design note 2), also when queueing fails. Thread-safe. */
 void relay_push(relay *r, const char *addr, uint16_t hop, uint8_t *payload, size_t len, uint64_t request_id,
                 void *target);
+
+/* The canonical form of a numeric "HOST:PORT" ("a.b.c.d:port" or "[v6]:port", port in decimal
+ * without leading zeros) into out; KVS_OK, or KVS_ERR_INVALID_ARG for a host name, port 0 or a
+ * malformed address (no name is resolved). */
+#define RELAY_ADDR_MAX 64
+int relay_canon_addr(const char *addr, char out[RELAY_ADDR_MAX]);
+
+/* True when addr is a next hop this relay may connect to (design note 5). */
+bool relay_allowed(const relay *r, const char *addr);
 
 /* Builds the FORWARD payload that carries a computed step on to the next hop: rl->next[0]'s
  * inherit fields, out_mode and sample as received, hidden rows (n, n_embd) converted to
@@ -91,9 +115,11 @@ void *relay_listen_take(relay *r, uint64_t relay_id, void (*ref)(void *target));
 /* Removes every registration of target. */
 void relay_listen_drop(relay *r, void *target);
 
-/* Counters: pushes written, pushes failed, connections made. */
+/* Counters: pushes written, pushes failed, connections made; links (threads) open now, payload
+ * bytes queued now. */
 typedef struct {
     uint64_t pushed, failed, connects;
+    uint64_t links, queued_bytes;
 } relay_stats;
 void relay_get_stats(relay *r, relay_stats *out);
 

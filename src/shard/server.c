@@ -204,8 +204,14 @@ int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
     rp.ctx = p->log_ctx; /* srv_relay_done ignores it */
     rp.timeout_ms = p->hello_timeout_ms;
     rp.tls = s->relay_tls;
+    rp.allow = p->relay_allow;
+    rp.allow_loopback = host_is_loopback(host);
+    rp.max_queued_bytes = p->max_buffered_bytes;
     if ((err = relay_create(&rp, &s->relay))) {
-        err = kvs_fail(msg, cap, err, "cannot create the relay");
+        if (err == KVS_ERR_INVALID_ARG)
+            err = kvs_fail(msg, cap, err, "--relay-allow '%s' is not a list of numeric HOST:PORT", p->relay_allow);
+        else
+            err = kvs_fail(msg, cap, err, "cannot create the relay");
         goto fail;
     }
     kvs_logf(s->p.log, s->p.log_ctx, "loaded %s layers [%u, %u) of %u: %.1f MiB of weights (%d matrices repacked) in %.2f s", p->model_path,

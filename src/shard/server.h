@@ -45,6 +45,8 @@ typedef struct {
     /* Security (docs/security.md). */
     const char *tls_cert, *tls_key, *tls_ca; /* all three set: mutual TLS 1.3 on every connection */
     bool insecure;              /* allow plaintext on an address that is not loopback */
+    const char *relay_allow;    /* "HOST:PORT,..." next hops this shard may push to; NULL: loopback
+                                   hops when listening on loopback, else none */
     const char *auth_token_file; /* HELLO auth tokens accepted, one per line; NULL: tokens ignored */
     int frame_timeout_ms;       /* a frame must be complete this long after its first byte */
     int max_conns_per_addr;     /* open connections from one IP address */

@@ -16,7 +16,8 @@
  *
  * Threads. srv_run's caller accepts connections. Each connection has a reader thread
  * (srv_conn_main) and a writer thread (srv_conn_writer). One scheduler thread (srv_sched_main)
- * runs every forward pass. The relay (relay.c) has a thread per next-hop link.
+ * runs every forward pass. The relay (relay.c) has a thread per next-hop link: at most
+ * max_links, to allowed hops only, each ending after an idle time (relay.h design note 5).
  *
  * Locks, and what each guards (take them in this order, never the reverse):
  *   L1 s->mu          the job list (s->jobs, jobs_tail, every job's state, after, n_after_me,
@@ -62,8 +63,11 @@
  * n_conns == 0 before srv_free.
  *
  * Byte accounting: s->buffered holds every frame being received (srv_conn_admit reserves it,
- * srv_conn_release_rx returns it) and every queued reply (srv_conn_send adds, the writer
- * subtracts what it sends, srv_conn_unref what it never sent). It is 0 when the shard is idle.
+ * srv_conn_release_rx returns it), every queued reply (srv_conn_send adds, the writer
+ * subtracts what it sends, srv_conn_unref what it never sent) and every relay push not yet
+ * written (push_forward adds, srv_relay_done subtracts; the push also holds one of its
+ * connection's inflight slots). It is 0 when the shard is idle. At the cap, srv_conn_send
+ * closes the connection holding the most unread replies (close_hog), not the one that hit it.
  */
 #ifndef KVS_SERVER_IMPL_H
 #define KVS_SERVER_IMPL_H
@@ -218,7 +222,7 @@ int srv_cancel_jobs(srv_conn *c, bool all, uint64_t rid);
 
 /* server_ops.c */
 void srv_job_free(srv_job *j);
-void srv_relay_done(void *ctx, void *target, uint64_t rid, uint16_t hop, const char *addr, int status,
+void srv_relay_done(void *ctx, void *target, uint64_t rid, uint16_t hop, const char *addr, size_t len, int status,
                     const char *why);
 void srv_send_forward_reply(srv_job *j);
 int srv_handle_forward(srv_conn *c, uint64_t rid, const uint8_t *payload, size_t len);

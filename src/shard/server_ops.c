@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "netio.h"
 #include "quant.h"
 #include "sampler.h"
 #include "server_impl.h"
@@ -18,11 +19,14 @@ void srv_job_free(srv_job *j) {
     free(j);
 }
 
-/* relay_params.done: a push failed -> tell the client which hop and why; drop the ref. */
-void srv_relay_done(void *ctx, void *target, uint64_t rid, uint16_t hop, const char *addr, int status,
-                       const char *why) {
+/* relay_params.done: a push failed -> tell the client which hop and why; return the push's
+ * bytes to s->buffered and its slot to the connection's in-flight count; drop the ref. */
+void srv_relay_done(void *ctx, void *target, uint64_t rid, uint16_t hop, const char *addr, size_t len, int status,
+                    const char *why) {
     (void)ctx;
     srv_conn *c = target;
+    atomic_fetch_sub(&c->s->buffered, len);
+    atomic_fetch_sub(&c->inflight, 1);
     if (status != KVS_OK) {
         char text[KVS_MSG_MAX];
         snprintf(text, sizeof(text), "relay: hop %u (%s): %s", (unsigned)hop, addr, why);
@@ -44,6 +48,16 @@ static void push_forward(srv_job *j) {
         srv_send_status(j->conn, j->request_id, err, &j->reply, "relay: cannot encode the next hop's FORWARD");
         return;
     }
+    /* The push is the originating connection's work until it is written: it holds bytes of the
+     * global cap and one of the connection's in-flight slots (srv_relay_done returns both). */
+    unsigned long long before = atomic_fetch_add(&s->buffered, len);
+    if (before + len > s->p.max_buffered_bytes) {
+        atomic_fetch_sub(&s->buffered, len);
+        free(payload);
+        srv_send_status(j->conn, j->request_id, KVS_ERR_BUSY, &j->reply, "relay: the shard holds too many buffered bytes");
+        return;
+    }
+    atomic_fetch_add(&j->conn->inflight, 1);
     srv_conn_ref(j->conn);
     relay_push(s->relay, j->relay->next[0].addr, (uint16_t)(j->relay->hop + 1), payload, len, j->request_id, j->conn);
 }
@@ -156,6 +170,38 @@ static fwd_shape forward_shape(const model *m, const struct wire_forward *f) {
     return sh;
 }
 
+/* True when canon (relay_canon_addr) names this shard's own listening socket: its port on its
+ * listen host, on any loopback address when that is loopback, on any host for a wildcard. */
+static bool hop_is_self(const srv *s, const char *canon) {
+    char host[NETIO_HOST_MAX], own[RELAY_ADDR_MAX + NETIO_HOST_MAX], port[8];
+    uint16_t lport;
+    snprintf(port, sizeof port, ":%u", (unsigned)s->port);
+    size_t pl = strlen(port), cl = strlen(canon);
+    if (cl < pl || strcmp(canon + cl - pl, port)) return false;
+    if (netio_parse_hostport(s->p.listen, host, sizeof host, &lport) != KVS_OK) return true;
+    snprintf(own, sizeof own, strchr(host, ':') ? "[%s]%s" : "%s%s", host, port);
+    char canon_own[RELAY_ADDR_MAX];
+    if (relay_canon_addr(own, canon_own) != KVS_OK) return true; /* a host name: any port match */
+    if (!strncmp(canon_own, "0.0.0.0:", 8) || !strncmp(canon_own, "[::]:", 5)) return true;
+    bool loop_own = !strncmp(canon_own, "127.", 4) || !strncmp(canon_own, "[::1]:", 6);
+    bool loop_hop = !strncmp(canon, "127.", 4) || !strncmp(canon, "[::1]:", 6);
+    return !strcmp(canon_own, canon) || (loop_own && loop_hop);
+}
+
+/* Why the relay hops of f are refused (NULL: they are not): every hop a numeric HOST:PORT, none
+ * twice, none this shard (a loop multiplies the work of one request), next[0] allowed here. */
+static const char *relay_hops_refusal(const srv *s, const struct wire_relay *rl) {
+    char canon[WIRE_MAX_RELAY_HOPS][RELAY_ADDR_MAX];
+    for (uint16_t i = 0; i < rl->n_next && i < WIRE_MAX_RELAY_HOPS; i++) {
+        if (relay_canon_addr(rl->next[i].addr, canon[i]) != KVS_OK) return "a relay hop is not a numeric HOST:PORT";
+        if (hop_is_self(s, canon[i])) return "a relay hop names this shard (a loop)";
+        for (uint16_t k = 0; k < i; k++)
+            if (!strcmp(canon[k], canon[i])) return "a relay hop is listed twice";
+    }
+    if (rl->n_next && !relay_allowed(s->relay, canon[0])) return "the next relay hop is not allowed here (--relay-allow)";
+    return NULL;
+}
+
 /* Why this shard refuses the FORWARD before queueing it (NULL: it does not), with the status. */
 static const char *forward_refusal(srv_conn *c, const struct wire_forward *f, const fwd_shape *sh, int *status) {
     const model *m = c->s->e->m;
@@ -171,6 +217,8 @@ static const char *forward_refusal(srv_conn *c, const struct wire_forward *f, co
     if (sh->relayed && f->relay.n_next == 0 && f->out_mode == WIRE_OUT_HIDDEN)
         return "a relayed step must end in logits or a sample";
     if (sh->pushes && m->has_head) return "relay hops after the shard that owns the output head";
+    const char *hops = sh->relayed ? relay_hops_refusal(c->s, &f->relay) : NULL;
+    if (hops) return hops;
     if (sh->tokens_in != m->has_embd)
         return m->has_embd ? "this shard owns layer 0 and takes token ids" : "this shard takes hidden states";
     if (!sh->tokens_in && f->n_embd != m->hp.n_embd) return "hidden width does not match n_embd";
