@@ -326,6 +326,32 @@ static void test_idle_lockout(const char *model) {
     test_shard_stop(&sh);
 }
 
+/* Issue 42 item 3b: connections that never say HELLO, from several addresses, fill the table;
+ * a client from yet another address is still served, and the oldest silent one was closed. */
+static void test_unauthed_lockout(const char *model) {
+    srv_params p = base_params(model);
+    p.max_conns = 8;
+    p.max_conns_per_addr = 4;
+    p.hello_timeout_ms = 60000; /* the silent ones would hold their slots for the whole test */
+    test_shard sh;
+    CHECK_EQ_INT(test_shard_start(&sh, p), KVS_OK);
+    int fds[8];
+    for (int i = 0; i < 8; i++) fds[i] = connect_from(&sh, i < 4 ? "127.0.0.2" : "127.0.0.3");
+    struct wire_info info;
+    int client = connect_from(&sh, "127.0.0.4"); /* accepted after them: the backlog is FIFO */
+    int rc = client >= 0 ? hello(client, NULL, &info, NULL) : KVS_ERR_IO;
+    if (rc != KVS_OK) fprintf(stderr, "client behind 8 silent connections: HELLO answered %d\n", rc);
+    CHECK_EQ_INT(rc, KVS_OK);
+    struct pollfd pf = {.fd = fds[0], .events = POLLIN};
+    char byte;
+    CHECK_EQ_INT(poll(&pf, 1, 10000), 1);
+    CHECK_EQ_INT(recv(fds[0], &byte, 1, 0), 0); /* the oldest silent connection was closed */
+    if (client >= 0) close(client);
+    for (int i = 0; i < 8; i++)
+        if (fds[i] >= 0) close(fds[i]);
+    test_shard_stop(&sh);
+}
+
 /* ---- slow-loris: a frame trickled in after HELLO, and a silent new connection ------- */
 
 static void test_slow_loris(const char *model) {
@@ -564,6 +590,7 @@ int main(void) {
     test_tokens_and_hijack(model, dir);
     test_tenant_flood(model, dir);
     test_idle_lockout(model);
+    test_unauthed_lockout(model);
     test_slow_loris(model);
     test_pipelined(model);
     test_fair_admission(model);

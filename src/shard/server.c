@@ -281,6 +281,40 @@ static void refuse_conn(srv *s, int fd, const char *why) {
     netio_close(fd);
 }
 
+/* Whether a connection from addr gets a slot (server_impl.h, "Slots"): the per-address limit,
+ * then the unauthenticated share and the table, evicting the oldest unauthenticated connection
+ * when one of those is reached. Counts refusals. */
+static bool admit_slot(srv *s, const char *addr, bool *addr_full) {
+    int reserve = s->p.max_conns / 4, open = 0, unauthed = 0, same = 0;
+    srv_conn *oldest = NULL;
+    pthread_mutex_lock(&s->mu);
+    for (srv_conn *o = s->conns; o; o = o->next) { /* newest first */
+        if (atomic_load(&o->closed)) continue;
+        open++;
+        same += !strcmp(o->addr, addr);
+        if (!atomic_load(&o->authed)) {
+            unauthed++;
+            oldest = o;
+        }
+    }
+    *addr_full = s->p.max_conns_per_addr > 0 && same >= s->p.max_conns_per_addr;
+    /* Connections being closed still hold memory: a bounded number of them beyond max_conns. */
+    bool ok = !*addr_full && s->n_conns < s->p.max_conns + (reserve > 0 ? reserve : 1);
+    if (ok && (open >= s->p.max_conns || unauthed >= s->p.max_conns - reserve)) {
+        ok = oldest != NULL;
+        if (ok) {
+            kvs_logf(s->p.log, s->p.log_ctx, "conn %u (%s): no HELLO yet and the slots are taken: closed for a newcomer",
+                     oldest->id, oldest->peer);
+            atomic_store(&oldest->closed, true);
+            shutdown(oldest->fd, SHUT_RDWR);
+        }
+    }
+    if (!ok) s->c_rejected_conns++;
+    if (*addr_full) s->c_refused_addr++;
+    pthread_mutex_unlock(&s->mu);
+    return ok;
+}
+
 int srv_run(srv *s) {
     kv_stats ks;
     kv_get_stats(s->e->kv, &ks);
@@ -298,14 +332,7 @@ int srv_run(srv *s) {
         if (netio_accept(s->listen_fd, netio_deadline_ms(0), &fd, msg, sizeof(msg)) != KVS_OK) continue;
         char addr[INET6_ADDRSTRLEN] = "?", peer[64] = "?";
         peer_address(fd, addr, peer);
-        pthread_mutex_lock(&s->mu);
-        bool full = s->n_conns >= s->p.max_conns;
-        int same = 0;
-        for (srv_conn *o = s->conns; o && !full; o = o->next) same += !strcmp(o->addr, addr);
-        bool addr_full = !full && s->p.max_conns_per_addr > 0 && same >= s->p.max_conns_per_addr;
-        if (full || addr_full) s->c_rejected_conns++;
-        if (addr_full) s->c_refused_addr++;
-        pthread_mutex_unlock(&s->mu);
+        bool addr_full = false, full = !admit_slot(s, addr, &addr_full);
         if (full || addr_full) {
             kvs_logf(s->p.log, s->p.log_ctx, "connection from %s refused: %s", peer,
                      full ? "all --max-conns slots open" : "--max-conns-per-addr reached for its address");
@@ -324,6 +351,7 @@ int srv_run(srv *s) {
         atomic_init(&c->refs, 1);
         atomic_init(&c->closed, false);
         atomic_init(&c->inflight, 0);
+        atomic_init(&c->authed, false);
         snprintf(c->addr, sizeof c->addr, "%s", addr);
         snprintf(c->peer, sizeof c->peer, "%s", peer);
         pthread_mutex_lock(&s->mu);

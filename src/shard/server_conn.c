@@ -248,6 +248,7 @@ static int conn_hello(srv_conn *c, struct netio_buf *buf) {
             kvs_logf(s->p.log, s->p.log_ctx, "conn %u (%s): wrong auth token, closing", c->id, c->peer);
             return KVS_ERR_INVALID_ARG;
         }
+        atomic_store(&c->authed, true); /* before INFO: from now on it is never evicted for a newcomer */
         send_info(c, h.request_id, KVS_OK);
         kvs_logf(s->p.log, s->p.log_ctx, "conn %u (%s): peer %s", c->id, c->peer, c->identity);
         return KVS_OK;

@@ -28,7 +28,7 @@
  *   L3 c->write_lock  one connection's reply queue (out_head/out_tail/out_bytes, writer_stop,
  *                     writer_gone). Taken alone or inside L1; no other lock is taken inside it.
  * Atomics outside the locks: s->buffered and s->rx_capacity (byte accounting), s->stopping,
- * c->refs, c->closed, c->inflight, j->cancel.
+ * c->refs, c->closed, c->inflight, c->authed, j->cancel.
  *
  * A job (srv_job: a FORWARD, or a TRUNCATE / RELEASE queued behind one) moves
  *
@@ -55,6 +55,10 @@
  * A connection (srv_conn) is: open (accepted, on s->conns) -> HELLO done -> serving ->
  * closing (reader saw EOF, an error or a bad frame: cancels its jobs, sets closed, lets the
  * writer drain what is queued, joins it) -> freed by the last srv_conn_unref.
+ * Slots (admit_slot, under L1): connections that have not finished HELLO (authed false) may
+ * hold max_conns - max_conns / 4 slots; when a newcomer finds that many, or the table full,
+ * the oldest of them is shut down (closed, shutdown(fd)) to admit it, so connections that never
+ * authenticate cannot keep an authenticated client out. A full table of authed ones refuses.
  *
  * The reference rule: c->refs counts the reader (1, from accept) + every job whose conn is c +
  * every relay entry (RELAY_LISTEN registration or queued push) that names c. Whoever drops the
@@ -166,6 +170,7 @@ struct srv_conn {
     char addr[INET6_ADDRSTRLEN]; /* peer IP address (per-address limit) */
     char identity[TLS_ID_MAX];   /* authenticated peer identity; sessions are keyed by it */
     atomic_int inflight;         /* FORWARD jobs queued or running */
+    atomic_bool authed;          /* TLS handshake and HELLO done and accepted */
     size_t rx_held;              /* bytes of s->buffered held by the frame being handled */
     size_t rx_cap;               /* bytes of the receive buffer, as counted in s->rx_capacity */
     int n_running;               /* admitted (pinned) requests of this connection; guarded by s->mu */
