@@ -1,4 +1,5 @@
 /* server_conn.c — one connection: reader and writer threads, reply queue, admission, references. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,9 +17,62 @@ static void out_free_all(srv_out *o) {
     }
 }
 
-/* Queues one frame for c's writer thread (the payload is copied). Never
- * blocks on the peer. A closed connection drops it; a queue over the limit
- * closes the connection (its reader sees the shutdown). */
+/* Puts o on c's queue unless that would pass c's own cap or (unless force) the global cap:
+ * 0 queued (or dropped: the writer is gone, o freed), 1 over c's own cap, 2 over the global
+ * one; *queued is c's queue before. */
+static int conn_enqueue(srv_conn *c, srv_out *o, bool force, size_t *queued) {
+    pthread_mutex_lock(&c->write_lock);
+    if (c->writer_gone) { /* nothing would ever send it */
+        pthread_mutex_unlock(&c->write_lock);
+        free(o);
+        return 0;
+    }
+    *queued = c->out_bytes;
+    bool own = c->out_bytes + o->len > c->s->p.max_queued_bytes;
+    bool all = !force && atomic_load(&c->s->buffered) + o->len > c->s->p.max_buffered_bytes;
+    if (!own && !all) {
+        atomic_fetch_add(&c->s->buffered, o->len);
+        if (c->out_tail) c->out_tail->next = o;
+        else c->out_head = o;
+        c->out_tail = o;
+        c->out_bytes += o->len;
+        pthread_cond_signal(&c->write_cv);
+    }
+    pthread_mutex_unlock(&c->write_lock);
+    return own ? 1 : all ? 2 : 0;
+}
+
+/* The global cap is reached while c would hold mine bytes: closes the connection holding the
+ * most queued reply bytes when that is another one holding more (the hog, not its victim);
+ * its writer then discards its queue. true when one was closed. Called without locks. */
+static bool close_hog(srv *s, const srv_conn *c, size_t mine) {
+    srv_conn *hog = NULL;
+    size_t most = mine;
+    pthread_mutex_lock(&s->mu);
+    for (srv_conn *o = s->conns; o; o = o->next) {
+        if (o == c || atomic_load(&o->closed)) continue;
+        pthread_mutex_lock(&o->write_lock); /* L3 inside L1 */
+        size_t b = o->out_bytes;
+        pthread_mutex_unlock(&o->write_lock);
+        if (b > most) {
+            most = b;
+            hog = o;
+        }
+    }
+    if (hog) {
+        kvs_logf(s->p.log, s->p.log_ctx, "conn %u (%s): holds %zu unread reply bytes of the shard's cap, closing", hog->id,
+                 hog->peer, most);
+        atomic_store(&hog->closed, true);
+        shutdown(hog->fd, SHUT_RDWR);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return hog != NULL;
+}
+
+/* Queues one frame for c's writer thread (the payload is copied). Never blocks on the peer. A
+ * closed connection drops it. A queue over its own cap closes c; at the global cap the
+ * connection holding the most (close_hog) is closed instead when that is another one, and the
+ * frame is queued over the cap while that one's queue is discarded. */
 void srv_conn_send(srv_conn *c, uint16_t op, uint64_t rid, const uint8_t *payload, size_t len) {
     if (atomic_load(&c->closed)) return;
     srv_out *o = malloc(sizeof(*o) + len);
@@ -28,24 +82,9 @@ void srv_conn_send(srv_conn *c, uint16_t op, uint64_t rid, const uint8_t *payloa
     o->request_id = rid;
     o->len = len;
     if (len) memcpy(o->data, payload, len);
-    pthread_mutex_lock(&c->write_lock);
-    if (c->writer_gone) { /* nothing would ever send it */
-        pthread_mutex_unlock(&c->write_lock);
-        free(o);
-        return;
-    }
-    bool over = c->out_bytes + len > c->s->p.max_queued_bytes ||
-                atomic_load(&c->s->buffered) + len > c->s->p.max_buffered_bytes;
-    size_t queued = c->out_bytes;
-    if (!over) {
-        atomic_fetch_add(&c->s->buffered, len);
-        if (c->out_tail) c->out_tail->next = o;
-        else c->out_head = o;
-        c->out_tail = o;
-        c->out_bytes += len;
-        pthread_cond_signal(&c->write_cv);
-    }
-    pthread_mutex_unlock(&c->write_lock);
+    size_t queued = 0;
+    int over = conn_enqueue(c, o, false, &queued);
+    if (over == 2 && close_hog(c->s, c, queued + len)) over = conn_enqueue(c, o, true, &queued);
     if (over) {
         free(o);
         kvs_logf(c->s->p.log, c->s->p.log_ctx, "conn %u (%s): not reading its replies (%zu bytes queued), closing", c->id, c->peer, queued);
