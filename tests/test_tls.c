@@ -13,6 +13,10 @@
 #include <stdatomic.h>
 #include <sys/stat.h>
 
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+
 #include "mkmodel.h"
 #include "netio.h"
 #include "route.h"
@@ -384,6 +388,62 @@ static void test_bad_files(void) {
     CHECK_EQ_INT(tls_make_cluster(g_dir, bad, 2, 10, msg, sizeof msg), KVS_ERR_INVALID_ARG);
 }
 
+/* Writes a self-signed certificate whose subject CN is cn[0..n) as ASN.1 string type type
+ * (MBSTRING_UTF8 or V_ASN1_BMPSTRING: raw big-endian UCS-2) to path; true on success. */
+static bool write_cert_cn(const char *path, int type, const unsigned char *cn, int n) {
+    EVP_PKEY *k = EVP_PKEY_Q_keygen(NULL, NULL, "EC", "P-256");
+    X509 *x = X509_new();
+    bool ok = k && x;
+    X509_NAME *nm = ok ? X509_get_subject_name(x) : NULL;
+    ok = ok && X509_set_version(x, 2) && ASN1_INTEGER_set(X509_get_serialNumber(x), 1) &&
+         X509_gmtime_adj(X509_getm_notBefore(x), 0) && X509_gmtime_adj(X509_getm_notAfter(x), 3600) &&
+         X509_NAME_add_entry_by_NID(nm, NID_commonName, type, cn, n, -1, 0) && X509_set_issuer_name(x, nm) &&
+         X509_set_pubkey(x, k) && X509_sign(x, k, EVP_sha256()) > 0;
+    FILE *f = ok ? fopen(path, "w") : NULL;
+    ok = f && PEM_write_X509(f, x);
+    if (f) fclose(f);
+    X509_free(x);
+    EVP_PKEY_free(k);
+    return ok;
+}
+
+/* Issue 42 item 4: each pair of certificates the old mapping merged gets two identities, and
+ * the plain names keep their readable form. */
+static void test_identities_injective(void) {
+    char long_a[65], long_b[65];
+    memset(long_a, 'a', 64);
+    long_a[64] = 0;
+    memcpy(long_b, long_a, 65);
+    long_b[63] = 'b';
+    static const unsigned char bmp_bob[] = {0, 'b', 0, 'o', 0, 'b'}, bmp_eve[] = {0, 'e', 0, 'v', 0, 'e'};
+    struct {
+        int type;
+        const unsigned char *cn;
+        int n;
+    } pairs[][2] = {
+        {{MBSTRING_UTF8, (const unsigned char *)"alice bob", 9}, {MBSTRING_UTF8, (const unsigned char *)"alice_bob", 9}},
+        {{MBSTRING_UTF8, (const unsigned char *)"alice/bob", 9}, {MBSTRING_UTF8, (const unsigned char *)"alice_bob", 9}},
+        {{MBSTRING_UTF8, (const unsigned char *)long_a, 64}, {MBSTRING_UTF8, (const unsigned char *)long_b, 64}},
+        {{MBSTRING_UTF8, (const unsigned char *)"caf\xc3\xa9", 5}, {MBSTRING_UTF8, (const unsigned char *)"caf__", 5}},
+        {{V_ASN1_BMPSTRING, bmp_bob, 6}, {V_ASN1_BMPSTRING, bmp_eve, 6}},
+    };
+    char path[2][200], id[2][TLS_ID_MAX];
+    for (size_t p = 0; p < sizeof pairs / sizeof pairs[0]; p++) {
+        for (int i = 0; i < 2; i++) {
+            snprintf(path[i], sizeof path[i], "%s/id%zu_%d.pem", g_dir, p, i);
+            CHECK(write_cert_cn(path[i], pairs[p][i].type, pairs[p][i].cn, pairs[p][i].n));
+            id[i][0] = 0;
+            CHECK_EQ_INT(tls_cert_file_identity(path[i], id[i], sizeof id[i]), KVS_OK);
+        }
+        if (!strcmp(id[0], id[1])) fprintf(stderr, "pair %zu: both map to '%s'\n", p, id[0]);
+        CHECK(strcmp(id[0], id[1]) != 0);
+    }
+    CHECK(write_cert_cn(path[0], V_ASN1_BMPSTRING, bmp_bob, 6));
+    CHECK_EQ_INT(tls_cert_file_identity(path[0], id[0], sizeof id[0]), KVS_OK);
+    if (strcmp(id[0], "cn:bob")) fprintf(stderr, "BMPString bob: got '%s', want 'cn:bob'\n", id[0]);
+    CHECK(!strcmp(id[0], "cn:bob"));
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     snprintf(g_dir, sizeof g_dir, "/tmp/kvs-tls-XXXXXX");
@@ -400,6 +460,7 @@ int main(void) {
     CHECK(stat(keyp, &st) == 0 && (st.st_mode & 077) == 0);
     test_handshake_and_frames();
     test_bad_files();
+    test_identities_injective();
     char model[200];
     snprintf(model, sizeof model, "%s/tiny.gguf", g_dir);
     mkmodel_params mp = mkmodel_default_params();

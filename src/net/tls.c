@@ -13,6 +13,8 @@
 
 #include <openssl/bio.h>
 #include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 
@@ -164,33 +166,100 @@ static int wait_events(int fd, short events, uint64_t deadline_ns) {
     }
 }
 
-/* Writes the identity of the peer's certificate (design note 2). */
-static int peer_identity(SSL *ssl, char *id, size_t cap) {
-    X509 *x = SSL_get1_peer_certificate(ssl);
-    if (!x) return KVS_ERR_INVALID_ARG;
-    char cn[64] = "";
-    int n = X509_NAME_get_text_by_NID(X509_get_subject_name(x), NID_commonName, cn, sizeof cn);
-    if (n > 0) {
-        for (int i = 0; i < n && cn[i]; i++) {
-            char ch = cn[i];
-            bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-                      ch == '.' || ch == '-' || ch == '_';
-            if (!ok) cn[i] = '_';
+/* "PREFIX" + the hex SHA-256 of data[0..n) into id; KVS_OK or KVS_ERR_INVALID_ARG. */
+static int hex_digest_id(const char *prefix, const unsigned char *data, size_t n, char *id, size_t cap) {
+    unsigned char md[32];
+    unsigned int ml = 0;
+    if (EVP_Digest(data, n, md, &ml, EVP_sha256(), NULL) != 1 || ml != 32) return KVS_ERR_INVALID_ARG;
+    char hex[65];
+    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", md[i]);
+    snprintf(id, cap, "%s%s", prefix, hex);
+    return KVS_OK;
+}
+
+/* Appends the UTF-8 bytes of one CN to esc (length *k of cap) escaped reversibly: [A-Za-z0-9._-]
+ * as they are, every other byte as %XX, so distinct names never meet. false when it does not fit. */
+static bool escape_cn(const unsigned char *u, int n, char *esc, size_t *k, size_t cap) {
+    for (int i = 0; i < n; i++) {
+        unsigned char ch = u[i];
+        bool plain = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' ||
+                     ch == '-' || ch == '_';
+        if (*k + (plain ? 1 : 3) >= cap) return false;
+        if (plain) esc[(*k)++] = (char)ch;
+        else *k += (size_t)snprintf(esc + *k, 4, "%%%02X", ch);
+    }
+    return true;
+}
+
+/* The identity of certificate x (design note 2): every subject CN as UTF-8 (BMPString and
+ * UTF8String alike), escaped and joined by ','; its SHA-256 when the escaped form is longer
+ * than an identity holds; the certificate's SHA-256 without a CN. */
+static int cert_identity(X509 *x, char *id, size_t cap) {
+    X509_NAME *nm = X509_get_subject_name(x);
+    char esc[TLS_ID_MAX - 3];
+    size_t k = 0;
+    bool fits = true, any = false;
+    unsigned char *all = NULL; /* the joined UTF-8 names, for the digest form */
+    size_t all_len = 0;
+    for (int pos = X509_NAME_get_index_by_NID(nm, NID_commonName, -1); pos >= 0;
+         pos = X509_NAME_get_index_by_NID(nm, NID_commonName, pos)) {
+        unsigned char *u = NULL;
+        int n = ASN1_STRING_to_UTF8(&u, X509_NAME_ENTRY_get_data(X509_NAME_get_entry(nm, pos)));
+        unsigned char *grown = n >= 0 ? realloc(all, all_len + (size_t)n + 1) : NULL;
+        if (!grown) {
+            OPENSSL_free(u);
+            free(all);
+            return KVS_ERR_INVALID_ARG;
         }
-        snprintf(id, cap, "cn:%s", cn);
+        all = grown;
+        if (any) all[all_len++] = ',';
+        memcpy(all + all_len, u, (size_t)n);
+        all_len += (size_t)n;
+        if (any) fits = fits && escape_cn((const unsigned char *)",", 1, esc, &k, sizeof esc);
+        fits = fits && escape_cn(u, n, esc, &k, sizeof esc);
+        any = true;
+        OPENSSL_free(u);
+    }
+    int rc = KVS_OK;
+    if (any && fits) {
+        esc[k] = 0;
+        snprintf(id, cap, "cn:%s", esc);
+    } else if (any) {
+        rc = hex_digest_id("cnh:", all, all_len, id, cap); /* "cnh:" never starts a "cn:" id */
     } else {
         unsigned char md[32];
         unsigned int ml = 0;
         if (X509_digest(x, EVP_sha256(), md, &ml) != 1 || ml != 32) {
-            X509_free(x);
-            return KVS_ERR_INVALID_ARG;
+            rc = KVS_ERR_INVALID_ARG;
+        } else {
+            char hex[65];
+            for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", md[i]);
+            snprintf(id, cap, "sha256:%s", hex);
         }
-        char hex[65];
-        for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", md[i]);
-        snprintf(id, cap, "sha256:%s", hex);
     }
+    free(all);
+    return rc;
+}
+
+/* Writes the identity of the peer's certificate (design note 2). */
+static int peer_identity(SSL *ssl, char *id, size_t cap) {
+    X509 *x = SSL_get1_peer_certificate(ssl);
+    if (!x) return KVS_ERR_INVALID_ARG;
+    int rc = cert_identity(x, id, cap);
     X509_free(x);
-    return KVS_OK;
+    return rc;
+}
+
+int tls_cert_file_identity(const char *path, char *id, size_t cap) {
+    if (!path || !id || cap < TLS_ID_MAX) return KVS_ERR_INVALID_ARG;
+    FILE *f = fopen(path, "r");
+    if (!f) return KVS_ERR_IO;
+    X509 *x = PEM_read_X509(f, NULL, NULL, NULL);
+    fclose(f);
+    if (!x) return KVS_ERR_INVALID_ARG;
+    int rc = cert_identity(x, id, cap);
+    X509_free(x);
+    return rc;
 }
 
 int tls_handshake(tls_ctx *c, int fd, uint64_t deadline_ns, char *peer_id, size_t id_cap, char *msg,

@@ -7,9 +7,12 @@
  *     checks the server's chain against the same CA: both ends are authenticated, and only
  *     TLS 1.3 is spoken. Host names are not checked: any certificate of the cluster CA is a
  *     member of the cluster (docs/security.md).
- *  2. The peer identity is "cn:" + the subject common name of the peer's certificate, or
- *     "sha256:" + the hex SHA-256 of the certificate when it has no CN. The server keys sessions
- *     by it (server.c), so two certificates with different CNs never see each other's sessions.
+ *  2. The peer identity is "cn:" + the subject common names of the peer's certificate as
+ *     UTF-8, escaped reversibly (bytes outside [A-Za-z0-9._-] as %XX, names joined by ","), or
+ *     "cnh:" + the hex SHA-256 of those names when the escaped form does not fit TLS_ID_MAX,
+ *     or "sha256:" + the hex SHA-256 of the certificate when it has no CN. The mapping is
+ *     injective, so two certificates with different CNs never see each other's sessions
+ *     (the server keys sessions by it).
  *  3. A handshake attaches a tls_conn to its socket fd in a process-wide table (fds below
  *     TLS_MAX_FD); netio reads and writes such an fd through the session, so the rest of the
  *     code keeps passing plain fds. netio_close() (tls_detach) ends and frees the session; an fd
@@ -54,6 +57,10 @@ void tls_ctx_free(tls_ctx *c); /* NULL is fine; sessions made from it must be de
  * nothing is attached then and fd stays open (the caller closes it). */
 int tls_handshake(tls_ctx *c, int fd, uint64_t deadline_ns, char *peer_id, size_t id_cap, char *msg,
                   size_t msg_cap);
+
+/* The identity (design note 2) of the PEM certificate in path, into id (cap >= TLS_ID_MAX).
+ * KVS_OK; KVS_ERR_IO when unreadable, KVS_ERR_INVALID_ARG when not a certificate. */
+int tls_cert_file_identity(const char *path, char *id, size_t cap);
 
 /* The session attached to fd, NULL for a plain fd. */
 tls_conn *tls_conn_of(int fd);
