@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -78,7 +79,10 @@ typedef struct {
     atomic_int pages_served;
 } hostile;
 
-static int send_info_frame(int fd, uint64_t rid) {
+static int send_info_frame_nv(int fd, uint64_t rid, uint32_t n_vocab);
+static int send_info_frame(int fd, uint64_t rid) { return send_info_frame_nv(fd, rid, WIRE_MAX_VOCAB); }
+
+static int send_info_frame_nv(int fd, uint64_t rid, uint32_t n_vocab) {
     struct wire_info in;
     memset(&in, 0, sizeof in);
     in.version = WIRE_VERSION;
@@ -87,7 +91,7 @@ static int send_info_frame(int fd, uint64_t rid) {
     in.first = 0;
     in.last = 1;
     in.n_embd = 8;
-    in.n_vocab = WIRE_MAX_VOCAB;
+    in.n_vocab = n_vocab;
     in.kv_budget_bytes = 1 << 20;
     in.max_tokens = 8;
     in.max_ctx = 64;
@@ -187,6 +191,91 @@ static void test_hostile_shard(enum hostile_mode mode) {
     close(h.listen_fd);
 }
 
+/* ---- VOCAB_META merges: a small page announcing gigabytes of merge texts ---------------- */
+
+enum { MERGE_NV = 4, MERGE_PAGE = 100000 };
+
+/* Serves one connection: INFO (4 tokens), a gpt2 VOCAB page of 4 tokens of 4,096 bytes, then
+ * VOCAB_META pages of 100,000 merges "token0 token1" (8 bytes each on the wire, 8,193 bytes
+ * each as text) of a 2^20-merge table. */
+static void *merges_main(void *arg) {
+    int lfd = *(int *)arg, fd = -1;
+    char msg[KVS_MSG_MAX];
+    if (netio_accept(lfd, netio_deadline_ms(10000), &fd, msg, sizeof msg) != KVS_OK) return NULL;
+    struct netio_buf b = {0};
+    struct wire_header hd;
+    char *text = malloc(4096);
+    int32_t *ids = malloc(2 * sizeof(int32_t) * MERGE_PAGE);
+    uint8_t *out = malloc(16u << 20);
+    if (!text || !ids || !out) goto out;
+    memset(text, 'a', 4096);
+    for (int i = 0; i < 2 * MERGE_PAGE; i++) ids[i] = i & 1;
+    if (netio_recv_frame(fd, &hd, &b, netio_deadline_ms(10000), msg, sizeof msg) != KVS_OK ||
+        send_info_frame_nv(fd, hd.request_id, MERGE_NV) != KVS_OK)
+        goto out;
+    while (netio_recv_frame(fd, &hd, &b, netio_deadline_ms(10000), msg, sizeof msg) == KVS_OK) {
+        size_t len = 0;
+        int rc = KVS_ERR_PROTOCOL;
+        if (hd.op == WIRE_OP_VOCAB) {
+            struct wire_vocab_token toks[MERGE_NV];
+            for (int i = 0; i < MERGE_NV; i++) toks[i] = (struct wire_vocab_token){.text = text, .text_len = 4096};
+            struct wire_vocab_reply r = {.n_vocab = MERGE_NV, .count = MERGE_NV, .bos = -1, .eos = -1,
+                                         .tok_model_len = 4, .tokens = toks};
+            memcpy(r.tok_model, "gpt2", 4);
+            rc = wire_encode_vocab_reply(&r, out, 16u << 20, &len);
+        } else if (hd.op == WIRE_OP_VOCAB_META) {
+            struct wire_vocab_meta q;
+            if (wire_decode_vocab_meta(b.data, b.len, &q, msg, sizeof msg) != KVS_OK) break;
+            struct wire_vocab_meta_reply r = {.n_vocab = MERGE_NV, .n_merges = 1u << 20, .first = q.first,
+                                              .count = MERGE_PAGE, .merge_ids = ids};
+            rc = wire_encode_vocab_meta_reply(&r, out, 16u << 20, &len);
+        }
+        uint16_t op = hd.op == WIRE_OP_VOCAB ? WIRE_OP_VOCAB_REPLY : WIRE_OP_VOCAB_META_REPLY;
+        if (rc != KVS_OK || netio_send_frame(fd, op, hd.request_id, out, len, netio_deadline_ms(5000)) != KVS_OK) break;
+    }
+out:
+    free(text);
+    free(ids);
+    free(out);
+    netio_buf_free(&b);
+    netio_close(fd);
+    return NULL;
+}
+
+/* Issue 42 item 6: the merges are counted in the client's 32 MiB vocab text cap before they
+ * are allocated, so the first page is refused (PROTOCOL). In a child with 1 GiB of address
+ * space and a 20 s alarm: without the bound the client would allocate ~8.6 GB (NOMEM here). */
+static void test_hostile_merges(void) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(20);
+        struct rlimit lim = {.rlim_cur = 1ull << 30, .rlim_max = 1ull << 30};
+        setrlimit(RLIMIT_AS, &lim);
+        int lfd = -1;
+        uint16_t port = 0;
+        char msg[KVS_MSG_MAX] = "";
+        if (netio_listen("127.0.0.1", 0, 4, &lfd, &port, msg, sizeof msg) != KVS_OK) _exit(2);
+        pthread_t th;
+        if (pthread_create(&th, NULL, merges_main, &lfd) != 0) _exit(2);
+        char spec[64];
+        snprintf(spec, sizeof spec, "127.0.0.1:%u", (unsigned)port);
+        route_params rp = route_default_params();
+        rp.timeout_ms = 10000;
+        route *r = NULL;
+        if (route_open(spec, NULL, &rp, &r, msg, sizeof msg) != KVS_OK) _exit(3);
+        tok_vocab *v = NULL;
+        int rc = route_fetch_vocab(r, &v, msg, sizeof msg);
+        fprintf(stderr, "  hostile merges: %s (%s)\n", kvs_strerror(rc), msg);
+        route_close(r);
+        pthread_join(th, NULL);
+        _exit(rc == KVS_ERR_PROTOCOL && strstr(msg, "vocab cap") && !v ? 0 : 4);
+    }
+    int st = 0;
+    CHECK(waitpid(pid, &st, 0) == pid);
+    CHECK(WIFEXITED(st));
+    if (WIFEXITED(st)) CHECK_EQ_INT(WEXITSTATUS(st), 0);
+}
+
 /* ---- VOCAB only from the head shard ------------------------------------------------- */
 
 static void *serve_thread(void *arg) {
@@ -248,6 +337,7 @@ int main(void) {
     test_budget_refused(model);
     test_hostile_shard(HOSTILE_HUGE_TOKENS);
     test_hostile_shard(HOSTILE_BIG_INFO);
+    test_hostile_merges();
     test_vocab_head_only(model);
     unlink(model);
     rmdir(dir);

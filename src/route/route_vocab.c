@@ -26,7 +26,16 @@ typedef struct {
     uint32_t n_merges;
     char **merges;
     uint32_t *merge_lens;
+    size_t budget; /* bytes the merge table may still take: what the vocab texts left of
+                      ROUTE_MAX_VOCAB_TEXT, charged before each allocation */
 } bpe_meta;
+
+/* Takes bytes from m's budget; false (nothing taken) when they do not fit. */
+static bool bpe_meta_charge(bpe_meta *m, size_t bytes) {
+    if (bytes > m->budget) return false;
+    m->budget -= bytes;
+    return true;
+}
 
 static void bpe_meta_free(bpe_meta *m) {
     for (uint32_t i = 0; m->merges && i < m->n_merges; i++) free(m->merges[i]);
@@ -40,6 +49,9 @@ static int bpe_meta_start(bpe_meta *m, const struct wire_vocab_meta_reply *v, ch
     memcpy(m->pre, v->pre, sizeof m->pre);
     m->add_bos = v->add_bos == 1 ? 1 : v->add_bos == 2 ? -1 : 0;
     m->n_merges = v->n_merges;
+    if (!bpe_meta_charge(m, (size_t)(v->n_merges ? v->n_merges : 1) * (sizeof *m->merges + sizeof *m->merge_lens)))
+        return kvs_fail(msg, msg_cap, KVS_ERR_PROTOCOL, "VOCAB_META announces %u merges: past the %u-byte vocab cap",
+                        v->n_merges, ROUTE_MAX_VOCAB_TEXT);
     m->merges = calloc(v->n_merges ? v->n_merges : 1, sizeof *m->merges);
     m->merge_lens = calloc(v->n_merges ? v->n_merges : 1, sizeof *m->merge_lens);
     if (v->template_len) {
@@ -61,6 +73,9 @@ static int bpe_meta_add_merges(bpe_meta *m, const struct wire_vocab_meta_reply *
         int32_t lid, rid;
         wire_vocab_meta_merge(v, i, &lid, &rid); /* ids < n_vocab: checked by the decoder */
         size_t ll = lens[lid], rl = lens[rid];
+        if (!bpe_meta_charge(m, ll + rl + 2 + 2 * sizeof(void *))) /* with the allocator's overhead */
+            return kvs_fail(msg, msg_cap, KVS_ERR_PROTOCOL, "VOCAB_META merges pass the %u-byte vocab cap at merge %u",
+                            ROUTE_MAX_VOCAB_TEXT, first + i);
         char *s = malloc(ll + rl + 2);
         if (!s) return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
         if (ll) memcpy(s, texts[lid], ll);
@@ -76,6 +91,9 @@ static int fetch_bpe_meta(route *r, uint32_t nv, const char *const *texts, const
                           char *msg, size_t msg_cap) {
     route_hop *h = &r->hops[0];
     int rc;
+    size_t used = 0;
+    for (uint32_t i = 0; i < nv; i++) used += lens[i];
+    m->budget = used < ROUTE_MAX_VOCAB_TEXT ? ROUTE_MAX_VOCAB_TEXT - used : 0;
     for (uint32_t first = 0;;) {
         char why[KVS_MSG_MAX];
         struct wire_vocab_meta q = {.first = first, .max_count = WIRE_MAX_MERGES};
