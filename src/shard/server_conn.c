@@ -197,13 +197,14 @@ static int conn_authenticate(srv_conn *c, const struct wire_hello *hello) {
 }
 
 /* netio admit hook: reserves the frame's payload in s->buffered, or refuses it with BUSY when
- * every connection together would hold more than max_buffered_bytes. */
+ * every connection together would hold more than max_buffered_bytes and no other connection
+ * holds more unread replies than the frame (close_hog). */
 static int conn_admit(void *ctx, const struct wire_header *h) {
     srv_conn *c = ctx;
     srv *s = c->s;
     unsigned long long now = atomic_fetch_add(&s->buffered, h->payload_len);
-    if (now + h->payload_len > s->p.max_buffered_bytes) {
-        atomic_fetch_sub(&s->buffered, h->payload_len);
+    if (now + h->payload_len > s->p.max_buffered_bytes && !close_hog(s, c, h->payload_len)) {
+        atomic_fetch_sub(&s->buffered, h->payload_len); /* a hog that held more was closed instead */
         return KVS_ERR_BUSY;
     }
     c->rx_held = h->payload_len;
