@@ -560,6 +560,72 @@ static void test_buffers(const char *model) {
     test_shard_stop(&sh);
 }
 
+/* srv.buffered_bytes of the in-process shard. */
+static uint64_t buffered_now(const test_shard *sh) {
+    struct wire_stats_reply *m = calloc(1, sizeof *m);
+    uint64_t v = UINT64_MAX;
+    if (!m) return v;
+    srv_stats(sh->s, m);
+    for (uint32_t i = 0; i < m->n_stats; i++)
+        if (!strcmp(m->stats[i].name, "srv.buffered_bytes")) v = m->stats[i].value;
+    free(m);
+    return v;
+}
+
+/* srv.buffered_bytes once it has not moved for 20 ms (2 s at most). */
+static uint64_t buffered_settled(const test_shard *sh) {
+    uint64_t v = buffered_now(sh);
+    for (int still = 0, i = 0; still < 10 && i < 1000; i++) {
+        nanosleep(&(struct timespec){0, 2 * 1000 * 1000}, NULL);
+        uint64_t w = buffered_now(sh);
+        still = w == v ? still + 1 : 0;
+        v = w;
+    }
+    return v;
+}
+
+/* Issue 42 item 5: a connection that asks and never reads holds most of --max-buffered; a
+ * second client's frame that would pass the cap closes the hog, and the client is answered. */
+static void test_buffer_hog(const char *model) {
+    srv_params p = base_params(model);
+    const uint64_t cap = 8u << 20;
+    p.max_buffered_bytes = cap;
+    test_shard sh;
+    CHECK_EQ_INT(test_shard_start(&sh, p), KVS_OK);
+    struct wire_info info;
+    int hog = connect_from(&sh, "127.0.0.2");
+    CHECK_EQ_INT(hello(hog, NULL, &info, NULL), KVS_OK);
+    /* STATS replies pile up (first in the kernel's buffers, then in the shard's queue) until
+     * the hog holds more than 60% of the cap; small batches keep it well under the cap */
+    uint64_t held = 0;
+    for (int batch = 0; batch < 20000 && held <= cap * 6 / 10; batch++) {
+        for (int i = 0; i < 16; i++) CHECK_EQ_INT(netio_send_frame(hog, WIRE_OP_STATS, 10, NULL, 0, netio_deadline_ms(5000)), KVS_OK);
+        held = buffered_settled(&sh);
+    }
+    if (!(held > cap * 6 / 10 && held < cap)) fprintf(stderr, "hog holds %llu of %llu\n", (unsigned long long)held, (unsigned long long)cap);
+    CHECK(held > cap * 6 / 10 && held < cap);
+    int victim = connect_from(&sh, "127.0.0.3");
+    CHECK_EQ_INT(hello(victim, NULL, &info, NULL), KVS_OK);
+    /* a frame more than the cap leaves, less than the hog holds (STATS with a payload: PROTOCOL) */
+    size_t big = (size_t)(cap - held) + 4096;
+    uint8_t *junk = calloc(1, big);
+    CHECK_EQ_INT(netio_send_frame(victim, WIRE_OP_STATS, 3, junk, big, netio_deadline_ms(10000)), KVS_OK);
+    struct netio_buf b = {0};
+    struct wire_header hd;
+    struct wire_status_reply sr = {0};
+    char msg[KVS_MSG_MAX];
+    CHECK_EQ_INT(recv_op(victim, &b, &hd), WIRE_OP_STATUS);
+    CHECK_EQ_INT(wire_decode_status_reply(b.data, b.len, &sr, msg, sizeof msg), KVS_OK);
+    CHECK_EQ_INT(sr.st.status, KVS_ERR_PROTOCOL); /* read and answered, not refused BUSY */
+    CHECK(closed_within(hog, 10000));
+    CHECK(!closed_within(victim, 100));
+    netio_buf_free(&b);
+    free(junk);
+    close(hog);
+    close(victim);
+    test_shard_stop(&sh);
+}
+
 /* ---- plaintext off loopback needs --insecure --------------------------------------- */
 
 static void test_insecure(const char *model) {
@@ -595,6 +661,7 @@ int main(void) {
     test_pipelined(model);
     test_fair_admission(model);
     test_buffers(model);
+    test_buffer_hog(model);
     test_insecure(model);
     char tok[320];
     snprintf(tok, sizeof tok, "%s/tokens", dir);
