@@ -63,8 +63,10 @@ bool args_kv_type(int argc, char **argv, int *i, uint32_t *out) {
     if (!args_str(argc, argv, i, &s)) return false;
     if (!strcmp(s, "f16")) *out = QUANT_F16;
     else if (!strcmp(s, "f32")) *out = QUANT_F32;
+    else if (!strcmp(s, "q8_0")) *out = QUANT_Q8_0;
+    else if (!strcmp(s, "q4_0")) *out = QUANT_Q4_0;
     else {
-        fprintf(stderr, "kvshard %s: %s must be f16 or f32, got '%s'\n", argv[0], argv[*i - 1], s);
+        fprintf(stderr, "kvshard %s: %s must be f16, q8_0, q4_0 or f32, got '%s'\n", argv[0], argv[*i - 1], s);
         return false;
     }
     return true;

@@ -14,7 +14,7 @@ bool args_str(int argc, char **argv, int *i, const char **out);
 bool args_int(int argc, char **argv, int *i, long lo, long hi, long *out);
 bool args_float(int argc, char **argv, int *i, double lo, double hi, double *out);
 bool args_u64(int argc, char **argv, int *i, uint64_t *out);
-/* --kv-type value: "f16" or "f32" -> QUANT_F16 / QUANT_F32. */
+/* --kv-type value: "f16", "q8_0", "q4_0" or "f32" -> QUANT_F16 / QUANT_Q8_0 / QUANT_Q4_0 / QUANT_F32. */
 bool args_kv_type(int argc, char **argv, int *i, uint32_t *out);
 /* Parses "ID,ID,..." (each 0..INT32_MAX; "" is no ids) into a malloc'd array (*ids, *n;
  * the caller frees). Returns 0, or -1 on a malformed list (nothing allocated then). */

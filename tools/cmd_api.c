@@ -27,7 +27,7 @@ static void api_usage(FILE *f) {
             "usage: kvshard api (-m MODEL | --route HOST:PORT,... [--spare HOST:PORT,...]) [--listen HOST:PORT]\n"
             "                   [--lanes N] [--queue N] [--queue-timeout SECONDS] [--max-body SIZE]\n"
             "                   [--prefix-slots N] [--model-name NAME] [--tokenizer MODEL] [--chat-template NAME]\n"
-            "                   [-t THREADS] [--kv-budget SIZE]\n"
+            "                   [-t THREADS] [--kv-budget SIZE] [--kv-type f16|q8_0|q4_0|f32]\n"
             "  -m MODEL             run the whole model in this process (a shard on a loopback port)\n"
             "  --route SPEC         drive a route of running shards instead (as kvshard generate)\n"
             "  --spare SPEC         replacement shards for failed hops\n"
@@ -42,6 +42,7 @@ static void api_usage(FILE *f) {
             "                       for BPE models; default: the head shard's SentencePiece vocab)\n"
             "  --chat-template NAME override the model's chat template (%s)\n"
             "  -t THREADS, --kv-budget SIZE   with -m: compute threads, hot KV pool (default 512M)\n"
+            "  --kv-type T          with -m: KV element type f16 (default), q8_0, q4_0 or f32\n"
             "endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,\n"
             "GET /metrics, GET / (chat page). Stops cleanly on SIGINT/SIGTERM.\n"
             "with --route, the security options of kvshard generate:\n" ARGS_SECURITY_USAGE,
@@ -65,6 +66,7 @@ static void model_id(const char *path, char *out, size_t cap) {
 int cmd_api(int argc, char **argv) {
     http_params p = http_default_params();
     const char *model = NULL, *budget = "512M", *body = NULL;
+    uint32_t kv_type = QUANT_F16;
     long lanes = p.lanes, queue = p.queue_max, slots = p.prefix_slots, threads = 0;
     double qt = 30;
     args_security sec = {0};
@@ -89,6 +91,7 @@ int cmd_api(int argc, char **argv) {
         else if (!strcmp(a, "--chat-template")) ok = args_str(argc, argv, &i, &p.chat_template);
         else if (!strcmp(a, "-t")) ok = args_int(argc, argv, &i, 1, 1024, &threads);
         else if (!strcmp(a, "--kv-budget")) ok = args_str(argc, argv, &i, &budget);
+        else if (!strcmp(a, "--kv-type")) ok = args_kv_type(argc, argv, &i, &kv_type);
         else { fprintf(stderr, "kvshard api: unknown option '%s'\n", a); api_usage(stderr); return 2; }
         if (!ok) return 2;
     }
@@ -119,6 +122,7 @@ int cmd_api(int argc, char **argv) {
     if (model) {
         srv_params sp = srv_default_params();
         sp.model_path = model;
+        sp.kv_type = (int)kv_type;
         sp.listen = "127.0.0.1:0";
         sp.n_threads = (int)threads;
         sp.kv_ttl_ms = 600000;

@@ -21,7 +21,7 @@
 static void bench_usage(FILE *f) {
     fprintf(f, "usage: kvshard bench -m MODEL [-t THREADS] [-p PROMPT_TOKENS] [-n DECODE_TOKENS] [--sessions N]\n"
                "                     [--layers FIRST:LAST] [--no-repack] [--depth D] [--isa NAME]\n"
-               "                     [--pairs1 auto|on|off|quad|spread] [--paired K]\n"
+               "                     [--pairs1 auto|on|off|quad|spread] [--paired K] [--kv-type f16|q8_0|q4_0|f32]\n"
                "  --layers          bench one shard's range (hidden-state input/output where it lacks\n"
                "                    the embeddings/head); reports its resident memory (rss_bytes)\n"
                "  --no-repack       keep the weights in the file's row layout (no r8 repacking)\n"
@@ -321,6 +321,7 @@ int cmd_bench(int argc, char **argv) {
     const char *path = NULL, *layers = NULL;
     const char *isa = NULL, *pairs1 = NULL;
     long threads = 0, n_prompt = 128, n_decode = 32, n_sessions = 1, depth = 0, paired = 0;
+    uint32_t kv_type = QUANT_F16;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool ok = true;
@@ -334,6 +335,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--depth")) ok = args_int(argc, argv, &i, 1, 1 << 16, &depth);
         else if (!strcmp(a, "--paired")) ok = args_int(argc, argv, &i, 1, 1 << 16, &paired);
         else if (!strcmp(a, "--no-repack")) quant_r8_set_enabled(false);
+        else if (!strcmp(a, "--kv-type")) ok = args_kv_type(argc, argv, &i, &kv_type);
         else if (!strcmp(a, "--isa")) ok = args_str(argc, argv, &i, &isa) && bench_force_isa(isa);
         else if (!strcmp(a, "--pairs1")) ok = args_str(argc, argv, &i, &pairs1) && bench_pairs1(pairs1);
         else { fprintf(stderr, "kvshard bench: unknown option '%s'\n", a); bench_usage(stderr); return 2; }
@@ -352,6 +354,7 @@ int cmd_bench(int argc, char **argv) {
     ep.n_threads = (int)threads;
     ep.first = first;
     ep.last = last;
+    ep.kv.kv_type = kv_type;
     /* Every session's prompt + decode, plus a block of slack each. */
     const long n_toks = depth > n_prompt ? depth : n_prompt; /* prompt tokens made */
     ep.kv_positions = (uint32_t)(n_toks + n_decode + paired);
@@ -513,13 +516,13 @@ int cmd_bench(int argc, char **argv) {
            "\"n_prompt\":%ld,\"n_decode\":%ld,\"sessions\":%ld,"
            "\"prefill_tok_s\":%.2f,\"decode_tok_s\":%.2f,\"decode_step_ms\":%.3f,"
            "\"mem_bw_gbs\":%.2f,\"mem_bw_streams\":%d,\"weight_bytes_per_token\":%llu,\"decode_floor_ms\":%.3f,\"decode_roofline\":%.3f,"
-           "\"kv_bytes_per_token\":%llu,\"kv_block_bytes\":%llu,\"kv_bytes_used\":%llu,\"kv_bytes_needed\":%llu,"
+           "\"kv_type\":\"%s\",\"kv_bytes_per_token\":%llu,\"kv_block_bytes\":%llu,\"kv_bytes_used\":%llu,\"kv_bytes_needed\":%llu,"
            "\"kv_waste_bytes\":%llu,\"kv_waste_under_one_block_per_session\":%s,"
            "\"kv_open_us\":%.3f,\"kv_release_us\":%.3f,\"kv_open_evict_us\":%.3f%s}\n",
            path, sha, ops_pool_threads(e->pool), cpu, kvs_isa_name(kvs_isa_current()), kernels, KVS_COMMIT, m->first, m->last, e->open_s,
            (unsigned long long)m->weight_bytes, (unsigned long long)rss, n_prompt, n_decode,
            n_sessions, (double)(n_prompt * n_sessions) / prefill_s, decode_tok_s, step_s * 1e3, bw, bw_streams,
-           (unsigned long long)wbytes, floor_s * 1e3, floor_s / step_s, (unsigned long long)kv_tok,
+           (unsigned long long)wbytes, floor_s * 1e3, floor_s / step_s, quant_get_traits(kv_type)->name, (unsigned long long)kv_tok,
            (unsigned long long)ks.block_bytes, (unsigned long long)ks.bytes_used, (unsigned long long)kv_need,
            (unsigned long long)kv_waste, kv_waste < (uint64_t)(n_sessions + (depth ? 1 : 0)) * ks.block_bytes ? "true" : "false",
            ops.open_us, ops.release_us, ops.open_evict_us, depth_json);

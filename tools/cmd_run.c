@@ -14,10 +14,10 @@
 
 static void run_usage(FILE *f) {
     fprintf(f, "usage: kvshard run -m MODEL -p PROMPT [-n N] [-t THREADS] [--temp X] [--top-k K] [--top-p P]\n"
-               "                   [--seed S] [--json] [--stats] [--kv-type f16|f32]\n"
+               "                   [--seed S] [--json] [--stats] [--kv-type f16|q8_0|q4_0|f32]\n"
                "  -m MODEL          a llama GGUF file\n"
                "  -t THREADS        compute threads (default: all CPUs)\n"
-               "  --kv-type T       KV cache element type (default f16)\n");
+               "  --kv-type T       KV cache element type (default f16; q8_0 / q4_0: GGUF blocks along head_dim)\n");
     gen_usage_common(f);
 }
 
@@ -60,7 +60,7 @@ int cmd_run(int argc, char **argv) {
 
 static void logits_usage(FILE *f) {
     fprintf(f, "usage: kvshard logits -m MODEL (-p PROMPT | --tokens ID,ID,...) [--top K] [--plain] [-t THREADS]\n"
-               "                      [--kv-type f16|f32]\n"
+               "                      [--kv-type f16|q8_0|q4_0|f32]\n"
                "  prints {\"tokens\":[ids],\"logits\":[[...],...]}: every position's logits, one batch\n"
                "  (-p: BOS as the file says, special-token text parsed unless --plain; --tokens as is)\n"
                "  --top K   instead of full vectors, per position {\"lse\": log-sum-exp, \"top\": [[id, logit],\n"

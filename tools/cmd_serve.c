@@ -23,7 +23,7 @@ static void serve_usage(FILE *f) {
     fprintf(f,
             "usage: kvshard serve -m MODEL --layers FIRST:LAST [--listen HOST:PORT] [--kv-budget SIZE]\n"
             "                     [--kv-ttl SECONDS] [-t THREADS] [--max-sessions N] [--max-conns N]\n"
-            "                     [--max-tokens N] [--prefill-chunk N] [--kv-type f16|f32] [--name NAME]\n"
+            "                     [--max-tokens N] [--prefill-chunk N] [--kv-type f16|q8_0|q4_0|f32] [--name NAME]\n"
             "                     [--metrics-listen HOST:PORT]\n"
             "  --layers FIRST:LAST  layers this shard owns, [FIRST, LAST); LAST may be 'end'\n"
             "  --listen HOST:PORT   default 127.0.0.1:7000; port 0 picks a free port (printed)\n"

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kv_attn.h"
 #include "quant.h"
 #include "util.h"
 #include "vecops.h"
@@ -86,7 +87,7 @@ static void rope_store_task(void *p, int64_t t0, int64_t t1, int slot) {
     const model_layer *L = &c->m->layers[c->layer];
     void (*rope)(float *, int, int, int, const float *) = hp->arch->rope_style == ARCH_ROPE_NEOX ? ops_rope_neox : ops_rope;
     int kv_dim = (int)(hp->n_head_kv * hp->head_dim), q_dim = (int)(hp->n_head * hp->head_dim);
-    bool f16 = kv_get_params(c->kv)->kv_type == QUANT_F16;
+    const uint32_t kv_type = kv_get_params(c->kv)->kv_type;
     for (int64_t t = t0; t < t1; t++) {
         float *q = c->q + (size_t)t * (size_t)q_dim, *k = c->k + (size_t)t * (size_t)kv_dim;
         float *v = c->v + (size_t)t * (size_t)kv_dim;
@@ -102,13 +103,8 @@ static void rope_store_task(void *p, int64_t t0, int64_t t1, int slot) {
             void *kd = kv_txn_k(txn, c->layer, (uint32_t)c->tok_pos[t], h);
             void *vd = kv_txn_v(txn, c->layer, (uint32_t)c->tok_pos[t], h);
             const float *kh = k + (size_t)h * (size_t)hd, *vh = v + (size_t)h * (size_t)hd;
-            if (f16) {
-                quant_f32_to_f16_row(kh, kd, hd);
-                quant_f32_to_f16_row(vh, vd, hd);
-            } else {
-                memcpy(kd, kh, (size_t)hd * sizeof(float));
-                memcpy(vd, vh, (size_t)hd * sizeof(float));
-            }
+            kv_attn_store_row(kv_type, kh, kd, hd);
+            kv_attn_store_row(kv_type, vh, vd, hd);
         }
     }
 }
@@ -120,7 +116,7 @@ static void attention_task(void *p, int64_t task0, int64_t task1, int slot) {
     const model_hparams *hp = &c->m->hp;
     int hd = (int)hp->head_dim, n_kv = (int)hp->n_head_kv, group = (int)(hp->n_head / hp->n_head_kv);
     int q_dim = (int)hp->n_head * hd;
-    bool f16 = kv_get_params(c->kv)->kv_type == QUANT_F16;
+    const uint32_t kv_type = kv_get_params(c->kv)->kv_type;
     float scale = 1.0f / sqrtf((float)hd);
     float *scratch = c->att_scratch + (size_t)slot * c->att_scratch_per_thread;
     for (int64_t task = task0; task < task1; task++) {
@@ -133,10 +129,10 @@ static void attention_task(void *p, int64_t task0, int64_t task1, int slot) {
         const void **keys = c->att_rows + (size_t)slot * c->att_rows_per_thread; /* this head's key rows */
         const void **rows = keys + c->att_rows_per_thread / 2;                    /* and value rows */
         kv_txn_head_rows(txn, c->layer, g, (uint32_t)n_pos, keys, rows);
-        vec_scores(q, group, hd, keys, n_pos, f16, scale, scores, (size_t)n_pos);
+        kv_attn_scores(kv_type, q, group, hd, keys, n_pos, scale, scores, (size_t)n_pos);
         float *out = c->att + (size_t)t * (size_t)q_dim + (size_t)g * (size_t)group * (size_t)hd;
         for (int h = 0; h < group; h++) vec_softmax(scores + (size_t)h * (size_t)n_pos, n_pos);
-        vec_wsum_group(scores, (size_t)n_pos, group, n_pos, rows, f16, hd, out);
+        kv_attn_wsum(kv_type, scores, (size_t)n_pos, group, n_pos, rows, hd, out);
     }
 }
 

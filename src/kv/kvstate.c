@@ -337,8 +337,15 @@ int kv_create(const kv_params *p, kv_state **out, char *msg, size_t msg_cap) {
         return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "kv: layers, kv heads and head_dim must be >= 1");
     if (p->block_tokens < 1 || p->block_tokens > 1024)
         return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "kv: block size %d out of [1, 1024]", p->block_tokens);
-    if (p->kv_type != QUANT_F16 && p->kv_type != QUANT_F32)
-        return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "kv: type must be f16 or f32");
+    if (!kv_type_supported(p->kv_type))
+        return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "kv: type must be f16, q8_0, q4_0 or f32");
+    if (kv_type_is_block(p->kv_type) && p->head_dim > KV_QBLOCK_MAX_HEAD_DIM)
+        return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "kv: head_dim %d is above %d, the most a %s KV cache takes",
+                        p->head_dim, KV_QBLOCK_MAX_HEAD_DIM, quant_get_traits(p->kv_type)->name);
+    if (kv_type_is_block(p->kv_type) && p->head_dim % KV_QBLOCK_ELEMS != 0)
+        return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG,
+                        "kv: head_dim %d is not a multiple of %d, which a %s KV cache needs (use f16)", p->head_dim,
+                        KV_QBLOCK_ELEMS, quant_get_traits(p->kv_type)->name);
     kv_state *kv = calloc(1, sizeof(*kv));
     if (!kv) return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "kv: out of memory");
     kv->p = *p;
@@ -347,8 +354,7 @@ int kv_create(const kv_params *p, kv_state **out, char *msg, size_t msg_cap) {
     if (kv->p.max_tombstones == 0) kv->p.max_tombstones = KV_TOMB_DEFAULT;
     if (kv->p.max_tombstones > INT32_MAX) kv->p.max_tombstones = INT32_MAX; /* int32_t entry indices */
     if (kv->p.tombstone_ttl_ns == 0) kv->p.tombstone_ttl_ns = KV_TOMB_TTL_DEFAULT_NS;
-    kv->elem_bytes = p->kv_type == QUANT_F16 ? 2 : 4;
-    kv->head_bytes = (size_t)p->head_dim * kv->elem_bytes;
+    kv->head_bytes = kv_row_bytes(p->kv_type, p->head_dim);
     kv->block_bytes = kv_params_block_bytes(p);
     uint64_t nb = p->budget_bytes / kv->block_bytes;
     if (nb == 0) {
@@ -425,8 +431,20 @@ size_t kv_block_bytes(const kv_state *kv) { return kv->block_bytes; }
 
 size_t kv_params_block_bytes(const kv_params *p) {
     if (p->n_layers < 1 || p->n_kv_heads < 1 || p->head_dim < 1 || p->block_tokens < 1) return 0;
-    size_t elem = p->kv_type == QUANT_F16 ? 2 : 4;
-    return (size_t)p->block_tokens * (size_t)p->n_layers * 2 * (size_t)p->n_kv_heads * (size_t)p->head_dim * elem;
+    size_t row = kv_row_bytes(p->kv_type, p->head_dim);
+    return (size_t)p->block_tokens * (size_t)p->n_layers * 2 * (size_t)p->n_kv_heads * row;
+}
+
+bool kv_type_supported(uint32_t type) {
+    return type == QUANT_F16 || type == QUANT_F32 || type == QUANT_Q8_0 || type == QUANT_Q4_0;
+}
+
+bool kv_type_is_block(uint32_t type) { return type == QUANT_Q8_0 || type == QUANT_Q4_0; }
+
+size_t kv_row_bytes(uint32_t type, int head_dim) {
+    uint64_t bytes;
+    if (head_dim < 1 || !kv_type_supported(type) || !quant_row_bytes(type, (uint64_t)head_dim, &bytes)) return 0;
+    return (size_t)bytes;
 }
 const kv_params *kv_get_params(const kv_state *kv) { return &kv->p; }
 

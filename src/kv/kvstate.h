@@ -29,7 +29,7 @@ typedef struct {
     int n_kv_heads;         /* per layer */
     int head_dim;           /* elements per head */
     int block_tokens;       /* positions per block (default 16) */
-    uint32_t kv_type;       /* QUANT_F16 (default) or QUANT_F32 */
+    uint32_t kv_type;       /* QUANT_F16 (default), QUANT_Q8_0, QUANT_Q4_0 or QUANT_F32 */
     uint64_t budget_bytes;  /* block pool size; floor(budget / block_bytes) blocks */
     uint32_t max_positions; /* per-session cap (CONTEXT_FULL past it); clamped by kv_create to
                                what the pool holds (blocks x block_tokens) */
@@ -85,8 +85,18 @@ int kv_create(const kv_params *p, kv_state **out, char *msg, size_t msg_cap);
 void kv_free(kv_state *kv);
 size_t kv_block_bytes(const kv_state *kv);
 /* Bytes of one block for these settings (DESIGN §2: block_tokens x n_layers x 2 x n_kv_heads x
- * head_dim x sizeof(kv_type)); 0 when a setting is out of range. */
+ * kv_row_bytes(kv_type, head_dim)); 0 when a setting is out of range. */
 size_t kv_params_block_bytes(const kv_params *p);
+/* Element types a KV pool may hold: f16, f32, and GGUF's q8_0 / q4_0 blocks. */
+bool kv_type_supported(uint32_t type);
+/* True for the block-quantized types, whose rows are head_dim / KV_QBLOCK_ELEMS blocks. */
+bool kv_type_is_block(uint32_t type);
+#define KV_QBLOCK_ELEMS 32
+#define KV_QBLOCK_MAX_HEAD_DIM 512 /* kv_attn.h's KV_ATTN_MAX_HEAD_DIM */
+/* Bytes of one K or V row (one head at one position): head_dim elements of type, as
+ * quant_row_bytes counts them (q8_0: 34 B per 32, q4_0: 18 B per 32); 0 when the type is not
+ * a KV type or head_dim does not divide into its blocks. */
+size_t kv_row_bytes(uint32_t type, int head_dim);
 const kv_params *kv_get_params(const kv_state *kv);
 
 /* Starts an append of n positions at start_pos for (sid, epoch); inherit may
@@ -134,7 +144,7 @@ void kv_note_busy(kv_state *kv);
 void kv_note_cancel(kv_state *kv);
 
 /* Transaction view, valid until commit/abort. A K or V row holds head_dim
- * elements of kv_type for one kv head (head < n_kv_heads) at one position. */
+ * elements of kv_type (kv_row_bytes bytes) for one kv head (head < n_kv_heads) at one position. */
 uint32_t kv_txn_start(const kv_txn *txn);
 uint32_t kv_txn_end(const kv_txn *txn); /* start + n */
 void *kv_txn_k(const kv_txn *txn, int layer, uint32_t pos, int head); /* pos < end */

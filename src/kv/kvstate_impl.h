@@ -77,7 +77,7 @@ typedef struct {
 
 struct kv_state {
     kv_params p;
-    size_t elem_bytes, head_bytes, block_bytes; /* head_bytes: one row of one head */
+    size_t head_bytes, block_bytes; /* head_bytes: one row of one head (kv_row_bytes) */
     uint8_t *arena;
     size_t arena_bytes, arena_mapped; /* blocks_total * block_bytes; the length mapped (kvs_map_big) */
     uint32_t blocks_total;

@@ -39,7 +39,7 @@ typedef struct {
     int max_conns;              /* open connections */
     int hello_timeout_ms;       /* a new connection must say HELLO within this */
     int idle_timeout_ms;        /* a connection silent this long is closed */
-    int kv_type;                /* QUANT_F16 or QUANT_F32 */
+    int kv_type;                /* QUANT_F16, QUANT_Q8_0, QUANT_Q4_0 or QUANT_F32 */
     size_t max_queued_bytes;    /* replies queued for a connection that is not reading them,
                                    bytes, before it is closed (default 256 MiB) */
     /* Security (docs/security.md). */
