@@ -48,6 +48,7 @@ void srv_stats(srv *s, struct wire_stats_reply *m) {
     struct { const char *name; uint64_t v; } list[] = {
         {"kv.sessions", k.sessions},           {"kv.bytes_used", k.bytes_used},
         {"kv.budget_bytes", k.budget_bytes},   {"kv.block_bytes", k.block_bytes},
+        {"kv.type", kv_get_params(s->e->kv)->kv_type}, /* GGUF type id: 1 f16, 8 q8_0, 2 q4_0, 0 f32 */
         {"kv.blocks_total", k.blocks_total},   {"kv.blocks_free", k.blocks_free},
         {"kv.hits", k.hits},                   {"kv.misses", k.misses},
         {"kv.stale", k.stale},                 {"kv.evict_ttl", k.evict_ttl},
@@ -318,9 +319,9 @@ static bool admit_slot(srv *s, const char *addr, bool *addr_full) {
 int srv_run(srv *s) {
     kv_stats ks;
     kv_get_stats(s->e->kv, &ks);
-    kvs_logf(s->p.log, s->p.log_ctx, "listening on port %u (kv budget %llu MiB = %llu blocks of %llu B)", s->port,
+    kvs_logf(s->p.log, s->p.log_ctx, "listening on port %u (kv budget %llu MiB = %llu blocks of %llu B, %s)", s->port,
              (unsigned long long)(ks.budget_bytes >> 20), (unsigned long long)ks.blocks_total,
-             (unsigned long long)ks.block_bytes);
+             (unsigned long long)ks.block_bytes, quant_get_traits(kv_get_params(s->e->kv)->kv_type)->name);
     if (pthread_create(&s->sched_thread, NULL, srv_sched_main, s) != 0) return KVS_ERR_INTERNAL;
     while (!atomic_load(&s->stopping)) {
         struct pollfd pf[2] = {{.fd = s->listen_fd, .events = POLLIN}, {.fd = s->stop_pipe[0], .events = POLLIN}};
