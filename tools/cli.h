@@ -17,5 +17,6 @@ int cmd_detokenize(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_cert(int argc, char **argv);
 int cmd_api(int argc, char **argv);
+int cmd_cluster(int argc, char **argv);
 
 #endif /* KVS_CLI_H */

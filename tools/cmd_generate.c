@@ -7,6 +7,7 @@
 
 #include "args.h"
 #include "cli.h"
+#include "cluster_cli.h"
 #include "gen_loop.h"
 #include "gguf.h"
 #include "route.h"
@@ -21,6 +22,8 @@ static void generate_usage(FILE *f) {
             "                        [--logits] [--no-relay] [--wire-dtype f32|f16|bf16]\n"
             "                        [--hidden f32|f16|bf16] [--replay-cap SIZE]\n"
             "  --route LIST      the shards in layer order; together they must cover every layer\n"
+            "  --cluster URL     instead of --route/--spare: plan the route from an etcd registry\n"
+            "  --model NAME|DIGEST  with --cluster: the model (default: the only one registered)\n"
             "  --spare LIST      replacement shards, used when a hop fails (same model, same layers)\n"
             "  -m MODEL          read the tokenizer from this GGUF (default: from the head shard)\n"
             "  --timeout MS      connect / reply deadline per request (default 30000)\n"
@@ -103,6 +106,9 @@ static void describe_stats(void *p, FILE *f) {
             ri.n_hops, (unsigned long long)route_session_epoch(c->s), ri.reroutes,
             (unsigned long long)ri.bytes_sent, (unsigned long long)ri.bytes_received, pos, ri.relay_steps,
             ri.relay_fallbacks);
+    fprintf(f, ",\"route\":[");
+    for (uint32_t k = 0; k < ri.n_hops; k++) fprintf(f, "%s\"%s\"", k ? "," : "", route_hop_addr(c->r, k));
+    fprintf(f, "]");
 }
 
 int cmd_generate(int argc, char **argv) {
@@ -115,10 +121,12 @@ int cmd_generate(int argc, char **argv) {
     gen_opts o;
     gen_opts_default(&o);
     args_security sec = {0};
+    cluster_cli_opts cl = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool ok = true;
         int so = args_security_opt(argc, argv, &i, &sec);
+        if (so == 0) so = cluster_cli_opt("generate", argc, argv, &i, &cl);
         if (so < 0) return 2;
         if (so > 0) continue;
         int g = gen_parse_opt(&o, argc, argv, &i);
@@ -143,8 +151,8 @@ int cmd_generate(int argc, char **argv) {
         else { fprintf(stderr, "kvshard generate: unknown option '%s'\n", a); generate_usage(stderr); return 2; }
         if (!ok) return 2;
     }
-    if (!route_spec || !o.prompt) {
-        fprintf(stderr, "kvshard generate: --route and -p PROMPT are required\n");
+    if ((!route_spec && !cl.url) || !o.prompt) {
+        fprintf(stderr, "kvshard generate: --route (or --cluster) and -p PROMPT are required\n");
         generate_usage(stderr);
         return 2;
     }
@@ -168,8 +176,10 @@ int cmd_generate(int argc, char **argv) {
     if (replay_cap) rp.max_replay_bytes = replay_cap;
     if (verbose) rp.log = log_stderr;
     route *r = NULL;
-    int err = route_open(route_spec, spare_spec, &rp, &r, msg, sizeof msg);
+    int err = cl.url ? cluster_cli_route_open("generate", &cl, &rp, &r)
+                     : route_open(route_spec, spare_spec, &rp, &r, msg, sizeof msg);
     free(token); /* route_open keeps its own copy */
+    if (err && cl.url) return 1; /* cluster_cli_route_open has said why */
     if (err) {
         fprintf(stderr, "kvshard generate: %s\n", msg[0] ? msg : kvs_strerror(err));
         return 1;

@@ -6,6 +6,7 @@
 
 #include "args.h"
 #include "cli.h"
+#include "cluster_cli.h"
 #include "daemon.h"
 #include "quant.h"
 #include "server.h"
@@ -48,6 +49,11 @@ static void serve_usage(FILE *f) {
             "                       always: another identity's sessions are evicted only while it holds\n"
             "                       more than budget / identities (and max-sessions / identities)\n"
             "  --metrics-listen HOST:PORT  serve Prometheus metrics at http://HOST:PORT/metrics\n"
+            "  --layers auto        with --cluster: the range the registry covers least (docs/cluster.md)\n"
+            "  --max-layers N       with --layers auto: at most N layers (default: the whole model)\n"
+            "  --advertise HOST:PORT  the address registered in --cluster (default: the listen address)\n"
+            "  --cluster-ttl S      lease TTL of the registration, seconds (default 10)\n"
+            CLUSTER_CLI_USAGE
             "stops cleanly on SIGINT/SIGTERM.\n");
 }
 
@@ -62,10 +68,12 @@ int cmd_serve(int argc, char **argv) {
     const char *buffered = NULL, *tenant_share = NULL;
     long tenant_sessions = 0;
     args_security sec = {0};
+    cluster_cli_opts cl = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool ok = true;
         int so = args_security_opt(argc, argv, &i, &sec);
+        if (so == 0) so = cluster_cli_opt("serve", argc, argv, &i, &cl);
         if (so < 0) return 2;
         if (so > 0) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { serve_usage(stdout); return 0; }
@@ -100,7 +108,10 @@ int cmd_serve(int argc, char **argv) {
     }
     unsigned first = 0, last = 0;
     char tail[8] = "";
-    if (sscanf(layers, "%u:%u", &first, &last) == 2) {
+    if (!strcmp(layers, "auto")) {
+        if (!cl.url) { fprintf(stderr, "kvshard serve: --layers auto needs --cluster URL\n"); return 2; }
+        if (cluster_cli_auto_layers(&cl, p.model_path, &first, &last)) return 1;
+    } else if (sscanf(layers, "%u:%u", &first, &last) == 2) {
         if (last == 0) { fprintf(stderr, "kvshard serve: --layers LAST must be > FIRST\n"); return 2; }
     } else if (sscanf(layers, "%u:%7s", &first, tail) == 2 && !strcmp(tail, "end")) {
         last = 0;
@@ -176,9 +187,16 @@ int cmd_serve(int argc, char **argv) {
     if (metrics) fprintf(stderr, "kvshard serve: metrics on port %u\n", shard_metrics_port(metrics));
     daemon_on_stop_signals(on_signal);
     signal(SIGPIPE, SIG_IGN);
+    cl_reg *reg = NULL;
+    if (cl.url && cluster_cli_register(&cl, g_srv, &p, &reg)) {
+        srv_free(g_srv);
+        shard_metrics_free(metrics);
+        return 1;
+    }
     fprintf(stderr, "kvshard serve: listening on port %u\n", srv_port(g_srv));
     fflush(stderr);
     err = srv_run(g_srv);
+    cl_reg_stop(reg); /* deregisters before the port closes for good */
     shard_metrics_free(metrics);
     srv_free(g_srv);
     g_srv = NULL;

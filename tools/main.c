@@ -24,6 +24,7 @@ static void usage(FILE *f) {
             "  split    write a model as NAME-00001-of-0000N.gguf parts, by layers\n"
             "  delay-proxy  benchmark aid: a TCP relay that holds each chunk D ms\n"
             "  cert     make a cluster CA and node certificates for mutual TLS\n"
+            "  cluster  show the shards an etcd registry holds (cluster status)\n"
             "\n"
             "run 'kvshard COMMAND --help' for a command's options\n");
 }
@@ -41,6 +42,7 @@ int main(int argc, char **argv) {
         {"tokenize", cmd_tokenize}, {"detokenize", cmd_detokenize}, {"chat", cmd_chat},
         {"cert", cmd_cert},
         {"api", cmd_api},
+        {"cluster", cmd_cluster},
     };
     for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
         if (!strcmp(argv[1], cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);

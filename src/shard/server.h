@@ -85,6 +85,9 @@ int srv_run(srv *s);
 /* The counters the STATS op answers (kv.* and srv.*), read in-process; thread-safe. */
 struct wire_stats_reply;
 void srv_stats(srv *s, struct wire_stats_reply *out);
+/* The INFO this shard answers a protocol-v2 HELLO with (server_cluster.c), for the registry. */
+struct wire_info;
+void srv_get_info(const srv *s, struct wire_info *out);
 /* Asks srv_run to return; async-signal-safe. */
 void srv_stop(srv *s);
 void srv_free(srv *s);

@@ -1,0 +1,314 @@
+/* Command-line glue for the cluster registry (cluster_cli.h). */
+#include "cluster_cli.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "args.h"
+#include "daemon.h"
+#include "digest.h"
+#include "gguf.h"
+#include "util.h"
+#include "wire.h"
+
+#define CLUSTER_MAX_REPLANS 8 /* shards skipped before a client gives up */
+
+int cluster_cli_opt(const char *cmd, int argc, char **argv, int *i, cluster_cli_opts *o) {
+    const char *a = argv[*i];
+    const char **slot = !strcmp(a, "--cluster")              ? &o->url
+                        : !strcmp(a, "--model")              ? &o->model
+                        : !strcmp(a, "--cluster-prefix")     ? &o->prefix
+                        : !strcmp(a, "--etcd-ca")            ? &o->ca
+                        : !strcmp(a, "--etcd-cert")          ? &o->cert
+                        : !strcmp(a, "--etcd-key")           ? &o->key
+                        : !strcmp(a, "--etcd-user")          ? &o->user
+                        : !strcmp(a, "--etcd-password-file") ? &o->password_file
+                        : !strcmp(a, "--advertise")          ? &o->advertise
+                                                             : NULL;
+    if (slot) return args_str(argc, argv, i, slot) ? 1 : -1;
+    if (!strcmp(a, "--cluster-ttl")) return args_float(argc, argv, i, 1, 3600, &o->ttl_s) ? 1 : -1;
+    if (!strcmp(a, "--max-layers")) return args_int(argc, argv, i, 1, CL_MAX_LAYERS, &o->max_layers) ? 1 : -1;
+    (void)cmd;
+    return 0;
+}
+
+int cluster_cli_open(const char *cmd, const cluster_cli_opts *o, int timeout_ms, etcd **db) {
+    char msg[KVS_MSG_MAX] = "";
+    char *password = o->password_file ? args_read_token(cmd, o->password_file) : NULL;
+    if (o->password_file && !password) return KVS_ERR_IO;
+    etcd_params ep = {.url = o->url, .ca = o->ca, .cert = o->cert, .key = o->key, .user = o->user,
+                      .password = password, .timeout_ms = timeout_ms};
+    int err = etcd_open(&ep, db, msg, sizeof msg);
+    free(password);
+    if (err) fprintf(stderr, "kvshard %s: %s\n", cmd, msg[0] ? msg : kvs_strerror(err));
+    return err;
+}
+
+int cluster_cli_load(const char *cmd, etcd *db, const cluster_cli_opts *o, cl_entry **e, size_t *n) {
+    char msg[KVS_MSG_MAX] = "", prefix[300];
+    snprintf(prefix, sizeof prefix, "%sshards/", o->prefix ? o->prefix : CL_DEFAULT_PREFIX);
+    etcd_kv *kvs = NULL;
+    size_t nk = 0;
+    *e = NULL;
+    *n = 0;
+    int err = etcd_range_prefix(db, prefix, &kvs, &nk, msg, sizeof msg);
+    if (err) {
+        fprintf(stderr, "kvshard %s: %s\n", cmd, msg[0] ? msg : kvs_strerror(err));
+        return err;
+    }
+    *e = calloc(nk ? nk : 1, sizeof **e);
+    if (!*e) {
+        etcd_kvs_free(kvs, nk);
+        return KVS_ERR_NOMEM;
+    }
+    for (size_t k = 0; k < nk; k++) {
+        if (cl_entry_decode(kvs[k].value, kvs[k].value_len, &(*e)[*n], msg, sizeof msg) == KVS_OK)
+            (*n)++;
+        else
+            fprintf(stderr, "kvshard %s: skipping %s: %s\n", cmd, kvs[k].key, msg);
+    }
+    etcd_kvs_free(kvs, nk);
+    return KVS_OK;
+}
+
+/* n_layer of the model file: <general.architecture>.block_count. */
+static int model_n_layer(const char *path, uint32_t *n_layer) {
+    char msg[KVS_MSG_MAX] = "", key[160];
+    gguf_ctx *g = NULL;
+    gguf_str arch = {0};
+    int err = gguf_open_header(path, &g, msg, sizeof msg);
+    if (!err) err = gguf_get_str(g, "general.architecture", &arch);
+    if (!err) {
+        snprintf(key, sizeof key, "%.*s.block_count", (int)(arch.len < 100 ? arch.len : 100), arch.ptr);
+        err = gguf_get_u32(g, key, n_layer);
+    }
+    if (err) fprintf(stderr, "kvshard serve: %s: no layer count: %s\n", path, msg[0] ? msg : kvs_strerror(err));
+    gguf_close(g);
+    return err;
+}
+
+int cluster_cli_auto_layers(const cluster_cli_opts *o, const char *model_path, uint32_t *first, uint32_t *last) {
+    uint32_t n_layer = 0;
+    uint8_t d[32];
+    char hex[65];
+    int err = model_n_layer(model_path, &n_layer);
+    if (err) return err;
+    if ((err = digest_model_sha256(model_path, d)) != KVS_OK) {
+        fprintf(stderr, "kvshard serve: %s: cannot hash the model\n", model_path);
+        return err;
+    }
+    digest_hex(d, hex);
+    etcd *db = NULL;
+    cl_entry *e = NULL;
+    size_t n = 0;
+    if ((err = cluster_cli_open("serve", o, 2000, &db)) || (err = cluster_cli_load("serve", db, o, &e, &n))) {
+        etcd_close(db);
+        return err;
+    }
+    cl_plan_auto(e, n, hex, n_layer, (uint32_t)o->max_layers, first, last);
+    fprintf(stderr, "kvshard serve: --layers auto took %u:%u of %u (%zu shards registered)\n", *first, *last,
+            n_layer, n);
+    free(e);
+    etcd_close(db);
+    return KVS_OK;
+}
+
+typedef struct {
+    srv *s;
+    uint64_t last_rows, last_ns;
+    double load;
+} reg_fill_ctx;
+
+static uint64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t stat_of(const struct wire_stats_reply *m, const char *name) {
+    for (uint32_t i = 0; i < m->n_stats; i++)
+        if (!strcmp(m->stats[i].name, name)) return m->stats[i].value;
+    return 0;
+}
+
+/* Live figures: sessions and KV from srv_stats; load = forward rows per second since the last
+ * update, smoothed (a busy replica looks busy for a few updates). */
+static void reg_fill(void *ctx, cl_entry *e) {
+    reg_fill_ctx *c = ctx;
+    struct wire_stats_reply m;
+    srv_stats(c->s, &m);
+    e->sessions = (uint32_t)stat_of(&m, "kv.sessions");
+    e->kv_used = stat_of(&m, "kv.bytes_used");
+    e->kv_budget = stat_of(&m, "kv.budget_bytes");
+    uint64_t rows = stat_of(&m, "srv.forward_rows"), now = mono_ns();
+    if (c->last_ns && now > c->last_ns) {
+        double rate = (double)(rows - c->last_rows) * 1e9 / (double)(now - c->last_ns);
+        c->load = 0.5 * c->load + 0.5 * rate;
+    }
+    c->last_rows = rows;
+    c->last_ns = now;
+    e->load = c->load;
+    e->state = CL_SERVING;
+}
+
+static void model_name(const char *path, char *out, size_t cap) {
+    const char *b = strrchr(path, '/');
+    b = b ? b + 1 : path;
+    size_t len = strlen(b);
+    if (len > 5 && !strcmp(b + len - 5, ".gguf")) len -= 5;
+    snprintf(out, cap, "%.*s", (int)(len < cap ? len : cap - 1), b);
+}
+
+int cluster_cli_register(const cluster_cli_opts *o, srv *s, const srv_params *p, cl_reg **out) {
+    struct wire_info in;
+    srv_get_info(s, &in);
+    cl_entry e;
+    memset(&e, 0, sizeof e);
+    if (o->advertise) {
+        snprintf(e.addr, sizeof e.addr, "%s", o->advertise);
+    } else {
+        const char *listen = p->listen ? p->listen : "127.0.0.1:7000";
+        const char *colon = strrchr(listen, ':');
+        int hl = colon ? (int)(colon - listen) : (int)strlen(listen);
+        snprintf(e.addr, sizeof e.addr, "%.*s:%u", hl, listen, srv_port(s));
+        if (!strncmp(listen, "0.0.0.0:", 8) || !strncmp(listen, "[::]:", 5)) {
+            fprintf(stderr, "kvshard serve: listening on every address: --advertise HOST:PORT is needed\n");
+            return KVS_ERR_INVALID_ARG;
+        }
+    }
+    model_name(p->model_path, e.name, sizeof e.name);
+    digest_hex(in.model_digest, e.digest);
+    if (p->tls_cert) snprintf(e.tls_id, sizeof e.tls_id, "mtls");
+    e.n_layer = in.n_layer;
+    e.first = in.first;
+    e.last = in.last;
+    e.proto = in.version;
+    e.kv_budget = in.kv_budget_bytes;
+    reg_fill_ctx *fc = calloc(1, sizeof *fc);
+    if (!fc) return KVS_ERR_NOMEM;
+    fc->s = s;
+    char msg[KVS_MSG_MAX] = "", *password = NULL;
+    if (o->password_file && !(password = args_read_token("serve", o->password_file))) {
+        free(fc);
+        return KVS_ERR_IO;
+    }
+    cl_reg_params rp = {.etcd = {.url = o->url, .ca = o->ca, .cert = o->cert, .key = o->key, .user = o->user,
+                                 .password = password},
+                        .prefix = o->prefix, .ttl_s = o->ttl_s > 0 ? (int)(o->ttl_s + 0.5) : 10,
+                        .fill = reg_fill, .fill_ctx = fc, .log = daemon_log_line, .log_ctx = "serve"};
+    int err = cl_reg_start(&rp, &e, out, msg, sizeof msg);
+    free(password);
+    if (err) {
+        fprintf(stderr, "kvshard serve: --cluster: %s\n", msg[0] ? msg : kvs_strerror(err));
+        free(fc);
+    }
+    /* fc lives as long as the process: the registration thread reads it until cl_reg_stop. */
+    return err;
+}
+
+static char *join_addrs(const cl_entry *e, const size_t *idx, size_t n) {
+    size_t cap = 1;
+    for (size_t k = 0; k < n; k++) cap += strlen(e[idx[k]].addr) + 1;
+    char *s = malloc(cap);
+    if (!s) return NULL;
+    s[0] = 0;
+    for (size_t k = 0; k < n; k++) {
+        if (k) strcat(s, ",");
+        strcat(s, e[idx[k]].addr);
+    }
+    return s;
+}
+
+/* Plans over e[0..n) minus the entries marked in skip; the specs are malloc'd. */
+static int plan_specs(const char *cmd, const cluster_cli_opts *o, cl_entry *e, size_t n, char digest[65],
+                      char **route_spec, char **spare_spec) {
+    char msg[KVS_MSG_MAX] = "";
+    int err = cl_pick_model(e, n, o->model, digest, msg, sizeof msg);
+    cl_plan p;
+    if (!err) err = cl_plan_route(e, n, digest, &p, msg, sizeof msg);
+    if (err) {
+        fprintf(stderr, "kvshard %s: %s\n", cmd, msg[0] ? msg : kvs_strerror(err));
+        return err;
+    }
+    if (!p.covered) {
+        fprintf(stderr, "kvshard %s: the registry has no route over the %u layers of %s", cmd, p.n_layer, digest);
+        for (uint32_t g = 0; g < p.n_gaps; g++) fprintf(stderr, "%s[%u, %u)", g ? ", " : " (gaps ", p.gaps[g][0], p.gaps[g][1]);
+        fprintf(stderr, "%s\n", p.n_gaps ? ")" : "");
+        cl_plan_free(&p);
+        return KVS_ERR_NOT_FOUND;
+    }
+    *route_spec = join_addrs(e, p.hops, p.n_hops);
+    *spare_spec = join_addrs(e, p.spares, p.n_spares);
+    cl_plan_free(&p);
+    if (!*route_spec || !*spare_spec) {
+        free(*route_spec);
+        free(*spare_spec);
+        return KVS_ERR_NOMEM;
+    }
+    return KVS_OK;
+}
+
+int cluster_cli_specs(const char *cmd, const cluster_cli_opts *o, char **route_spec, char **spare_spec) {
+    etcd *db = NULL;
+    cl_entry *e = NULL;
+    size_t n = 0;
+    char digest[65];
+    int err = cluster_cli_open(cmd, o, 2000, &db);
+    if (!err) err = cluster_cli_load(cmd, db, o, &e, &n);
+    if (!err) err = plan_specs(cmd, o, e, n, digest, route_spec, spare_spec);
+    free(e);
+    etcd_close(db);
+    return err;
+}
+
+/* The entry whose address the message of a failed route_open names, or n. */
+static size_t named_entry(const cl_entry *e, size_t n, const char *route_spec, const char *msg) {
+    for (size_t i = 0; i < n; i++) {
+        char quoted[CL_ADDR_MAX + 2];
+        snprintf(quoted, sizeof quoted, "(%s)", e[i].addr);
+        if (strstr(route_spec, e[i].addr) && strstr(msg, quoted)) return i;
+    }
+    return n;
+}
+
+int cluster_cli_route_open(const char *cmd, const cluster_cli_opts *o, const route_params *rp, route **out) {
+    etcd *db = NULL;
+    cl_entry *e = NULL;
+    size_t n = 0;
+    int err = cluster_cli_open(cmd, o, 2000, &db);
+    if (!err) err = cluster_cli_load(cmd, db, o, &e, &n);
+    etcd_close(db);
+    for (int attempt = 0; !err; attempt++) {
+        char digest[65], *route_spec = NULL, *spare_spec = NULL, msg[KVS_MSG_MAX] = "";
+        if ((err = plan_specs(cmd, o, e, n, digest, &route_spec, &spare_spec))) break;
+        err = route_open(route_spec, spare_spec, rp, out, msg, sizeof msg);
+        if (!err) {
+            route_info ri;
+            char hex[65];
+            route_get_info(*out, &ri);
+            digest_hex(ri.model_digest, hex);
+            if (strcmp(hex, digest)) { /* the hops agree with each other but not with the registry */
+                snprintf(msg, sizeof msg, "hop 0 (%s) serves model %s, the registry says %s", route_hop_addr(*out, 0),
+                         hex, digest);
+                route_close(*out);
+                *out = NULL;
+                err = KVS_ERR_INVALID_ARG;
+            }
+        }
+        size_t bad = err ? named_entry(e, n, route_spec, msg) : n;
+        free(route_spec);
+        free(spare_spec);
+        if (!err) break;
+        if (bad == n || attempt >= CLUSTER_MAX_REPLANS) {
+            fprintf(stderr, "kvshard %s: %s\n", cmd, msg[0] ? msg : kvs_strerror(err));
+            break;
+        }
+        fprintf(stderr, "kvshard %s: skipping %s (registry entry layers [%u, %u)): %s\n", cmd, e[bad].addr,
+                e[bad].first, e[bad].last, msg);
+        e[bad] = e[--n];
+        err = KVS_OK;
+    }
+    free(e);
+    return err;
+}
