@@ -1,0 +1,241 @@
+/* The cluster registry end to end against a real etcd (docs/cluster.md): shards register and show in
+ * `cluster status --json`, a clean stop deregisters at once, a kill -9 disappears within the lease
+ * TTL, `generate --cluster` equals `kvshard run` greedy and skips an entry it cannot reach, and a
+ * gap makes `cluster status` exit non-zero. Skips (77) without the etcd binary or stories260K. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include "etcd.h"
+#include "proc.h"
+#include "registry.h"
+#include "test.h"
+
+#define WAIT_MS 20000 /* every wait below is bounded by this */
+
+static char g_dir[256];
+static char g_url[64];
+static char g_etcd[256];
+
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0) close(fd);
+    return port;
+}
+
+static bool find_etcd(void) {
+    const char *env = getenv("KVS_ETCD");
+    const char *cands[] = {env ? env : "", "/usr/bin/etcd", "/usr/local/bin/etcd"};
+    for (size_t i = 0; i < 3; i++)
+        if (cands[i][0] && access(cands[i], X_OK) == 0) {
+            snprintf(g_etcd, sizeof g_etcd, "%s", cands[i]);
+            return true;
+        }
+    return false;
+}
+
+/* Starts etcd on two free loopback ports with a data dir under g_dir; waits (bounded) until a
+ * range request answers. */
+static pid_t start_etcd(void) {
+    int cport = free_port(), pport = free_port();
+    char data[300], client[64], peer[64], cluster[96], logp[300];
+    snprintf(data, sizeof data, "%s/etcd-data", g_dir);
+    snprintf(client, sizeof client, "http://127.0.0.1:%d", cport);
+    snprintf(peer, sizeof peer, "http://127.0.0.1:%d", pport);
+    snprintf(cluster, sizeof cluster, "default=%s", peer);
+    snprintf(logp, sizeof logp, "%s/etcd.log", g_dir);
+    snprintf(g_url, sizeof g_url, "%s", client);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(logp, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execl(g_etcd, "etcd", "--data-dir", data, "--listen-client-urls", client, "--advertise-client-urls", client,
+              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer, "--initial-cluster", cluster,
+              (char *)NULL);
+        _exit(127);
+    }
+    etcd *db = NULL;
+    etcd_params ep = {.url = g_url, .timeout_ms = 500};
+    CHECK_EQ_INT(etcd_open(&ep, &db, NULL, 0), 0);
+    for (int waited = 0; db && waited < WAIT_MS; waited += 100) {
+        etcd_kv *kvs = NULL;
+        size_t n = 0;
+        if (etcd_range_prefix(db, "/", &kvs, &n, NULL, 0) == 0) {
+            etcd_kvs_free(kvs, n);
+            etcd_close(db);
+            return pid;
+        }
+        proc_sleep_ms(100);
+    }
+    etcd_close(db);
+    fprintf(stderr, "etcd did not answer within %d ms (log: %s)\n", WAIT_MS, logp);
+    return -1;
+}
+
+/* `cluster status --json`; *rc its exit status. */
+static char *status_json(int *rc) {
+    char errlog[300];
+    snprintf(errlog, sizeof errlog, "%s/cli.log", g_dir);
+    const char *args[] = {"cluster", "status", "--cluster", g_url, "--json", NULL};
+    char *out = NULL;
+    *rc = proc_run_args(args, &out, errlog, 30000);
+    return out;
+}
+
+static int count_of(const char *s, const char *needle) {
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, needle)) != NULL; p++) n++;
+    return n;
+}
+
+/* Polls status until it lists want shards (bounded); returns the last output (malloc'd). */
+static char *wait_shards(int want, int *rc) {
+    char *out = NULL;
+    for (int waited = 0; waited <= WAIT_MS; waited += 200) {
+        free(out);
+        out = status_json(rc);
+        if (count_of(out, "\"addr\":") == want) return out;
+        proc_sleep_ms(200);
+    }
+    fprintf(stderr, "status never listed %d shards: %s\n", want, out);
+    return out;
+}
+
+static char *generated(const char *out) {
+    const char *p = strstr(out, "\"generated\":[");
+    const char *q = p ? strchr(p, ']') : NULL;
+    return p && q ? strndup(p, (size_t)(q - p + 1)) : strdup("(none)");
+}
+
+static char *run_cmd(const char *const *args, int *rc) {
+    char errlog[300];
+    snprintf(errlog, sizeof errlog, "%s/cli.log", g_dir);
+    char *out = NULL;
+    *rc = proc_run_args(args, &out, errlog, 120000);
+    return out;
+}
+
+static void check_generate(const char *model) {
+    const char *prompt = "Once upon a time";
+    int rc;
+    const char *ra[] = {"run", "-m", model, "-p", prompt, "-n", "24", "--temp", "0", "-t", "1", "--json", NULL};
+    char *ref_out = run_cmd(ra, &rc);
+    CHECK_EQ_INT(rc, 0);
+    const char *ga[] = {"generate", "--cluster", g_url, "-p", prompt, "-n", "24", "--temp", "0", "--json", "-v", NULL};
+    char *got_out = run_cmd(ga, &rc);
+    CHECK_EQ_INT(rc, 0);
+    char *ref = generated(ref_out), *got = generated(got_out);
+    if (strcmp(ref, got) || !strcmp(ref, "(none)")) {
+        fprintf(stderr, "generate --cluster %s\n          run %s\n", got, ref);
+        test_failures_++;
+    }
+    free(ref);
+    free(got);
+    free(ref_out);
+    free(got_out);
+}
+
+/* An entry for an address nobody serves, first in the planner's order (the most free KV): generate
+ * must get past it (route_open takes a spare for it, logged with -v). */
+static void put_dead_entry(const char *status_out, char *key, size_t cap) {
+    const char *d = strstr(status_out, "\"digest\":\"");
+    cl_entry e;
+    memset(&e, 0, sizeof e);
+    snprintf(e.addr, sizeof e.addr, "127.0.0.1:1");
+    snprintf(e.name, sizeof e.name, "stories260K");
+    if (d) snprintf(e.digest, sizeof e.digest, "%.64s", d + 10);
+    e.n_layer = 5;
+    e.first = 0;
+    e.last = 2;
+    e.proto = 2;
+    e.kv_budget = 1ull << 40; /* the most free KV: preferred on a tie */
+    char *json = cl_entry_encode(&e);
+    cl_entry_key(&e, CL_DEFAULT_PREFIX, key, cap);
+    etcd *db = NULL;
+    etcd_params ep = {.url = g_url};
+    CHECK_EQ_INT(etcd_open(&ep, &db, NULL, 0), 0);
+    CHECK_EQ_INT(db ? etcd_put(db, key, json, 0, NULL, 0) : -1, 0);
+    etcd_close(db);
+    free(json);
+}
+
+static void delete_key(const char *key) {
+    etcd *db = NULL;
+    etcd_params ep = {.url = g_url};
+    CHECK_EQ_INT(etcd_open(&ep, &db, NULL, 0), 0);
+    CHECK_EQ_INT(db ? etcd_delete(db, key, NULL, 0) : -1, 0);
+    etcd_close(db);
+}
+
+static void run_checks(const char *model) {
+    const char *reg[] = {"--cluster", g_url, "--cluster-ttl", "2", NULL};
+    proc_server head, tail, spare;
+    CHECK(proc_start_server(&head, g_dir, model, "0:2", reg));
+    CHECK(proc_start_server(&tail, g_dir, model, "2:end", reg));
+    CHECK(proc_start_server(&spare, g_dir, model, "2:end", reg));
+    int rc;
+    char *out = wait_shards(3, &rc);
+    CHECK_EQ_INT(rc, 0);
+    CHECK(strstr(out, "\"covered\":true") != NULL);
+    CHECK(strstr(out, "\"n_layer\":5") != NULL);
+    CHECK(strstr(out, "\"layers\":[0,2]") != NULL);
+    CHECK_EQ_INT(count_of(out, "\"layers\":[2,5]"), 2);
+    CHECK(strstr(out, "\"state\":\"serving\"") != NULL);
+    char key[512];
+    put_dead_entry(out, key, sizeof key);
+    free(out);
+    check_generate(model);
+    char errlog[300];
+    snprintf(errlog, sizeof errlog, "%s/cli.log", g_dir);
+    size_t n = 0;
+    char *log = (char *)test_read_file(errlog, &n);
+    CHECK(log && strstr(log, "hop 0 (127.0.0.1:1): cannot connect") != NULL);
+    free(log);
+    delete_key(key);
+    /* kill -9: the entry stays until its lease (2 s) expires, then goes. */
+    char addr[64];
+    snprintf(addr, sizeof addr, "\"addr\":\"127.0.0.1:%d\"", spare.port);
+    proc_kill_server(&spare);
+    out = wait_shards(2, &rc);
+    CHECK(strstr(out, addr) == NULL);
+    CHECK_EQ_INT(rc, 0);
+    free(out);
+    /* A clean stop deregisters: the head's layers become a gap and status says so. */
+    CHECK_EQ_INT(proc_stop_server(&head), 0);
+    out = wait_shards(1, &rc);
+    CHECK_EQ_INT(rc, 1);
+    CHECK(strstr(out, "\"covered\":false") != NULL);
+    CHECK(strstr(out, "\"gaps\":[[0,2]]") != NULL || (fprintf(stderr, "status: %s\n", out), 0));
+    free(out);
+    proc_stop_server(&tail);
+}
+
+int main(void) {
+    char mbuf[512];
+    const char *model = test_shared_path("models/stories260K.gguf", mbuf, sizeof mbuf);
+    if (!find_etcd()) {
+        fprintf(stderr, "skip: no etcd binary (install etcd-server: scripts/deps.sh --test, or set KVS_ETCD)\n");
+        return TEST_SKIP_CODE;
+    }
+    if (!model) return TEST_SKIP_CODE;
+    snprintf(g_dir, sizeof g_dir, "/tmp/kvs-cluster-XXXXXX");
+    if (!mkdtemp(g_dir)) return 1;
+    pid_t etcd_pid = start_etcd();
+    CHECK(etcd_pid > 0);
+    if (etcd_pid > 0) run_checks(model);
+    if (etcd_pid > 0) {
+        kill(etcd_pid, SIGTERM);
+        proc_wait(etcd_pid, 10000);
+    }
+    if (test_failures_) fprintf(stderr, "%d failure(s); logs in %s\n", test_failures_, g_dir);
+    else printf("ok\n");
+    return test_failures_ ? 1 : 0;
+}
