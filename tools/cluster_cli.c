@@ -1,6 +1,7 @@
 /* Command-line glue for the cluster registry (cluster_cli.h). */
 #include "cluster_cli.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -272,13 +273,60 @@ static size_t named_entry(const cl_entry *e, size_t n, const char *route_spec, c
     return n;
 }
 
-int cluster_cli_route_open(const char *cmd, const cluster_cli_opts *o, const route_params *rp, route **out) {
+/* Lanes this process has put on each shard (api --cluster): added to the registry's load so that
+ * lanes opened together spread over replicas instead of all taking the same best one. */
+struct cluster_bal {
+    pthread_mutex_t mu;
+    const char *cmd;
+    cluster_cli_opts o;
+    size_t n;
+    char (*addr)[CL_ADDR_MAX];
+    unsigned *lanes;
+};
+
+#define CLUSTER_LANE_WEIGHT 1e9 /* one lane outweighs any measured load: lanes decide first */
+
+static void bal_bias(cluster_bal *b, cl_entry *e, size_t n) {
+    if (!b) return;
+    pthread_mutex_lock(&b->mu);
+    for (size_t i = 0; i < n; i++)
+        for (size_t k = 0; k < b->n; k++)
+            if (!strcmp(b->addr[k], e[i].addr)) e[i].load += CLUSTER_LANE_WEIGHT * b->lanes[k];
+    pthread_mutex_unlock(&b->mu);
+}
+
+static void bal_note(cluster_bal *b, const route *r) {
+    if (!b) return;
+    route_info ri;
+    route_get_info(r, &ri);
+    pthread_mutex_lock(&b->mu);
+    for (uint32_t h = 0; h < ri.n_hops; h++) {
+        const char *a = route_hop_addr(r, h);
+        size_t k = 0;
+        while (k < b->n && strcmp(b->addr[k], a)) k++;
+        if (k == b->n) {
+            void *na = realloc(b->addr, (b->n + 1) * sizeof *b->addr), *nl = na ? realloc(b->lanes, (b->n + 1) * sizeof *b->lanes) : NULL;
+            if (na) b->addr = na;
+            if (!na || !nl) break;
+            b->lanes = nl;
+            snprintf(b->addr[k], CL_ADDR_MAX, "%s", a);
+            b->lanes[k] = 0;
+            b->n++;
+        }
+        b->lanes[k]++;
+    }
+    pthread_mutex_unlock(&b->mu);
+}
+
+static int open_planned(const char *cmd, const cluster_cli_opts *o, const route_params *rp, route **out,
+                        cluster_bal *b, char *emsg, size_t ecap) {
     etcd *db = NULL;
     cl_entry *e = NULL;
     size_t n = 0;
     int err = cluster_cli_open(cmd, o, 2000, &db);
     if (!err) err = cluster_cli_load(cmd, db, o, &e, &n);
     etcd_close(db);
+    bal_bias(b, e, n);
     for (int attempt = 0; !err; attempt++) {
         char digest[65], *route_spec = NULL, *spare_spec = NULL, msg[KVS_MSG_MAX] = "";
         if ((err = plan_specs(cmd, o, e, n, digest, &route_spec, &spare_spec))) break;
@@ -299,9 +347,13 @@ int cluster_cli_route_open(const char *cmd, const cluster_cli_opts *o, const rou
         size_t bad = err ? named_entry(e, n, route_spec, msg) : n;
         free(route_spec);
         free(spare_spec);
-        if (!err) break;
+        if (!err) {
+            bal_note(b, *out);
+            break;
+        }
         if (bad == n || attempt >= CLUSTER_MAX_REPLANS) {
-            fprintf(stderr, "kvshard %s: %s\n", cmd, msg[0] ? msg : kvs_strerror(err));
+            if (emsg) snprintf(emsg, ecap, "%s", msg[0] ? msg : kvs_strerror(err));
+            else fprintf(stderr, "kvshard %s: %s\n", cmd, msg[0] ? msg : kvs_strerror(err));
             break;
         }
         fprintf(stderr, "kvshard %s: skipping %s (registry entry layers [%u, %u)): %s\n", cmd, e[bad].addr,
@@ -309,6 +361,34 @@ int cluster_cli_route_open(const char *cmd, const cluster_cli_opts *o, const rou
         e[bad] = e[--n];
         err = KVS_OK;
     }
+    if (err && emsg && !emsg[0]) snprintf(emsg, ecap, "no route from the registry: %s", kvs_strerror(err));
     free(e);
     return err;
+}
+
+int cluster_cli_route_open(const char *cmd, const cluster_cli_opts *o, const route_params *rp, route **out) {
+    return open_planned(cmd, o, rp, out, NULL, NULL, 0);
+}
+
+cluster_bal *cluster_bal_new(const char *cmd, const cluster_cli_opts *o) {
+    cluster_bal *b = calloc(1, sizeof *b);
+    if (!b) return NULL;
+    pthread_mutex_init(&b->mu, NULL);
+    b->cmd = cmd;
+    b->o = *o;
+    return b;
+}
+
+int cluster_bal_open(void *ctx, const route_params *rp, route **out, char *msg, size_t cap) {
+    cluster_bal *b = ctx;
+    if (msg && cap) msg[0] = 0;
+    return open_planned(b->cmd, &b->o, rp, out, b, msg, cap);
+}
+
+void cluster_bal_free(cluster_bal *b) {
+    if (!b) return;
+    pthread_mutex_destroy(&b->mu);
+    free(b->addr);
+    free(b->lanes);
+    free(b);
 }

@@ -52,4 +52,13 @@ int cluster_cli_route_open(const char *cmd, const cluster_cli_opts *o, const rou
  * routes themselves (the API's lanes). */
 int cluster_cli_specs(const char *cmd, const cluster_cli_opts *o, char **route_spec, char **spare_spec);
 
+/* api --cluster: each lane's route planned from the live registry (on every open, so a lane whose
+ * route broke re-plans from the shards alive then), with the lanes this process already put on a
+ * shard counted as load so that lanes spread evenly over replicas. cluster_bal_open has the shape
+ * of http_params.open_route and may be called from several threads. */
+typedef struct cluster_bal cluster_bal;
+cluster_bal *cluster_bal_new(const char *cmd, const cluster_cli_opts *o);
+int cluster_bal_open(void *ctx, const route_params *rp, route **out, char *msg, size_t cap);
+void cluster_bal_free(cluster_bal *b);
+
 #endif /* KVS_CLUSTER_CLI_H */

@@ -9,6 +9,7 @@
 #include "args.h"
 #include "chat.h"
 #include "cli.h"
+#include "cluster_cli.h"
 #include "daemon.h"
 #include "http.h"
 #include "quant.h"
@@ -31,6 +32,8 @@ static void api_usage(FILE *f) {
             "  -m MODEL             run the whole model in this process (a shard on a loopback port)\n"
             "  --route SPEC         drive a route of running shards instead (as kvshard generate)\n"
             "  --spare SPEC         replacement shards for failed hops\n"
+            "  --cluster URL        instead of --route: plan each lane's route from an etcd registry,\n"
+            "                       spreading lanes over replicas (--model NAME|DIGEST picks the model)\n"
             "  --listen HOST:PORT   HTTP address (default 127.0.0.1:8080; port 0 picks one, printed)\n"
             "  --lanes N            concurrent generations (default 4)\n"
             "  --queue N            requests that may wait for a lane before 503 (default 64)\n"
@@ -70,10 +73,13 @@ int cmd_api(int argc, char **argv) {
     long lanes = p.lanes, queue = p.queue_max, slots = p.prefix_slots, threads = 0;
     double qt = 30;
     args_security sec = {0};
+    cluster_cli_opts cl = {0};
+    char *cl_route = NULL, *cl_spares = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool ok = true;
         int so = args_security_opt(argc, argv, &i, &sec);
+        if (so == 0) so = cluster_cli_opt("api", argc, argv, &i, &cl);
         if (so < 0) return 2;
         if (so > 0) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { api_usage(stdout); return 0; }
@@ -94,6 +100,16 @@ int cmd_api(int argc, char **argv) {
         else if (!strcmp(a, "--kv-type")) ok = args_kv_type(argc, argv, &i, &kv_type);
         else { fprintf(stderr, "kvshard api: unknown option '%s'\n", a); api_usage(stderr); return 2; }
         if (!ok) return 2;
+    }
+    cluster_bal *bal = NULL;
+    if (cl.url && !p.route && !model) {
+        /* The first plan names the route for the checks at start; every lane then plans its own. */
+        if (cluster_cli_specs("api", &cl, &cl_route, &cl_spares)) return 1;
+        p.route = cl_route;
+        p.spares = cl_spares;
+        if (!(bal = cluster_bal_new("api", &cl))) return 1;
+        p.open_route = cluster_bal_open;
+        p.open_route_ctx = bal;
     }
     if (!model == !p.route) {
         fprintf(stderr, "kvshard api: exactly one of -m MODEL or --route SPEC is required\n");
@@ -174,5 +190,8 @@ int cmd_api(int argc, char **argv) {
         srv_free(shard);
     }
     free(token);
+    cluster_bal_free(bal);
+    free(cl_route);
+    free(cl_spares);
     return rc;
 }

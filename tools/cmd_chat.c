@@ -15,6 +15,7 @@
 #include "args.h"
 #include "chat.h"
 #include "cli.h"
+#include "cluster_cli.h"
 #include "engine.h"
 #include "gen_loop.h"
 #include "gguf.h"
@@ -33,6 +34,7 @@ static void chat_usage(FILE *f) {
             "  -m MODEL          the GGUF model (with --route: only its tokenizer is read)\n"
             "  --route LIST      drive these shards instead (tokenizer from the head shard unless -m)\n"
             "  --spare LIST      replacement shards for --route\n"
+            "  --cluster URL     instead of --route: plan the route from an etcd registry (--model NAME)\n"
             "  --chat-template NAME  override the file's template: %s\n"
             "  --system TEXT     a system message first\n"
             "  -p TEXT           one user turn, answered, then exit\n"
@@ -225,10 +227,12 @@ int cmd_chat(int argc, char **argv) {
     gen_opts_default(&o);
     o.n_gen = 256;
     args_security sec = {0};
+    cluster_cli_opts cl = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool ok = true;
         int so = args_security_opt(argc, argv, &i, &sec);
+        if (so == 0) so = cluster_cli_opt("chat", argc, argv, &i, &cl);
         if (so < 0) return 2;
         if (so > 0) continue;
         int g = gen_parse_opt(&o, argc, argv, &i);
@@ -249,7 +253,7 @@ int cmd_chat(int argc, char **argv) {
         else { fprintf(stderr, "kvshard chat: unknown option '%s'\n", a); chat_usage(stderr); return 2; }
         if (!ok) return 2;
     }
-    if (!path && !route_spec) {
+    if (!path && !route_spec && !cl.url) {
         fprintf(stderr, "kvshard chat: -m MODEL or --route is required\n");
         chat_usage(stderr);
         return 2;
@@ -289,12 +293,13 @@ int cmd_chat(int argc, char **argv) {
         rc = 0;
         goto out;
     }
-    if (route_spec) {
+    if (route_spec || cl.url) {
         route_params rp = route_default_params();
         rp.timeout_ms = timeout_ms;
         char *token = NULL;
         if (!args_security_route("chat", &sec, &rp, &token)) goto out;
-        int err = route_open(route_spec, spare_spec, &rp, &c.r, msg, sizeof msg);
+        int err = cl.url ? cluster_cli_route_open("chat", &cl, &rp, &c.r)
+                         : route_open(route_spec, spare_spec, &rp, &c.r, msg, sizeof msg);
         free(token);
         if (!err) {
             if (path) err = open_vocab(path, &own_vocab) ? KVS_ERR_FORMAT : KVS_OK;

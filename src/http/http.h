@@ -33,6 +33,7 @@
 #include <stdint.h>
 
 #include "log.h"
+#include "route.h"
 
 /* One event line, as every module's log (log.h). */
 typedef kvs_log_fn http_log_fn;
@@ -41,6 +42,10 @@ typedef struct {
     const char *listen;          /* "HOST:PORT"; port 0 picks a free one (http_port) */
     const char *route;           /* route spec "HOST:PORT,..." (route_parse_spec) */
     const char *spares;          /* NULL or "": none */
+    /* Opens a lane's route instead of route_open(route, spares) (kvshard api --cluster plans each
+     * lane from the registry); NULL: route_open. Called from several lanes' threads at once. */
+    int (*open_route)(void *ctx, const route_params *rp, route **out, char *msg, size_t cap);
+    void *open_route_ctx;
     const char *model_name;      /* id in /v1/models and replies; NULL: "kvshard" */
     const char *tokenizer_path;  /* GGUF to read the tokenizer and chat template from; NULL:
                                     the head shard's VOCAB (SentencePiece models only) */

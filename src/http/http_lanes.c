@@ -39,6 +39,7 @@ static route_params lane_params(http_lanes *L, int64_t timeout_ms) {
 
 static int open_route(http_lanes *L, route **r, char *msg, size_t cap) {
     route_params rp = lane_params(L, L->p.route_timeout_ms);
+    if (L->p.open_route) return L->p.open_route(L->p.open_route_ctx, &rp, r, msg, cap);
     return route_open(L->route_spec, L->spares_spec, &rp, r, msg, cap);
 }
 
