@@ -218,6 +218,54 @@ static void run_checks(const char *model) {
     proc_stop_server(&tail);
 }
 
+/* srv.connections_open of the shard at port (a `kvshard stats` call, itself one connection). */
+static long open_conns(int port) {
+    char addr[32];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    const char *args[] = {"stats", addr, NULL};
+    int rc;
+    char *out = run_cmd(args, &rc);
+    const char *p = strstr(out, "\"srv.connections_open\":");
+    long n = rc == 0 && p ? strtol(p + 23, NULL, 10) : -1;
+    free(out);
+    return n;
+}
+
+/* api --cluster with 4 lanes over 2 replicas of each of 2 stages: 2 lanes on every shard (the
+ * lanes open their routes at start, one after another, each seeing the lanes already placed). */
+static void check_api_balance(const char *model) {
+    const char *reg[] = {"--cluster", g_url, NULL};
+    proc_server s[4];
+    const char *layers[4] = {"0:2", "0:2", "2:end", "2:end"};
+    for (int i = 0; i < 4; i++) CHECK(proc_start_server(&s[i], g_dir, model, layers[i], reg));
+    int rc;
+    free(wait_shards(4, &rc));
+    char *argv[] = {"kvshard", "api", "--cluster", g_url, "--lanes", "4", "--listen", "127.0.0.1:0", NULL};
+    proc_server api;
+    CHECK(proc_start_listener(&api, g_dir, "api", argv));
+    for (int i = 0; i < 4; i++) {
+        long n = open_conns(s[i].port);
+        if (n != 3) {
+            fprintf(stderr, "shard %d (%s): %ld connections open, want 2 lanes + this stats call\n", i, layers[i], n);
+            test_failures_++;
+        }
+    }
+    proc_stop_server(&api);
+    /* --layers auto: with one tail replica gone, a new shard takes the tail's range. */
+    CHECK_EQ_INT(proc_stop_server(&s[3]), 0);
+    free(wait_shards(3, &rc));
+    const char *autoreg[] = {"--cluster", g_url, "--max-layers", "3", NULL};
+    CHECK(proc_start_server(&s[3], g_dir, model, "auto", autoreg));
+    size_t n = 0;
+    char *log = (char *)test_read_file(s[3].log, &n);
+    CHECK(log && strstr(log, "--layers auto took 2:5 of 5") != NULL);
+    free(log);
+    char *out = wait_shards(4, &rc);
+    CHECK_EQ_INT(count_of(out, "\"layers\":[2,5]"), 2);
+    free(out);
+    for (int i = 0; i < 4; i++) proc_stop_server(&s[i]);
+}
+
 int main(void) {
     char mbuf[512];
     const char *model = test_shared_path("models/stories260K.gguf", mbuf, sizeof mbuf);
@@ -231,6 +279,7 @@ int main(void) {
     pid_t etcd_pid = start_etcd();
     CHECK(etcd_pid > 0);
     if (etcd_pid > 0) run_checks(model);
+    if (etcd_pid > 0) check_api_balance(model);
     if (etcd_pid > 0) {
         kill(etcd_pid, SIGTERM);
         proc_wait(etcd_pid, 10000);
