@@ -41,10 +41,16 @@ static bool find_etcd(void) {
 
 /* Starts etcd on two free loopback ports with a data dir under g_dir; waits (bounded) until a
  * range request answers. */
+static int g_cport, g_pport, g_generation;
+
 static pid_t start_etcd(void) {
-    int cport = free_port(), pport = free_port();
+    if (!g_cport) {
+        g_cport = free_port();
+        g_pport = free_port();
+    }
+    int cport = g_cport, pport = g_pport;
     char data[300], client[64], peer[64], cluster[96], logp[300];
-    snprintf(data, sizeof data, "%s/etcd-data", g_dir);
+    snprintf(data, sizeof data, "%s/etcd-data-%d", g_dir, g_generation++); /* a restart starts empty */
     snprintf(client, sizeof client, "http://127.0.0.1:%d", cport);
     snprintf(peer, sizeof peer, "http://127.0.0.1:%d", pport);
     snprintf(cluster, sizeof cluster, "default=%s", peer);
@@ -266,6 +272,39 @@ static void check_api_balance(const char *model) {
     for (int i = 0; i < 4; i++) proc_stop_server(&s[i]);
 }
 
+/* etcd killed: shards keep serving (a direct route works); etcd back, empty: every shard has
+ * registered again within a bounded wait (the TTL plus a renewal period). */
+static pid_t check_etcd_restart(const char *model, pid_t etcd_pid) {
+    const char *reg[] = {"--cluster", g_url, "--cluster-ttl", "2", NULL};
+    proc_server head, tail;
+    CHECK(proc_start_server(&head, g_dir, model, "0:2", reg));
+    CHECK(proc_start_server(&tail, g_dir, model, "2:end", reg));
+    int rc;
+    free(wait_shards(2, &rc));
+    kill(etcd_pid, SIGKILL);
+    proc_wait(etcd_pid, 10000);
+    char route[64];
+    snprintf(route, sizeof route, "127.0.0.1:%d,127.0.0.1:%d", head.port, tail.port);
+    const char *ga[] = {"generate", "--route", route, "-p", "Once upon a time", "-n", "8", "--temp", "0", NULL};
+    char *out = run_cmd(ga, &rc);
+    CHECK_EQ_INT(rc, 0);
+    CHECK(strlen(out) > 16);
+    free(out);
+    const char *sa[] = {"cluster", "status", "--cluster", g_url, NULL};
+    out = run_cmd(sa, &rc);
+    CHECK_EQ_INT(rc, 3); /* the registry cannot be read */
+    free(out);
+    pid_t pid = start_etcd();
+    CHECK(pid > 0);
+    out = wait_shards(2, &rc);
+    CHECK_EQ_INT(rc, 0);
+    CHECK(strstr(out, "\"covered\":true") != NULL);
+    free(out);
+    proc_stop_server(&head);
+    proc_stop_server(&tail);
+    return pid;
+}
+
 int main(void) {
     char mbuf[512];
     const char *model = test_shared_path("models/stories260K.gguf", mbuf, sizeof mbuf);
@@ -280,6 +319,7 @@ int main(void) {
     CHECK(etcd_pid > 0);
     if (etcd_pid > 0) run_checks(model);
     if (etcd_pid > 0) check_api_balance(model);
+    if (etcd_pid > 0) etcd_pid = check_etcd_restart(model, etcd_pid);
     if (etcd_pid > 0) {
         kill(etcd_pid, SIGTERM);
         proc_wait(etcd_pid, 10000);

@@ -46,7 +46,10 @@ static int tick(cl_reg *r, bool update, char *msg, size_t cap) {
     int err;
     if (r->lease) {
         int64_t left = 0;
-        if ((err = etcd_lease_keepalive(r->db, r->lease, &left, msg, cap))) return err;
+        if ((err = etcd_lease_keepalive(r->db, r->lease, &left, msg, cap))) {
+            r->lease = 0; /* unknown after an error (etcd may come back without it): start over */
+            return err;
+        }
         if (left <= 0) {
             kvs_logf(r->p.log, r->p.log_ctx, "cluster: lease %llx expired, registering again",
                      (unsigned long long)r->lease);
