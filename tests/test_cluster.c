@@ -3,6 +3,7 @@
  * TTL, `generate --cluster` equals `kvshard run` greedy and skips an entry it cannot reach, and a
  * gap makes `cluster status` exit non-zero. Skips (77) without the etcd binary or stories260K. */
 #include <arpa/inet.h>
+#include <curl/curl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
@@ -305,6 +306,76 @@ static pid_t check_etcd_restart(const char *model, pid_t etcd_pid) {
     return pid;
 }
 
+typedef struct {
+    char buf[65536];
+    size_t len;
+} http_reply;
+
+static size_t on_http(char *p, size_t sz, size_t nm, void *user) {
+    http_reply *r = user;
+    size_t n = sz * nm, room = sizeof r->buf - 1 - r->len;
+    memcpy(r->buf + r->len, p, n < room ? n : room);
+    r->len += n < room ? n : room;
+    r->buf[r->len] = 0;
+    return n;
+}
+
+/* POST body to http://127.0.0.1:port/v1/completions; returns the HTTP status, the body in *r. */
+static long post_completion(int port, const char *body, http_reply *r) {
+    char url[96];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/completions", port);
+    r->len = 0;
+    r->buf[0] = 0;
+    CURL *c = curl_easy_init();
+    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_http);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, r);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 60000L);
+    long status = 0;
+    if (curl_easy_perform(c) == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(c);
+    return status;
+}
+
+/* A lane's open route loses its tail, which has no spare among those planned at start; a new tail
+ * registered since is found in the live registry (route_params.more_spares) and the request
+ * succeeds with the same text. */
+static void check_live_replan(const char *model) {
+    const char *reg[] = {"--cluster", g_url, NULL};
+    proc_server head, tail;
+    CHECK(proc_start_server(&head, g_dir, model, "0:2", reg));
+    CHECK(proc_start_server(&tail, g_dir, model, "2:end", reg));
+    int rc;
+    free(wait_shards(2, &rc));
+    char *argv[] = {"kvshard", "api", "--cluster", g_url, "--lanes", "1", "--listen", "127.0.0.1:0", NULL};
+    proc_server api;
+    CHECK(proc_start_listener(&api, g_dir, "api", argv));
+    const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":12,\"temperature\":0}";
+    static http_reply a, b;
+    CHECK_EQ_INT(post_completion(api.port, body, &a), 200);
+    CHECK_EQ_INT(proc_stop_server(&tail), 0);
+    CHECK(proc_start_server(&tail, g_dir, model, "2:end", reg));
+    free(wait_shards(2, &rc));
+    CHECK_EQ_INT(post_completion(api.port, body, &b), 200);
+    const char *ta = strstr(a.buf, "\"text\":"), *tb = strstr(b.buf, "\"text\":");
+    CHECK(ta && tb);
+    if (ta && tb && strncmp(ta, tb, 48)) {
+        fprintf(stderr, "after the re-plan: %.60s\n       before: %.60s\n", tb, ta);
+        test_failures_++;
+    }
+    size_t n = 0;
+    char *log = (char *)test_read_file(api.log, &n);
+    CHECK(log && strstr(log, "registry offers") != NULL);
+    free(log);
+    proc_stop_server(&api);
+    proc_stop_server(&head);
+    proc_stop_server(&tail);
+}
+
 int main(void) {
     char mbuf[512];
     const char *model = test_shared_path("models/stories260K.gguf", mbuf, sizeof mbuf);
@@ -319,6 +390,7 @@ int main(void) {
     CHECK(etcd_pid > 0);
     if (etcd_pid > 0) run_checks(model);
     if (etcd_pid > 0) check_api_balance(model);
+    if (etcd_pid > 0) check_live_replan(model);
     if (etcd_pid > 0) etcd_pid = check_etcd_restart(model, etcd_pid);
     if (etcd_pid > 0) {
         kill(etcd_pid, SIGTERM);

@@ -318,8 +318,60 @@ static void bal_note(cluster_bal *b, const route *r) {
     pthread_mutex_unlock(&b->mu);
 }
 
-static int open_planned(const char *cmd, const cluster_cli_opts *o, const route_params *rp, route **out,
+/* What a route asks the registry for when a hop failed and its spares are used up. Lives as long as
+ * the process (routes keep a pointer to it); read-only after creation, so lanes share it. */
+typedef struct {
+    const char *cmd;
+    cluster_cli_opts o;
+    char digest[CL_DIGEST_HEX + 1];
+} live_spares_ctx;
+
+/* route_params.more_spares: the serving shards of the model with exactly [first, last), lowest
+ * load first, read from the registry now. */
+static char *live_spares(void *ctx, uint32_t first, uint32_t last) {
+    live_spares_ctx *c = ctx;
+    etcd *db = NULL;
+    cl_entry *e = NULL;
+    size_t n = 0;
+    if (cluster_cli_open(c->cmd, &c->o, 2000, &db) || cluster_cli_load(c->cmd, db, &c->o, &e, &n)) {
+        etcd_close(db);
+        return NULL;
+    }
+    etcd_close(db);
+    cl_plan p;
+    char *spec = NULL;
+    if (cl_plan_route(e, n, c->digest, &p, NULL, 0) == KVS_OK) {
+        size_t *idx = calloc(p.n_hops + p.n_spares + 1, sizeof *idx), m = 0;
+        for (size_t k = 0; idx && k < p.n_hops + p.n_spares; k++) {
+            size_t i = k < p.n_hops ? p.hops[k] : p.spares[k - p.n_hops];
+            if (e[i].first == first && e[i].last == last) idx[m++] = i;
+        }
+        spec = idx && m ? join_addrs(e, idx, m) : NULL;
+        free(idx);
+        cl_plan_free(&p);
+    }
+    free(e);
+    if (spec) fprintf(stderr, "kvshard %s: registry offers %s for layers [%u, %u)\n", c->cmd, spec, first, last);
+    return spec;
+}
+
+static live_spares_ctx *live_ctx(const char *cmd, const cluster_cli_opts *o, const char *digest) {
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static live_spares_ctx *ctx; /* one per process: every --cluster command plans one model */
+    pthread_mutex_lock(&mu);
+    if (!ctx && (ctx = calloc(1, sizeof *ctx)) != NULL) {
+        ctx->cmd = cmd;
+        ctx->o = *o;
+        snprintf(ctx->digest, sizeof ctx->digest, "%s", digest);
+    }
+    pthread_mutex_unlock(&mu);
+    return ctx;
+}
+
+static int open_planned(const char *cmd, const cluster_cli_opts *o, const route_params *rp_in, route **out,
                         cluster_bal *b, char *emsg, size_t ecap) {
+    route_params rp_own = *rp_in;
+    const route_params *rp = &rp_own;
     etcd *db = NULL;
     cl_entry *e = NULL;
     size_t n = 0;
@@ -330,6 +382,8 @@ static int open_planned(const char *cmd, const cluster_cli_opts *o, const route_
     for (int attempt = 0; !err; attempt++) {
         char digest[65], *route_spec = NULL, *spare_spec = NULL, msg[KVS_MSG_MAX] = "";
         if ((err = plan_specs(cmd, o, e, n, digest, &route_spec, &spare_spec))) break;
+        rp_own.more_spares = live_spares;
+        rp_own.more_spares_ctx = live_ctx(cmd, o, digest);
         err = route_open(route_spec, spare_spec, rp, out, msg, sizeof msg);
         if (!err) {
             route_info ri;

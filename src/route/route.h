@@ -18,7 +18,8 @@
  *         request is sent again;
  *       - a hop fails (connect refused, EOF/reset, i/o error, undecodable or unexpected reply, or
  *         no reply within timeout_ms): the first spare that serves the same [first, last) of the
- *         same model (same digest) replaces it, the session epoch goes E -> E+1 and the current
+ *         same model (same digest) replaces it (when none does, route_params.more_spares may name
+ *         more candidates), the session epoch goes E -> E+1 and the current
  *         step is redone from hop 0. Every hop whose state lives in an older epoch gets its next
  *         FORWARD with INHERIT(its epoch, start_pos) — it keeps its positions, no recompute; the
  *         replacement first gets all its remembered inputs [0, start) replayed at epoch E+1;
@@ -93,6 +94,11 @@ typedef struct {
                            8-bit mantissa. At most one of hidden_f16 / hidden_bf16 */
     uint64_t max_replay_bytes; /* cap on one session's replay memory, bytes (design note 6);
                                   0: ROUTE_DEFAULT_REPLAY_BYTES */
+    /* Called when a hop failed and no spare serves its [first, last): a spec of more candidates
+     * ("h:p,...", malloc'd, freed by the route; NULL: none), e.g. the live shards of a cluster
+     * registry. They join the spares and are checked like them. NULL: only the given spares. */
+    char *(*more_spares)(void *ctx, uint32_t first, uint32_t last);
+    void *more_spares_ctx;
 } route_params;
 
 /* timeout_ms 30000, no auth, no TLS, no log, f32 hidden states, 256 MiB replay cap. */

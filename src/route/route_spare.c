@@ -2,6 +2,7 @@
 #include "route.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "route_impl.h"
@@ -85,12 +86,40 @@ int route_take_spare(route *r, uint32_t k) {
     return KVS_ERR_NOT_FOUND;
 }
 
+/* Adds the candidates of p.more_spares for [first, last) that are not spares or hops yet, as
+ * untried spares. True when at least one was added. */
+static bool refill_spares(route *r, uint32_t first, uint32_t last) {
+    char *spec = r->p.more_spares ? r->p.more_spares(r->p.more_spares_ctx, first, last) : NULL;
+    route_addr *a = NULL;
+    size_t n = 0;
+    bool added = false;
+    if (spec && *spec && route_parse_spec(spec, &a, &n, NULL, 0) == KVS_OK) {
+        route_hop *sp = realloc(r->spares, (r->n_spares + n) * sizeof *sp);
+        if (sp) r->spares = sp;
+        uint8_t *st = sp ? realloc(r->spare_state, r->n_spares + n) : NULL;
+        if (st) r->spare_state = st;
+        for (size_t i = 0; st && i < n; i++) {
+            bool known = false;
+            for (uint32_t j = 0; j < r->n_spares && !known; j++) known = !strcmp(r->spares[j].addr.text, a[i].text);
+            for (uint32_t k = 0; k < r->n_hops && !known; k++) known = !strcmp(r->hops[k].addr.text, a[i].text);
+            if (known) continue;
+            r->spares[r->n_spares] = (route_hop){.addr = a[i], .fd = -1};
+            r->spare_state[r->n_spares++] = SPARE_UNTRIED;
+            added = true;
+        }
+    }
+    free(a);
+    free(spec);
+    return added;
+}
+
 /* Hop k failed with `err` (why): replace it and move the session to a new epoch. */
 int route_reroute(route *r, route_session *s, uint32_t k, int err, const char *why, char *msg, size_t msg_cap) {
     route_hop old = r->hops[k];
     route_hop_disconnect(&r->hops[k]);
     route_log(r, "hop %u (%s) failed: %s", k, old.addr.text, why);
-    if (route_take_spare(r, k) != KVS_OK)
+    if (route_take_spare(r, k) != KVS_OK &&
+        (!refill_spares(r, old.info.first, old.info.last) || route_take_spare(r, k) != KVS_OK))
         return kvs_fail(msg, msg_cap, err, "hop %u (%s) failed (%s) and no spare serves layers [%u, %u)", k,
                         old.addr.text, why, old.info.first, old.info.last);
     s->hop_epoch[k] = 0;
