@@ -27,7 +27,8 @@ typedef struct {
     float *att;        /* [n_tok][n_head * head_dim] */
     float *gate;       /* [n_tok][n_ff] */
     float *up;         /* [n_tok][n_ff] */
-    float *rope_cs;    /* [n_tok][n_rot] the token's rotation (ops_rope_cs), for every layer */
+    float *rope_cs;    /* [n_tok][n_rot] the token's rotation (ops_rope_cs), for every global layer */
+    float *rope_cs_swa; /* [n_tok][n_rot] the same for local (sliding-window) layers, or NULL */
     void *act;         /* matmul activation scratch */
     float *att_scratch; /* per thread: scores [group][max_pos] + k/v row */
     size_t att_scratch_per_thread;
@@ -67,19 +68,38 @@ static void ffn_norm_task(void *p, int64_t t0, int64_t t1, int slot) {
         ops_rmsnorm(c->x + (size_t)t * d, L->ffn_norm, c->xb + (size_t)t * d, d, c->m->hp.rms_eps);
 }
 
+/* gelu(x) with the tanh approximation, as ggml_gelu (Gemma's hidden_activation). */
+static void geglu(float *gate, const float *up, int64_t n) {
+    const float k = 0.79788456080286535588f; /* sqrt(2 / pi) */
+    for (int64_t i = 0; i < n; i++) {
+        const float x = gate[i];
+        gate[i] = 0.5f * x * (1.0f + tanhf(k * x * (1.0f + 0.044715f * x * x))) * up[i];
+    }
+}
+
 static void swiglu_task(void *p, int64_t t0, int64_t t1, int slot) {
     (void)slot;
     fwd_run_ctx *c = p;
     int64_t f = c->m->hp.n_ff;
-    for (int64_t t = t0; t < t1; t++) vec_swiglu(c->gate + (size_t)t * f, c->up + (size_t)t * f, f);
+    bool gelu = c->m->hp.arch->ffn_act == ARCH_FFN_GELU_TANH;
+    for (int64_t t = t0; t < t1; t++) {
+        if (gelu) geglu(c->gate + (size_t)t * f, c->up + (size_t)t * f, f);
+        else vec_swiglu(c->gate + (size_t)t * f, c->up + (size_t)t * f, f);
+    }
+}
+
+/* RMSNorm of each of n_heads heads of x in place (q/k norm). */
+static void norm_heads(float *x, const float *w, int n_heads, int head_dim, float eps) {
+    for (int h = 0; h < n_heads; h++) ops_rmsnorm(x + (size_t)h * (size_t)head_dim, w, x + (size_t)h * (size_t)head_dim, head_dim, eps);
 }
 
 static void add_bias(float *x, const float *b, int n) {
     for (int i = 0; i < n; i++) x[i] += b[i];
 }
 
-/* Biases (where the architecture has them) and rope on q and k, then K/V
- * into the session's blocks at the token's position. */
+/* Biases and q/k norms (where the architecture has them) and rope on q and
+ * k (the local layers' rotation on a sliding-window layer), then K/V into the
+ * session's blocks at the token's position. */
 static void rope_store_task(void *p, int64_t t0, int64_t t1, int slot) {
     (void)slot;
     fwd_run_ctx *c = p;
@@ -94,7 +114,10 @@ static void rope_store_task(void *p, int64_t t0, int64_t t1, int slot) {
         if (L->bq) add_bias(q, L->bq, q_dim);
         if (L->bk) add_bias(k, L->bk, kv_dim);
         if (L->bv) add_bias(v, L->bv, kv_dim);
-        const float *cs = c->rope_cs + (size_t)t * hp->n_rot;
+        if (L->q_norm) norm_heads(q, L->q_norm, (int)hp->n_head, (int)hp->head_dim, hp->rms_eps);
+        if (L->k_norm) norm_heads(k, L->k_norm, (int)hp->n_head_kv, (int)hp->head_dim, hp->rms_eps);
+        const bool swa = model_layer_is_swa(hp, c->m->first + (uint32_t)c->layer);
+        const float *cs = (swa ? c->rope_cs_swa : c->rope_cs) + (size_t)t * hp->n_rot;
         rope(q, (int)hp->n_head, (int)hp->head_dim, (int)hp->n_rot, cs);
         rope(k, (int)hp->n_head_kv, (int)hp->head_dim, (int)hp->n_rot, cs);
         kv_txn *txn = c->items[c->tok_item[t]].txn;
@@ -110,7 +133,9 @@ static void rope_store_task(void *p, int64_t t0, int64_t t1, int slot) {
 }
 
 /* Attention for one (token, kv head) task: the group of query heads that
- * share the kv head attend over positions [0, pos] of the token's session. */
+ * share the kv head attend over positions [0, pos] of the token's session, or
+ * on a sliding-window layer over the last n_swa of them, [pos - n_swa + 1, pos]
+ * (llama.cpp's standard window). */
 static void attention_task(void *p, int64_t task0, int64_t task1, int slot) {
     fwd_run_ctx *c = p;
     const model_hparams *hp = &c->m->hp;
@@ -119,16 +144,21 @@ static void attention_task(void *p, int64_t task0, int64_t task1, int slot) {
     const uint32_t kv_type = kv_get_params(c->kv)->kv_type;
     float scale = 1.0f / sqrtf((float)hd);
     float *scratch = c->att_scratch + (size_t)slot * c->att_scratch_per_thread;
+    const bool swa = model_layer_is_swa(hp, c->m->first + (uint32_t)c->layer);
     for (int64_t task = task0; task < task1; task++) {
         int t = (int)(task / n_kv), g = (int)(task % n_kv);
         int32_t pos = c->tok_pos[t];
         int n_pos = pos + 1;
+        int lo = swa && (uint32_t)n_pos > hp->n_swa ? n_pos - (int)hp->n_swa : 0; /* first position in the window */
         kv_txn *txn = c->items[c->tok_item[t]].txn;
         const float *q = c->q + (size_t)t * (size_t)q_dim + (size_t)g * (size_t)group * (size_t)hd;
         float *scores = scratch; /* [group][n_pos] */
         const void **keys = c->att_rows + (size_t)slot * c->att_rows_per_thread; /* this head's key rows */
         const void **rows = keys + c->att_rows_per_thread / 2;                    /* and value rows */
         kv_txn_head_rows(txn, c->layer, g, (uint32_t)n_pos, keys, rows);
+        keys += lo;
+        rows += lo;
+        n_pos -= lo;
         kv_attn_scores(kv_type, q, group, hd, keys, n_pos, scale, scores, (size_t)n_pos);
         float *out = c->att + (size_t)t * (size_t)q_dim + (size_t)g * (size_t)group * (size_t)hd;
         for (int h = 0; h < group; h++) vec_softmax(scores + (size_t)h * (size_t)n_pos, n_pos);
@@ -157,6 +187,9 @@ static int drop_cancelled(fwd_run_ctx *c, int n_items) {
             memmove(c->x + (size_t)w * d, c->x + (size_t)t * d, d * sizeof(float));
             memmove(c->rope_cs + (size_t)w * c->m->hp.n_rot, c->rope_cs + (size_t)t * c->m->hp.n_rot,
                     c->m->hp.n_rot * sizeof(float));
+            if (c->rope_cs_swa)
+                memmove(c->rope_cs_swa + (size_t)w * c->m->hp.n_rot, c->rope_cs_swa + (size_t)t * c->m->hp.n_rot,
+                        c->m->hp.n_rot * sizeof(float));
             c->tok_item[w] = c->tok_item[t];
             c->tok_pos[w] = c->tok_pos[t];
         }
@@ -172,6 +205,18 @@ static int drop_cancelled(fwd_run_ctx *c, int n_items) {
  * asking for them before the matmul that precedes it hides that wait. */
 static void prefetch_floats(const float *p, int64_t n) {
     for (int64_t i = 0; i < n; i += 64 / (int64_t)sizeof(float)) __builtin_prefetch(p + i, 0, 3);
+}
+
+/* Row t's rotations: cos and sin of each angle, both x rope_attn_factor
+ * (LongRoPE's magnitude scaling, which ggml applies to cos and sin alike). */
+static void token_rope(fwd_run_ctx *c, size_t t) {
+    const model_hparams *hp = &c->m->hp;
+    float *cs = c->rope_cs + t * hp->n_rot;
+    ops_rope_cs(cs, (int)hp->n_rot, c->tok_pos[t], c->m->rope_inv_freq);
+    if (hp->rope_attn_factor != 1.0f)
+        for (uint32_t i = 0; i < hp->n_rot; i++) cs[i] *= hp->rope_attn_factor;
+    if (c->rope_cs_swa)
+        ops_rope_cs(c->rope_cs_swa + t * hp->n_rot, (int)hp->n_rot, c->tok_pos[t], c->m->rope_inv_freq_swa);
 }
 
 static void layer_forward(fwd_run_ctx *c, int l) {
@@ -197,6 +242,8 @@ static void layer_forward(fwd_run_ctx *c, int l) {
     ops_matmul(c->pool, &L->wo, c->att, T, c->xb, d, c->act);
     if (L->bo)
         for (int t = 0; t < T; t++) add_bias(c->xb + (size_t)t * (size_t)d, L->bo, (int)d);
+    if (L->post_attn_norm)
+        for (int t = 0; t < T; t++) ops_rmsnorm(c->xb + (size_t)t * d, L->post_attn_norm, c->xb + (size_t)t * d, d, hp->rms_eps);
     for (size_t i = 0; i < (size_t)T * (size_t)d; i++) c->x[i] += c->xb[i];
     run_tokens(c, ffn_norm_task);
     const ops_weight *gu[2] = {&L->w_gate, &L->w_up};
@@ -206,6 +253,8 @@ static void layer_forward(fwd_run_ctx *c, int l) {
     run_tokens(c, swiglu_task);
     if (l + 1 < (int)(c->m->last - c->m->first)) prefetch_floats(c->m->layers[l + 1].attn_norm, d);
     ops_matmul(c->pool, &L->w_down, c->gate, T, c->xb, d, c->act);
+    if (L->post_ffn_norm)
+        for (int t = 0; t < T; t++) ops_rmsnorm(c->xb + (size_t)t * d, L->post_ffn_norm, c->xb + (size_t)t * d, d, hp->rms_eps);
     for (size_t i = 0; i < (size_t)T * (size_t)d; i++) c->x[i] += c->xb[i];
 }
 
@@ -253,6 +302,7 @@ int fwd_run(const model *m, ops_pool *pool, const kv_state *kv, fwd_item *items,
     c.gate = xmalloc_checked(T, ff * sizeof(float), &ok);
     c.up = xmalloc_checked(T, ff * sizeof(float), &ok);
     c.rope_cs = xmalloc_checked(T, (size_t)hp->n_rot * sizeof(float), &ok);
+    if (m->rope_inv_freq_swa) c.rope_cs_swa = xmalloc_checked(T, (size_t)hp->n_rot * sizeof(float), &ok);
     c.act = xmalloc_checked(T, m->act_row_bytes, &ok);
     c.att_scratch = xmalloc_checked((size_t)nth, c.att_scratch_per_thread * sizeof(float), &ok);
     c.att_rows_per_thread = 2 * (size_t)max_pos;
@@ -270,9 +320,11 @@ int fwd_run(const model *m, ops_pool *pool, const kv_state *kv, fwd_item *items,
         for (uint32_t j = 0; j < n; j++, t++) {
             c.tok_item[t] = i;
             c.tok_pos[t] = (int32_t)(s + j);
-            ops_rope_cs(c.rope_cs + t * hp->n_rot, (int)hp->n_rot, c.tok_pos[t], m->rope_inv_freq);
+            token_rope(&c, t);
             if (m->has_embd) model_embed(m, items[i].tokens[j], c.x + t * d);
             else memcpy(c.x + t * d, items[i].hidden + (size_t)j * d, d * sizeof(float));
+            if (m->has_embd && hp->arch->embd_scale)
+                for (size_t e = 0; e < d; e++) c.x[t * d + e] *= sqrtf((float)d);
         }
     }
 
@@ -301,6 +353,6 @@ int fwd_run(const model *m, ops_pool *pool, const kv_state *kv, fwd_item *items,
     }
 out:
     free(c.tok_item); free(c.tok_pos); free(c.x); free(c.xb); free(c.q); free(c.k); free(c.v);
-    free(c.att); free(c.gate); free(c.up); free(c.rope_cs); free(c.act); free(c.att_scratch); free(c.att_rows);
+    free(c.att); free(c.gate); free(c.up); free(c.rope_cs); free(c.rope_cs_swa); free(c.act); free(c.att_scratch); free(c.att_rows);
     return err;
 }

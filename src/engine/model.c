@@ -72,6 +72,36 @@ static int read_rope_scaling(const gguf_ctx *g, model_hparams *hp, char *msg, si
     return KVS_OK;
 }
 
+/* The keys only some rows use: LongRoPE's original context and attention
+ * factor, the sliding window, its pattern and its rope base. */
+static int read_family_hparams(const gguf_ctx *g, model_hparams *hp, char *msg, size_t cap) {
+    const arch_info *a = hp->arch;
+    int err;
+    hp->rope_attn_factor = 1.0f;
+    hp->n_ctx_orig = hp->n_ctx;
+    hp->rope_base_swa = hp->rope_base;
+    if (a->longrope) {
+        if ((err = get_u32_opt(g, a, "rope.scaling.original_context_length", hp->n_ctx, &hp->n_ctx_orig, msg, cap)) ||
+            (err = get_f32_opt(g, a, "rope.scaling.attn_factor", 1.0f, &hp->rope_attn_factor, msg, cap)))
+            return err;
+        if (!(hp->rope_attn_factor > 0.0f && hp->rope_attn_factor < 100.0f))
+            return kvs_fail(msg, cap, KVS_ERR_FORMAT, "rope.scaling.attn_factor %g out of range",
+                            (double)hp->rope_attn_factor);
+    }
+    if (a->swa_period == 0) return KVS_OK; /* phi3's sliding_window key is ignored, as llama.cpp does */
+    hp->swa_period = a->swa_period;
+    if ((err = get_u32_opt(g, a, "attention.sliding_window", 0, &hp->n_swa, msg, cap)) ||
+        (err = get_u32_opt(g, a, "attention.sliding_window_pattern", a->swa_period, &hp->swa_period, msg, cap)) ||
+        (err = get_f32_opt(g, a, "rope.freq_base_swa", a->default_rope_base, &hp->rope_base_swa, msg, cap)))
+        return err;
+    if (hp->swa_period == 0 || hp->swa_period > MODEL_MAX_LAYERS)
+        return kvs_fail(msg, cap, KVS_ERR_FORMAT, "attention.sliding_window_pattern %u out of range [1, %u]",
+                        hp->swa_period, MODEL_MAX_LAYERS);
+    if (!(hp->rope_base_swa > 1.0f && hp->rope_base_swa < 1e12f))
+        return kvs_fail(msg, cap, KVS_ERR_FORMAT, "rope.freq_base_swa %g out of range", (double)hp->rope_base_swa);
+    return KVS_OK;
+}
+
 int model_read_hparams(const gguf_set *files, model_hparams *hp, char *msg, size_t cap) {
     memset(hp, 0, sizeof(*hp));
     const gguf_ctx *g = gguf_set_meta(files);
@@ -136,7 +166,7 @@ int model_read_hparams(const gguf_set *files, model_hparams *hp, char *msg, size
     if ((err = get_f32_opt(g, a, "rope.freq_base", a->default_rope_base, &hp->rope_base, msg, cap))) return err;
     if (!(hp->rope_base > 1.0f && hp->rope_base < 1e12f))
         return kvs_fail(msg, cap, KVS_ERR_FORMAT, "rope.freq_base %g out of range", (double)hp->rope_base);
-    if ((err = read_rope_scaling(g, hp, msg, cap))) return err;
+    if ((err = read_rope_scaling(g, hp, msg, cap)) || (err = read_family_hparams(g, hp, msg, cap))) return err;
     if ((err = get_f32_opt(g, a, "attention.layer_norm_rms_epsilon", a->default_rms_eps, &hp->rms_eps, msg, cap)))
         return err;
     if (!(hp->rms_eps > 0.0f && hp->rms_eps < 1.0f))
@@ -150,14 +180,29 @@ int model_read_hparams(const gguf_set *files, model_hparams *hp, char *msg, size
     return KVS_OK;
 }
 
+/* True when blk.N.SUFFIX is a tensor the forward pass uses for family a. */
+static bool layer_tensor_known(const arch_info *a, const char *suffix) {
+    static const char *const always[] = {"attn_norm.weight", "attn_output.weight", "ffn_norm.weight",
+                                         "ffn_up.weight", "ffn_down.weight"};
+    static const char *const qkv[] = {"attn_q.weight", "attn_k.weight", "attn_v.weight"};
+    static const char *const qkv_bias[] = {"attn_q.bias", "attn_k.bias", "attn_v.bias"};
+    for (size_t k = 0; k < sizeof(always) / sizeof(always[0]); k++)
+        if (!strcmp(suffix, always[k])) return true;
+    for (size_t k = 0; k < 3; k++)
+        if (!strcmp(suffix, qkv[k]) || (a->qkv_bias != ARCH_TENSOR_ABSENT && !strcmp(suffix, qkv_bias[k]))) return true;
+    if (a->out_bias != ARCH_TENSOR_ABSENT && !strcmp(suffix, "attn_output.bias")) return true;
+    if (!a->fused_gate_up && !strcmp(suffix, "ffn_gate.weight")) return true;
+    if (a->fused_qkv && !strcmp(suffix, "attn_qkv.weight")) return true;
+    if (a->qk_norm != ARCH_TENSOR_ABSENT && (!strcmp(suffix, "attn_q_norm.weight") || !strcmp(suffix, "attn_k_norm.weight")))
+        return true;
+    return a->post_norms && (!strcmp(suffix, "post_attention_norm.weight") || !strcmp(suffix, "post_ffw_norm.weight"));
+}
+
 /* Every tensor of the file must be one the forward pass uses: a file with
  * others (experts, extra norms) would silently compute something else. */
 static int check_tensor_names(const gguf_set *files, const model_hparams *hp, char *msg, size_t cap) {
     static const char *const global[] = {"token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight"};
-    static const char *const layer[] = {"attn_norm.weight", "attn_q.weight",  "attn_k.weight",   "attn_v.weight",
-                                        "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
-                                        "ffn_down.weight"};
-    static const char *const qkv_bias[] = {"attn_q.bias", "attn_k.bias", "attn_v.bias"};
+    static const char *const longrope[] = {"rope_factors_long.weight", "rope_factors_short.weight"};
     for (uint32_t p = 0; p < gguf_set_n_parts(files); p++) {
         const gguf_ctx *g = gguf_set_part(files, p);
         for (uint64_t i = 0; i < gguf_n_tensors(g); i++) {
@@ -166,15 +211,18 @@ static int check_tensor_names(const gguf_set *files, const model_hparams *hp, ch
             snprintf(name, sizeof(name), "%.*s", (int)t->name.len, t->name.ptr);
             bool known = false;
             for (size_t k = 0; k < sizeof(global) / sizeof(global[0]) && !known; k++) known = !strcmp(name, global[k]);
+            for (size_t k = 0; k < 2 && !known && hp->arch->longrope; k++) known = !strcmp(name, longrope[k]);
             unsigned blk;
             int used = 0;
-            if (!known && sscanf(name, "blk.%u.%n", &blk, &used) == 1 && used > 0 && blk < hp->n_layer) {
-                const char *suffix = name + used;
-                for (size_t k = 0; k < sizeof(layer) / sizeof(layer[0]) && !known; k++) known = !strcmp(suffix, layer[k]);
-                for (size_t k = 0; k < 3 && !known && hp->arch->qkv_bias != ARCH_TENSOR_ABSENT; k++)
-                    known = !strcmp(suffix, qkv_bias[k]);
-                if (!known && hp->arch->out_bias != ARCH_TENSOR_ABSENT) known = !strcmp(suffix, "attn_output.bias");
-            }
+            if (!known && sscanf(name, "blk.%u.%n", &blk, &used) == 1 && used > 0 && blk < hp->n_layer)
+                known = layer_tensor_known(hp->arch, name + used);
+            if (!known && strstr(name, "_exps."))
+                return kvs_fail(msg, cap, KVS_ERR_UNSUPPORTED,
+                                "tensor '%s' holds mixture-of-experts weights: kvshard runs dense models only", name);
+            if (!known && (strstr(name, "per_layer") || strstr(name, "altup") || strstr(name, "laurel")))
+                return kvs_fail(msg, cap, KVS_ERR_UNSUPPORTED,
+                                "tensor '%s' belongs to per-layer embeddings (Gemma 3n style), which kvshard does not "
+                                "implement", name);
             if (!known)
                 return kvs_fail(msg, cap, KVS_ERR_UNSUPPORTED,
                                 "tensor '%s' is not used by a dense '%s' model; kvshard cannot run this file correctly",
@@ -327,17 +375,127 @@ static int bind_bias(model *m, const char *name, arch_tensor_rule rule, uint64_t
     return bind_vector(m, name, n, out, msg, cap);
 }
 
-/* rope_freqs.weight: n_rot / 2 positive divisors of the inverse frequencies. */
+/* The per-dimension divisors of the inverse frequencies: rope_freqs.weight
+ * (Llama 3.1+), or LongRoPE's long or short set. llama.cpp uses the long set
+ * whenever its context exceeds the original one; a kvshard session may grow
+ * to the training context, so the long set is the one whenever the training
+ * context exceeds the original (every Phi-3 128k file). NULL when none. */
 static int read_rope_factors(model *m, const float **factors, char *msg, size_t cap) {
     *factors = NULL;
-    if (!gguf_set_find_tensor(m->files, "rope_freqs.weight", NULL)) return KVS_OK;
+    const char *name = "rope_freqs.weight";
+    if (m->hp.arch->longrope && gguf_set_find_tensor(m->files, "rope_factors_long.weight", NULL))
+        name = m->hp.n_ctx > m->hp.n_ctx_orig ? "rope_factors_long.weight" : "rope_factors_short.weight";
+    if (!gguf_set_find_tensor(m->files, name, NULL)) return KVS_OK;
     uint32_t n = m->hp.n_rot / 2;
-    int err = bind_vector(m, "rope_freqs.weight", n, factors, msg, cap);
+    int err = bind_vector(m, name, n, factors, msg, cap);
     if (err) return err;
     for (uint32_t i = 0; i < n; i++)
         if (!((*factors)[i] > 0.0f && (*factors)[i] < 1e30f))
-            return kvs_fail(msg, cap, KVS_ERR_FORMAT, "rope_freqs.weight[%u] = %g is not a positive factor", i,
+            return kvs_fail(msg, cap, KVS_ERR_FORMAT, "%s[%u] = %g is not a positive factor", name, i,
                             (double)(*factors)[i]);
+    return KVS_OK;
+}
+
+/* Derives the rope frequencies once: the global layers' (rope_base, linear
+ * scaling, divisors) and, when a layer is local, the local layers' (their own
+ * base, no linear scaling: llama.cpp scales only the global layers). */
+static int set_rope(model *m, char *msg, size_t cap) {
+    const model_hparams *hp = &m->hp;
+    const float *factors = NULL;
+    int err = read_rope_factors(m, &factors, msg, cap);
+    if (err) return err;
+    m->rope_inv_freq = malloc((hp->n_rot / 2 + 1) * sizeof(float));
+    if (!m->rope_inv_freq) return kvs_fail(msg, cap, KVS_ERR_NOMEM, "out of memory");
+    ops_rope_freqs(m->rope_inv_freq, (int)hp->n_rot, hp->rope_base, hp->rope_freq_scale, factors);
+    if (hp->n_swa == 0) return KVS_OK;
+    m->rope_inv_freq_swa = malloc((hp->n_rot / 2 + 1) * sizeof(float));
+    if (!m->rope_inv_freq_swa) return kvs_fail(msg, cap, KVS_ERR_NOMEM, "out of memory");
+    ops_rope_freqs(m->rope_inv_freq_swa, (int)hp->n_rot, hp->rope_base_swa, 1.0f, factors);
+    return KVS_OK;
+}
+
+/* Views rows [row0, row0 + n_out) of the fused matrix w as a matrix of its
+ * own: a fused tensor's parts are whole rows one after another, so each part
+ * is multiplied, repacked and split across threads like a separate tensor. */
+static ops_weight weight_rows(const ops_weight *w, int64_t row0, int64_t n_out) {
+    ops_weight part = *w;
+    part.data = (const uint8_t *)w->data + (size_t)row0 * w->row_bytes;
+    part.n_out = n_out;
+    return part;
+}
+
+/* Binds the matrices of layer i: q, k, v separate or from attn_qkv (its rows
+ * q, k, v in that order), gate and up separate or from a fused ffn_up (gate
+ * rows, then up rows). */
+static int bind_layer_matrices(model *m, uint32_t i, model_layer *L, char *msg, size_t cap) {
+    const model_hparams *hp = &m->hp;
+    const uint64_t q_dim = (uint64_t)hp->n_head * hp->head_dim, kv_dim = (uint64_t)hp->n_head_kv * hp->head_dim;
+    char name[96];
+    int err;
+    snprintf(name, sizeof(name), "blk.%u.attn_qkv.weight", i);
+    if (hp->arch->fused_qkv && gguf_set_find_tensor(m->files, name, NULL)) {
+        ops_weight w;
+        if ((err = bind_weight(m->files, name, hp->n_embd, q_dim + 2 * kv_dim, &w, &m->weight_bytes, msg, cap))) return err;
+        L->wq = weight_rows(&w, 0, (int64_t)q_dim);
+        L->wk = weight_rows(&w, (int64_t)q_dim, (int64_t)kv_dim);
+        L->wv = weight_rows(&w, (int64_t)(q_dim + kv_dim), (int64_t)kv_dim);
+    } else {
+        struct { const char *suffix; uint64_t n_out; ops_weight *w; } ws[] = {
+            {"attn_q", q_dim, &L->wq}, {"attn_k", kv_dim, &L->wk}, {"attn_v", kv_dim, &L->wv}};
+        for (size_t k = 0; k < 3; k++) {
+            snprintf(name, sizeof(name), "blk.%u.%s.weight", i, ws[k].suffix);
+            if ((err = bind_weight(m->files, name, hp->n_embd, ws[k].n_out, ws[k].w, &m->weight_bytes, msg, cap))) return err;
+        }
+    }
+    snprintf(name, sizeof(name), "blk.%u.attn_output.weight", i);
+    if ((err = bind_weight(m->files, name, q_dim, hp->n_embd, &L->wo, &m->weight_bytes, msg, cap))) return err;
+    snprintf(name, sizeof(name), "blk.%u.ffn_down.weight", i);
+    if ((err = bind_weight(m->files, name, hp->n_ff, hp->n_embd, &L->w_down, &m->weight_bytes, msg, cap))) return err;
+    snprintf(name, sizeof(name), "blk.%u.ffn_up.weight", i);
+    if (hp->arch->fused_gate_up) {
+        ops_weight w;
+        if ((err = bind_weight(m->files, name, hp->n_embd, 2 * (uint64_t)hp->n_ff, &w, &m->weight_bytes, msg, cap)))
+            return err;
+        L->w_gate = weight_rows(&w, 0, hp->n_ff);
+        L->w_up = weight_rows(&w, hp->n_ff, hp->n_ff);
+        return KVS_OK;
+    }
+    if ((err = bind_weight(m->files, name, hp->n_embd, hp->n_ff, &L->w_up, &m->weight_bytes, msg, cap))) return err;
+    snprintf(name, sizeof(name), "blk.%u.ffn_gate.weight", i);
+    return bind_weight(m->files, name, hp->n_embd, hp->n_ff, &L->w_gate, &m->weight_bytes, msg, cap);
+}
+
+/* Binds layer i (of the whole model) into L: its matrices, norms and the
+ * biases and norms its family has. */
+static int bind_layer(model *m, uint32_t i, model_layer *L, char *msg, size_t cap) {
+    const model_hparams *hp = &m->hp;
+    const arch_info *a = hp->arch;
+    const uint64_t q_dim = (uint64_t)hp->n_head * hp->head_dim, kv_dim = (uint64_t)hp->n_head_kv * hp->head_dim;
+    char name[96];
+    int err;
+    if ((err = bind_layer_matrices(m, i, L, msg, cap))) return err;
+    struct { const char *suffix; bool used; uint64_t n; const float **v; } vs[] = {
+        {"attn_norm", true, hp->n_embd, &L->attn_norm},
+        {"ffn_norm", true, hp->n_embd, &L->ffn_norm},
+        {"attn_q_norm", a->qk_norm == ARCH_TENSOR_REQUIRED, hp->head_dim, &L->q_norm},
+        {"attn_k_norm", a->qk_norm == ARCH_TENSOR_REQUIRED, hp->head_dim, &L->k_norm},
+        {"post_attention_norm", a->post_norms, hp->n_embd, &L->post_attn_norm},
+        {"post_ffw_norm", a->post_norms, hp->n_embd, &L->post_ffn_norm},
+    };
+    for (size_t k = 0; k < sizeof(vs) / sizeof(vs[0]); k++) {
+        if (!vs[k].used) continue;
+        snprintf(name, sizeof(name), "blk.%u.%s.weight", i, vs[k].suffix);
+        if ((err = bind_vector(m, name, vs[k].n, vs[k].v, msg, cap))) return err;
+    }
+    struct { const char *suffix; arch_tensor_rule rule; uint64_t n; const float **b; } bs[] = {
+        {"attn_q", a->qkv_bias, q_dim, &L->bq}, {"attn_k", a->qkv_bias, kv_dim, &L->bk},
+        {"attn_v", a->qkv_bias, kv_dim, &L->bv}, {"attn_output", a->out_bias, hp->n_embd, &L->bo},
+    };
+    for (size_t k = 0; k < sizeof(bs) / sizeof(bs[0]); k++) {
+        if (bs[k].rule == ARCH_TENSOR_ABSENT) continue; /* check_tensor_names refused any present */
+        snprintf(name, sizeof(name), "blk.%u.%s.bias", i, bs[k].suffix);
+        if ((err = bind_bias(m, name, bs[k].rule, bs[k].n, bs[k].b, msg, cap))) return err;
+    }
     return KVS_OK;
 }
 
@@ -363,13 +521,13 @@ int model_load_on(const char *path, uint32_t first, uint32_t last, ops_pool *poo
     /* The declared layer count must match the tensors present. */
     char name[96];
     for (uint32_t i = 0; i < hp->n_layer; i++) {
-        snprintf(name, sizeof(name), "blk.%u.attn_q.weight", i);
+        snprintf(name, sizeof(name), "blk.%u.attn_norm.weight", i);
         if (!gguf_set_find_tensor(m->files, name, NULL)) {
             err = kvs_fail(msg, cap, KVS_ERR_FORMAT, "block_count is %u but tensor '%s' is missing", hp->n_layer, name);
             goto fail;
         }
     }
-    snprintf(name, sizeof(name), "blk.%u.attn_q.weight", hp->n_layer);
+    snprintf(name, sizeof(name), "blk.%u.attn_norm.weight", hp->n_layer);
     if (gguf_set_find_tensor(m->files, name, NULL)) {
         err = kvs_fail(msg, cap, KVS_ERR_FORMAT, "block_count is %u but the file has tensor '%s'", hp->n_layer, name);
         goto fail;
@@ -384,34 +542,8 @@ int model_load_on(const char *path, uint32_t first, uint32_t last, ops_pool *poo
         err = kvs_fail(msg, cap, KVS_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    const arch_info *a = hp->arch;
-    uint64_t q_dim = (uint64_t)hp->n_head * hp->head_dim, kv_dim = (uint64_t)hp->n_head_kv * hp->head_dim;
-    for (uint32_t i = first; i < last; i++) {
-        model_layer *L = &m->layers[i - first];
-        struct { const char *suffix; uint64_t n_in, n_out; ops_weight *w; } ws[] = {
-            {"attn_q", hp->n_embd, q_dim, &L->wq},       {"attn_k", hp->n_embd, kv_dim, &L->wk},
-            {"attn_v", hp->n_embd, kv_dim, &L->wv},      {"attn_output", q_dim, hp->n_embd, &L->wo},
-            {"ffn_gate", hp->n_embd, hp->n_ff, &L->w_gate}, {"ffn_up", hp->n_embd, hp->n_ff, &L->w_up},
-            {"ffn_down", hp->n_ff, hp->n_embd, &L->w_down},
-        };
-        for (size_t k = 0; k < sizeof(ws) / sizeof(ws[0]); k++) {
-            snprintf(name, sizeof(name), "blk.%u.%s.weight", i, ws[k].suffix);
-            if ((err = bind_weight(m->files, name, ws[k].n_in, ws[k].n_out, ws[k].w, &m->weight_bytes, msg, cap))) goto fail;
-        }
-        snprintf(name, sizeof(name), "blk.%u.attn_norm.weight", i);
-        if ((err = bind_vector(m, name, hp->n_embd, &L->attn_norm, msg, cap))) goto fail;
-        snprintf(name, sizeof(name), "blk.%u.ffn_norm.weight", i);
-        if ((err = bind_vector(m, name, hp->n_embd, &L->ffn_norm, msg, cap))) goto fail;
-        struct { const char *suffix; arch_tensor_rule rule; uint64_t n; const float **b; } bs[] = {
-            {"attn_q", a->qkv_bias, q_dim, &L->bq}, {"attn_k", a->qkv_bias, kv_dim, &L->bk},
-            {"attn_v", a->qkv_bias, kv_dim, &L->bv}, {"attn_output", a->out_bias, hp->n_embd, &L->bo},
-        };
-        for (size_t k = 0; k < sizeof(bs) / sizeof(bs[0]); k++) {
-            if (bs[k].rule == ARCH_TENSOR_ABSENT) continue; /* check_tensor_names refused any present */
-            snprintf(name, sizeof(name), "blk.%u.%s.bias", i, bs[k].suffix);
-            if ((err = bind_bias(m, name, bs[k].rule, bs[k].n, bs[k].b, msg, cap))) goto fail;
-        }
-    }
+    for (uint32_t i = first; i < last; i++)
+        if ((err = bind_layer(m, i, &m->layers[i - first], msg, cap))) goto fail;
     bool tied = !gguf_set_find_tensor(m->files, "output.weight", NULL);
     if (m->has_embd || (m->has_head && tied)) {
         uint64_t b = 0;
@@ -436,14 +568,7 @@ int model_load_on(const char *path, uint32_t first, uint32_t last, ops_pool *poo
         }
     if (m->has_head && ops_matmul_scratch_bytes(&m->output, 1) > m->act_row_bytes)
         m->act_row_bytes = ops_matmul_scratch_bytes(&m->output, 1);
-    const float *factors = NULL;
-    if ((err = read_rope_factors(m, &factors, msg, cap))) goto fail;
-    m->rope_inv_freq = malloc((hp->n_rot / 2 + 1) * sizeof(float));
-    if (!m->rope_inv_freq) {
-        err = kvs_fail(msg, cap, KVS_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
-    ops_rope_freqs(m->rope_inv_freq, (int)hp->n_rot, hp->rope_base, hp->rope_freq_scale, factors);
+    if ((err = set_rope(m, msg, cap))) goto fail;
     *out = m;
     return KVS_OK;
 fail:
@@ -457,6 +582,7 @@ void model_free(model *m) {
     free(m->owned);
     kvs_unmap_big(m->repacked, m->repacked_mapped);
     free(m->rope_inv_freq);
+    free(m->rope_inv_freq_swa);
     free(m->layers);
     gguf_set_close(m->files);
     free(m);

@@ -37,8 +37,19 @@ typedef struct {
     float rope_base;     /* rope frequency base */
     float rope_freq_scale; /* linear rope scaling: positions x this (1 / rope.scaling.factor); 1: none */
     float rms_eps;       /* rmsnorm epsilon */
+    float rope_attn_factor; /* rope.scaling.attn_factor: cos and sin x this (LongRoPE); 1: none */
+    uint32_t n_ctx_orig; /* rope.scaling.original_context_length (LongRoPE), else n_ctx */
+    uint32_t n_swa;      /* attention.sliding_window: a local layer attends to the last n_swa
+                            positions, its own included; 0: every layer global */
+    uint32_t swa_period; /* layer il is local when n_swa && il % swa_period != swa_period - 1 */
+    float rope_base_swa; /* rope.freq_base_swa of local layers (no linear scaling there) */
     const arch_info *arch; /* the family's row (static storage) */
 } model_hparams;
+
+/* True when layer il (of the whole model) attends only inside the sliding window. */
+static inline bool model_layer_is_swa(const model_hparams *hp, uint32_t il) {
+    return hp->n_swa > 0 && hp->swa_period > 0 && il % hp->swa_period != hp->swa_period - 1;
+}
 
 typedef struct {
     const float *attn_norm; /* [n_embd] */
@@ -54,6 +65,10 @@ typedef struct {
     const float *bk;        /* [n_head_kv * head_dim] k bias, or NULL */
     const float *bv;        /* [n_head_kv * head_dim] v bias, or NULL */
     const float *bo;        /* [n_embd] attention output bias, or NULL */
+    const float *q_norm;    /* [head_dim] RMSNorm of each q head before rope, or NULL */
+    const float *k_norm;    /* [head_dim] the same for k, or NULL */
+    const float *post_attn_norm; /* [n_embd] RMSNorm of the attention output, or NULL */
+    const float *post_ffn_norm;  /* [n_embd] RMSNorm of the FFN output, or NULL */
 } model_layer;
 
 /* The matrices of a layer, k < MODEL_LAYER_MATRICES: wq, wk, wv, wo, w_gate, w_up, w_down. */
@@ -78,7 +93,10 @@ struct model {
     uint64_t weight_bytes;   /* bytes of the owned tensors */
     size_t act_row_bytes;    /* largest quantized activation row any owned matrix needs, bytes */
     float *rope_inv_freq;    /* [n_rot / 2] rope frequencies per position: base^(-2i/n_rot) x
-                              * rope_freq_scale / rope_freqs[i] (rope_freqs.weight, when present) */
+                              * rope_freq_scale / rope_freqs[i] (rope_freqs.weight, or LongRoPE's
+                              * rope_factors_long, when present) */
+    float *rope_inv_freq_swa; /* [n_rot / 2] the local layers' frequencies (rope_base_swa, unscaled),
+                               * NULL when no layer is local */
     void **owned;            /* memory freed with the model: norm vectors converted to f32 */
     int n_owned;
     int n_repacked;          /* weights held in the r8 layout (quant.h), 0 when not repacked */
