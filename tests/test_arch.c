@@ -215,7 +215,14 @@ int main(void) {
     CHECK(arch_find("qwen2")->rope_style == ARCH_ROPE_NEOX && arch_find("qwen2")->qkv_bias == ARCH_TENSOR_REQUIRED);
     int n_archs = 0;
     while (arch_at(n_archs)) n_archs++;
-    CHECK_EQ_INT(n_archs, 2);
+    CHECK_EQ_INT(n_archs, 5);
+    CHECK(arch_find("qwen3") && arch_find("qwen3")->qk_norm == ARCH_TENSOR_REQUIRED &&
+          arch_find("qwen3")->qkv_bias == ARCH_TENSOR_ABSENT && arch_find("qwen3")->rope_style == ARCH_ROPE_NEOX);
+    CHECK(arch_find("gemma3") && arch_find("gemma3")->swa_period == 6 && arch_find("gemma3")->post_norms &&
+          arch_find("gemma3")->embd_scale && arch_find("gemma3")->ffn_act == ARCH_FFN_GELU_TANH);
+    CHECK(arch_find("phi3") && arch_find("phi3")->fused_qkv && arch_find("phi3")->fused_gate_up &&
+          arch_find("phi3")->longrope);
+    CHECK(arch_find("qwen35") == NULL && arch_find("gemma3n") == NULL);
     test_rope_ops();
 
     printf("refusals:\n");
@@ -229,7 +236,25 @@ int main(void) {
     const kv_set arch_kv[] = {{"general.architecture", GGUF_VT_STRING, 0, 0, "mamba"}};
     r = (rewrite){.kvs = arch_kv, .n_kvs = 1};
     expect_refused(base, path, "unknown architecture", &r, KVS_ERR_UNSUPPORTED,
-                   "architecture 'mamba' is not supported (kvshard runs: llama, qwen2)");
+                   "architecture 'mamba' is not supported (kvshard runs: llama, qwen2, qwen3, gemma3, phi3)");
+    /* Families llama.cpp runs that the one forward pass cannot: refused naming what is missing. */
+    static const struct { const char *arch, *want; } out_of_reach[] = {
+        {"qwen35", "architecture 'qwen35' is not supported: it needs hybrid recurrent layers (gated delta-net)"},
+        {"gemma3n", "architecture 'gemma3n' is not supported: it needs per-layer embeddings"},
+        {"qwen3moe", "architecture 'qwen3moe' is not supported: it needs a mixture of experts"},
+    };
+    for (size_t i = 0; i < sizeof(out_of_reach) / sizeof(out_of_reach[0]); i++) {
+        r = (rewrite){.rename_arch = out_of_reach[i].arch};
+        expect_refused(base, path, out_of_reach[i].arch, &r, KVS_ERR_UNSUPPORTED, out_of_reach[i].want);
+    }
+    const tensor_add exps_t[] = {{"blk.0.ffn_gate_exps.weight", 64, 128, 0.0f}};
+    r = (rewrite){.adds = exps_t, .n_adds = 1};
+    expect_refused(base, path, "expert tensors without expert_count", &r, KVS_ERR_UNSUPPORTED,
+                   "tensor 'blk.0.ffn_gate_exps.weight' holds mixture-of-experts weights");
+    const tensor_add ple_t[] = {{"per_layer_token_embd.weight", 64, 8, 0.0f}};
+    r = (rewrite){.rename_arch = "gemma3", .adds = ple_t, .n_adds = 1};
+    expect_refused(base, path, "gemma3 with per-layer embeddings", &r, KVS_ERR_UNSUPPORTED,
+                   "tensor 'per_layer_token_embd.weight' belongs to per-layer embeddings");
     const kv_set yarn_kv[] = {{"llama.rope.scaling.type", GGUF_VT_STRING, 0, 0, "yarn"},
                               {"llama.rope.scaling.factor", GGUF_VT_F32, 0, 4.0f, NULL}};
     r = (rewrite){.kvs = yarn_kv, .n_kvs = 2};

@@ -1,17 +1,21 @@
 /*
- * Agreement with llama.cpp on the two large-vocabulary files of
+ * Agreement with llama.cpp on the large-vocabulary files of
  * ../shared/downloads (llama3-synth-Q4_K_M: rope_freqs, tied Q6_K output;
- * qwen2-synth-Q8_0: qwen2, q/k/v biases, neox rope, tied output), within the
- * bounds of ../shared/downloads/README.md. The reference `tokens` are used as
- * they are (no tokenizer involved): teacher-forced in one batch and compared
- * with `logits_top` — max |Δlogit| over the reference's top-32 ids (an id
- * missing from our own top-32 counts at our 32nd logit) <= 1.0, mean KL over
- * the top-32 probabilities plus one bucket for the rest <= 5e-3, top-1
- * mismatches only where the reference margin < 0.25 — and greedy ids through
- * the KV cache, identical up to the first reference margin < 0.5. Also: the
- * KV path equals the one-batch path bit for bit, and two ranges passing
- * hidden states equal the whole model bit for bit. Where the engine has the
- * file's tokenizer, the prompt's ids are checked against the reference too.
+ * qwen2-synth-Q8_0: qwen2, q/k/v biases, neox rope, tied output; and the
+ * families qwen3 (q/k norms, head_dim != n_embd / n_head), gemma3 (sliding
+ * window, local rope base, post norms, GELU, sqrt(n_embd)) and phi3 (fused
+ * qkv and gate/up, LongRoPE)), within the bounds of
+ * ../shared/downloads/README.md. The reference `tokens` are used as they are
+ * (no tokenizer involved): teacher-forced in one batch and compared with
+ * `logits_top` — max |Δlogit| over the reference's top-32 ids (an id missing
+ * from our own top-32 counts at our 32nd logit) <= 1.0 (2.0 for the
+ * families), mean KL over the top-32 probabilities plus one bucket for the
+ * rest <= 5e-3 (2e-2), top-1 mismatches only where the reference margin <
+ * 0.25 (1.0) — and greedy ids through the KV cache, identical up to the first
+ * reference margin < 0.5. Also: the KV path equals the one-batch path bit for
+ * bit, and two and three ranges passing hidden states equal the whole model
+ * bit for bit. Where the engine has the file's tokenizer, the prompt's ids
+ * are checked against the reference too.
  */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -24,9 +28,6 @@
 #include "util.h"
 
 #define TOP_N 32
-#define MAX_DIFF 1.0
-#define MAX_KL 5e-3
-#define TOP1_MARGIN 0.25
 #define GREEDY_MARGIN 0.5
 
 /* Under a sanitizer (a Debug build, tens of times slower: a 54-token batch
@@ -41,9 +42,20 @@
 #define MAX_TOKENS 100000
 #endif
 
-static const char *const MODELS[] = {"llama3-synth-Q4_K_M", "qwen2-synth-Q8_0"};
+/* Each file with the README's bounds for it: the families' references were
+ * made with flash attention on, which alone moves llama.cpp's own logits by up
+ * to 0.89 / KL 7.2e-3, hence their wider bounds. */
+static const struct {
+    const char *name;
+    double max_diff, max_kl, top1_margin;
+} MODELS[] = {
+    {"llama3-synth-Q4_K_M", 1.0, 5e-3, 0.25}, {"qwen2-synth-Q8_0", 1.0, 5e-3, 0.25},
+    {"qwen3-synth-Q4_K_M", 2.0, 2e-2, 1.0},   {"gemma3-synth-Q4_K_M", 2.0, 2e-2, 1.0},
+    {"phi3-synth-Q4_K_M", 2.0, 2e-2, 1.0},
+};
 
 typedef struct {
+    double top1_margin; /* a top-1 mismatch fails where the reference margin is at least this */
     double max_diff, kl_sum;
     long positions, top1_mismatch, greedy_checked, kv_mismatch, split_mismatch, prompts_tokenized;
 } file_stats;
@@ -95,16 +107,34 @@ static void compare_position(const int *ref_id, const double *ref_logit, double 
     if (our_top[0] != ref_id[0]) {
         fs->top1_mismatch++;
         double margin = ref_logit[0] - ref_logit[1];
-        if (margin >= TOP1_MARGIN) {
+        if (margin >= fs->top1_margin) {
             fprintf(stderr, "%s: top-1 %d vs ref %d with ref margin %.4f >= %.2f\n", where, our_top[0], ref_id[0], margin,
-                    TOP1_MARGIN);
+                    fs->top1_margin);
             test_failures_++;
         }
     }
 }
 
-static void check_line(const char *name, engine *whole, engine *head, engine *tail, cJSON *line, int line_no,
-                       file_stats *fs) {
+/* Three ranges [0, a), [a, b), [b, n_layer) passing hidden states: true when
+ * their logits equal want bit for bit (hid: [n][n_embd], out: [n][n_vocab] scratch). */
+static bool thirds_match(engine *const thirds[3], int sid_k, const int32_t *tok, int n, float *hid, float *out,
+                         const float *want) {
+    float *hid2 = malloc((size_t)n * thirds[0]->m->hp.n_embd * sizeof(float));
+    engine_req r0 = {.epoch = 1, .n = (uint32_t)n, .tokens = tok, .out_mode = FWD_OUT_HIDDEN, .out = hid};
+    engine_req r1 = {.epoch = 1, .n = (uint32_t)n, .hidden = hid, .out_mode = FWD_OUT_HIDDEN, .out = hid2};
+    engine_req r2 = {.epoch = 1, .n = (uint32_t)n, .hidden = hid2, .out_mode = FWD_OUT_LOGITS_ALL, .out = out};
+    engine_req *rs[3] = {&r0, &r1, &r2};
+    for (int k = 0; k < 3; k++) {
+        set_sid(&rs[k]->sid, sid_k);
+        CHECK_EQ_INT(engine_step(thirds[k], rs[k], 1), KVS_OK);
+    }
+    bool same = memcmp(out, want, (size_t)n * (size_t)thirds[2]->m->hp.n_vocab * sizeof(float)) == 0;
+    free(hid2);
+    return same;
+}
+
+static void check_line(const char *name, engine *whole, engine *head, engine *tail, engine *const thirds[3],
+                       cJSON *line, int line_no, file_stats *fs) {
     int n_prompt = (int)cJSON_GetNumberValue(cJSON_GetObjectItem(line, "n_prompt"));
     cJSON *jt = cJSON_GetObjectItem(line, "tokens"), *jl = cJSON_GetObjectItem(line, "logits_top");
     cJSON *jm = cJSON_GetObjectItem(line, "greedy_margins");
@@ -190,25 +220,28 @@ static void check_line(const char *name, engine *whole, engine *head, engine *ta
     /* 4. Two ranges passing hidden states — bit-identical to the whole model. */
     if (identity && head && tail && !split_matches(head, tail, line_no * 10 + 4, tok, n, hid, other, ours))
         fs->split_mismatch++;
+    if (identity && thirds[0] && thirds[1] && thirds[2] && !thirds_match(thirds, line_no * 10 + 5, tok, n, hid, other, ours))
+        fs->split_mismatch++;
     free(tok); free(ours); free(other); free(hid);
 }
 
 typedef struct {
     const char *name;
     engine_halves *eh;
+    engine *thirds[3];
     file_stats *fs;
 } line_ctx;
 
 static void check_line_cb(cJSON *line, int line_no, void *ctx) {
     line_ctx *c = ctx;
-    check_line(c->name, c->eh->whole, c->eh->head, c->eh->tail, line, line_no, c->fs);
+    check_line(c->name, c->eh->whole, c->eh->head, c->eh->tail, c->thirds, line, line_no, c->fs);
 }
 
 int main(void) {
     check_expected_isa("test_downloads");
     int n_run = 0, n_skipped = 0;
     for (size_t c = 0; c < sizeof(MODELS) / sizeof(MODELS[0]); c++) {
-        const char *name = MODELS[c];
+        const char *name = MODELS[c].name;
         char rel[160], mpath[1024], rpath[1024];
         snprintf(rel, sizeof(rel), "downloads/models/%s.gguf", name);
         const char *mp = test_shared_path(rel, mpath, sizeof(mpath));
@@ -220,17 +253,24 @@ int main(void) {
         }
         engine_halves eh;
         if (!open_halves(mp, 16ull << 20, &eh)) continue;
-        file_stats fs = {0};
-        line_ctx lc = {name, &eh, &fs};
+        file_stats fs = {.top1_margin = MODELS[c].top1_margin};
+        line_ctx lc = {name, &eh, {NULL, NULL, NULL}, &fs};
+        uint32_t nl = eh.whole->m->hp.n_layer;
+        if (nl >= 3) { /* a third shard: [0, nl/3), [nl/3, 2nl/3), [2nl/3, nl) */
+            for (uint32_t k = 0; k < 3; k++) lc.thirds[k] = open_range(mp, k * nl / 3, (k + 1) * nl / 3, 16ull << 20);
+            CHECK(lc.thirds[0] && lc.thirds[1] && lc.thirds[2]);
+        }
         int line_no = jsonl_each(rp, MAX_LINES, check_line_cb, &lc);
+        for (int k = 0; k < 3; k++) engine_close(lc.thirds[k]);
         double mean_kl = fs.positions ? fs.kl_sum / (double)fs.positions : 0;
         printf("%-20s arch %s lines %d positions %ld max|diff| %.4f (<= %.2f) mean KL %.2e (<= %.0e) top-1 mismatches "
                "%ld greedy ids checked %ld kv-path mismatches %ld split mismatches %ld prompts tokenized %ld\n",
-               name, eh.whole->m->hp.arch->name, line_no, fs.positions, fs.max_diff, MAX_DIFF, mean_kl, MAX_KL,
+               name, eh.whole->m->hp.arch->name, line_no, fs.positions, fs.max_diff, MODELS[c].max_diff, mean_kl,
+               MODELS[c].max_kl,
                fs.top1_mismatch, fs.greedy_checked, fs.kv_mismatch, fs.split_mismatch, fs.prompts_tokenized);
         CHECK(line_no > 0);
-        CHECK(fs.max_diff <= MAX_DIFF);
-        CHECK(mean_kl <= MAX_KL);
+        CHECK(fs.max_diff <= MODELS[c].max_diff);
+        CHECK(mean_kl <= MODELS[c].max_kl);
         CHECK(fs.greedy_checked > 0);
         CHECK_EQ_INT(fs.kv_mismatch, 0);
         CHECK_EQ_INT(fs.split_mismatch, 0);

@@ -1,5 +1,6 @@
-/* test_tokenizer_bpe — byte-level BPE (Llama 3, Qwen2 vocabularies of ../shared/downloads)
- * against llama.cpp's tokenizations (ids with and without special-token parsing) and
+/* test_tokenizer_bpe — byte-level BPE (Llama 3, Qwen2, Qwen3 vocabularies of ../shared/downloads)
+ * and the SentencePiece vocabularies of the same folder (Gemma 3: no space prefix; Llama 2 +
+ * Phi-3's added tokens) against llama.cpp's tokenizations (ids with and without special-token parsing) and
  * detokenizations; the chat references through chat_format + chat_template_detect; the
  * end-of-generation set; an unknown pre-tokenizer's message; the wire-free array round trip. */
 #include <stdbool.h>
@@ -131,7 +132,8 @@ static int32_t id_of(const tok_vocab *v, const char *text) {
 }
 
 /* One downloaded model: its vocab loads in bounded time and passes its references. */
-static int check_model(const char *name, chat_template tmpl, int32_t eos, const char *const *eog, int n_eog) {
+static int check_model(const char *name, tok_kind kind, chat_template tmpl, int32_t eos, const char *const *eog,
+                       int n_eog) {
     char path[1024], ref[1024], rel[256];
     snprintf(rel, sizeof rel, "downloads/models/%s.gguf", name);
     if (!test_shared_path(rel, path, sizeof path)) return 0;
@@ -145,7 +147,7 @@ static int check_model(const char *name, chat_template tmpl, int32_t eos, const 
     CHECK_EQ_INT(rc, KVS_OK);
     gguf_close(g);
     if (!v) return 0;
-    CHECK_EQ_INT(tok_vocab_kind(v), TOK_KIND_BPE);
+    CHECK_EQ_INT(tok_vocab_kind(v), kind);
     CHECK_EQ_INT(tok_eos(v), eos);
     CHECK(tok_chat_template(v) != NULL);
     for (int i = 0; i < n_eog; i++) {
@@ -326,9 +328,17 @@ int main(void) {
     /* this Llama 3 vocab (3.0's) has no <|eom_id|> */
     static const char *const l3_eog[] = {"<|eot_id|>"};
     static const char *const qw_eog[] = {"<|im_end|>", "<|endoftext|>"};
-    if (check_model("llama3-synth-Q4_K_M", CHAT_TEMPLATE_LLAMA3, 128009, l3_eog, 1)) n_run++;
+    static const char *const gemma_eog[] = {"<end_of_turn>", "<eos>"};
+    static const char *const phi3_eog[] = {"<|end|>", "<|endoftext|>"};
+    if (check_model("llama3-synth-Q4_K_M", TOK_KIND_BPE, CHAT_TEMPLATE_LLAMA3, 128009, l3_eog, 1)) n_run++;
     else n_skipped++;
-    if (check_model("qwen2-synth-Q8_0", CHAT_TEMPLATE_CHATML, 151645, qw_eog, 2)) n_run++;
+    if (check_model("qwen2-synth-Q8_0", TOK_KIND_BPE, CHAT_TEMPLATE_CHATML, 151645, qw_eog, 2)) n_run++;
+    else n_skipped++;
+    if (check_model("qwen3-synth-Q4_K_M", TOK_KIND_BPE, CHAT_TEMPLATE_CHATML, 151645, qw_eog, 2)) n_run++;
+    else n_skipped++;
+    if (check_model("gemma3-synth-Q4_K_M", TOK_KIND_SPM, CHAT_TEMPLATE_GEMMA, 106, gemma_eog, 2)) n_run++;
+    else n_skipped++;
+    if (check_model("phi3-synth-Q4_K_M", TOK_KIND_SPM, CHAT_TEMPLATE_PHI3, 32007, phi3_eog, 2)) n_run++;
     else n_skipped++;
     return test_finish("test_tokenizer_bpe", n_run, n_skipped);
 }
