@@ -6,6 +6,7 @@
 #include "cli.h"
 #include "gguf.h"
 #include "kvshard.h"
+#include "model.h"
 #include "quant.h"
 
 #define SHOW_ELEMS 6    /* array elements shown */
@@ -15,7 +16,8 @@ static void inspect_usage(FILE *f) {
     fprintf(f, "usage: kvshard inspect [--all] MODEL.gguf\n"
                "  prints the GGUF version, every metadata key (arrays: element type, count and\n"
                "  the first %d elements; --all prints every element), the tensor table (name,\n"
-               "  type, dims, offset, bytes) and a count of tensors per type.\n",
+               "  type, dims, offset, bytes), a count of tensors per type, and what kvshard\n"
+               "  reads from it: the architecture's row and features, or why it is refused.\n",
             SHOW_ELEMS);
 }
 
@@ -59,6 +61,40 @@ static void print_array(const gguf_kv *kv, bool all) {
         }
     }
     if (n < kv->arr_n) fputs(", ...", stdout);
+}
+
+/* The architecture as the loader sees it: the family's features and the
+ * hyper-parameters that select them, or the loader's reason for refusing it. */
+static void print_arch(const char *path) {
+    gguf_set *files = NULL;
+    model_hparams hp;
+    char msg[KVS_MSG_MAX] = "";
+    printf("\narchitecture:\n");
+    if (gguf_set_open(path, &files, msg, sizeof msg) != KVS_OK || model_read_hparams(files, &hp, msg, sizeof msg) != KVS_OK) {
+        printf("  refused: %s\n", msg);
+        gguf_set_close(files);
+        return;
+    }
+    const arch_info *a = hp.arch;
+    printf("  %s: %u layers, n_embd %u, %u heads / %u kv heads, head_dim %u, n_ff %u, n_vocab %u\n", a->name,
+           hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, hp.n_vocab);
+    printf("  rope %s, %u dims, base %g, linear scale %g%s\n", a->rope_style == ARCH_ROPE_NEOX ? "neox" : "normal",
+           hp.n_rot, (double)hp.rope_base, (double)(1.0f / hp.rope_freq_scale),
+           gguf_set_find_tensor(files, "rope_freqs.weight", NULL) ? ", rope_freqs divisors" : "");
+    if (a->longrope)
+        printf("  LongRoPE: original context %u of %u (%s factors), attn_factor %g\n", hp.n_ctx_orig, hp.n_ctx,
+               hp.n_ctx > hp.n_ctx_orig ? "long" : "short", (double)hp.rope_attn_factor);
+    if (hp.n_swa)
+        printf("  sliding window %u on local layers, every %u%s layer global; local rope base %g, unscaled\n", hp.n_swa,
+               hp.swa_period, hp.swa_period == 2 ? "nd" : hp.swa_period == 3 ? "rd" : "th", (double)hp.rope_base_swa);
+    printf("  q/k/v biases %s, q/k norm %s, post norms %s, ffn %s, embeddings x sqrt(n_embd) %s, fused qkv %s, "
+           "fused gate/up %s, output %s\n",
+           a->qkv_bias == ARCH_TENSOR_ABSENT ? "no" : a->qkv_bias == ARCH_TENSOR_REQUIRED ? "yes" : "optional",
+           a->qk_norm == ARCH_TENSOR_REQUIRED ? "yes" : "no", a->post_norms ? "yes" : "no",
+           a->ffn_act == ARCH_FFN_GELU_TANH ? "GELU(tanh)-gated" : "SwiGLU", a->embd_scale ? "yes" : "no",
+           a->fused_qkv ? "when attn_qkv" : "no", a->fused_gate_up ? "yes" : "no",
+           gguf_set_find_tensor(files, "output.weight", NULL) ? "untied" : "tied to token_embd");
+    gguf_set_close(files);
 }
 
 int cmd_inspect(int argc, char **argv) {
@@ -131,5 +167,6 @@ int cmd_inspect(int argc, char **argv) {
                    per_type_bytes[ty]);
     printf("  total  %5" PRIu64 " tensors %14" PRIu64 " bytes\n", gguf_n_tensors(g), total);
     gguf_close(g);
+    print_arch(path);
     return 0;
 }
