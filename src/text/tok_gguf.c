@@ -3,6 +3,7 @@
  * (texts borrowed from the mapping, scores and types converted from the file's element
  * types) and builds the vocab with tok_from_arrays, the one builder (tokenizer.c).
  */
+#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -131,6 +132,14 @@ static int read_specials(const gguf_ctx *g, tok_arrays *a, char *msg, size_t msg
     if ((rc = read_special_id(g, "tokenizer.ggml.bos_token_id", n, &a->bos, msg, msg_cap)) != KVS_OK) return rc;
     if ((rc = read_special_id(g, "tokenizer.ggml.eos_token_id", n, &a->eos, msg, msg_cap)) != KVS_OK) return rc;
     if ((rc = read_special_id(g, "tokenizer.ggml.unknown_token_id", n, &a->unk, msg, msg_cap)) != KVS_OK) return rc;
+    gguf_str name;
+    if (gguf_get_str(g, "general.name", &name) == KVS_OK) { /* llama.cpp: lower-cased name contains phi-3 / phi3 */
+        char low[256];
+        size_t nl = name.len < sizeof low - 1 ? name.len : sizeof low - 1;
+        for (size_t i = 0; i < nl; i++) low[i] = (char)tolower((unsigned char)name.ptr[i]);
+        low[nl] = 0;
+        a->rstrip_specials = strstr(low, "phi-3") || strstr(low, "phi3");
+    }
     const gguf_kv *ksp = gguf_find_kv(g, "tokenizer.ggml.add_space_prefix");
     if (ksp) {
         if (ksp->type != GGUF_VT_BOOL)

@@ -108,6 +108,7 @@ int tok_from_arrays(const tok_arrays *a, tok_vocab **out, char *msg, size_t msg_
     v->eos = a->eos;
     v->unk = a->unk;
     v->add_space_prefix = a->add_space_prefix;
+    v->rstrip_specials = a->rstrip_specials;
     tok_vocab_mark_eog(v);
     if (tok_vocab_sort_specials(v) != KVS_OK) {
         rc = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
@@ -198,6 +199,20 @@ static uint8_t *specials_present(const tok_vocab *v, const char *text, size_t le
     return present;
 }
 
+/* Bytes of whitespace at the start of s[0..n) that special token sid strips
+ * from its right (rstrip_specials), 0 when it strips none. */
+static size_t rstrip_len(const tok_vocab *v, int32_t sid, const char *s, size_t n) {
+    static const char *const keep[] = {"<unk>", "<s>", "<|endoftext|>"};
+    if (!v->rstrip_specials) return 0;
+    size_t tl;
+    const char *tt = tok_text(v, sid, &tl);
+    for (size_t k = 0; k < sizeof keep / sizeof keep[0]; k++)
+        if (tl == strlen(keep[k]) && !memcmp(tt, keep[k], tl)) return 0;
+    size_t i = 0;
+    while (i < n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r' || s[i] == '\v' || s[i] == '\f')) i++;
+    return i;
+}
+
 static int partition_special(const tok_vocab *v, const char *text, size_t len, bool parse_special,
                              tok_fragment **out, size_t *n_out) {
     size_t cap = 16, n = 1;
@@ -229,9 +244,11 @@ static int partition_special(const tok_vocab *v, const char *text, size_t len, b
             }
             tok_fragment cur = f[i], rep[3];
             size_t r = 0, rest = cur.len - pos - tl;
+            size_t strip = rstrip_len(v, sid, text + cur.start + pos + tl, rest);
+            rest -= strip;
             if (pos > 0) rep[r++] = (tok_fragment){cur.start, pos, -1};
             rep[r++] = (tok_fragment){cur.start + pos, tl, sid};
-            if (rest > 0) rep[r++] = (tok_fragment){cur.start + pos + tl, rest, -1};
+            if (rest > 0) rep[r++] = (tok_fragment){cur.start + pos + tl + strip, rest, -1};
             memmove(&f[i + r], &f[i + 1], (n - i - 1) * sizeof *f);
             memcpy(&f[i], rep, r * sizeof *f);
             n += r - 1;

@@ -38,6 +38,9 @@ typedef struct {
     const int32_t *types;           /* (n_vocab) llama token type 1..6 (others: undefined); NULL: all normal */
     int32_t bos, eos, unk;          /* token ids, -1 when absent */
     bool add_space_prefix;          /* prepend ' ' to the text before encoding (SPM) */
+    bool rstrip_specials;           /* whitespace right after a special token is dropped, but after
+                                       <unk>, <s>, <|endoftext|> (llama.cpp's RSTRIP, which it sets
+                                       for Phi-3 by general.name, as the HF tokenizer does) */
     /* Added for byte-level BPE and chat; zero means "as before" (an SPM vocab, BOS added). */
     tok_kind kind;                  /* TOK_KIND_SPM (0) or TOK_KIND_BPE */
     const char *pre;                /* BPE: tokenizer.ggml.pre, NUL-terminated; NULL or "": "default" */

@@ -104,7 +104,7 @@ void tok_vocab_fill(tok_vocab *v, const tok_arrays *a) {
 static const char *const EOG_TEXTS[] = {
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>",
     "<\357\275\234end\342\226\201of\342\226\201sentence\357\275\234>", /* DeepSeek */
-    "<|fim_pad|>", "<fim-pad>", "<PAD>", "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<|file_sep|>",
+    "</s>", "<|fim_pad|>", "<fim-pad>", "<PAD>", "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<|file_sep|>",
 };
 
 static void eog_add(tok_vocab *v, int32_t id) {

@@ -54,6 +54,7 @@ struct tok_vocab {
     uint32_t max_token_len; /* bytes of the longest token text */
     int32_t bos, eos, unk;  /* -1 when absent */
     bool add_space_prefix;
+    bool rstrip_specials; /* tok_arrays.rstrip_specials */
     int8_t add_bos_setting; /* as given: 1, -1, 0 (family default) */
     bool add_bos;           /* resolved */
     int32_t eog[TOK_MAX_EOG]; /* end-of-generation ids, ascending */
