@@ -397,6 +397,17 @@ int main(void) {
         skipped++;
         check_concurrent(synth, 2, 4, NULL);
     }
+    /* The families of the arch table beyond llama: a route of 2 and 3 shards equals one process. */
+    static const struct { const char *rel; int n_layer; } families[] = {
+        {"downloads/models/qwen3-synth-Q4_K_M.gguf", 3},
+        {"downloads/models/gemma3-synth-Q4_K_M.gguf", 6},
+        {"downloads/models/phi3-synth-Q4_K_M.gguf", 3},
+    };
+    for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++) {
+        const char *fam = test_shared_path(families[i].rel, buf, sizeof(buf));
+        if (fam) check_routes(fam, families[i].n_layer);
+        else skipped++;
+    }
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", g_dir);
     if (system(cmd) != 0) fprintf(stderr, "note: could not remove %s\n", g_dir);
