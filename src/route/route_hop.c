@@ -1,8 +1,11 @@
 /* route_hop — one connection to a shard: connect, HELLO, and one request and its reply. */
 #include "route.h"
 
+#include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "route_impl.h"
 #include "util.h"
@@ -40,6 +43,47 @@ uint32_t route_reply_limit(const route *r, uint16_t reply_op) {
     return lim > WIRE_MAX_PAYLOAD ? WIRE_MAX_PAYLOAD : (uint32_t)lim;
 }
 
+/* What a HELLO reached when the first bytes back are not a frame: "HTTP/" (an HTTP server) or a
+ * TLS record (an alert or a handshake: the shard wants TLS). NULL: nothing recognisable. */
+static const char *foreign_answer(int fd) {
+    uint8_t b[5];
+    ssize_t n = recv(fd, b, sizeof b, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 5 && !memcmp(b, "HTTP/", 5)) return "an HTTP server answered (an api port?), not a shard";
+    if (n >= 2 && (b[0] == 0x15 || b[0] == 0x16) && b[1] == 0x03)
+        return "it answered in TLS: give --tls-cert, --tls-key and --tls-ca";
+    return NULL;
+}
+
+/* Does an HTTP server listen at h? A fresh connection asks; false when nothing says "HTTP/"
+ * within 2 s. Used only when a HELLO went unanswered, since a shard answers it at once. */
+static bool hop_is_http(const route_hop *h) {
+    int fd = -1;
+    char msg[KVS_MSG_MAX];
+    uint64_t until = netio_deadline_ms(2000);
+    static const char req[] = "GET / HTTP/1.0\r\n\r\n";
+    char b[5] = {0};
+    bool http = netio_connect(h->addr.host, h->addr.port, until, &fd, msg, sizeof msg) == KVS_OK &&
+                netio_write_full(fd, req, sizeof req - 1, until) == KVS_OK &&
+                netio_read_full(fd, b, sizeof b, until) == KVS_OK && !memcmp(b, "HTTP/", 5);
+    netio_close(fd);
+    return http;
+}
+
+/* A plaintext HELLO just sent on h: waits up to 2 s for the first bytes of the answer. An HTTP or
+ * TLS answer (or, when nothing came, an HTTP server found at the address) fails at once with what
+ * was reached, instead of "no reply" after the whole timeout or "connection closed". */
+static int hello_screen(route *r, route_hop *h, char *why, size_t why_cap) {
+    int64_t wait_ms = r->p.timeout_ms >= 0 && r->p.timeout_ms < 2000 ? r->p.timeout_ms : 2000;
+    struct pollfd pfd = {.fd = h->fd, .events = POLLIN};
+    int ready = poll(&pfd, 1, (int)wait_ms);
+    const char *what = ready > 0 ? foreign_answer(h->fd) : hop_is_http(h) ? "an HTTP server listens there (an api "
+                                                                              "port?), not a shard"
+                                                                            : NULL;
+    if (!what) return KVS_OK;
+    route_hop_disconnect(h);
+    return kvs_fail(why, why_cap, KVS_ERR_PROTOCOL, "HELLO: %s", what);
+}
+
 /* Sends r->tx[0..len) as one `op` frame on h and waits for the reply frame; KVS_OK when a frame
  * with op reply_op and the same request id arrived (payload in r->rx). Any other outcome is a
  * transport failure (the connection is closed; why says what happened): the code from netio, or
@@ -56,6 +100,7 @@ int route_hop_call(route *r, route_hop *h, uint16_t op, size_t len, uint16_t rep
         route_hop_disconnect(h);
         return kvs_fail(why, why_cap, rc, "sending %s: %s", wire_op_name(op), kvs_strerror(rc));
     }
+    if (op == WIRE_OP_HELLO && !r->tls && (rc = hello_screen(r, h, why, why_cap)) != KVS_OK) return rc;
     struct wire_header hdr;
     netio_recv_opts ro = {.idle_deadline_ns = deadline, .frame_timeout_ms = -1,
                           .max_payload = route_reply_limit(r, reply_op)};
@@ -135,4 +180,38 @@ int route_hop_connect(route *r, route_hop *h, char *why, size_t why_cap) {
 /* Errors of a hop that is gone (the connection or the shard), as opposed to a refusal. */
 bool route_is_transport_error(int rc) {
     return rc == KVS_ERR_IO || rc == KVS_ERR_TIMEOUT || rc == KVS_ERR_CLOSED || rc == KVS_ERR_PROTOCOL;
+}
+
+/* True when the shard has closed h's connection while it sat unused (a shard closes a link
+ * silent past its --idle-timeout): FIN, reset or EOF pending, seen without blocking. A link with
+ * frames waiting (late answers) is alive. */
+static bool hop_link_closed(const route_hop *h) {
+    struct pollfd pfd = {.fd = h->fd, .events = POLLIN | POLLRDHUP};
+    if (poll(&pfd, 1, 0) <= 0) return false;
+    if (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) return true;
+    char c;
+    return recv(h->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
+/* Reconnects every hop whose link the shard closed while idle: HELLO again on a new connection.
+ * Sessions live on the shard by id, not by connection, so nothing is replayed. A hop that cannot
+ * be reached again, or now serves other layers or another model, is left disconnected: the step
+ * that follows treats it as failed (failover). */
+void route_refresh_links(route *r) {
+    for (uint32_t k = 0; k < r->n_hops; k++) {
+        route_hop *h = &r->hops[k];
+        if (h->fd < 0 || !hop_link_closed(h)) continue;
+        struct wire_info was = h->info;
+        char why[KVS_MSG_MAX] = "";
+        int rc = route_hop_connect(r, h, why, sizeof why);
+        if (rc == KVS_OK && (memcmp(was.model_digest, h->info.model_digest, WIRE_DIGEST_SIZE) != 0 ||
+                             was.first != h->info.first || was.last != h->info.last)) {
+            route_hop_disconnect(h);
+            snprintf(why, sizeof why, "it now serves another model or other layers");
+            rc = KVS_ERR_INVALID_ARG;
+        }
+        h->info = rc == KVS_OK ? h->info : was;
+        route_log(r, "hop %u (%s): the shard closed the idle link; %s%s", k, h->addr.text,
+                  rc == KVS_OK ? "reconnected" : "cannot reconnect: ", rc == KVS_OK ? "" : why);
+    }
 }

@@ -32,6 +32,9 @@
  *     connected --any failed route_hop_call (a STATUS in place of the reply included), a
  *                 failure in relay_wait or the relayed send, a reply of the wrong shape
  *                 (hop_send)--> disconnected (route_hop_disconnect, fd -1)
+ *     connected, the shard closed it while idle --route_refresh_links (before each step and
+ *                 RELEASE): HELLO on a new connection--> connected (same model and layers) or
+ *                 disconnected
  *     disconnected --route_reroute / route_fetch_vocab: route_take_spare--> a spare's
  *                 connection in the slot, r->hop_gen[k]++; no usable spare: the call fails
  *     any --route_close--> closed
@@ -223,6 +226,8 @@ uint32_t route_reply_limit(const route *r, uint16_t reply_op);
 int route_hop_call(route *r, route_hop *h, uint16_t op, size_t len, uint16_t reply_op, char *why, size_t why_cap);
 /* Connects h, TLS, HELLO, reads its INFO into h->info. */
 int route_hop_connect(route *r, route_hop *h, char *why, size_t why_cap);
+/* Reconnects (HELLO) the hops whose links the shard closed while idle; see route_hop.c. */
+void route_refresh_links(route *r);
 /* IO, TIMEOUT, CLOSED, PROTOCOL: the hop is gone, as opposed to a refusal. */
 bool route_is_transport_error(int rc);
 

@@ -79,6 +79,7 @@ int route_session_reserve(route_session *s, uint32_t rows) {
 void route_release(route *r, route_session *s) {
     if (!s) return;
     if (r && s->r == r) {
+        route_refresh_links(r);
         for (uint32_t k = 0; k < r->n_hops; k++) {
             route_hop *h = &r->hops[k];
             if (h->fd < 0 || s->hop_epoch[k] == 0 || s->hop_gen[k] != r->hop_gen[k]) continue;

@@ -290,6 +290,7 @@ int route_step(route *r, route_session *s, const int32_t *tokens, uint32_t n, co
                float *logits_last, sampler_result *res, char *msg, size_t msg_cap) {
     int rc = step_check(r, s, tokens, n, o, logits_last, res, msg, msg_cap);
     if (rc != KVS_OK) return rc;
+    route_refresh_links(r); /* links the shards closed while the route sat idle */
     const uint32_t base = s->pos;
     const uint32_t end = base + n;
     if (route_session_reserve(s, end) != KVS_OK)

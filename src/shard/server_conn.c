@@ -1,5 +1,6 @@
 /* server_conn.c — one connection: reader and writer threads, reply queue, admission, references. */
 #include <stdbool.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -261,6 +262,28 @@ static void count_locked(srv *s, uint64_t *counter) {
     pthread_mutex_unlock(&s->mu);
 }
 
+/* A plaintext kvshard client at this TLS port (its first bytes are the frame magic, not a TLS
+ * ClientHello): told so in a plaintext STATUS it can read, and logged, instead of a handshake
+ * error that names neither side's mistake. */
+static bool conn_plaintext_peer(srv_conn *c, struct netio_buf *buf, uint64_t deadline) {
+    uint64_t now = kvs_now_ns();
+    struct pollfd p = {.fd = c->fd, .events = POLLIN};
+    uint8_t b[4];
+    if (poll(&p, 1, deadline > now ? (int)((deadline - now) / 1000000u) : 0) <= 0 ||
+        recv(c->fd, b, sizeof b, MSG_PEEK | MSG_DONTWAIT) != (ssize_t)sizeof b || memcmp(b, "KVSH", 4) != 0)
+        return false;
+    struct wire_header h;
+    char msg[KVS_MSG_MAX] = "";
+    netio_recv_opts o = {.idle_deadline_ns = deadline, .frame_timeout_ms = -1, .max_payload = 6 + WIRE_MAX_AUTH};
+    if (netio_recv_frame_opt(c->fd, &h, buf, &o, msg, sizeof msg) == KVS_OK)
+        srv_send_status(c, h.request_id, KVS_ERR_UNSUPPORTED, NULL,
+                        "this shard speaks TLS: give the client --tls-cert, --tls-key and --tls-ca");
+    srv_count_protocol_error(c->s);
+    kvs_logf(c->s->p.log, c->s->p.log_ctx, "conn %u (%s): a plaintext kvshard client at this TLS port, closing", c->id,
+             c->peer);
+    return true;
+}
+
 /* The TLS handshake and HELLO, under one deadline: KVS_OK when the peer is authenticated and
  * has been sent INFO; otherwise the connection is to be closed (logged and counted here). */
 static int conn_hello(srv_conn *c, struct netio_buf *buf) {
@@ -269,6 +292,7 @@ static int conn_hello(srv_conn *c, struct netio_buf *buf) {
     char msg[KVS_MSG_MAX] = "";
     int err;
     uint64_t hello_deadline = netio_deadline_ms(s->p.hello_timeout_ms);
+    if (s->tls && conn_plaintext_peer(c, buf, hello_deadline)) return KVS_ERR_PROTOCOL;
     if (s->tls && (err = tls_handshake(s->tls, c->fd, hello_deadline, c->identity, sizeof c->identity, msg,
                                        sizeof msg)) != KVS_OK) {
         count_locked(s, &s->c_auth_failures);
@@ -297,8 +321,11 @@ static int conn_hello(srv_conn *c, struct netio_buf *buf) {
         send_info(c, h.request_id, err == KVS_OK ? KVS_ERR_PROTOCOL : err);
         srv_count_protocol_error(s);
     }
-    kvs_logf(s->p.log, s->p.log_ctx, "conn %u (%s): no valid HELLO (%s), closing", c->id, c->peer,
-             err ? kvs_strerror(err) : "wrong first frame or version");
+    const char *who = err != KVS_ERR_PROTOCOL ? "" /* the header's magic, read little-endian */
+                      : h.magic == 0x20544547u || h.magic == 0x54534f50u ? "; an HTTP client at a shard's port"
+                      : (h.magic & 0xffffu) == 0x0316u ? "; a TLS client at a plaintext shard" : "";
+    kvs_logf(s->p.log, s->p.log_ctx, "conn %u (%s): no valid HELLO (%s%s), closing", c->id, c->peer,
+             err ? kvs_strerror(err) : "wrong first frame or version", who);
     return err ? err : KVS_ERR_PROTOCOL;
 }
 
