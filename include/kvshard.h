@@ -80,7 +80,7 @@ typedef struct {
 } kvs_engine_params;
 
 /* Defaults: the whole model, online CPUs, 256 MiB of f16 KV in blocks of 16
- * positions, no TTL, no session limit, max_positions 2048 (capped to n_ctx).
+ * positions, no TTL, no session limit, max_positions 0 (n_ctx, capped by what the budget holds).
  * model_path is NULL and must be set. */
 kvs_engine_params kvs_engine_default_params(void);
 

@@ -46,6 +46,8 @@ static void api_usage(FILE *f) {
             "  --chat-template NAME override the model's chat template (%s)\n"
             "  -t THREADS, --kv-budget SIZE   with -m: compute threads, hot KV pool (default 512M)\n"
             "  --kv-type T          with -m: KV element type f16 (default), q8_0, q4_0 or f32\n"
+            "  -c, --ctx-size N     with -m: positions per conversation (default: the model's context\n"
+            "                       length, as far as --kv-budget holds it); with --route the shards' own\n"
             "endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,\n"
             "GET /metrics, GET / (chat page). Stops cleanly on SIGINT/SIGTERM.\n"
             "with --route, the security options of kvshard generate:\n" ARGS_SECURITY_USAGE,
@@ -70,7 +72,7 @@ int cmd_api(int argc, char **argv) {
     http_params p = http_default_params();
     const char *model = NULL, *budget = "512M", *body = NULL;
     uint32_t kv_type = QUANT_F16;
-    long lanes = p.lanes, queue = p.queue_max, slots = p.prefix_slots, threads = 0;
+    long lanes = p.lanes, queue = p.queue_max, slots = p.prefix_slots, threads = 0, ctx_size = 0;
     double qt = 30;
     args_security sec = {0};
     cluster_cli_opts cl = {0};
@@ -98,6 +100,7 @@ int cmd_api(int argc, char **argv) {
         else if (!strcmp(a, "-t")) ok = args_int(argc, argv, &i, 1, 1024, &threads);
         else if (!strcmp(a, "--kv-budget")) ok = args_str(argc, argv, &i, &budget);
         else if (!strcmp(a, "--kv-type")) ok = args_kv_type(argc, argv, &i, &kv_type);
+        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) ok = args_int(argc, argv, &i, 16, 1 << 24, &ctx_size);
         else { fprintf(stderr, "kvshard api: unknown option '%s'\n", a); api_usage(stderr); return 2; }
         if (!ok) return 2;
     }
@@ -142,6 +145,7 @@ int cmd_api(int argc, char **argv) {
         sp.listen = "127.0.0.1:0";
         sp.n_threads = (int)threads;
         sp.kv_ttl_ms = 600000;
+        sp.max_ctx = (uint32_t)ctx_size;
         sp.log = daemon_log_line;
         sp.log_ctx = "shard";
         if (!args_size(budget, &sp.kv_budget_bytes)) {

@@ -29,7 +29,7 @@ static void chat_usage(FILE *f) {
     fprintf(f,
             "usage: kvshard chat (-m MODEL | --route HOST:PORT[,...] [-m MODEL]) [--chat-template NAME]\n"
             "                    [--system TEXT] [-p TEXT | --messages FILE.json [--format-only]] [-n N]\n"
-            "                    [--temp X] [--top-k K] [--top-p P] [--seed S] [--ctx N] [-t THREADS]\n"
+            "                    [--temp X] [--top-k K] [--top-p P] [--seed S] [-c N] [-t THREADS]\n"
             "  interactive by default: each line on stdin is a user turn; the reply streams to stdout\n"
             "  -m MODEL          the GGUF model (with --route: only its tokenizer is read)\n"
             "  --route LIST      drive these shards instead (tokenizer from the head shard unless -m)\n"
@@ -41,7 +41,7 @@ static void chat_usage(FILE *f) {
             "  --messages FILE   a JSON array [{\"role\":..,\"content\":..},...]: answer it, then exit\n"
             "  --format-only     print the formatted prompt of --messages (assistant turn opened), exit\n"
             "  -n N              reply tokens per turn at most (default 256)\n"
-            "  --ctx N           positions of the conversation (default 4096, at most the model's)\n"
+            "  --ctx N           older name of -c/--ctx-size\n"
             "  --timeout MS      --route: per-request deadline (default 30000)\n"
             "security (--route; docs/security.md):\n" ARGS_SECURITY_USAGE,
             chat_template_names());
@@ -221,7 +221,7 @@ int cmd_chat(int argc, char **argv) {
     const char *path = NULL, *route_spec = NULL, *spare_spec = NULL, *tmpl_name = NULL, *system = NULL;
     const char *messages = NULL;
     bool format_only = false;
-    long threads = 0, ctx = 4096, timeout_ms = 30000;
+    long threads = 0, timeout_ms = 30000;
     uint32_t kv_type = QUANT_F16;
     gen_opts o;
     gen_opts_default(&o);
@@ -247,7 +247,7 @@ int cmd_chat(int argc, char **argv) {
         else if (!strcmp(a, "--messages")) ok = args_str(argc, argv, &i, &messages);
         else if (!strcmp(a, "--format-only")) format_only = true;
         else if (!strcmp(a, "-t")) ok = args_int(argc, argv, &i, 1, 1024, &threads);
-        else if (!strcmp(a, "--ctx")) ok = args_int(argc, argv, &i, 16, 1 << 24, &ctx);
+        else if (!strcmp(a, "--ctx")) ok = args_int(argc, argv, &i, 16, 1 << 24, &o.n_ctx); /* older name */
         else if (!strcmp(a, "--timeout")) ok = args_int(argc, argv, &i, 1, 24L * 3600 * 1000, &timeout_ms);
         else if (!strcmp(a, "--kv-type")) ok = args_kv_type(argc, argv, &i, &kv_type);
         else { fprintf(stderr, "kvshard chat: unknown option '%s'\n", a); chat_usage(stderr); return 2; }
@@ -320,10 +320,11 @@ int cmd_chat(int argc, char **argv) {
         vocab = own_vocab;
         t.backend.forward = route_step_fn;
         t.n_vocab = (int32_t)ri.n_vocab;
-        t.max_ctx = ri.max_ctx < (uint32_t)ctx ? ri.max_ctx : (uint32_t)ctx;
+        t.max_ctx = o.n_ctx && (uint32_t)o.n_ctx < ri.max_ctx ? (uint32_t)o.n_ctx : ri.max_ctx;
+        t.ctx_hint = "the shards' --ctx-size and --kv-budget set the route's context";
     } else {
         engine *e = NULL;
-        if (local_engine_open("kvshard chat", path, (int)threads, kv_type, (uint32_t)ctx, &e)) goto out;
+        if (local_engine_open("kvshard chat", path, (int)threads, kv_type, (uint32_t)o.n_ctx, &e)) goto out;
         c.local.e = e;
         if (!e->vocab) {
             local_engine_say_no_vocab("chat", path, e);
@@ -333,7 +334,12 @@ int cmd_chat(int argc, char **argv) {
         t.backend.forward = local_session_step;
         t.backend.ctx = &c.local;
         t.n_vocab = (int32_t)e->m->hp.n_vocab;
-        t.max_ctx = e->m->hp.n_ctx < (uint32_t)ctx ? e->m->hp.n_ctx : (uint32_t)ctx;
+        t.max_ctx = local_engine_ctx(e);
+        if (o.n_ctx && (uint32_t)o.n_ctx > t.max_ctx) {
+            fprintf(stderr, "kvshard chat: -c/--ctx-size %ld is more than the model's context length %u\n", o.n_ctx,
+                    t.max_ctx);
+            goto out;
+        }
     }
     t.vocab = vocab;
     if (pick_template(tmpl_name, vocab, &tmpl)) goto out;

@@ -209,7 +209,9 @@ int cmd_generate(int argc, char **argv) {
     gen_target t = {.cmd = "generate", .vocab = vocab, .n_vocab = (int32_t)ri.n_vocab, .max_ctx = ri.max_ctx,
                     .backend = {.forward = gen_route_step, .forward_sample = logits_mode ? NULL : gen_route_sample,
                                 .ctx = &c},
-                    .describe = describe_stats, .session = describe_session};
+                    .describe = describe_stats, .session = describe_session,
+                    .ctx_hint = "the shards' --ctx-size and --kv-budget set the route's context"};
+    if (o.n_ctx && (uint32_t)o.n_ctx < t.max_ctx) t.max_ctx = (uint32_t)o.n_ctx;
     rc = gen_run(&o, &t);
     if (verbose && route_session_epoch(sess) > 1)
         fprintf(stderr, "kvshard generate: finished at epoch %llu\n", (unsigned long long)route_session_epoch(sess));

@@ -42,16 +42,21 @@ int cmd_run(int argc, char **argv) {
     }
     if (!path || !o.prompt) { fprintf(stderr, "kvshard run: -m MODEL and -p PROMPT are required\n"); run_usage(stderr); return 2; }
     engine *e = NULL;
-    if (local_engine_open("kvshard", path, (int)threads, kv_type, (uint32_t)(3 * strlen(o.prompt) + 2 + (size_t)o.n_gen), &e))
+    /* The pool holds what this run needs, or the -c asked for. */
+    size_t need = o.n_ctx ? (size_t)o.n_ctx : 3 * strlen(o.prompt) + 2 + (size_t)o.n_gen;
+    if (local_engine_open("kvshard", path, (int)threads, kv_type, (uint32_t)(need < (1u << 24) ? need : 1u << 24), &e))
         return 1;
     int rc = 1;
     if (!e->vocab) {
         local_engine_say_no_vocab("run", path, e);
+    } else if (o.n_ctx && (uint32_t)o.n_ctx > e->m->hp.n_ctx) {
+        fprintf(stderr, "kvshard run: -c/--ctx-size %ld is more than the model's context length %u\n", o.n_ctx,
+                e->m->hp.n_ctx);
     } else {
         local_session c = {.e = e, .req = {.epoch = 1, .out_mode = FWD_OUT_LOGITS_LAST}};
         memcpy(c.req.sid.bytes, "kvshard-run-sess", 16);
         gen_target t = {.cmd = "run", .vocab = e->vocab, .n_vocab = (int32_t)e->m->hp.n_vocab,
-                        .max_ctx = e->m->hp.n_ctx, .backend = {.forward = local_session_step, .ctx = &c}};
+                        .max_ctx = o.n_ctx ? (uint32_t)o.n_ctx : e->m->hp.n_ctx, .backend = {.forward = local_session_step, .ctx = &c}};
         rc = gen_run(&o, &t);
     }
     engine_close(e);

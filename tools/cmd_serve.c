@@ -29,6 +29,8 @@ static void serve_usage(FILE *f) {
             "  --layers FIRST:LAST  layers this shard owns, [FIRST, LAST); LAST may be 'end'\n"
             "  --listen HOST:PORT   default 127.0.0.1:7000; port 0 picks a free port (printed)\n"
             "  --kv-budget SIZE     hot KV pool, bytes with K/M/G suffix (default 256M)\n"
+            "  -c, --ctx-size N     positions per session (default: the model's context length, as far as\n"
+            "                       --kv-budget holds it)\n"
             "  --kv-ttl SECONDS     evict sessions idle this long (default 600; 0 = never)\n"
             "  -t THREADS           compute threads (default: all CPUs)\n"
             "  --max-sessions N     live sessions (default: limited by the budget)\n"
@@ -43,6 +45,7 @@ static void serve_usage(FILE *f) {
             "  --max-inflight N     FORWARD requests queued per connection before BUSY (default 32)\n"
             "  --frame-timeout S    seconds a frame may take once its first byte arrived (default 10)\n"
             "  --hello-timeout S    seconds for the TLS handshake and HELLO together (default 10)\n"
+            "  --idle-timeout S     seconds a connection may stay silent before it is closed (default 600)\n"
             "  --max-buffered SIZE  receive buffers and queued replies over all connections (default 512M)\n"
             "  --tenant-max-sessions N  live sessions per identity (default: no own cap)\n"
             "  --tenant-kv-share F|SIZE KV budget per identity: a fraction in (0, 1] or a size (default 1)\n"
@@ -64,9 +67,10 @@ int cmd_serve(int argc, char **argv) {
     uint32_t kv_type = QUANT_F16;
     long threads = 0, max_sessions = 0, max_conns = p.max_conns, max_tokens = p.max_tokens, chunk = p.prefill_chunk;
     double ttl = 600, frame_s = p.frame_timeout_ms / 1000.0, hello_s = p.hello_timeout_ms / 1000.0;
+    double idle_s = p.idle_timeout_ms / 1000.0;
     long per_addr = p.max_conns_per_addr, inflight = p.max_inflight;
     const char *buffered = NULL, *tenant_share = NULL;
-    long tenant_sessions = 0;
+    long tenant_sessions = 0, ctx_size = 0;
     args_security sec = {0};
     cluster_cli_opts cl = {0};
     for (int i = 1; i < argc; i++) {
@@ -81,6 +85,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--layers")) ok = args_str(argc, argv, &i, &layers);
         else if (!strcmp(a, "--listen")) ok = args_str(argc, argv, &i, &p.listen);
         else if (!strcmp(a, "--kv-budget")) ok = args_str(argc, argv, &i, &budget);
+        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) ok = args_int(argc, argv, &i, 16, 1 << 24, &ctx_size);
         else if (!strcmp(a, "--kv-ttl")) ok = args_float(argc, argv, &i, 0, 1e7, &ttl);
         else if (!strcmp(a, "-t")) ok = args_int(argc, argv, &i, 1, 1024, &threads);
         else if (!strcmp(a, "--max-sessions")) ok = args_int(argc, argv, &i, 0, 1 << 24, &max_sessions);
@@ -93,6 +98,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-inflight")) ok = args_int(argc, argv, &i, 1, 1 << 16, &inflight);
         else if (!strcmp(a, "--frame-timeout")) ok = args_float(argc, argv, &i, 0.001, 3600, &frame_s);
         else if (!strcmp(a, "--hello-timeout")) ok = args_float(argc, argv, &i, 0.001, 3600, &hello_s);
+        else if (!strcmp(a, "--idle-timeout")) ok = args_float(argc, argv, &i, 0.001, 1e6, &idle_s);
         else if (!strcmp(a, "--max-buffered")) ok = args_str(argc, argv, &i, &buffered);
         else if (!strcmp(a, "--tenant-max-sessions")) ok = args_int(argc, argv, &i, 0, 1 << 24, &tenant_sessions);
         else if (!strcmp(a, "--tenant-kv-share")) ok = args_str(argc, argv, &i, &tenant_share);
@@ -160,12 +166,14 @@ int cmd_serve(int argc, char **argv) {
     p.max_inflight = (int)inflight;
     p.frame_timeout_ms = (int)(frame_s * 1000.0);
     p.hello_timeout_ms = (int)(hello_s * 1000.0);
+    p.idle_timeout_ms = (int)(idle_s * 1000.0);
     p.kv_type = (int)kv_type;
     p.kv_ttl_ms = (uint64_t)(ttl * 1000.0);
     p.n_threads = (int)threads;
     p.max_sessions = (uint32_t)max_sessions;
     p.max_conns = (int)max_conns;
     p.max_tokens = (uint32_t)max_tokens;
+    p.max_ctx = (uint32_t)ctx_size;
     p.prefill_chunk = (uint32_t)chunk;
     p.log = daemon_log_line;
     p.log_ctx = "serve";

@@ -85,9 +85,9 @@ int cmd_stats(int argc, char **argv) {
     } else {
         char hex[65];
         digest_hex(info.model_digest, hex);
-        printf("{\"shard\":\"%s\",\"layers\":[%u,%u],\"n_layer\":%u,\"n_embd\":%u,\"n_vocab\":%u,\"model_digest\":\"%s\","
+        printf("{\"shard\":\"%s\",\"layers\":[%u,%u],\"n_layer\":%u,\"n_embd\":%u,\"n_vocab\":%u,\"max_ctx\":%u,\"model_digest\":\"%s\","
                "\"counters\":{",
-               info.name, info.first, info.last, info.n_layer, info.n_embd, info.n_vocab, hex);
+               info.name, info.first, info.last, info.n_layer, info.n_embd, info.n_vocab, info.max_ctx, hex);
         for (uint32_t i = 0; i < st->n_stats; i++)
             printf("%s\"%s\":%llu", i ? "," : "", st->stats[i].name, (unsigned long long)st->stats[i].value);
         printf("}}\n");

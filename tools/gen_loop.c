@@ -3,14 +3,25 @@
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
 
 #include "args.h"
 #include "util.h"
+
+/* A fresh seed for a run without --seed, so that two runs differ as a "regenerate" expects. 32
+ * bits: the JSON that reports it holds it exactly and a user can type it back. */
+static uint64_t random_seed(void) {
+    uint32_t v = 0;
+    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v) v = (uint32_t)(kvs_now_ns() ^ ((uint64_t)getpid() << 16));
+    return v;
+}
 
 void gen_opts_default(gen_opts *o) {
     memset(o, 0, sizeof(*o));
     o->n_gen = 64;
     o->sp = sampler_default_params();
+    o->sp.seed = random_seed();
     o->repeat_last_n = 64;
 }
 
@@ -29,6 +40,7 @@ int gen_parse_opt(gen_opts *o, int argc, char **argv, int *i) {
     else if (!strcmp(a, "--repeat-penalty")) { ok = args_float(argc, argv, i, 0, 100, &d); o->sp.repeat_penalty = (float)d; }
     else if (!strcmp(a, "--presence-penalty")) { ok = args_float(argc, argv, i, -100, 100, &d); o->sp.presence_penalty = (float)d; }
     else if (!strcmp(a, "--repeat-last-n")) ok = args_int(argc, argv, i, 0, 1 << 16, &o->repeat_last_n);
+    else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) ok = args_int(argc, argv, i, 16, 1 << 24, &o->n_ctx);
     else if (!strcmp(a, "--pause-after")) ok = args_int(argc, argv, i, 1, 1 << 20, &o->pause_after);
     else if (!strcmp(a, "--json")) ok = (o->json = true);
     else if (!strcmp(a, "--stats")) ok = (o->stats = true);
@@ -46,12 +58,15 @@ void gen_usage_common(FILE *f) {
             "  --temp X          sampling temperature; 0 = greedy (default 0.8)\n"
             "  --top-k K         keep the K most likely tokens (default 40; 0 = off)\n"
             "  --top-p P         nucleus sampling threshold (default 0.95; 1 = off)\n"
-            "  --seed S          sampler seed (default 42); the draw for a position depends only on\n"
-            "                    the seed and the position, so runs with one seed give the same ids\n"
+            "  --seed S          sampler seed (default: a random one, printed by --json and --stats);\n"
+            "                    the draw for a position depends only on the seed and the position, so\n"
+            "                    runs with one seed give the same ids\n"
             "  --min-p P         drop tokens below P x the best one's probability (default 0 = off)\n"
             "  --repeat-penalty X  penalise ids of the last --repeat-last-n tokens (default 1 = off)\n"
             "  --presence-penalty X  subtract X from those ids' logits (default 0 = off)\n"
             "  --repeat-last-n N penalty window, prompt included (default 64)\n"
+            "  -c, --ctx-size N  context positions (default: the model's context length, as far as the KV\n"
+            "                    budget holds it)\n"
             "  --json            print {\"prompt_tokens\":[..],\"generated\":[..],\"text\":\"..\"} only\n"
             "  --stats           print one JSON line of timings to stderr at the end\n"
             "  --pause-after N   testing aid: after N tokens, say so on stderr and wait for a line on stdin\n");
@@ -75,7 +90,8 @@ static void stream_text(FILE *out, const gen_state *g, size_t *sent) {
     *sent = upto;
 }
 
-static void print_json(const int32_t *ids, int n_ids, const int32_t *gen, int n_out, const char *text, size_t len) {
+static void print_json(const int32_t *ids, int n_ids, const int32_t *gen, int n_out, const char *text, size_t len,
+                       uint64_t seed) {
     cJSON *o = cJSON_CreateObject();
     cJSON *pt = cJSON_AddArrayToObject(o, "prompt_tokens");
     for (int i = 0; i < n_ids; i++) cJSON_AddItemToArray(pt, cJSON_CreateNumber(ids[i]));
@@ -85,6 +101,7 @@ static void print_json(const int32_t *ids, int n_ids, const int32_t *gen, int n_
     size_t vl = 0;
     tok_utf8_repair(text ? text : "", text ? len : 0, &valid, &vl);
     cJSON_AddStringToObject(o, "text", valid ? valid : "");
+    cJSON_AddNumberToObject(o, "seed", (double)seed);
     free(valid);
     char *s = cJSON_PrintUnformatted(o);
     if (s) puts(s);
@@ -121,11 +138,11 @@ typedef struct {
     int decode_steps;
 } gen_times;
 
-static void print_stats(const gen_target *t, const gen_times *tm, int n_ids, int n_out) {
+static void print_stats(const gen_target *t, const gen_times *tm, int n_ids, int n_out, uint64_t seed) {
     fprintf(stderr,
-            "{\"prompt_tokens\":%d,\"generated\":%d,\"prefill_ms\":%.3f,\"decode_tok_s\":%.2f,\"max_step_ms\":%.3f,"
+            "{\"seed\":%llu,\"prompt_tokens\":%d,\"generated\":%d,\"prefill_ms\":%.3f,\"decode_tok_s\":%.2f,\"max_step_ms\":%.3f,"
             "\"resume_step_ms\":%.3f,\"total_ms\":%.3f",
-            n_ids, n_out, (double)tm->prefill_ns / 1e6,
+            (unsigned long long)seed, n_ids, n_out, (double)tm->prefill_ns / 1e6,
             tm->decode_ns ? (double)tm->decode_steps / ((double)tm->decode_ns / 1e9) : 0.0,
             (double)tm->max_step_ns / 1e6, (double)tm->resume_step_ns / 1e6,
             (double)(kvs_now_ns() - tm->start_ns) / 1e6);
@@ -144,8 +161,8 @@ static bool prompt_ids(const gen_opts *o, const gen_target *t, int32_t **ids, in
         return false;
     }
     if ((uint64_t)*n_ids + (uint64_t)o->n_gen > t->max_ctx) {
-        fprintf(stderr, "kvshard %s: prompt (%d tokens) + %ld new tokens exceed the context length %u\n", t->cmd,
-                *n_ids, o->n_gen, t->max_ctx);
+        fprintf(stderr, "kvshard %s: prompt (%d tokens) + %ld new tokens exceed the context of %u positions (%s)\n",
+                t->cmd, *n_ids, o->n_gen, t->max_ctx, t->ctx_hint ? t->ctx_hint : "raise -c/--ctx-size");
         return false;
     }
     return true;
@@ -206,10 +223,10 @@ int gen_run(const gen_opts *o, const gen_target *t) {
         }
     }
     stream_text(out, &g, &sent);
-    if (o->json) print_json(ids, n_ids, g.ids + g.n_prompt, (int)g.n_gen, g.text, g.text_len);
+    if (o->json) print_json(ids, n_ids, g.ids + g.n_prompt, (int)g.n_gen, g.text, g.text_len, o->sp.seed);
     else putchar('\n');
     fflush(stdout);
-    if (o->stats) print_stats(t, &tm, n_ids, (int)g.n_gen);
+    if (o->stats) print_stats(t, &tm, n_ids, (int)g.n_gen, o->sp.seed);
     rc = 0;
 out:
     gen_end(&g);
@@ -225,8 +242,9 @@ int gen_turn(const gen_opts *o, const gen_target *t, const int32_t *ids, int n, 
     size_t n_feed = (size_t)n + (held >= 0);
     if (n_feed == 0) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "nothing to feed");
     if ((uint64_t)*pos + n_feed + 1 > t->max_ctx)
-        return kvs_fail(msg, msg_cap, KVS_ERR_CONTEXT_FULL, "the conversation (%u + %zu tokens) fills the context of %u",
-                        *pos, n_feed, t->max_ctx);
+        return kvs_fail(msg, msg_cap, KVS_ERR_CONTEXT_FULL,
+                        "the conversation (%u + %zu tokens) fills the context of %u positions (%s)", *pos, n_feed,
+                        t->max_ctx, t->ctx_hint ? t->ctx_hint : "raise -c/--ctx-size");
     int32_t *feed = malloc(n_feed * sizeof *feed);
     if (!feed) return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
     if (held >= 0) feed[0] = held;

@@ -21,16 +21,17 @@
 typedef struct {
     const char *prompt;
     long n_gen;          /* tokens to generate (default 64) */
-    sampler_params sp;   /* default temp 0.8, top_k 40, top_p 0.95, seed 42 */
+    sampler_params sp;   /* default temp 0.8, top_k 40, top_p 0.95, a random 32-bit seed */
     bool json;           /* one {"prompt_tokens","generated","text"} object on stdout */
     bool stats;          /* one JSON line of timings on stderr at the end */
     long pause_after;    /* testing aid: after this many tokens, wait for a line on stdin (0 = off) */
     long repeat_last_n;  /* penalty window: the last this many ids (prompt included); default 64 */
     bool plain;          /* --plain: special-token text in the prompt is plain text */
+    long n_ctx;          /* -c/--ctx-size: positions of the context; 0 = the model's, as the KV budget allows */
 } gen_opts;
 
 void gen_opts_default(gen_opts *o);
-/* Consumes one of the shared options at argv[*i] (-p -n --temp --top-k --top-p --seed --json
+/* Consumes one of the shared options at argv[*i] (-p -n -c --temp --top-k --top-p --seed --json
  * --stats --pause-after --plain). Returns 1 when consumed, 0 when not one of them, -1 on a bad value
  * (already reported). */
 int gen_parse_opt(gen_opts *o, int argc, char **argv, int *i);
@@ -45,6 +46,7 @@ typedef struct {
     const tok_vocab *vocab;
     int32_t n_vocab;
     uint32_t max_ctx;
+    const char *ctx_hint;     /* which flag raises max_ctx, for messages; NULL: -c/--ctx-size */
     gen_backend backend;      /* the logits (or the draw) for each step; its ctx is the describers' too */
     gen_describe_fn describe; /* stats extras */
     gen_describe_fn session;  /* pause line: session id and epoch */

@@ -3,6 +3,7 @@
 
 #include <stdio.h>
 
+#include "kvstate.h"
 #include "tokenizer.h"
 #include "util.h"
 
@@ -18,6 +19,8 @@ int local_engine_open(const char *who, const char *path, int threads, uint32_t k
     if (err) fprintf(stderr, "%s: %s: %s\n", who, path, msg[0] ? msg : kvs_strerror(err));
     return err;
 }
+
+uint32_t local_engine_ctx(const engine *e) { return kv_get_params(e->kv)->max_positions; }
 
 void local_engine_say_no_vocab(const char *cmd, const char *path, const engine *e) {
     char msg[KVS_MSG_MAX] = "";

@@ -8,10 +8,13 @@
 #include "engine.h"
 
 /* Opens path whole with threads compute threads, KV elements of kv_type and a KV pool for one
- * session of `positions`. KVS_OK, or the engine's error after printing "WHO: path: reason"
+ * session of `positions` (0: the default budget). KVS_OK, or the engine's error after printing "WHO: path: reason"
  * (who: "kvshard" or "kvshard CMD"); *e is NULL then. The caller closes *e. */
 int local_engine_open(const char *who, const char *path, int threads, uint32_t kv_type, uint32_t positions,
                       engine **e);
+
+/* Positions one session may hold: the model's context length, as far as the KV pool holds it. */
+uint32_t local_engine_ctx(const engine *e);
 
 /* Prints why e has no tokenizer (the engine opens it quietly, so the tokenizer is asked again):
  * "kvshard CMD: path: no usable tokenizer: reason". */

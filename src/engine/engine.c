@@ -10,6 +10,7 @@ engine_params engine_default_params(void) {
     engine_params p = {0};
     p.kv = kv_default_params();
     p.kv.budget_bytes = 256ull << 20;
+    p.kv.max_positions = 0; /* the model's context length, as far as the budget holds it */
     return p;
 }
 

@@ -31,6 +31,7 @@
 static const mkmodel_shape shapes[] = {
     /* name, n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx */
     {"tiny", 64, 2, 4, 2, 128, 512, 256},
+    {"tiny-long", 64, 2, 4, 2, 128, 512, 8192}, /* the tiny model with a context past 2048 */
     {"small", 256, 2, 4, 2, 512, 512, 512},
     {"smollm2-360m", 960, 32, 15, 5, 2560, 49152, 8192},
     {"tinyllama-1.1b", 2048, 22, 32, 4, 5632, 32000, 2048},

@@ -18,6 +18,23 @@
 #include "server_impl.h"
 #include "util.h"
 
+/* The context the shard can give one session against what --ctx-size asked: a request it cannot
+ * meet fails at startup, naming the flag that changes it. */
+static int srv_check_ctx(const srv *s, const srv_params *p, char *msg, size_t cap) {
+    uint32_t got = kv_get_params(s->e->kv)->max_positions, n_ctx = s->e->m->hp.n_ctx;
+    if (p->max_ctx > n_ctx)
+        return kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "--ctx-size %u is more than the model's context length %u",
+                        p->max_ctx, n_ctx);
+    if (p->max_ctx > got)
+        return kvs_fail(msg, cap, KVS_ERR_INVALID_ARG,
+                        "--ctx-size %u does not fit: --kv-budget %llu KiB holds %u positions of these layers "
+                        "(raise --kv-budget or lower --ctx-size)",
+                        p->max_ctx, (unsigned long long)(p->kv_budget_bytes >> 10), got);
+    kvs_logf(s->p.log, s->p.log_ctx, "context: %u positions per session (model: %u; --ctx-size, --kv-budget)", got,
+             n_ctx);
+    return KVS_OK;
+}
+
 srv_params srv_default_params(void) {
     srv_params p = {0};
     p.listen = "127.0.0.1:7000";
@@ -198,7 +215,8 @@ int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
     ep.kv.kv_type = (uint32_t)p->kv_type;
     ep.kv.clock = p->kv_clock;
     ep.kv.clock_ctx = p->kv_clock_ctx;
-    if ((err = engine_open(&ep, &s->e, msg, cap))) goto fail;
+    ep.kv.max_positions = p->max_ctx;
+    if ((err = engine_open(&ep, &s->e, msg, cap)) || (err = srv_check_ctx(s, p, msg, cap))) goto fail;
     relay_params rp = relay_default_params();
     rp.done = srv_relay_done;
     rp.log = p->log;

@@ -27,6 +27,7 @@ typedef kvs_log_fn srv_log_fn;
 typedef struct {
     const char *model_path;
     uint32_t first, last;       /* layers [first, last); last 0 = n_layer */
+    uint32_t max_ctx;           /* positions per session (--ctx-size); 0 = the model's, as the budget holds */
     const char *listen;         /* "HOST:PORT"; port 0 picks a free one */
     const char *name;           /* shard name in INFO (default "HOST:PORT") */
     int n_threads;              /* compute threads; 0 = all CPUs */
