@@ -483,7 +483,7 @@ static void check_errors(uint16_t port) {
         {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":[{\"type\":\"function\"}]}", "tools", "unsupported_parameter"},
         {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tool_choice\":\"auto\"}", "tool_choice", "unsupported_parameter"},
         {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logit_bias\":{\"5\":3}}", "logit_bias", "unsupported_parameter"},
-        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"presence_penalty\":0.5}", "presence_penalty", "unsupported_parameter"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"frequency_penalty\":0.5}", "frequency_penalty", "unsupported_parameter"},
         {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"response_format\":{\"type\":\"json_object\"}}", "response_format", "unsupported_parameter"},
         {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", "messages[0].content", "unsupported_parameter"},
         {"/v1/chat/completions", "{\"messages\":[]}", "messages", "invalid_value"},

@@ -72,7 +72,7 @@ bool http_gen_begin(http_gen *g, http_lanes *L, http_metrics *m, const http_gen_
                     .n_vocab = (int32_t)L->info.n_vocab,
                     .sp = req->sp,
                     .max_gen = req->max_tokens > 0 ? (uint32_t)req->max_tokens : max_ctx - (uint32_t)n,
-                    .repeat_last_n = HTTP_REPEAT_WINDOW,
+                    .repeat_last_n = req->repeat_last_n,
                     .top_logprobs = req->logprobs ? (uint32_t)req->top_logprobs : 0,
                     .stop = (const char *const *)req->stop,
                     .n_stop = req->n_stop};

@@ -59,7 +59,8 @@ typedef struct {
     http_message *msgs;         /* chat: owned, n_msgs */
     size_t n_msgs;
     long max_tokens;            /* -1: up to the context */
-    sampler_params sp;          /* temperature, top_p, seed; top_k an extension (default off) */
+    sampler_params sp;          /* temperature, top_p, seed; top_k, min_p, penalties: llama.cpp's fields */
+    uint32_t repeat_last_n;     /* penalty window, ids (HTTP_REPEAT_WINDOW unless the request says) */
     char *stop[HTTP_MAX_STOP];  /* owned */
     int n_stop;
     bool stream;

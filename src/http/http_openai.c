@@ -107,6 +107,7 @@ static cJSON *reply_head(const http_gen *g, const http_reply_meta *meta, bool ch
                                                       : "text_completion");
     cJSON_AddNumberToObject(o, "created", (double)meta->created);
     cJSON_AddStringToObject(o, "model", meta->model);
+    cJSON_AddNumberToObject(o, "seed", (double)g->req->sp.seed); /* the one drawn when the request had none */
     return o;
 }
 

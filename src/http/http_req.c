@@ -13,8 +13,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <sys/types.h>
 
 #include "http_impl.h"
+#include "util.h"
 
 bool http_fail(http_err *e, int status, const char *type, const char *code, const char *param, const char *fmt, ...) {
     e->status = status;
@@ -80,6 +83,35 @@ static char *dup_str(const char *s) {
     return d;
 }
 
+/* The seed of a request that names none: random, so that asking again gives another answer (a
+ * front-end's "regenerate"); 32 bits, so the reply's "seed" holds it exactly. */
+static uint32_t request_seed(void) {
+    uint32_t v = 0;
+    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v) v = (uint32_t)kvs_now_ns();
+    return v;
+}
+
+/* Every field a request may carry; any other is a 400 that names it, so that a setting is never
+ * silently ignored. Some are refused later by value (reject_unsupported); "user", "metadata",
+ * "store", "service_tier" and "cache_prompt" do not change the result. */
+static bool reject_unknown(const cJSON *o, bool chat, http_err *e) {
+    static const char *const known[] = {
+        "model", "max_tokens", "n_predict", "temperature", "top_p", "top_k", "min_p", "seed", "stream",
+        "stream_options", "stop", "logprobs", "n", "presence_penalty", "frequency_penalty", "repeat_penalty",
+        "repeat_last_n", "logit_bias", "user", "metadata", "store", "service_tier", "cache_prompt",
+        "response_format", "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls",
+        "audio", "modalities", "prediction", "web_search_options", "suffix"};
+    static const char *const chat_only[] = {"messages", "max_completion_tokens", "top_logprobs"};
+    static const char *const completion_only[] = {"prompt", "echo", "best_of"};
+    for (const cJSON *f = o->child; f; f = f->next) {
+        bool ok = false;
+        for (size_t i = 0; !ok && i < sizeof known / sizeof known[0]; i++) ok = !strcmp(f->string, known[i]);
+        for (size_t i = 0; !ok && i < 3; i++) ok = !strcmp(f->string, chat ? chat_only[i] : completion_only[i]);
+        if (!ok) return UNSUPPORTED(e, f->string, "unknown field '%.100s': not supported by this server", f->string);
+    }
+    return true;
+}
+
 /* Fields that change the result and are not supported here. */
 static bool reject_unsupported(const cJSON *o, bool chat, http_err *e) {
     long n = 1;
@@ -99,12 +131,10 @@ static bool reject_unsupported(const cJSON *o, bool chat, http_err *e) {
     const cJSON *fc = cJSON_GetObjectItemCaseSensitive(o, "function_call");
     if (chat && is_set(fc) && !(cJSON_IsString(fc) && !strcmp(fc->valuestring, "none")))
         return UNSUPPORTED(e, "function_call", "'function_call' is not supported by this server");
-    static const char *const zero[] = {"presence_penalty", "frequency_penalty"};
-    for (size_t i = 0; i < 2; i++) {
-        double v = 0;
-        if (!get_number(o, zero[i], -2, 2, &v, e)) return false;
-        if (v != 0) return UNSUPPORTED(e, zero[i], "'%s' other than 0 is not supported", zero[i]);
-    }
+    double fp = 0;
+    if (!get_number(o, "frequency_penalty", -2, 2, &fp, e)) return false;
+    if (fp != 0) return UNSUPPORTED(e, "frequency_penalty", "'frequency_penalty' other than 0 is not supported "
+                                                            "(presence_penalty and repeat_penalty are)");
     const cJSON *rf = cJSON_GetObjectItemCaseSensitive(o, "response_format");
     if (is_set(rf)) {
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(rf, "type");
@@ -230,6 +260,23 @@ static bool parse_logprobs(const cJSON *o, http_gen_req *r, http_err *e) {
     return true;
 }
 
+/* The llama.cpp server's sampling fields: n_predict (max_tokens when that is absent; <= 0: up to
+ * the context), min_p, repeat_penalty, repeat_last_n, presence_penalty. */
+static bool parse_llama_fields(const cJSON *o, http_gen_req *out, http_err *e) {
+    long n_predict = 0, last_n = HTTP_REPEAT_WINDOW;
+    double min_p = 0, rep = 1, pres = 0;
+    if (!get_int(o, "n_predict", -1, 1 << 20, &n_predict, e) || !get_number(o, "min_p", 0, 1, &min_p, e) ||
+        !get_number(o, "repeat_penalty", 0, 100, &rep, e) || !get_int(o, "repeat_last_n", 0, 8192, &last_n, e) ||
+        !get_number(o, "presence_penalty", -2, 2, &pres, e))
+        return false;
+    if (out->max_tokens < 0 && n_predict > 0) out->max_tokens = n_predict;
+    out->sp.min_p = (float)min_p;
+    out->sp.repeat_penalty = (float)rep;
+    out->sp.presence_penalty = (float)pres;
+    out->repeat_last_n = (uint32_t)last_n;
+    return true;
+}
+
 bool http_req_parse(const char *body, size_t len, bool chat, http_gen_req *out, http_err *e) {
     memset(out, 0, sizeof *out);
     memset(e, 0, sizeof *e);
@@ -242,19 +289,19 @@ bool http_req_parse(const char *body, size_t len, bool chat, http_gen_req *out, 
     }
     out->chat = chat;
     out->max_tokens = -1;
-    out->sp = (sampler_params){.temp = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = 42};
-    double temp = 1.0, top_p = 1.0, seed = 42;
+    out->sp = (sampler_params){.temp = 1.0f, .top_k = 0, .top_p = 1.0f};
+    double temp = 1.0, top_p = 1.0, seed = (double)request_seed();
     long top_k = 0;
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(o, "model");
     if (is_set(model) && !cJSON_IsString(model)) {
         BAD(e, "model", "'model' must be a string");
         goto out;
     }
-    if (!reject_unsupported(o, chat, e)) goto out;
+    if (!reject_unknown(o, chat, e) || !reject_unsupported(o, chat, e)) goto out;
     if (!(chat ? parse_messages(o, out, e) : parse_prompt(o, out, e))) goto out;
     const char *mt = chat && is_set(cJSON_GetObjectItemCaseSensitive(o, "max_completion_tokens")) ? "max_completion_tokens"
                                                                                                   : "max_tokens";
-    if (!get_int(o, mt, 1, 1 << 20, &out->max_tokens, e)) goto out;
+    if (!get_int(o, mt, 1, 1 << 20, &out->max_tokens, e) || !parse_llama_fields(o, out, e)) goto out;
     if (!get_number(o, "temperature", 0, 2, &temp, e) || !get_number(o, "top_p", 0, 1, &top_p, e) ||
         !get_int(o, "top_k", 0, 1 << 20, &top_k, e) || !get_number(o, "seed", -9.2e18, 1.8e19, &seed, e) ||
         !get_bool(o, "stream", &out->stream, e) || !parse_stop(o, out, e) || !parse_logprobs(o, out, e))
