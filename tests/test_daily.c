@@ -1,0 +1,498 @@
+/*
+ * test_daily — what a user meets in the first day of running kvshard (issue 41), on
+ * stories260K: links the shard closes while idle are reopened by the route client (route and
+ * `api --route`, shards with a short --idle-timeout); the context is the model's (past 2048) as
+ * far as the budget holds it, -c/--ctx-size asks for less, and what cannot be met fails up front
+ * naming the flag (shard, run, kvshard stats).
+ * Ordering waits on the shard's own log lines (bounded), never on sleeps that hope.
+ */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/socket.h>
+
+#include "http.h"
+#include "mkmodel.h"
+#include "netio.h"
+#include "proc.h"
+#include "route.h"
+#include "server.h"
+#include "test.h"
+#include "tls.h"
+#include "util.h"
+#include "wire.h"
+
+/* ---- in-process shards that count the links they close for idleness ------------------------ */
+
+typedef struct {
+    srv *s;
+    pthread_t th;
+    atomic_int idle_closes; /* "idle for N ms, closing" lines of its log */
+} shard;
+
+static void shard_log(void *ctx, const char *line) {
+    shard *sh = ctx;
+    if (strstr(line, "idle for")) atomic_fetch_add(&sh->idle_closes, 1);
+    if (getenv("KVS_TEST_VERBOSE")) fprintf(stderr, "serve: %s\n", line);
+}
+
+static void *shard_main(void *p) {
+    srv_run(((shard *)p)->s);
+    return NULL;
+}
+
+static bool shard_start(shard *sh, const char *model, uint32_t first, uint32_t last, int idle_ms) {
+    srv_params p = srv_default_params();
+    p.model_path = model;
+    p.first = first;
+    p.last = last;
+    p.listen = "127.0.0.1:0";
+    p.n_threads = 1;
+    p.kv_budget_bytes = 16u << 20;
+    p.idle_timeout_ms = idle_ms;
+    p.log = shard_log;
+    p.log_ctx = sh;
+    atomic_init(&sh->idle_closes, 0);
+    char msg[KVS_MSG_MAX] = "";
+    if (srv_create(&p, &sh->s, msg, sizeof msg) != KVS_OK) {
+        fprintf(stderr, "srv_create: %s\n", msg);
+        return false;
+    }
+    pthread_create(&sh->th, NULL, shard_main, sh);
+    return true;
+}
+
+static void shard_stop(shard *sh) {
+    srv_stop(sh->s);
+    pthread_join(sh->th, NULL);
+    srv_free(sh->s);
+}
+
+/* Waits (bounded: 20 s) until each shard of sh[0..n) has closed at least `want` idle links. */
+static bool wait_idle_closes(shard *sh, int n, int want) {
+    for (int i = 0; i < 2000; i++) {
+        int done = 0;
+        for (int k = 0; k < n; k++) done += atomic_load(&sh[k].idle_closes) >= want;
+        if (done == n) return true;
+        proc_sleep_ms(10);
+    }
+    for (int k = 0; k < n; k++) fprintf(stderr, "shard %d: %d idle close(s), want %d\n", k, atomic_load(&sh[k].idle_closes), want);
+    return false;
+}
+
+/* ---- a tiny HTTP/1.0 client ------------------------------------------------------------------ */
+
+typedef struct {
+    int status;
+    char *body;
+} resp;
+
+/* One request; reads until EOF (HTTP/1.0) within 60 s. false when nothing came back. */
+static bool request(uint16_t port, const char *method, const char *path, const char *body, resp *r) {
+    memset(r, 0, sizeof *r);
+    int fd = -1;
+    char msg[KVS_MSG_MAX];
+    if (netio_connect("127.0.0.1", port, netio_deadline_ms(5000), &fd, msg, sizeof msg)) return false;
+    char head[512];
+    size_t blen = body ? strlen(body) : 0;
+    int n = snprintf(head, sizeof head, "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\n\r\n", method, path, blen);
+    uint64_t until = netio_deadline_ms(10000);
+    bool ok = netio_write_full(fd, head, (size_t)n, until) == KVS_OK &&
+              (!blen || netio_write_full(fd, body, blen, until) == KVS_OK);
+    size_t len = 0, cap = 8192;
+    char *buf = malloc(cap);
+    while (ok) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 60000) <= 0) break;
+        if (len + 4096 > cap) buf = realloc(buf, cap *= 2);
+        ssize_t got = read(fd, buf + len, cap - len - 1);
+        if (got <= 0) break;
+        len += (size_t)got;
+    }
+    close(fd);
+    buf[len] = 0;
+    char *sep = strstr(buf, "\r\n\r\n");
+    if (!sep || sscanf(buf, "HTTP/1.%*d %d", &r->status) != 1) {
+        free(buf);
+        return false;
+    }
+    r->body = strdup(sep + 4);
+    free(buf);
+    return true;
+}
+
+/* The text of a /v1/completions reply body (malloc'd), or NULL. */
+static char *completion_text(const char *body) {
+    cJSON *j = cJSON_Parse(body);
+    cJSON *t = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "text");
+    char *s = cJSON_IsString(t) ? strdup(t->valuestring) : NULL;
+    cJSON_Delete(j);
+    return s;
+}
+
+static void count_reconnects(void *ctx, const char *line) {
+    if (strstr(line, "reconnected")) atomic_fetch_add((atomic_int *)ctx, 1);
+}
+
+/* ---- 1. idle links --------------------------------------------------------------------------- */
+
+/* A route whose links both shards closed for idleness steps on: the client reconnects with HELLO
+ * and the session, still on the shards, goes on where it was (same logits as a fresh run). */
+static void check_idle_route(shard *sh, const char *spec) {
+    route_params rp = route_default_params();
+    rp.timeout_ms = 10000;
+    atomic_int reconnects;
+    atomic_init(&reconnects, 0);
+    rp.log = count_reconnects;
+    rp.log_user = &reconnects;
+    route *r = NULL;
+    route_session *s = NULL, *ref = NULL;
+    char msg[KVS_MSG_MAX] = "";
+    CHECK_EQ_INT(route_open(spec, NULL, &rp, &r, msg, sizeof msg), KVS_OK);
+    if (!r) return;
+    route_info info;
+    route_get_info(r, &info);
+    float *a = malloc(sizeof(float) * info.n_vocab), *b = malloc(sizeof(float) * info.n_vocab);
+    const int32_t toks[4] = {1, 20, 30, 40};
+    int before0 = atomic_load(&sh[0].idle_closes), before1 = atomic_load(&sh[1].idle_closes);
+    CHECK_EQ_INT(route_session_open(r, &s, msg, sizeof msg), KVS_OK);
+    CHECK_EQ_INT(route_forward(r, s, toks, 2, a, msg, sizeof msg), KVS_OK);
+    /* Both links go idle and the shards close them. */
+    bool closed = false;
+    for (int i = 0; i < 2000 && !closed; i++) {
+        closed = atomic_load(&sh[0].idle_closes) > before0 && atomic_load(&sh[1].idle_closes) > before1;
+        if (!closed) proc_sleep_ms(10);
+    }
+    CHECK(closed);
+    int rc = route_forward(r, s, toks + 2, 2, a, msg, sizeof msg);
+    if (rc != KVS_OK) fprintf(stderr, "after idle: %s\n", msg);
+    CHECK_EQ_INT(rc, KVS_OK);
+    CHECK_EQ_INT((int)route_session_pos(s), 4);
+    CHECK_EQ_INT(atomic_load(&reconnects), 2); /* both hops, each said HELLO again */
+    /* The same four tokens in one go on a fresh session. */
+    CHECK_EQ_INT(route_session_open(r, &ref, msg, sizeof msg), KVS_OK);
+    CHECK_EQ_INT(route_forward(r, ref, toks, 4, b, msg, sizeof msg), KVS_OK);
+    double diff = 0;
+    for (uint32_t i = 0; i < info.n_vocab; i++) diff = fmax(diff, fabs((double)a[i] - b[i]));
+    CHECK_NEAR(diff, 0.0, 1e-4);
+    route_release(r, s);
+    route_release(r, ref);
+    route_close(r);
+    free(a);
+    free(b);
+}
+
+/* `api --route` answers after the shards closed its idle links, with the same text as before. */
+static void check_idle_api(shard *sh, const char *spec) {
+    http_params p = http_default_params();
+    p.listen = "127.0.0.1:0";
+    p.route = spec;
+    p.model_name = "stories260K";
+    p.lanes = 1;
+    http_server *h = NULL;
+    char msg[KVS_MSG_MAX] = "";
+    CHECK_EQ_INT(http_start(&p, &h, msg, sizeof msg), KVS_OK);
+    if (!h) return;
+    const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"temperature\":0}";
+    resp r1, r2;
+    CHECK(request(http_port(h), "POST", "/v1/completions", body, &r1));
+    CHECK_EQ_INT(r1.status, 200);
+    int before = atomic_load(&sh[1].idle_closes);
+    CHECK(wait_idle_closes(sh + 1, 1, before + 1));
+    CHECK(request(http_port(h), "POST", "/v1/completions", body, &r2));
+    CHECK_EQ_INT(r2.status, 200);
+    char *t1 = completion_text(r1.body ? r1.body : ""), *t2 = completion_text(r2.body ? r2.body : "");
+    CHECK(t1 && t2 && !strcmp(t1, t2));
+    if (t1 && t2 && strcmp(t1, t2)) fprintf(stderr, "before idle '%s', after '%s'\n", t1, t2);
+    free(t1);
+    free(t2);
+    free(r1.body);
+    free(r2.body);
+    http_stop(h);
+}
+
+/* A number member of a reply body; -1 when absent. */
+static double body_number(const char *body, const char *path1, const char *path2) {
+    cJSON *j = cJSON_Parse(body ? body : "");
+    const cJSON *x = cJSON_GetObjectItem(j, path1);
+    if (path2) x = cJSON_GetObjectItem(x, path2);
+    double v = cJSON_IsNumber(x) ? x->valuedouble : -1;
+    cJSON_Delete(j);
+    return v;
+}
+
+/* The "param" of an error reply, or "". */
+static void error_param(const char *body, char *out, size_t cap) {
+    cJSON *j = cJSON_Parse(body ? body : "");
+    const cJSON *p = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "error"), "param");
+    snprintf(out, cap, "%s", cJSON_IsString(p) ? p->valuestring : "");
+    cJSON_Delete(j);
+}
+
+static http_server *api_start(const char *spec, const char *tokenizer) {
+    http_params p = http_default_params();
+    p.listen = "127.0.0.1:0";
+    p.route = spec;
+    p.tokenizer_path = tokenizer;
+    p.model_name = "stories260K";
+    p.lanes = 1;
+    http_server *h = NULL;
+    char msg[KVS_MSG_MAX] = "";
+    if (http_start(&p, &h, msg, sizeof msg) != KVS_OK) fprintf(stderr, "http_start: %s\n", msg);
+    return h;
+}
+
+/* ---- 3, 4, 5: the API's seed, the llama.cpp fields, short prompts --------------------------- */
+
+/* No seed: each reply names a fresh one; the same seed again gives the same text. */
+static void check_api_seed(uint16_t port) {
+    const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":12,\"temperature\":1}";
+    resp a, b;
+    CHECK(request(port, "POST", "/v1/completions", body, &a) && request(port, "POST", "/v1/completions", body, &b));
+    double sa = body_number(a.body, "seed", NULL), sb = body_number(b.body, "seed", NULL);
+    printf("seeds of two requests without one: %.0f, %.0f\n", sa, sb);
+    CHECK(sa >= 0 && sb >= 0 && sa != sb);
+    char again[160];
+    snprintf(again, sizeof again, "{\"prompt\":\"Once upon a time\",\"max_tokens\":12,\"temperature\":1,\"seed\":%.0f}", sa);
+    resp c;
+    CHECK(request(port, "POST", "/v1/completions", again, &c));
+    CHECK(body_number(c.body, "seed", NULL) == sa);
+    char *ta = completion_text(a.body ? a.body : ""), *tc = completion_text(c.body ? c.body : "");
+    CHECK(ta && tc && !strcmp(ta, tc));
+    free(ta);
+    free(tc);
+    free(a.body);
+    free(b.body);
+    free(c.body);
+}
+
+/* llama.cpp's fields are used (n_predict bounds the reply), any other unknown field is a 400
+ * naming it. */
+static void check_api_fields(uint16_t port) {
+    resp r;
+    CHECK(request(port, "POST", "/v1/completions", "{\"prompt\":\"Once\",\"n_predict\":3,\"temperature\":0}", &r));
+    CHECK_EQ_INT(r.status, 200);
+    CHECK_EQ_INT((int)body_number(r.body, "usage", "completion_tokens"), 3);
+    free(r.body);
+    const char *all = "{\"prompt\":\"Once\",\"max_tokens\":4,\"min_p\":0.05,\"top_k\":20,\"repeat_penalty\":1.1,"
+                      "\"repeat_last_n\":32,\"presence_penalty\":0.5,\"frequency_penalty\":0,\"seed\":1}";
+    CHECK(request(port, "POST", "/v1/completions", all, &r));
+    CHECK_EQ_INT(r.status, 200);
+    free(r.body);
+    CHECK(request(port, "POST", "/v1/chat/completions",
+                  "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"n_predict\":2,\"min_p\":0.1}", &r));
+    CHECK_EQ_INT(r.status, 200);
+    CHECK_EQ_INT((int)body_number(r.body, "usage", "completion_tokens") <= 2, 1);
+    free(r.body);
+    static const struct { const char *body, *param; } bad[] = {
+        {"{\"prompt\":\"Once\",\"mirostat\":2}", "mirostat"},
+        {"{\"prompt\":\"Once\",\"typical_p\":0.5}", "typical_p"},
+        {"{\"prompt\":\"Once\",\"min_p\":2}", "min_p"},
+        {"{\"prompt\":\"Once\",\"messages\":[]}", "messages"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK(request(port, "POST", "/v1/completions", bad[i].body, &r));
+        char param[64];
+        error_param(r.body, param, sizeof param);
+        if (r.status != 400 || strcmp(param, bad[i].param))
+            fprintf(stderr, "%s: status %d, param '%s', want 400 '%s'\n", bad[i].body, r.status, param, bad[i].param);
+        CHECK(r.status == 400 && !strcmp(param, bad[i].param));
+        free(r.body);
+    }
+}
+
+/* One-character and short prompts through --route with the tokenizer from the file (an SPM
+ * vocab with byte fallback). */
+static void check_short_prompts(const char *spec, const char *model) {
+    http_server *h = api_start(spec, model);
+    CHECK(h != NULL);
+    if (!h) return;
+    static const char *const prompts[] = {"1", "S", "Hi!", ".", " "};
+    for (size_t i = 0; i < sizeof prompts / sizeof prompts[0]; i++) {
+        char body[128];
+        snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":2,\"temperature\":0}", prompts[i]);
+        resp r;
+        CHECK(request(http_port(h), "POST", "/v1/completions", body, &r));
+        if (r.status != 200) fprintf(stderr, "prompt '%s': %d %s\n", prompts[i], r.status, r.body ? r.body : "");
+        CHECK_EQ_INT(r.status, 200);
+        free(r.body);
+    }
+    http_stop(h);
+}
+
+/* ---- 6. the wrong port ------------------------------------------------------------------------ */
+
+/* A route at an HTTP port fails at once saying so (it waited out its whole timeout with "no
+ * reply to HELLO"); a plaintext route at a TLS shard is told the shard speaks TLS. */
+static void check_wrong_port(uint16_t http_port_no, const char *model, const char *dir) {
+    route_params rp = route_default_params();
+    rp.timeout_ms = 60000;
+    route *r = NULL;
+    char spec[64], msg[KVS_MSG_MAX] = "";
+    snprintf(spec, sizeof spec, "127.0.0.1:%u", http_port_no);
+    uint64_t t0 = kvs_now_ns();
+    CHECK(route_open(spec, NULL, &rp, &r, msg, sizeof msg) != KVS_OK);
+    double s = (double)(kvs_now_ns() - t0) / 1e9;
+    printf("route at the api port: %.1f s: %s\n", s, msg);
+    CHECK(strstr(msg, "HTTP") != NULL);
+    CHECK(s < 30.0); /* half the timeout it used to wait out */
+    const char *names[] = {"shard"};
+    CHECK_EQ_INT(tls_make_cluster(dir, names, 1, 2, msg, sizeof msg), KVS_OK);
+    char cert[200], key[200], ca[200];
+    snprintf(cert, sizeof cert, "%s/shard.pem", dir);
+    snprintf(key, sizeof key, "%s/shard.key", dir);
+    snprintf(ca, sizeof ca, "%s/ca.pem", dir);
+    srv_params p = srv_default_params();
+    p.model_path = model;
+    p.listen = "127.0.0.1:0";
+    p.n_threads = 1;
+    p.kv_budget_bytes = 4u << 20;
+    p.tls_cert = cert;
+    p.tls_key = key;
+    p.tls_ca = ca;
+    shard sh = {0};
+    p.log = shard_log;
+    p.log_ctx = &sh;
+    CHECK_EQ_INT(srv_create(&p, &sh.s, msg, sizeof msg), KVS_OK);
+    if (!sh.s) return;
+    pthread_create(&sh.th, NULL, shard_main, &sh);
+    snprintf(spec, sizeof spec, "127.0.0.1:%u", srv_port(sh.s));
+    CHECK(route_open(spec, NULL, &rp, &r, msg, sizeof msg) != KVS_OK);
+    printf("plaintext route at a TLS shard: %s\n", msg);
+    CHECK(strstr(msg, "TLS") && strstr(msg, "--tls-cert"));
+    shard_stop(&sh);
+}
+
+/* ---- 2. context size ------------------------------------------------------------------------ */
+
+/* The route's context (INFO max_ctx) of a one-shard route on a shard of p, or 0 when srv_create
+ * failed (its message in msg). */
+static uint32_t shard_ctx(const char *model, uint32_t max_ctx, uint64_t budget, char *msg, size_t cap) {
+    srv_params p = srv_default_params();
+    p.model_path = model;
+    p.listen = "127.0.0.1:0";
+    p.n_threads = 1;
+    p.max_ctx = max_ctx;
+    if (budget) p.kv_budget_bytes = budget;
+    srv *s = NULL;
+    msg[0] = 0;
+    if (srv_create(&p, &s, msg, cap) != KVS_OK) return 0;
+    pthread_t th;
+    pthread_create(&th, NULL, shard_main, &(shard){.s = s});
+    char spec[64];
+    snprintf(spec, sizeof spec, "127.0.0.1:%u", srv_port(s));
+    route_params rp = route_default_params();
+    route *r = NULL;
+    route_info info = {0};
+    if (route_open(spec, NULL, &rp, &r, msg, cap) == KVS_OK) route_get_info(r, &info);
+    route_close(r);
+    srv_stop(s);
+    pthread_join(th, NULL);
+    srv_free(s);
+    return info.max_ctx;
+}
+
+static char *cli(const char *dir, const char *const *args, int *st) {
+    char err[256];
+    snprintf(err, sizeof err, "%s/cli.err", dir);
+    unlink(err);
+    char *out = NULL;
+    *st = proc_run_args(args, &out, err, 120000);
+    size_t n = 0;
+    uint8_t *e = test_read_file(err, &n);
+    char *both = malloc(strlen(out ? out : "") + n + 2);
+    sprintf(both, "%s\n%.*s", out ? out : "", (int)n, e ? (const char *)e : "");
+    free(out);
+    free(e);
+    return both;
+}
+
+/* A model of context 8192: the shard gives it whole by default (it was capped at 2048), the budget
+ * limits it, -c asks for less, and what cannot be met fails up front naming the flag. */
+static void check_ctx_size(const char *dir) {
+    char model[256], msg[KVS_MSG_MAX];
+    snprintf(model, sizeof model, "%s/tiny-long.gguf", dir);
+    mkmodel_params mp = mkmodel_default_params();
+    mp.shape = "tiny-long";
+    mp.n_threads = 1;
+    CHECK_EQ_INT(mkmodel_write(model, mp, msg, sizeof msg), KVS_OK);
+    CHECK_EQ_INT((int)shard_ctx(model, 0, 0, msg, sizeof msg), 8192);
+    CHECK_EQ_INT((int)shard_ctx(model, 3000, 0, msg, sizeof msg), 3000);
+    /* 64 KiB of f16 KV for 2 layers x 2 heads x 16 dims: 256 positions minus block rounding. */
+    uint32_t small = shard_ctx(model, 0, 64u << 10, msg, sizeof msg);
+    CHECK(small > 0 && small < 8192);
+    CHECK_EQ_INT((int)shard_ctx(model, 8192, 64u << 10, msg, sizeof msg), 0);
+    CHECK(strstr(msg, "--kv-budget") && strstr(msg, "--ctx-size"));
+    printf("tiny budget: max_ctx %u; asking for 8192: %s\n", small, msg);
+    CHECK_EQ_INT((int)shard_ctx(model, 9000, 0, msg, sizeof msg), 0);
+    CHECK(strstr(msg, "--ctx-size 9000") && strstr(msg, "8192"));
+    if (access(proc_bin(), X_OK) != 0) return;
+    /* run past 2048 positions; -c too small is refused before any compute, naming -c. */
+    int st;
+    const char *run_long[] = {"run", "-m", model, "-p", "hi", "-n", "2100", "--temp", "0", "--json", "-t", "1", NULL};
+    char *out = cli(dir, run_long, &st);
+    CHECK_EQ_INT(st, 0);
+    if (st) fprintf(stderr, "%s\n", out);
+    free(out);
+    const char *run_small[] = {"run", "-m", model, "-p", "hello there", "-n", "20", "-c", "16", "-t", "1", NULL};
+    out = cli(dir, run_small, &st);
+    CHECK_EQ_INT(st, 1);
+    CHECK(strstr(out, "-c/--ctx-size") != NULL);
+    free(out);
+    /* kvshard stats shows it. */
+    proc_server s;
+    const char *extra[] = {"--ctx-size", "1000", NULL};
+    CHECK(proc_start_server(&s, dir, model, "0:2", extra));
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", s.port);
+    const char *stats[] = {"stats", addr, NULL};
+    out = cli(dir, stats, &st);
+    CHECK_EQ_INT(st, 0);
+    CHECK(strstr(out, "\"max_ctx\":1000") != NULL);
+    free(out);
+    proc_stop_server(&s);
+}
+
+int main(void) {
+    char path[512];
+    int run = 0;
+    const char *model = test_shared_path("models/stories260K.gguf", path, sizeof path);
+    if (!model) return test_finish("test_daily", 0, 1);
+    signal(SIGPIPE, SIG_IGN);
+    char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/kvs-daily-XXXXXX");
+    CHECK(mkdtemp(dir) != NULL);
+    shard sh[2];
+    CHECK(shard_start(&sh[0], model, 0, 2, 300));
+    CHECK(shard_start(&sh[1], model, 2, 0, 300));
+    char spec[128];
+    snprintf(spec, sizeof spec, "127.0.0.1:%u,127.0.0.1:%u", srv_port(sh[0].s), srv_port(sh[1].s));
+    check_idle_route(sh, spec);
+    run++;
+    check_idle_api(sh, spec);
+    run++;
+    http_server *h = api_start(spec, NULL);
+    CHECK(h != NULL);
+    if (h) {
+        check_api_seed(http_port(h));
+        run++;
+        check_api_fields(http_port(h));
+        run++;
+        check_wrong_port(http_port(h), model, dir);
+        run++;
+    }
+    http_stop(h);
+    check_short_prompts(spec, model);
+    run++;
+    shard_stop(&sh[0]);
+    shard_stop(&sh[1]);
+    check_ctx_size(dir);
+    run++;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) fprintf(stderr, "note: could not remove %s\n", dir);
+    return test_finish("test_daily", run, 0);
+}
