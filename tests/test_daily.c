@@ -3,7 +3,10 @@
  * stories260K: links the shard closes while idle are reopened by the route client (route and
  * `api --route`, shards with a short --idle-timeout); the context is the model's (past 2048) as
  * far as the budget holds it, -c/--ctx-size asks for less, and what cannot be met fails up front
- * naming the flag (shard, run, kvshard stats).
+ * naming the flag (shard, run, kvshard stats); a random seed per API request, the llama.cpp
+ * fields, 400 on unknown ones; short prompts on an SPM vocab; a route at the wrong port or
+ * without TLS says what it reached; --version on every command, --log-level, KVSHARD_*
+ * variables, and the messages of issue 41 item 13.
  * Ordering waits on the shard's own log lines (bounded), never on sleeps that hope.
  */
 #include <cjson/cJSON.h>
@@ -456,6 +459,67 @@ static void check_ctx_size(const char *dir) {
     proc_stop_server(&s);
 }
 
+/* ---- 7. what every command takes; messages ---------------------------------------------------- */
+
+/* Does the serve log at path hold needle? */
+static bool log_has(const char *path, const char *needle) {
+    size_t n = 0;
+    uint8_t *b = test_read_file(path, &n);
+    bool has = b && memmem(b, n, needle, strlen(needle)) != NULL;
+    free(b);
+    return has;
+}
+
+/* Starts a shard at level (NULL: default), asks it for stats once, stops it; true when its log
+ * then shows the connection's "peer" line. */
+static bool serve_logs_connection(const char *dir, const char *model, const char *level) {
+    proc_server s;
+    const char *extra[] = {"--log-level", level, NULL};
+    if (!proc_start_server(&s, dir, model, "0:2", level ? extra : NULL)) return false;
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", s.port);
+    const char *stats[] = {"stats", addr, NULL};
+    int st;
+    free(cli(dir, stats, &st));
+    CHECK_EQ_INT(st, 0);
+    proc_stop_server(&s); /* the connection's lines are written before the shard stops */
+    return log_has(s.log, "): peer ");
+}
+
+static void check_cli_common(const char *dir, const char *model) {
+    static const char *const cmds[] = {"run", "logits", "bench", "inspect", "mkmodel", "serve", "generate", "stats",
+                                       "split", "delay-proxy", "tokenize", "detokenize", "chat", "cert", "api"};
+    int st;
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        const char *a[] = {cmds[i], "--version", NULL};
+        char *out = cli(dir, a, &st);
+        if (st != 0 || strncmp(out, "kvshard ", 8)) fprintf(stderr, "%s --version: %d '%s'\n", cmds[i], st, out);
+        CHECK(st == 0 && !strncmp(out, "kvshard ", 8));
+        free(out);
+    }
+    /* info does not log each connection; debug does. */
+    CHECK(!serve_logs_connection(dir, model, NULL));
+    CHECK(serve_logs_connection(dir, model, "debug"));
+    /* KVSHARD_MODEL stands for -m; the missing file is named once. */
+    setenv("KVSHARD_MODEL", "/nonexistent/nosuch.gguf", 1);
+    const char *run[] = {"run", "-p", "hi", NULL};
+    char *out = cli(dir, run, &st);
+    unsetenv("KVSHARD_MODEL");
+    CHECK_EQ_INT(st, 1);
+    CHECK(strstr(out, "nosuch.gguf: No such file") && !strstr(out, "nosuch.gguf: /nonexistent"));
+    if (strstr(out, "nosuch.gguf: /nonexistent") || !strstr(out, "nosuch.gguf")) fprintf(stderr, "%s\n", out);
+    free(out);
+    const char *empty[] = {"serve", "-m", model, "--layers", "1:1", NULL};
+    out = cli(dir, empty, &st);
+    CHECK(st != 0 && strstr(out, "[1, 1) is empty"));
+    free(out);
+    const char *big[] = {"serve", "-m", model, "--layers", "0:1", "--idle-timeout", "1e9", NULL};
+    out = cli(dir, big, &st);
+    CHECK(st == 2 && strstr(out, "[0.001, 1000000]") != NULL);
+    if (!strstr(out, "[0.001, 1000000]")) fprintf(stderr, "%s\n", out);
+    free(out);
+}
+
 int main(void) {
     char path[512];
     int run = 0;
@@ -491,6 +555,10 @@ int main(void) {
     shard_stop(&sh[1]);
     check_ctx_size(dir);
     run++;
+    if (access(proc_bin(), X_OK) == 0) {
+        check_cli_common(dir, model);
+        run++;
+    }
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0) fprintf(stderr, "note: could not remove %s\n", dir);

@@ -37,7 +37,7 @@ bool args_float(int argc, char **argv, int *i, double lo, double hi, double *out
     errno = 0;
     double v = strtod(s, &end);
     if (errno || *end || end == s || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "kvshard %s: %s wants a number in [%g, %g], got '%s'\n", argv[0], argv[*i - 1], lo, hi, s);
+        fprintf(stderr, "kvshard %s: %s wants a number in [%.15g, %.15g], got '%s'\n", argv[0], argv[*i - 1], lo, hi, s);
         return false;
     }
     *out = v;

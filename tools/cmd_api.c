@@ -154,7 +154,8 @@ int cmd_api(int argc, char **argv) {
         }
         int err = srv_create(&sp, &shard, msg, sizeof msg);
         if (err) {
-            fprintf(stderr, "kvshard api: %s: %s\n", model, msg[0] ? msg : kvs_strerror(err));
+            if (!strncmp(msg, model, strlen(model))) fprintf(stderr, "kvshard api: %s\n", msg); /* names the file */
+            else fprintf(stderr, "kvshard api: %s: %s\n", model, msg[0] ? msg : kvs_strerror(err));
             return 1;
         }
         if (pthread_create(&shard_thread, NULL, serve_thread, shard) != 0) {

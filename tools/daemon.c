@@ -2,11 +2,33 @@
 #include "daemon.h"
 
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
+static int g_level = DAEMON_LOG_INFO;
+
+void daemon_set_log_level(int level) { g_level = level; }
+
+static bool has_any(const char *line, const char *const *words, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (strstr(line, words[i])) return true;
+    return false;
+}
+
+static int line_level(const char *line) {
+    static const char *const debug[] = {"): peer ", "): closed after "};
+    static const char *const error[] = {"fail", "error", "cannot"};
+    static const char *const warn[] = {"refus", "wrong", "no valid", "invalid", "lost", "plaintext", "too many"};
+    if (has_any(line, error, 3)) return DAEMON_LOG_ERROR;
+    if (has_any(line, warn, sizeof warn / sizeof warn[0])) return DAEMON_LOG_WARN;
+    if (has_any(line, debug, 2)) return DAEMON_LOG_DEBUG;
+    return DAEMON_LOG_INFO;
+}
+
 void daemon_log_line(void *ctx, const char *line) {
+    if (line_level(line) > g_level) return;
     char ts[32];
     time_t t = time(NULL);
     struct tm tm;

@@ -4,8 +4,15 @@
 #define KVS_DAEMON_H
 
 /* A srv / http log callback: prints "[HH:MM:SS] TAG: line" (UTC) on stderr, TAG being ctx
- * (a NUL-terminated string the caller keeps alive). */
+ * (a NUL-terminated string the caller keeps alive), when the line's level is shown. The library's
+ * lines carry no level, so it is read from the text: a connection opened or closed in the normal
+ * way is debug; a failure, refusal or error is warn (error when it says fail/error/cannot); the
+ * rest is info. */
 void daemon_log_line(void *ctx, const char *line);
+
+/* Levels of daemon_log_line's lines: a line shows when its level is at most the one set. */
+enum { DAEMON_LOG_ERROR = 0, DAEMON_LOG_WARN, DAEMON_LOG_INFO, DAEMON_LOG_DEBUG };
+void daemon_set_log_level(int level);
 
 /* Installs handler for SIGINT and SIGTERM (sigaction, no flags, empty mask). */
 void daemon_on_stop_signals(void (*handler)(int));

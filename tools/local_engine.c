@@ -2,6 +2,7 @@
 #include "local_engine.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #include "kvstate.h"
 #include "tokenizer.h"
@@ -16,7 +17,9 @@ int local_engine_open(const char *who, const char *path, int threads, uint32_t k
     ep.kv.kv_type = kv_type;
     ep.kv_positions = positions; /* one session of this many positions */
     int err = engine_open(&ep, e, msg, sizeof(msg));
-    if (err) fprintf(stderr, "%s: %s: %s\n", who, path, msg[0] ? msg : kvs_strerror(err));
+    /* The loader's message names the file when the file is the problem: not twice. */
+    if (err && !strncmp(msg, path, strlen(path))) fprintf(stderr, "%s: %s\n", who, msg);
+    else if (err) fprintf(stderr, "%s: %s: %s\n", who, path, msg[0] ? msg : kvs_strerror(err));
     return err;
 }
 

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cli_env.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -26,7 +27,10 @@ static void usage(FILE *f) {
             "  cert     make a cluster CA and node certificates for mutual TLS\n"
             "  cluster  show the shards an etcd registry holds (cluster status)\n"
             "\n"
-            "run 'kvshard COMMAND --help' for a command's options\n");
+            "run 'kvshard COMMAND --help' for a command's options; every command also takes --version,\n"
+            "--log-level error|warn|info|debug, and KVSHARD_* environment variables for common flags\n"
+            "(KVSHARD_MODEL, KVSHARD_ROUTE, KVSHARD_LISTEN, KVSHARD_KV_BUDGET, KVSHARD_CTX_SIZE,\n"
+            "KVSHARD_THREADS, KVSHARD_TLS_CERT/_KEY/_CA, KVSHARD_AUTH_TOKEN_FILE, KVSHARD_LOG_LEVEL)\n");
 }
 
 int main(int argc, char **argv) {
@@ -44,8 +48,14 @@ int main(int argc, char **argv) {
         {"api", cmd_api},
         {"cluster", cmd_cluster},
     };
-    for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
-        if (!strcmp(argv[1], cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "--version")) return cli_prepare(&argc, &argv);
+    for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+        if (strcmp(argv[1], cmds[i].name)) continue;
+        int n = argc - 1, done;
+        char **a = argv + 1;
+        if ((done = cli_prepare(&n, &a)) >= 0) return done; /* --version, --log-level, KVSHARD_* */
+        return cmds[i].fn(n, a);
+    }
     fprintf(stderr, "kvshard: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
     return 2;

@@ -514,6 +514,11 @@ int model_load_on(const char *path, uint32_t first, uint32_t last, ops_pool *poo
     model_hparams *hp = &m->hp;
     if ((err = model_read_hparams(m->files, hp, msg, cap))) goto fail;
     if (last == 0) last = hp->n_layer;
+    if (first >= last && last <= hp->n_layer) {
+        err = kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "layer range [%u, %u) is empty: LAST must be above FIRST", first,
+                       last);
+        goto fail;
+    }
     if (first >= last || last > hp->n_layer) {
         err = kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "layer range [%u, %u) is not inside [0, %u)", first, last, hp->n_layer);
         goto fail;

@@ -54,7 +54,7 @@ static bool get_number(const cJSON *o, const char *name, double lo, double hi, d
     if (!is_set(x)) return true;
     if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble)) return BAD(e, name, "'%s' must be a number", name);
     if (x->valuedouble < lo || x->valuedouble > hi)
-        return BAD(e, name, "'%s' is %g; it must be between %g and %g", name, x->valuedouble, lo, hi);
+        return BAD(e, name, "'%s' is %.15g; it must be between %.15g and %.15g", name, x->valuedouble, lo, hi);
     *v = x->valuedouble;
     return true;
 }

@@ -337,8 +337,8 @@ static bool admit_slot(srv *s, const char *addr, bool *addr_full) {
 int srv_run(srv *s) {
     kv_stats ks;
     kv_get_stats(s->e->kv, &ks);
-    kvs_logf(s->p.log, s->p.log_ctx, "listening on port %u (kv budget %llu MiB = %llu blocks of %llu B, %s)", s->port,
-             (unsigned long long)(ks.budget_bytes >> 20), (unsigned long long)ks.blocks_total,
+    kvs_logf(s->p.log, s->p.log_ctx, "listening on port %u (kv budget %llu KiB = %llu blocks of %llu B, %s)", s->port,
+             (unsigned long long)(ks.budget_bytes >> 10), (unsigned long long)ks.blocks_total,
              (unsigned long long)ks.block_bytes, quant_get_traits(kv_get_params(s->e->kv)->kv_type)->name);
     if (pthread_create(&s->sched_thread, NULL, srv_sched_main, s) != 0) return KVS_ERR_INTERNAL;
     while (!atomic_load(&s->stopping)) {
