@@ -11,6 +11,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "cpu.h"
+#include "f16.h"
 #include "isa_check.h"
 #include "kv_attn.h"
 #include "kvstate.h"
@@ -146,10 +148,10 @@ static void test_pool(void) {
 
 int main(void) {
     check_expected_isa("test_kv_attn");
-    enum quant_isa best = quant_isa_detect();
+    enum kvs_isa best = kvs_isa_detect();
     int checked = 0;
     for (int isa = 0; isa <= (int)best; isa++) {
-        CHECK(quant_isa_force((enum quant_isa)isa));
+        CHECK(kvs_isa_force((enum kvs_isa)isa));
         static const int hds[] = {32, 64, 128, 256};
         static const int groups[] = {1, 2, 3, 8, 9, 12};
         static const int ns[] = {1, 9, 37, 300};
@@ -161,10 +163,10 @@ int main(void) {
                         test_scores(types[t], groups[b], hds[a], ns[c]);
                         test_wsum(types[t], groups[b], hds[a], ns[c]);
                     }
-        printf("test_kv_attn: %s bit-identical to the scalar references\n", quant_isa_name((enum quant_isa)isa));
+        printf("test_kv_attn: %s bit-identical to the scalar references\n", kvs_isa_name((enum kvs_isa)isa));
         checked++;
     }
-    quant_isa_force(best);
+    kvs_isa_force(best);
     test_pool();
     return test_finish("test_kv_attn", checked, 0);
 }

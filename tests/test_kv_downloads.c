@@ -26,6 +26,7 @@
 
 #include "engine_check.h"
 #include "isa_check.h"
+#include "quant.h"
 #include "jsonl.h"
 #include "test.h"
 #include "util.h"

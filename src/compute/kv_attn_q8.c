@@ -10,6 +10,8 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "cpu.h"
+#include "f16.h"
 #include "quant.h"
 #include "quant_impl.h"
 #include "vecops.h"
@@ -28,7 +30,7 @@ typedef struct {
 static void quantize_heads(const float *q, int n_heads, int hd, kv_qhead *out) {
     for (int h = 0; h < n_heads; h++) {
         quant_quantize_row(QUANT_Q8_0, q + (size_t)h * (size_t)hd, out[h].b, hd);
-        for (int b = 0; b < hd / QK32; b++) out[h].d[b] = quant_f16_to_f32(out[h].b[b].d);
+        for (int b = 0; b < hd / QK32; b++) out[h].d[b] = kvs_f16_to_f32(out[h].b[b].d);
     }
 }
 
@@ -56,9 +58,9 @@ static inline float score_of(const kv_qhead *qh, const float *kd, const int *isu
 
 static void key_scales(uint32_t type, const void *key, int nb, float *kd) {
     if (type == QUANT_Q8_0)
-        for (int b = 0; b < nb; b++) kd[b] = quant_f16_to_f32(((const block_q8_0 *)key)[b].d);
+        for (int b = 0; b < nb; b++) kd[b] = kvs_f16_to_f32(((const block_q8_0 *)key)[b].d);
     else
-        for (int b = 0; b < nb; b++) kd[b] = quant_f16_to_f32(((const block_q4_0 *)key)[b].d);
+        for (int b = 0; b < nb; b++) kd[b] = kvs_f16_to_f32(((const block_q4_0 *)key)[b].d);
 }
 
 void kv_attn_scores_ref(uint32_t type, const float *q, int group, int hd, const void *const *keys, int n_keys,
@@ -91,7 +93,7 @@ static inline float value_of(uint32_t type, const void *row, int b, int i) {
 }
 
 static inline float value_scale(uint32_t type, const void *row, int b) {
-    return quant_f16_to_f32(type == QUANT_Q8_0 ? ((const block_q8_0 *)row)[b].d : ((const block_q4_0 *)row)[b].d);
+    return kvs_f16_to_f32(type == QUANT_Q8_0 ? ((const block_q8_0 *)row)[b].d : ((const block_q4_0 *)row)[b].d);
 }
 
 void kv_attn_wsum_ref(uint32_t type, const float *p, size_t p_stride, int group, int n, const void *const *rows, int hd,
@@ -208,7 +210,7 @@ AVX2_T static void wsum_avx2(uint32_t type, const float *p, size_t p_stride, int
 static int use_vnni(void) {
     static int cpu = -1; /* the emulated AVX-512 build may claim the ISA on a CPU without VNNI */
     if (cpu < 0) cpu = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
-    return cpu && quant_isa_current() == QUANT_ISA_AVX512;
+    return cpu && kvs_isa_current() == KVS_ISA_AVX512;
 }
 
 void kv_attn_store_row(uint32_t type, const float *x, void *dst, int hd) {
@@ -221,13 +223,13 @@ void kv_attn_scores(uint32_t type, const float *q, int group, int hd, const void
     if (type == QUANT_F32 || type == QUANT_F16)
         vec_scores(q, group, hd, keys, n_keys, type == QUANT_F16, scale, scores, stride);
     else if (use_vnni()) scores_vnni(type, q, group, hd, keys, n_keys, scale, scores, stride);
-    else if (quant_isa_current() != QUANT_ISA_SCALAR) scores_avx2(type, q, group, hd, keys, n_keys, scale, scores, stride);
+    else if (kvs_isa_current() != KVS_ISA_SCALAR) scores_avx2(type, q, group, hd, keys, n_keys, scale, scores, stride);
     else kv_attn_scores_ref(type, q, group, hd, keys, n_keys, scale, scores, stride);
 }
 
 void kv_attn_wsum(uint32_t type, const float *p, size_t p_stride, int group, int n, const void *const *rows, int hd,
                   float *out) {
     if (type == QUANT_F32 || type == QUANT_F16) vec_wsum_group(p, p_stride, group, n, rows, type == QUANT_F16, hd, out);
-    else if (quant_isa_current() != QUANT_ISA_SCALAR) wsum_avx2(type, p, p_stride, group, n, rows, hd, out);
+    else if (kvs_isa_current() != KVS_ISA_SCALAR) wsum_avx2(type, p, p_stride, group, n, rows, hd, out);
     else kv_attn_wsum_ref(type, p, p_stride, group, n, rows, hd, out);
 }
