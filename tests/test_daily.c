@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <poll.h>
+#include <pty.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/socket.h>
@@ -520,6 +521,72 @@ static void check_cli_common(const char *dir, const char *model) {
     free(out);
 }
 
+/* ---- 8. Ctrl-C in chat, on a pty ---------------------------------------------------------------- */
+
+typedef struct {
+    int fd;        /* the pty's controller side */
+    pid_t pid;
+    char buf[16384];
+    size_t len;    /* bytes of output read so far (cut at the buffer's end) */
+} pty_proc;
+
+/* Reads the child's output until needle appears past *from (then *from moves past it) or 20 s
+ * pass. */
+static bool pty_expect(pty_proc *p, size_t *from, const char *needle) {
+    for (int i = 0; i < 2000; i++) {
+        p->buf[p->len] = 0;
+        const char *at = strstr(p->buf + *from, needle);
+        if (at) {
+            *from = (size_t)(at - p->buf) + strlen(needle);
+            return true;
+        }
+        struct pollfd pf = {.fd = p->fd, .events = POLLIN};
+        if (poll(&pf, 1, 10) > 0) {
+            ssize_t n = read(p->fd, p->buf + p->len, sizeof p->buf - 1 - p->len);
+            if (n <= 0) break;
+            p->len += (size_t)n;
+        }
+    }
+    p->buf[p->len] = 0;
+    fprintf(stderr, "pty: no '%s' in:\n%s\n", needle, p->buf + *from);
+    return false;
+}
+
+static void pty_send(pty_proc *p, const char *s) {
+    if (write(p->fd, s, strlen(s)) != (ssize_t)strlen(s)) fprintf(stderr, "pty: short write\n");
+}
+
+/* chat on a terminal: Ctrl-C during a reply stops it and the prompt comes back with the
+ * conversation kept; /help lists the commands; Ctrl-C at the prompt exits 0. */
+static void check_chat_ctrl_c(const char *model) {
+    pty_proc p = {0};
+    p.pid = forkpty(&p.fd, NULL, NULL, NULL);
+    if (p.pid == 0) {
+        execl(proc_bin(), "kvshard", "chat", "-m", model, "-n", "40", "--temp", "0", "-t", "1", "--pause-after", "3",
+              (char *)NULL);
+        _exit(127);
+    }
+    CHECK(p.pid > 0);
+    if (p.pid <= 0) return;
+    size_t at = 0;
+    CHECK(pty_expect(&p, &at, "> "));
+    pty_send(&p, "Tell me a story\r");
+    CHECK(pty_expect(&p, &at, "paused after 3 tokens"));
+    pty_send(&p, "\x03"); /* the line discipline turns it into SIGINT */
+    CHECK(pty_expect(&p, &at, "[stopped]"));
+    CHECK(pty_expect(&p, &at, "> "));
+    pty_send(&p, "/help\r");
+    CHECK(pty_expect(&p, &at, "/system TEXT"));
+    CHECK(pty_expect(&p, &at, "> "));
+    pty_send(&p, "/clear\r");
+    CHECK(pty_expect(&p, &at, "(conversation cleared)"));
+    CHECK(pty_expect(&p, &at, "> "));
+    pty_send(&p, "\x03");
+    int st = proc_wait(p.pid, 20000);
+    CHECK_EQ_INT(st, 0);
+    close(p.fd);
+}
+
 int main(void) {
     char path[512];
     int run = 0;
@@ -557,6 +624,8 @@ int main(void) {
     run++;
     if (access(proc_bin(), X_OK) == 0) {
         check_cli_common(dir, model);
+        run++;
+        check_chat_ctrl_c(model);
         run++;
     }
     char cmd[128];

@@ -166,7 +166,9 @@ static void check_failover(const char *model, int victim, bool relay) {
     CHECK_EQ_INT(stat_of(errlog, "reroutes"), 1);
     CHECK_EQ_INT(stat_of(errlog, "epoch"), 2);
     if (relay) {
-        CHECK_EQ_INT(stat_of(errlog, "relay_fallbacks"), 1);
+        /* 0 when the client saw the link closed before the step (route_refresh_links) and went
+         * client-driven at once; 1 when the relayed attempt met it first. */
+        CHECK(stat_of(errlog, "relay_fallbacks") <= 1);
         CHECK(stat_of(errlog, "relay_steps") > 8);
     }
     printf("  kill -9 of the %s shard after 8 sampled tokens, %s: output identical to run (resume step %.1f ms)\n",

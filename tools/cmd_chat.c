@@ -163,6 +163,72 @@ static int pick_template(const char *name, const tok_vocab *v, chat_template *t)
     return 0;
 }
 
+/* ---- Ctrl-C and the slash commands ---- */
+
+/* SIGINTs since the prompt was last shown: one stops the reply (gen_opts.stop), one at the
+ * prompt or a second during a reply ends the program (the session is released on the way out). */
+static volatile sig_atomic_t g_interrupts;
+
+static void on_sigint(int sig) {
+    (void)sig;
+    g_interrupts++;
+}
+
+/* SIGINT counts instead of killing; no SA_RESTART, so a read at the prompt returns. */
+static void chat_on_interrupt(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sigaction(SIGINT, &sa, NULL);
+}
+
+enum { CHAT_NOT_COMMAND = 0, CHAT_DONE, CHAT_EXIT };
+
+/* Forgets the conversation: the messages but a system one, and the session's positions (the
+ * next turn rewrites the session from position 0). */
+static void chat_clear(msg_list *msgs, chat_ctx *c, char **fed, uint32_t *pos, int32_t *pending) {
+    size_t keep = msgs->n > 0 && !strcmp(msgs->m[0].role, "system") ? 1 : 0;
+    for (size_t i = keep; i < msgs->n; i++) {
+        free((char *)msgs->m[i].role);
+        free((char *)msgs->m[i].content);
+    }
+    msgs->n = keep;
+    (*fed)[0] = 0;
+    *pos = 0;
+    *pending = -1;
+    if (c->s) route_session_rewind(c->s, 0);
+    c->local.req.start_pos = 0;
+    c->local.req.n = 0;
+}
+
+/* A line starting with '/': /help, /clear, /system TEXT (a new conversation with that system
+ * prompt), /exit. CHAT_DONE when handled, CHAT_EXIT for /exit. */
+static int chat_command(const char *line, msg_list *msgs, chat_ctx *c, char **fed, uint32_t *pos, int32_t *pending) {
+    if (!strcmp(line, "/exit") || !strcmp(line, "/quit")) return CHAT_EXIT;
+    if (!strcmp(line, "/clear")) {
+        chat_clear(msgs, c, fed, pos, pending);
+        fputs("(conversation cleared)\n", stderr);
+    } else if (!strncmp(line, "/system ", 8) && line[8]) {
+        chat_clear(msgs, c, fed, pos, pending);
+        if (msgs->n == 1) { /* replace the old system prompt */
+            free((char *)msgs->m[0].content);
+            msgs->m[0].content = strdup(line + 8);
+            if (!msgs->m[0].content) msgs->n = 0;
+        } else if (!msgs_add(msgs, "system", line + 8)) {
+            fputs("kvshard chat: out of memory\n", stderr);
+        }
+        fputs("(new conversation with that system prompt)\n", stderr);
+    } else {
+        fputs("/help          this list\n"
+              "/clear         forget the conversation (the system prompt stays)\n"
+              "/system TEXT   start over with TEXT as the system prompt\n"
+              "/exit          leave (also Ctrl-D, or Ctrl-C at the prompt)\n"
+              "Ctrl-C during a reply stops it and returns to the prompt.\n",
+              stderr);
+    }
+    return CHAT_DONE;
+}
+
 /* One assistant turn on msgs (design note at the top); appends the reply to msgs and
  * updates fed (the text the session holds). */
 static int chat_turn(const gen_opts *o, const gen_target *t, chat_template tmpl, msg_list *msgs,
@@ -353,21 +419,32 @@ int cmd_chat(int argc, char **argv) {
     bool tty = isatty(STDIN_FILENO);
     char *line = NULL;
     size_t line_cap = 0;
+    chat_on_interrupt();
+    o.stop = &g_interrupts;
+    if (tty) fputs("kvshard chat: /help for commands; Ctrl-C stops a reply, at the prompt it exits\n", stderr);
     for (;;) {
+        g_interrupts = 0;
         if (tty) {
             fputs("> ", stderr);
             fflush(stderr);
         }
+        clearerr(stdin); /* a Ctrl-C that cut a read during the reply left its error flag */
         ssize_t k = getline(&line, &line_cap, stdin);
+        if (k < 0 && g_interrupts) fputc('\n', stderr); /* Ctrl-C at the prompt: exit */
         if (k < 0) break;
         while (k > 0 && (line[k - 1] == '\n' || line[k - 1] == '\r')) line[--k] = 0;
         if (k == 0) continue;
+        int cmd = line[0] == '/' ? chat_command(line, &msgs, &c, &fed, &pos, &pending) : CHAT_NOT_COMMAND;
+        if (cmd == CHAT_EXIT) break;
+        if (cmd != CHAT_NOT_COMMAND) continue;
         size_t before = msgs.n;
         if (!msgs_add(&msgs, "user", line)) break;
         if (chat_turn(&o, &t, tmpl, &msgs, &fed, &pos, &pending, before)) {
             free(line);
             goto out;
         }
+        if (g_interrupts > 1) break; /* a second Ctrl-C while the reply stopped: exit */
+        if (g_interrupts) fputs("[stopped]\n", stderr);
     }
     free(line);
     rc = 0;

@@ -111,6 +111,23 @@ static void describe_stats(void *p, FILE *f) {
     fprintf(f, "]");
 }
 
+/* Ctrl-C ends the generation after the current step, and the session is released on every shard
+ * on the way out instead of staying until the shards' TTL. */
+static volatile sig_atomic_t g_interrupted;
+
+static void on_sigint(int sig) {
+    (void)sig;
+    g_interrupted = 1;
+}
+
+static void generate_on_interrupt(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
 int cmd_generate(int argc, char **argv) {
     const char *route_spec = NULL, *spare_spec = NULL, *path = NULL;
     long threads = 0, timeout_ms = 30000;
@@ -212,6 +229,8 @@ int cmd_generate(int argc, char **argv) {
                     .describe = describe_stats, .session = describe_session,
                     .ctx_hint = "the shards' --ctx-size and --kv-budget set the route's context"};
     if (o.n_ctx && (uint32_t)o.n_ctx < t.max_ctx) t.max_ctx = (uint32_t)o.n_ctx;
+    generate_on_interrupt();
+    o.stop = &g_interrupted;
     rc = gen_run(&o, &t);
     if (verbose && route_session_epoch(sess) > 1)
         fprintf(stderr, "kvshard generate: finished at epoch %llu\n", (unsigned long long)route_session_epoch(sess));

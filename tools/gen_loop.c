@@ -217,6 +217,10 @@ int gen_run(const gen_opts *o, const gen_target *t) {
         }
         if (g.n_gen > n_before) stream_text(out, &g, &sent);
         if (g.finish != GEN_RUNNING) break;
+        if (o->stop && *o->stop > 0) { /* Ctrl-C: end here; the caller releases the session */
+            fprintf(stderr, "\nkvshard %s: interrupted\n", t->cmd);
+            goto out;
+        }
         if (o->pause_after && g.n_gen == (uint32_t)o->pause_after) {
             pause_for_line(t, (int)g.n_gen);
             resumed = true;
@@ -258,11 +262,14 @@ int gen_turn(const gen_opts *o, const gen_target *t, const int32_t *ids, int n, 
     int err = gen_begin(&g, &t->backend, &p, feed, (uint32_t)n_feed, msg, msg_cap);
     free(feed);
     uint32_t pos0 = *pos;
-    while (err == KVS_OK && g.finish == GEN_RUNNING) {
+    while (err == KVS_OK && g.finish == GEN_RUNNING && !(o->stop && *o->stop > 0)) {
         uint32_t n_before = g.n_gen;
         err = gen_step(&g, msg, msg_cap);
         *pos = pos0 + g.n_fed;
         if (err == KVS_OK && g.n_gen > n_before) stream_text(out, &g, &sent);
+        if (err == KVS_OK && o->pause_after && g.n_gen == (uint32_t)o->pause_after && g.n_gen > n_before &&
+            g.finish == GEN_RUNNING)
+            pause_for_line(t, (int)g.n_gen); /* testing aid: a Ctrl-C can land mid-reply */
     }
     if (err == KVS_OK) {
         stream_text(out, &g, &sent);

@@ -10,6 +10,7 @@
 #ifndef KVS_GEN_LOOP_H
 #define KVS_GEN_LOOP_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -27,6 +28,7 @@ typedef struct {
     long pause_after;    /* testing aid: after this many tokens, wait for a line on stdin (0 = off) */
     long repeat_last_n;  /* penalty window: the last this many ids (prompt included); default 64 */
     bool plain;          /* --plain: special-token text in the prompt is plain text */
+    volatile sig_atomic_t *stop; /* gen_turn ends the turn after a step when this is > 0 (Ctrl-C) */
     long n_ctx;          /* -c/--ctx-size: positions of the context; 0 = the model's, as the KV budget allows */
 } gen_opts;
 
