@@ -629,7 +629,6 @@ int main(void) {
     if (access(proc_bin(), X_OK) == 0) {
         check_cli_common(dir, model);
         run++;
-        run++;
     }
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
