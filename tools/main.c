@@ -1,5 +1,6 @@
 /* kvshard — command line entry point: dispatches to the subcommands. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
@@ -54,7 +55,9 @@ int main(int argc, char **argv) {
         int n = argc - 1, done;
         char **a = argv + 1;
         if ((done = cli_prepare(&n, &a)) >= 0) return done; /* --version, --log-level, KVSHARD_* */
-        return cmds[i].fn(n, a);
+        int rc = cmds[i].fn(n, a);
+        if (a != argv + 1) free(a); /* cli_prepare's copy of the argument vector */
+        return rc;
     }
     fprintf(stderr, "kvshard: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
