@@ -186,14 +186,13 @@ int cluster_cli_register(const cluster_cli_opts *o, srv *s, const srv_params *p,
     e.last = in.last;
     e.proto = in.version;
     e.kv_budget = in.kv_budget_bytes;
-    reg_fill_ctx *fc = calloc(1, sizeof *fc);
-    if (!fc) return KVS_ERR_NOMEM;
+    /* One registration per process: the thread reads it until cl_reg_stop, so it is static. */
+    static reg_fill_ctx fc_store;
+    reg_fill_ctx *fc = &fc_store;
+    memset(fc, 0, sizeof *fc);
     fc->s = s;
     char msg[KVS_MSG_MAX] = "", *password = NULL;
-    if (o->password_file && !(password = args_read_token("serve", o->password_file))) {
-        free(fc);
-        return KVS_ERR_IO;
-    }
+    if (o->password_file && !(password = args_read_token("serve", o->password_file))) return KVS_ERR_IO;
     cl_reg_params rp = {.etcd = {.url = o->url, .ca = o->ca, .cert = o->cert, .key = o->key, .user = o->user,
                                  .password = password},
                         .prefix = o->prefix, .ttl_s = o->ttl_s > 0 ? (int)(o->ttl_s + 0.5) : 10,
@@ -202,9 +201,7 @@ int cluster_cli_register(const cluster_cli_opts *o, srv *s, const srv_params *p,
     free(password);
     if (err) {
         fprintf(stderr, "kvshard serve: --cluster: %s\n", msg[0] ? msg : kvs_strerror(err));
-        free(fc);
     }
-    /* fc lives as long as the process: the registration thread reads it until cl_reg_stop. */
     return err;
 }
 
