@@ -307,7 +307,7 @@ static void *link_main(void *arg) {
         if (rc != KVS_OK && l->fd < 0 && !down && !stopping) {
             pthread_mutex_lock(&r->mu); /* the hop is down: what is queued behind fails at once */
             l->down_until = kvs_now_ns() + (uint64_t)(r->p.retry_ms > 0 ? r->p.retry_ms : 0) * 1000000ull;
-            snprintf(l->down_why, sizeof l->down_why, "next hop down: %s", why);
+            snprintf(l->down_why, sizeof l->down_why, "next hop down: %.200s", why);
             pthread_mutex_unlock(&r->mu);
         }
         item_finish(l, it, rc, why);
