@@ -251,11 +251,10 @@ static int bind_weight(gguf_set *files, const char *name, uint64_t n_in, uint64_
     if (!quant_row_bytes(t->type, n_in, &rb))
         return kvs_fail(msg, cap, KVS_ERR_FORMAT, "tensor '%s': row of %llu elements does not fit type %s", name,
                         (unsigned long long)n_in, tr->name);
-    w->type = t->type;
-    w->n_in = (int64_t)n_in;
-    w->n_out = (int64_t)n_out;
-    w->row_bytes = (size_t)rb;
-    w->data = t->data;
+    /* Every field, layout included: a fused matrix is bound into a stack struct
+     * whose garbage layout once made the loader skip repacking its parts. */
+    *w = (ops_weight){.type = t->type, .n_in = (int64_t)n_in, .n_out = (int64_t)n_out, .row_bytes = (size_t)rb,
+                      .data = t->data, .layout = OPS_ROWS};
     *bytes += t->size;
     return KVS_OK;
 }
