@@ -40,7 +40,24 @@ static char *generate(const char *route, const char *spare, const char *prompt, 
     return run_cli(args, st);
 }
 
-static void check_routes(const char *model, int n_layer) {
+/* A chat turn over the route equals the same turn in one process: the route client learns the
+ * chat template, add_bos and the special-token whitespace rule from the head shard. */
+static void check_chat_route(const char *model, const char *route) {
+    int st;
+    const char *local[] = {"chat", "-m", model, "-p", "Hello there", "-n", "8", "--temp", "0", "-t", "1", NULL};
+    char *want = run_cli(local, &st);
+    CHECK_EQ_INT(st, 0);
+    const char *remote[] = {"chat", "--route", route, "-p", "Hello there", "-n", "8", "--temp", "0", NULL};
+    char *got = run_cli(remote, &st);
+    CHECK_EQ_INT(st, 0);
+    if (strcmp(got, want) != 0) fprintf(stderr, "chat over %s:\n  got  %s\n  want %s\n", route, got, want);
+    CHECK(strcmp(got, want) == 0);
+    printf("  chat over the route: the same reply as chat -m\n");
+    free(want);
+    free(got);
+}
+
+static void check_routes(const char *model, int n_layer, bool chat) {
     printf("model %s (%d layers)\n", model, n_layer);
     const char *prompt = "Once upon a time";
     char *ref = reference(model, prompt, "24", "0");
@@ -69,6 +86,7 @@ static void check_routes(const char *model, int n_layer) {
         CHECK(strcmp(out, ref_t) == 0);
         free(out);
         printf("  %d-shard route: same ids and text as kvshard run (greedy and sampled)\n", shards);
+        if (chat && shards == 2) check_chat_route(model, route);
         for (int i = 0; i < shards; i++) CHECK_EQ_INT(proc_stop_server(&s[i]), 0);
     }
     free(ref);
@@ -379,14 +397,14 @@ int main(void) {
     const char *mk[] = {"mkmodel", "-o", synth, "--shape", "small", "--type", "q8_0", "--seed", "3", "-q", NULL};
     free(run_cli(mk, &st));
     CHECK_EQ_INT(st, 0);
-    check_routes(synth, 2);
+    check_routes(synth, 2, false);
     check_bad_route(synth, 2);
     check_failover(synth, 2, false);
     int skipped = 0;
     char buf[1024];
     const char *stories = test_shared_path("models/stories260K.gguf", buf, sizeof(buf));
     if (stories) {
-        check_routes(stories, 5);
+        check_routes(stories, 5, false);
         check_failover(stories, 5, false);
         check_failover(stories, 5, true);
         for (int victim = 0; victim < 3; victim++) check_failover_full(stories, victim);
@@ -405,7 +423,7 @@ int main(void) {
     };
     for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++) {
         const char *fam = test_shared_path(families[i].rel, buf, sizeof(buf));
-        if (fam) check_routes(fam, families[i].n_layer);
+        if (fam) check_routes(fam, families[i].n_layer, true);
         else skipped++;
     }
     char cmd[300];

@@ -1105,6 +1105,7 @@ static int dec_vocab_meta(struct rd *r, struct wire_vocab_meta *m, char *msg, si
 static const char *vocab_meta_check(const struct wire_vocab_meta_reply *m) {
     if (m->n_vocab < 1 || m->n_vocab > WIRE_MAX_VOCAB) return "bad n_vocab";
     if (m->add_bos > 2) return "bad add_bos";
+    if (m->rstrip_specials > 1) return "bad rstrip_specials";
     if (m->pre_len > WIRE_MAX_PRE) return "pre too long";
     if (has_nul(m->pre, m->pre_len)) return "NUL byte in pre";
     if (m->n_merges > WIRE_MAX_MERGES) return "too many merges";
@@ -1123,7 +1124,7 @@ static int enc_vocab_meta_reply(struct wr *w, const void *vm) {
     if ((m->count && !m->merge_ids) || (m->template_len && !m->chat_template)) return KVS_ERR_INVALID_ARG;
     if (has_nul(m->chat_template, m->template_len)) return KVS_ERR_INVALID_ARG;
     wr_u32(w, m->n_vocab);
-    wr_u8(w, m->add_bos);
+    wr_u8(w, (uint8_t)(m->add_bos | m->rstrip_specials << 2));
     wr_u8(w, m->pre_len);
     wr_bytes(w, m->pre, m->pre_len);
     wr_u32(w, m->n_merges);
@@ -1150,9 +1151,12 @@ static int dec_vocab_meta_reply(struct rd *r, struct wire_vocab_meta_reply *m, c
     if (rc != KVS_OK) return rc;
     if (m->st.status != KVS_OK) return rd_end(r, msg, msg_cap);
     m->n_vocab = rd_u32(r, "n_vocab");
-    m->add_bos = rd_u8(r, "add_bos");
+    const uint8_t flags = rd_u8(r, "add_bos");
     m->pre_len = rd_u8(r, "pre_len");
     if (r->bad) return rd_short(r, msg, msg_cap);
+    if (flags & ~7u) return PROTO("VOCAB_META_REPLY: reserved bits set in the add_bos byte");
+    m->add_bos = flags & 3u;
+    m->rstrip_specials = flags >> 2;
     if (m->pre_len > WIRE_MAX_PRE) return PROTO("VOCAB_META_REPLY: pre too long");
     rd_copy(r, m->pre, m->pre_len, "pre");
     m->n_merges = rd_u32(r, "n_merges");

@@ -327,6 +327,8 @@ struct wire_vocab_meta_reply {
     struct wire_status st;
     uint32_t n_vocab;          /* 1..WIRE_MAX_VOCAB: every merge id is < n_vocab */
     uint8_t add_bos;           /* 0: the tokenizer family's default, 1: add BOS, 2: do not */
+    uint8_t rstrip_specials;   /* 1: whitespace after a special token is dropped (phi3); wire: bit 2
+                                  of the add_bos byte */
     uint8_t pre_len;           /* <= WIRE_MAX_PRE */
     char pre[WIRE_MAX_PRE + 1]; /* tokenizer.ggml.pre, NUL-terminated copy, no NUL inside */
     uint32_t n_merges;         /* the whole table, <= WIRE_MAX_MERGES */

@@ -22,6 +22,7 @@ static int32_t guess_unk(const int32_t *types, int32_t n) {
 typedef struct {
     char pre[WIRE_MAX_PRE + 1];
     int8_t add_bos;
+    bool rstrip_specials;
     char *chat_template;
     uint32_t n_merges;
     char **merges;
@@ -48,6 +49,7 @@ static void bpe_meta_free(bpe_meta *m) {
 static int bpe_meta_start(bpe_meta *m, const struct wire_vocab_meta_reply *v, char *msg, size_t msg_cap) {
     memcpy(m->pre, v->pre, sizeof m->pre);
     m->add_bos = v->add_bos == 1 ? 1 : v->add_bos == 2 ? -1 : 0;
+    m->rstrip_specials = v->rstrip_specials;
     m->n_merges = v->n_merges;
     if (!bpe_meta_charge(m, (size_t)(v->n_merges ? v->n_merges : 1) * (sizeof *m->merges + sizeof *m->merge_lens)))
         return kvs_fail(msg, msg_cap, KVS_ERR_PROTOCOL, "VOCAB_META announces %u merges: past the %u-byte vocab cap",
@@ -257,13 +259,16 @@ static int vocab_build(route *r, vocab_pages *vp, tok_vocab **out, char *msg, si
                     .unk = vp->is_bpe ? -1 : guess_unk(vp->types, (int32_t)nv),
                     .add_space_prefix = vp->add_space_prefix};
     bpe_meta meta = {0};
-    int rc = KVS_OK;
+    /* Every vocab asks for VOCAB_META: a SentencePiece one (gemma3, phi3) has no merges, but
+     * its chat template and add_bos setting come only from there. */
+    int rc = fetch_bpe_meta(r, nv, vp->texts, vp->lens, &meta, msg, msg_cap);
+    if (rc != KVS_OK) goto done;
+    a.add_bos = meta.add_bos;
+    a.chat_template = meta.chat_template;
+    a.rstrip_specials = meta.rstrip_specials;
     if (vp->is_bpe) {
-        if ((rc = fetch_bpe_meta(r, nv, vp->texts, vp->lens, &meta, msg, msg_cap)) != KVS_OK) goto done;
         a.kind = TOK_KIND_BPE;
         a.pre = meta.pre;
-        a.add_bos = meta.add_bos;
-        a.chat_template = meta.chat_template;
         a.n_merges = (int32_t)meta.n_merges;
         a.merges = (const char *const *)meta.merges;
         a.merge_lens = meta.merge_lens;

@@ -441,6 +441,7 @@ void srv_handle_vocab_meta(srv_conn *c, uint64_t rid, const struct wire_vocab_me
         r.n_vocab = (uint32_t)tok_n_vocab(v);
         int8_t ab = tok_add_bos_setting(v);
         r.add_bos = ab > 0 ? 1 : ab < 0 ? 2 : 0;
+        r.rstrip_specials = tok_rstrip_specials(v);
         r.pre_len = (uint8_t)strlen(tok_pre_name(v));
         memcpy(r.pre, tok_pre_name(v), r.pre_len);
         r.n_merges = (uint32_t)nm;

@@ -147,6 +147,7 @@ int32_t tok_bos(const tok_vocab *v) { return v ? v->bos : -1; }
 int32_t tok_eos(const tok_vocab *v) { return v ? v->eos : -1; }
 bool tok_add_bos(const tok_vocab *v) { return v && v->add_bos && v->bos >= 0; }
 int8_t tok_add_bos_setting(const tok_vocab *v) { return v ? v->add_bos_setting : 0; }
+bool tok_rstrip_specials(const tok_vocab *v) { return v && v->rstrip_specials; }
 const char *tok_chat_template(const tok_vocab *v) { return v ? v->chat_template : NULL; }
 tok_kind tok_vocab_kind(const tok_vocab *v) { return v ? v->kind : TOK_KIND_SPM; }
 const char *tok_pre_name(const tok_vocab *v) { return v && v->bpe ? tok_bpe_pre(v->bpe) : ""; }

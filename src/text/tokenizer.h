@@ -138,6 +138,8 @@ int32_t tok_n_merges(const tok_vocab *v);
 bool tok_merge(const tok_vocab *v, int32_t rank, int32_t *left, int32_t *right);
 /* The add_bos setting as given (tok_arrays.add_bos: 1, -1, or 0 = default). */
 int8_t tok_add_bos_setting(const tok_vocab *v);
+/* tok_arrays.rstrip_specials as given (a route client learns it from VOCAB_META). */
+bool tok_rstrip_specials(const tok_vocab *v);
 
 /* ---- UTF-8 helpers (tok_utf8.c) for text that leaves the process ---- */
 
