@@ -9,6 +9,7 @@
 
 #include "gguf.h"
 #include "mkmodel.h"
+#include "model.h"
 #include "quant.h"
 #include "test.h"
 #include "util.h"
@@ -339,6 +340,43 @@ static void test_k_m(void) {
     n_run++;
 }
 
+/* --arch: each family's file loads as that family with its features bound (q/k norms, post norms,
+ * sliding window, tied output, fused matrices, LongRoPE), and an unknown one is refused. */
+static void test_arches(void) {
+    static const char *const arches[] = {"qwen3", "gemma3", "phi3"};
+    for (int i = 0; i < 3; i++) {
+        char path[512], msg[KVS_MSG_MAX] = "";
+        snprintf(path, sizeof path, "%s/arch-%s.gguf", tmp_dir, arches[i]);
+        mkmodel_params p = mkmodel_default_params();
+        p.shape = "small";
+        p.type = QUANT_Q4_K;
+        p.k_m = true;
+        p.arch = arches[i];
+        CHECK_EQ_INT(mkmodel_write(path, p, msg, sizeof msg), KVS_OK);
+        model *m = NULL;
+        CHECK_EQ_INT(model_load(path, 0, 0, &m, msg, sizeof msg), KVS_OK);
+        if (m) {
+            CHECK(strcmp(m->hp.arch->name, arches[i]) == 0);
+            const model_layer *L = &m->layers[0];
+            CHECK((L->q_norm != NULL) == (i < 2));
+            CHECK((L->post_attn_norm != NULL && L->post_ffn_norm != NULL) == (i == 1));
+            CHECK((m->hp.n_swa == 512) == (i == 1));
+            CHECK((m->output.data == m->tok_embd.data) == (i == 1)); /* gemma3: tied */
+            CHECK_EQ_INT(L->wq.n_out + L->wk.n_out + L->wv.n_out, 256 + 2 * 128);
+            CHECK((m->hp.n_ctx_orig == 256) == (i == 2)); /* phi3: LongRoPE's original context */
+            model_free(m);
+        }
+        unlink(path);
+        n_run++;
+    }
+    mkmodel_params p = mkmodel_default_params();
+    p.arch = "mamba";
+    char msg[KVS_MSG_MAX] = "", path[512];
+    snprintf(path, sizeof path, "%s/arch-bad.gguf", tmp_dir);
+    CHECK_EQ_INT(mkmodel_write(path, p, msg, sizeof msg), KVS_ERR_INVALID_ARG);
+    CHECK(strstr(msg, "mamba") != NULL);
+}
+
 int main(void) {
     snprintf(tmp_dir, sizeof tmp_dir, "/tmp/kvs_test_mkmodel_XXXXXX");
     if (!mkdtemp(tmp_dir)) {
@@ -348,6 +386,7 @@ int main(void) {
     test_all_types();
     test_determinism();
     test_k_m();
+    test_arches();
     test_cli();
     rmdir(tmp_dir);
     return test_finish("test_mkmodel", n_run, n_skipped);

@@ -12,9 +12,12 @@
 #include "util.h"
 
 static void mkmodel_usage(FILE *f) {
-    fprintf(f, "usage: kvshard mkmodel -o FILE --shape NAME --type T [--seed S] [-t THREADS] [-q]\n"
+    fprintf(f, "usage: kvshard mkmodel -o FILE --shape NAME --type T [--arch A] [--seed S] [-t THREADS] [-q]\n"
                "  writes a valid llama GGUF with seeded random weights and a byte-level vocab;\n"
                "  the same seed gives a byte-identical file.\n"
+               "  --arch A      llama (default), qwen3 (q/k norms), gemma3 (q/k norms, post norms,\n"
+               "                sliding window 512 on 5 layers of 6, tied output) or phi3 (fused qkv\n"
+               "                and gate+up, LongRoPE factors): the shape's sizes as that family\n"
                "  shapes:");
     for (int i = 0; mkmodel_shape_at(i); i++) {
         const mkmodel_shape *s = mkmodel_shape_at(i);
@@ -55,6 +58,12 @@ int cmd_mkmodel(int argc, char **argv) {
             if (!args_str(argc, argv, &i, &shape)) return 2;
         } else if (!strcmp(a, "--type")) {
             if (!args_str(argc, argv, &i, &type)) return 2;
+        } else if (!strcmp(a, "--arch")) {
+            if (!args_str(argc, argv, &i, &p.arch)) return 2;
+            if (!mkmodel_arch_supported(p.arch)) {
+                fprintf(stderr, "kvshard mkmodel: unknown --arch '%s' (llama, qwen3, gemma3, phi3)\n", p.arch);
+                return 2;
+            }
         } else if (!strcmp(a, "--seed")) {
             if (!args_u64(argc, argv, &i, &p.seed)) return 2;
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {

@@ -52,6 +52,19 @@ mkmodel_params mkmodel_default_params(void) {
     return p;
 }
 
+enum mk_arch { MK_LLAMA, MK_QWEN3, MK_GEMMA3, MK_PHI3 };
+static const char *const ARCH_NAMES[] = {"llama", "qwen3", "gemma3", "phi3"};
+
+/* The architecture called name (NULL: llama), or -1. */
+static int arch_of(const char *name) {
+    if (!name) return MK_LLAMA;
+    for (int i = 0; i < (int)(sizeof ARCH_NAMES / sizeof ARCH_NAMES[0]); i++)
+        if (!strcmp(name, ARCH_NAMES[i])) return i;
+    return -1;
+}
+
+bool mkmodel_arch_supported(const char *arch) { return arch_of(arch) >= 0; }
+
 bool mkmodel_type_supported(uint32_t type) {
     switch (type) {
     case QUANT_F32: case QUANT_F16: case QUANT_BF16: case QUANT_Q8_0: case QUANT_Q4_0:
@@ -147,32 +160,58 @@ static void add(plan *p, const char *name, uint32_t type, uint64_t n_in, uint64_
 /* llama.cpp's use_more_bits: the layers whose attn_v / ffn_down a _M mix widens. */
 static bool more_bits(uint32_t l, uint32_t n) { return l < n / 8 || l >= 7 * n / 8 || (l - n / 8) % 3 == 2; }
 
-static int make_plan(const mkmodel_shape *s, uint32_t type, bool k_m, plan *p) {
-    p->n = 0;
-    p->t = calloc((size_t)s->n_layer * 9 + 3, sizeof *p->t);
-    if (!p->t) return KVS_ERR_NOMEM;
-    uint64_t hd = s->n_embd / s->n_head;
-    uint64_t q_out = s->n_head * hd, kv_out = s->n_head_kv * hd;
-    float sd_embd = 1.0f / sqrtf((float)s->n_embd), sd_q = 1.0f / sqrtf((float)q_out);
-    float sd_ff = 1.0f / sqrtf((float)s->n_ff);
+/* The attention and FFN matrices of layer l: separate, or phi3's fused attn_qkv and gate+up. */
+static void add_layer_matrices(plan *p, const mkmodel_shape *s, int arch, uint32_t type, uint32_t wide, uint32_t l) {
     char name[48];
-    add(p, "token_embd.weight", type, s->n_embd, s->n_vocab, 0.0f, 1.0f);
-    for (uint32_t l = 0; l < s->n_layer; l++) {
+    const uint64_t hd = s->n_embd / s->n_head, q_out = s->n_head * hd, kv_out = s->n_head_kv * hd;
+    const float sd_embd = 1.0f / sqrtf((float)s->n_embd), sd_q = 1.0f / sqrtf((float)q_out);
+    const float sd_ff = 1.0f / sqrtf((float)s->n_ff);
 #define L(suffix) (snprintf(name, sizeof name, "blk.%u." suffix, l), name)
-        add(p, L("attn_norm.weight"), QUANT_F32, s->n_embd, 0, 1.0f, 0.05f);
+    if (arch == MK_PHI3) {
+        add(p, L("attn_qkv.weight"), type, s->n_embd, q_out + 2 * kv_out, 0.0f, sd_embd);
+    } else {
         add(p, L("attn_q.weight"), type, s->n_embd, q_out, 0.0f, sd_embd);
         add(p, L("attn_k.weight"), type, s->n_embd, kv_out, 0.0f, sd_embd);
-        const uint32_t wide = k_m && more_bits(l, s->n_layer) ? QUANT_Q6_K : type;
         add(p, L("attn_v.weight"), wide, s->n_embd, kv_out, 0.0f, sd_embd);
-        add(p, L("attn_output.weight"), type, q_out, s->n_embd, 0.0f, sd_q);
-        add(p, L("ffn_norm.weight"), QUANT_F32, s->n_embd, 0, 1.0f, 0.05f);
+    }
+    if (arch == MK_QWEN3 || arch == MK_GEMMA3) {
+        add(p, L("attn_q_norm.weight"), QUANT_F32, hd, 0, 1.0f, 0.05f);
+        add(p, L("attn_k_norm.weight"), QUANT_F32, hd, 0, 1.0f, 0.05f);
+    }
+    add(p, L("attn_output.weight"), type, q_out, s->n_embd, 0.0f, sd_q);
+    if (arch == MK_GEMMA3) add(p, L("post_attention_norm.weight"), QUANT_F32, s->n_embd, 0, 1.0f, 0.05f);
+    add(p, L("ffn_norm.weight"), QUANT_F32, s->n_embd, 0, 1.0f, 0.05f);
+    if (arch == MK_PHI3) {
+        add(p, L("ffn_up.weight"), type, s->n_embd, 2 * (uint64_t)s->n_ff, 0.0f, sd_embd);
+    } else {
         add(p, L("ffn_gate.weight"), type, s->n_embd, s->n_ff, 0.0f, sd_embd);
         add(p, L("ffn_up.weight"), type, s->n_embd, s->n_ff, 0.0f, sd_embd);
-        add(p, L("ffn_down.weight"), wide, s->n_ff, s->n_embd, 0.0f, sd_ff);
+    }
+    add(p, L("ffn_down.weight"), wide, s->n_ff, s->n_embd, 0.0f, sd_ff);
+    if (arch == MK_GEMMA3) add(p, L("post_ffw_norm.weight"), QUANT_F32, s->n_embd, 0, 1.0f, 0.05f);
 #undef L
+}
+
+static int make_plan(const mkmodel_shape *s, int arch, uint32_t type, bool k_m, plan *p) {
+    p->n = 0;
+    p->t = calloc((size_t)s->n_layer * 13 + 5, sizeof *p->t);
+    if (!p->t) return KVS_ERR_NOMEM;
+    const uint64_t hd = s->n_embd / s->n_head;
+    const float sd_embd = 1.0f / sqrtf((float)s->n_embd);
+    char name[48];
+    add(p, "token_embd.weight", type, s->n_embd, s->n_vocab, 0.0f, 1.0f);
+    if (arch == MK_PHI3) { /* LongRoPE: one factor per rotated pair, near 1 */
+        add(p, "rope_factors_long.weight", QUANT_F32, hd / 2, 0, 1.0f, 0.05f);
+        add(p, "rope_factors_short.weight", QUANT_F32, hd / 2, 0, 1.0f, 0.05f);
+    }
+    for (uint32_t l = 0; l < s->n_layer; l++) {
+        snprintf(name, sizeof name, "blk.%u.attn_norm.weight", l);
+        add(p, name, QUANT_F32, s->n_embd, 0, 1.0f, 0.05f);
+        add_layer_matrices(p, s, arch, type, k_m && more_bits(l, s->n_layer) ? QUANT_Q6_K : type, l);
     }
     add(p, "output_norm.weight", QUANT_F32, s->n_embd, 0, 1.0f, 0.05f);
-    add(p, "output.weight", k_m ? QUANT_Q6_K : type, s->n_embd, s->n_vocab, 0.0f, 3.0f * sd_embd);
+    if (arch != MK_GEMMA3) /* gemma3 ties its output to token_embd */
+        add(p, "output.weight", k_m ? QUANT_Q6_K : type, s->n_embd, s->n_vocab, 0.0f, 3.0f * sd_embd);
     return KVS_OK;
 }
 
@@ -238,26 +277,57 @@ out:
     return rc;
 }
 
-static int set_metadata(gguf_writer *w, const mkmodel_shape *s, uint32_t type, bool k_m, uint64_t seed) {
+/* arch.KEY, e.g. "gemma3.block_count"; static buffer, one at a time. */
+static const char *akey(int arch, const char *key) {
+    static char buf[96];
+    snprintf(buf, sizeof buf, "%s.%s", ARCH_NAMES[arch], key);
+    return buf;
+}
+
+/* The keys of the families beyond llama: head dims, gemma3's windows and rope bases, phi3's LongRoPE. */
+static int set_family_keys(gguf_writer *w, const mkmodel_shape *s, int arch) {
+    const uint32_t hd = s->n_embd / s->n_head;
+    int rc = KVS_OK;
+    if (arch == MK_QWEN3 || arch == MK_GEMMA3) {
+        if ((rc = gguf_writer_set_u32(w, akey(arch, "attention.key_length"), hd)) ||
+            (rc = gguf_writer_set_u32(w, akey(arch, "attention.value_length"), hd)))
+            return rc;
+    }
+    if (arch == MK_GEMMA3) {
+        if ((rc = gguf_writer_set_u32(w, akey(arch, "attention.sliding_window"), 512)) ||
+            (rc = gguf_writer_set_f32(w, akey(arch, "rope.freq_base_swa"), 10000.0f)))
+            return rc;
+    }
+    if (arch == MK_PHI3) {
+        if ((rc = gguf_writer_set_u32(w, akey(arch, "rope.scaling.original_context_length"), s->n_ctx / 2)) ||
+            (rc = gguf_writer_set_f32(w, akey(arch, "rope.scaling.attn_factor"), 1.19f)))
+            return rc;
+    }
+    return rc;
+}
+
+static int set_metadata(gguf_writer *w, const mkmodel_shape *s, int arch, uint32_t type, bool k_m, uint64_t seed) {
     char name[96];
     const quant_traits *tr = quant_get_traits(type);
-    snprintf(name, sizeof name, "kvshard-mkmodel-%s-%s%s", s->name, tr ? tr->name : "?", k_m ? "_m" : "");
+    snprintf(name, sizeof name, "kvshard-mkmodel-%s%s%s-%s%s", arch ? ARCH_NAMES[arch] : "", arch ? "-" : "", s->name,
+             tr ? tr->name : "?", k_m ? "_m" : "");
     int rc;
-    if ((rc = gguf_writer_set_str(w, "general.architecture", "llama")) ||
+    if ((rc = gguf_writer_set_str(w, "general.architecture", ARCH_NAMES[arch])) ||
         (rc = gguf_writer_set_str(w, "general.name", name)) ||
         (rc = gguf_writer_set_u32(w, "general.file_type", k_m ? 15 : file_type_of(type))) ||
         (rc = gguf_writer_set_u32(w, "general.quantization_version", 2)) ||
         (rc = gguf_writer_set_u64(w, "kvshard.mkmodel.seed", seed)) ||
-        (rc = gguf_writer_set_u32(w, "llama.vocab_size", s->n_vocab)) ||
-        (rc = gguf_writer_set_u32(w, "llama.context_length", s->n_ctx)) ||
-        (rc = gguf_writer_set_u32(w, "llama.embedding_length", s->n_embd)) ||
-        (rc = gguf_writer_set_u32(w, "llama.block_count", s->n_layer)) ||
-        (rc = gguf_writer_set_u32(w, "llama.feed_forward_length", s->n_ff)) ||
-        (rc = gguf_writer_set_u32(w, "llama.attention.head_count", s->n_head)) ||
-        (rc = gguf_writer_set_u32(w, "llama.attention.head_count_kv", s->n_head_kv)) ||
-        (rc = gguf_writer_set_u32(w, "llama.rope.dimension_count", s->n_embd / s->n_head)) ||
-        (rc = gguf_writer_set_f32(w, "llama.rope.freq_base", 10000.0f)) ||
-        (rc = gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f)))
+        (rc = gguf_writer_set_u32(w, akey(arch, "vocab_size"), s->n_vocab)) ||
+        (rc = gguf_writer_set_u32(w, akey(arch, "context_length"), s->n_ctx)) ||
+        (rc = gguf_writer_set_u32(w, akey(arch, "embedding_length"), s->n_embd)) ||
+        (rc = gguf_writer_set_u32(w, akey(arch, "block_count"), s->n_layer)) ||
+        (rc = gguf_writer_set_u32(w, akey(arch, "feed_forward_length"), s->n_ff)) ||
+        (rc = gguf_writer_set_u32(w, akey(arch, "attention.head_count"), s->n_head)) ||
+        (rc = gguf_writer_set_u32(w, akey(arch, "attention.head_count_kv"), s->n_head_kv)) ||
+        (rc = gguf_writer_set_u32(w, akey(arch, "rope.dimension_count"), s->n_embd / s->n_head)) ||
+        (rc = gguf_writer_set_f32(w, akey(arch, "rope.freq_base"), arch == MK_GEMMA3 ? 1e6f : 10000.0f)) ||
+        (rc = gguf_writer_set_f32(w, akey(arch, "attention.layer_norm_rms_epsilon"), 1e-5f)) ||
+        (rc = set_family_keys(w, s, arch)))
         return rc;
     return set_vocab(w, s->n_vocab);
 }
@@ -342,7 +412,11 @@ int mkmodel_write(const char *path, mkmodel_params params, char *msg, size_t msg
     uint8_t *buf = NULL;
     if (params.k_m && params.type != QUANT_Q4_K)
         return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "the _M mix is made from q4_k only");
-    int rc = make_plan(s, params.type, params.k_m, &pl);
+    const int arch = arch_of(params.arch);
+    if (arch < 0)
+        return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "unknown architecture '%s' (llama, qwen3, gemma3, phi3)",
+                        params.arch);
+    int rc = make_plan(s, arch, params.type, params.k_m, &pl);
     if (rc) {
         rc = kvs_fail(msg, msg_cap, rc, "out of memory");
         goto out;
@@ -351,7 +425,7 @@ int mkmodel_write(const char *path, mkmodel_params params, char *msg, size_t msg
         rc = kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "out of memory");
         goto out;
     }
-    if ((rc = set_metadata(w, s, params.type, params.k_m, params.seed))) {
+    if ((rc = set_metadata(w, s, arch, params.type, params.k_m, params.seed))) {
         rc = kvs_fail(msg, msg_cap, rc, "setting metadata: %s", kvs_strerror(rc));
         goto out;
     }

@@ -1,6 +1,8 @@
 /*
  * mkmodel — writes a synthetic Llama GGUF (seeded random weights, byte-level
- * vocab) at a named shape and weight type, for tests and benchmarks.
+ * vocab) at a named shape and weight type, for tests and benchmarks; or, with
+ * mkmodel_params.arch, the same shape as a qwen3, gemma3 or phi3 file with that
+ * family's extra tensors and keys (see mkmodel_arch_supported).
  *
  * The file is what llama.cpp's converter would write for such a model:
  * llama.* metadata keys, tokenizer.ggml.* vocab ("<unk>", "<s>", "</s>",
@@ -44,12 +46,18 @@ typedef struct {
                           * for attn_v / ffn_down of the first and last eighth of the layers and every
                           * third between; file_type 15) */
     uint64_t seed;
+    const char *arch;    /* NULL or "llama"; "qwen3" (q/k norms), "gemma3" (q/k norms, post norms,
+                          * sliding window 512 on 5 layers of 6, tied output), "phi3" (fused qkv and
+                          * gate+up, LongRoPE factors) */
     int n_threads;       /* 0: online CPUs, at most 8 */
     mkmodel_progress_fn progress; /* may be NULL */
     void *progress_user;
 } mkmodel_params;
 
 mkmodel_params mkmodel_default_params(void); /* tiny, f32, seed 1, auto threads */
+
+/* True when mkmodel can write a file of this architecture (NULL: llama). */
+bool mkmodel_arch_supported(const char *arch);
 
 /* True when mkmodel can write matrices of this type. */
 bool mkmodel_type_supported(uint32_t type);
