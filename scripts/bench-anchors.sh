@@ -13,6 +13,8 @@
 #   KVSHARD=build/kvshard  SCRATCH=/tmp/kvshard-anchors (model files, logs; outside the repo)
 #   SHAPE=tinyllama-1.1b (kvshard mkmodel --shape; files SCRATCH/tinyllama-TYPE.gguf, other shapes
 #   SCRATCH/SHAPE-TYPE.gguf, e.g. SHAPE=smollm2-360m TYPES="q4_0 q8_0": rows of 960 take no k-quant)
+#   ARCH=llama (kvshard mkmodel --arch: qwen3, gemma3 or phi3 give that family's file at SHAPE,
+#   named SCRATCH/ARCH-SHAPE-TYPE.gguf; e.g. ARCH=gemma3 TYPES=q4_k_m SESSIONS= DEPTH=)
 #   TYPES="q4_0 q8_0 q4_k q4_k_m"  ROUNDS=2  THREADS=2  PP=128  TG=32  SESSIONS="1 4 8" (empty: no batched part)
 #   PAIRED=32 (empty: none): kvshard bench --paired PAIRED, the roofline per decode step against
 #   a probe pass right after it (the "paired" column; "roofline" is the bench's decode_roofline)
@@ -30,6 +32,8 @@ TYPES=${TYPES:-q4_0 q8_0 q4_k q4_k_m}
 SHAPE=${SHAPE:-tinyllama-1.1b}
 prefix=$SHAPE
 [ "$SHAPE" = tinyllama-1.1b ] && prefix=tinyllama
+ARCH=${ARCH:-llama}
+[ "$ARCH" = llama ] || prefix="$ARCH-$prefix"
 ROUNDS=${ROUNDS:-2}
 THREADS=${THREADS:-2}
 PP=${PP:-128}
@@ -82,7 +86,7 @@ for t in $TYPES; do
     f="$scratch/$prefix-$t.gguf"
     if [ ! -s "$f" ]; then
         echo "bench-anchors: making $f" >&2
-        "$KVSHARD" mkmodel -o "$f" --shape "$SHAPE" --type "$t" --seed 1 -q
+        "$KVSHARD" mkmodel -o "$f" --shape "$SHAPE" --type "$t" --arch "$ARCH" --seed 1 -q
     fi
 done
 
