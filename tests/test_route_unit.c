@@ -160,6 +160,7 @@ static int test_tok_arrays(void) {
 
 #define FAKE_VOCAB 8u
 #define FAKE_MAX_REQ 32
+#define FAKE_CLOSE (-1000) /* script entry: close the connection unanswered, as an idle close does */
 
 typedef struct {
     int listen_fd;
@@ -173,17 +174,31 @@ typedef struct {
         int32_t tokens[8];
     } seen[FAKE_MAX_REQ];
     int n_release;
+    int n_conns; /* connections accepted; the fake serves them one after another */
 } fake_shard;
 
 static void fake_reply(int fd, uint16_t op, uint64_t rid, const uint8_t *buf, size_t len) {
     netio_send_frame(fd, op, rid, buf, len, netio_deadline_ms(5000));
 }
 
+/* Serves one connection; true when the script closed it (the fake then takes the next one). */
+static bool fake_serve(fake_shard *f, int fd);
+
 static void *fake_main(void *arg) {
     fake_shard *f = arg;
     int fd = -1;
     char msg[KVS_MSG_MAX];
-    if (netio_accept(f->listen_fd, netio_deadline_ms(10000), &fd, msg, sizeof msg) != KVS_OK) return NULL;
+    for (int c = 0; c < 4; c++) {
+        if (netio_accept(f->listen_fd, netio_deadline_ms(10000), &fd, msg, sizeof msg) != KVS_OK) return NULL;
+        f->n_conns++;
+        if (!fake_serve(f, fd)) break;
+    }
+    return NULL;
+}
+
+static bool fake_serve(fake_shard *f, int fd) {
+    char msg[KVS_MSG_MAX];
+    bool closed_by_script = false;
     struct netio_buf b = {0};
     uint8_t out[256];
     size_t len;
@@ -204,6 +219,10 @@ static void *fake_main(void *arg) {
             f->seen[i].flags = q.flags;
             f->seen[i].epoch = q.epoch;
             for (uint32_t j = 0; j < q.n_tokens && j < 8; j++) f->seen[i].tokens[j] = wire_forward_token(&q, j);
+            if (f->script[i] == FAKE_CLOSE) {
+                closed_by_script = true;
+                break;
+            }
             struct wire_forward_reply r = {.st = {.status = f->script[i]}};
             float logits[FAKE_VOCAB] = {0};
             uint32_t end = q.start_pos + q.n_tokens;
@@ -233,7 +252,46 @@ static void *fake_main(void *arg) {
     }
     netio_buf_free(&b);
     close(fd);
-    return NULL;
+    return closed_by_script;
+}
+
+/* The shard closes the link just as the next FORWARD arrives (its idle close racing the
+ * client's check before the step): the client connects to the same address again, says HELLO
+ * and sends the step there, with no spare and no epoch change. */
+static void test_fake_shard_closes(void) {
+    fake_shard f = {.listen_fd = -1};
+    char msg[KVS_MSG_MAX] = "";
+    CHECK_EQ_INT(netio_listen("127.0.0.1", 0, 4, &f.listen_fd, &f.port, msg, sizeof msg), KVS_OK);
+    if (f.listen_fd < 0) return;
+    int32_t script[] = {KVS_OK, FAKE_CLOSE, KVS_OK};
+    memcpy(f.script, script, sizeof script);
+    pthread_t th;
+    pthread_create(&th, NULL, fake_main, &f);
+    char spec[64];
+    snprintf(spec, sizeof spec, "127.0.0.1:%u", (unsigned)f.port);
+    route_params p = route_default_params();
+    p.timeout_ms = 5000;
+    route *r = NULL;
+    route_session *s = NULL;
+    CHECK_EQ_INT(route_open(spec, NULL, &p, &r, msg, sizeof msg), KVS_OK);
+    if (r) CHECK_EQ_INT(route_session_open(r, &s, msg, sizeof msg), KVS_OK);
+    if (s) {
+        float logits[FAKE_VOCAB];
+        const int32_t t1[2] = {1, 2}, t2[1] = {3};
+        CHECK_EQ_INT(route_forward(r, s, t1, 2, logits, msg, sizeof msg), KVS_OK);
+        int rc = route_forward(r, s, t2, 1, logits, msg, sizeof msg);
+        if (rc != KVS_OK) fprintf(stderr, "after the shard closed the link: %s\n", msg);
+        CHECK_EQ_INT(rc, KVS_OK);
+        CHECK_EQ_INT(sampler_argmax(logits, FAKE_VOCAB), 3);
+        CHECK_EQ_INT(route_session_epoch(s), 1);
+    }
+    route_release(r, s);
+    route_close(r);
+    pthread_join(th, NULL);
+    close(f.listen_fd);
+    CHECK_EQ_INT(f.n_conns, 2);
+    CHECK_EQ_INT(f.n_fwd, 3);
+    if (f.n_fwd == 3) CHECK(f.seen[2].start == 2 && f.seen[2].n == 1 && f.seen[2].tokens[0] == 3);
 }
 
 static void test_fake_shard(void) {
@@ -305,6 +363,8 @@ int main(void) {
     test_parse_spec();
     run++;
     test_check_hops();
+    run++;
+    test_fake_shard_closes();
     run++;
     if (test_tok_arrays()) run++;
     else skipped++;

@@ -193,6 +193,19 @@ static bool hop_link_closed(const route_hop *h) {
     return recv(h->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
 }
 
+int route_hop_reconnect(route *r, route_hop *h, char *why, size_t why_cap) {
+    struct wire_info was = h->info;
+    int rc = route_hop_connect(r, h, why, why_cap);
+    if (rc == KVS_OK && (memcmp(was.model_digest, h->info.model_digest, WIRE_DIGEST_SIZE) != 0 ||
+                         was.first != h->info.first || was.last != h->info.last)) {
+        route_hop_disconnect(h);
+        snprintf(why, why_cap, "it now serves another model or other layers");
+        rc = KVS_ERR_INVALID_ARG;
+    }
+    h->info = rc == KVS_OK ? h->info : was;
+    return rc;
+}
+
 /* Reconnects every hop whose link the shard closed while idle: HELLO again on a new connection.
  * Sessions live on the shard by id, not by connection, so nothing is replayed. A hop that cannot
  * be reached again, or now serves other layers or another model, is left disconnected: the step
@@ -201,16 +214,8 @@ void route_refresh_links(route *r) {
     for (uint32_t k = 0; k < r->n_hops; k++) {
         route_hop *h = &r->hops[k];
         if (h->fd < 0 || !hop_link_closed(h)) continue;
-        struct wire_info was = h->info;
         char why[KVS_MSG_MAX] = "";
-        int rc = route_hop_connect(r, h, why, sizeof why);
-        if (rc == KVS_OK && (memcmp(was.model_digest, h->info.model_digest, WIRE_DIGEST_SIZE) != 0 ||
-                             was.first != h->info.first || was.last != h->info.last)) {
-            route_hop_disconnect(h);
-            snprintf(why, sizeof why, "it now serves another model or other layers");
-            rc = KVS_ERR_INVALID_ARG;
-        }
-        h->info = rc == KVS_OK ? h->info : was;
+        int rc = route_hop_reconnect(r, h, why, sizeof why);
         route_log(r, "hop %u (%s): the shard closed the idle link; %s%s", k, h->addr.text,
                   rc == KVS_OK ? "reconnected" : "cannot reconnect: ", rc == KVS_OK ? "" : why);
     }

@@ -35,6 +35,9 @@
  *     connected, the shard closed it while idle --route_refresh_links (before each step and
  *                 RELEASE): HELLO on a new connection--> connected (same model and layers) or
  *                 disconnected
+ *     disconnected by a transport error in a step --route_hop_reconnect, once per hop and step:
+ *                 the shard may have closed the idle link just after route_refresh_links
+ *                 looked--> connected (same model and layers: the step is tried again there)
  *     disconnected --route_reroute / route_fetch_vocab: route_take_spare--> a spare's
  *                 connection in the slot, r->hop_gen[k]++; no usable spare: the call fails
  *     any --route_close--> closed
@@ -226,6 +229,9 @@ uint32_t route_reply_limit(const route *r, uint16_t reply_op);
 int route_hop_call(route *r, route_hop *h, uint16_t op, size_t len, uint16_t reply_op, char *why, size_t why_cap);
 /* Connects h, TLS, HELLO, reads its INFO into h->info. */
 int route_hop_connect(route *r, route_hop *h, char *why, size_t why_cap);
+/* Connects h again at its address and checks it serves the same model and layers as before
+ * (INVALID_ARG, disconnected, when not); h->info keeps the old INFO on failure. */
+int route_hop_reconnect(route *r, route_hop *h, char *why, size_t why_cap);
 /* Reconnects (HELLO) the hops whose links the shard closed while idle; see route_hop.c. */
 void route_refresh_links(route *r);
 /* IO, TIMEOUT, CLOSED, PROTOCOL: the hop is gone, as opposed to a refusal. */

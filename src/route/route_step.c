@@ -324,6 +324,7 @@ int route_step(route *r, route_session *s, const int32_t *tokens, uint32_t n, co
     /* Client-driven from hidden_valid (I6): rows [hidden_valid, base) are re-sent from memory. */
     const uint32_t start = s->hidden_valid;
     void *last_out = s->opts->sample ? r->scratch_logits : logits_last;
+    bool reconnected[ROUTE_MAX_HOPS] = {false};
     for (;;) { /* one attempt of the step per iteration; each failed attempt uses up a spare */
         uint32_t k = 0;
         char why[KVS_MSG_MAX] = "";
@@ -335,6 +336,18 @@ int route_step(route *r, route_session *s, const int32_t *tokens, uint32_t n, co
         }
         if (res_k == HOP_FATAL)
             return kvs_fail(msg, msg_cap, rc, "hop %u (%s): %s", k, r->hops[k].addr.text, why);
+        /* A link the shard closed for idleness between route_refresh_links and this request
+         * fails like a dead shard (closed or reset, not a timeout: a hung shard would only
+         * cost a second one): try the same address once more before any spare. The session
+         * lives on the shard by id; if the shard lost it, CACHE_MISS replays. */
+        char why2[KVS_MSG_MAX] = "";
+        if ((rc == KVS_ERR_CLOSED || rc == KVS_ERR_IO) && !reconnected[k]) {
+            reconnected[k] = true;
+            if (route_hop_reconnect(r, &r->hops[k], why2, sizeof why2) == KVS_OK) {
+                route_log(r, "hop %u (%s): %s; reconnected, trying the step again", k, r->hops[k].addr.text, why);
+                continue;
+            }
+        }
         if ((rc = route_reroute(r, s, k, rc, why, msg, msg_cap)) != KVS_OK) return rc;
     }
 }
