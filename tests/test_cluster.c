@@ -2,133 +2,7 @@
  * `cluster status --json`, a clean stop deregisters at once, a kill -9 disappears within the lease
  * TTL, `generate --cluster` equals `kvshard run` greedy and skips an entry it cannot reach, and a
  * gap makes `cluster status` exit non-zero. Skips (77) without the etcd binary or stories260K. */
-#include <arpa/inet.h>
-#include <curl/curl.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-
-#include "etcd.h"
-#include "proc.h"
-#include "registry.h"
-#include "test.h"
-
-#define WAIT_MS 20000 /* every wait below is bounded by this */
-
-static char g_dir[256];
-static char g_url[64];
-static char g_etcd[256];
-
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    int port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    if (fd >= 0) close(fd);
-    return port;
-}
-
-static bool find_etcd(void) {
-    const char *env = getenv("KVS_ETCD");
-    const char *cands[] = {env ? env : "", "/usr/bin/etcd", "/usr/local/bin/etcd"};
-    for (size_t i = 0; i < 3; i++)
-        if (cands[i][0] && access(cands[i], X_OK) == 0) {
-            snprintf(g_etcd, sizeof g_etcd, "%s", cands[i]);
-            return true;
-        }
-    return false;
-}
-
-/* Starts etcd on two free loopback ports with a data dir under g_dir; waits (bounded) until a
- * range request answers. */
-static int g_cport, g_pport, g_generation;
-
-static pid_t start_etcd(void) {
-    if (!g_cport) {
-        g_cport = free_port();
-        g_pport = free_port();
-    }
-    int cport = g_cport, pport = g_pport;
-    char data[300], client[64], peer[64], cluster[96], logp[300];
-    snprintf(data, sizeof data, "%s/etcd-data-%d", g_dir, g_generation++); /* a restart starts empty */
-    snprintf(client, sizeof client, "http://127.0.0.1:%d", cport);
-    snprintf(peer, sizeof peer, "http://127.0.0.1:%d", pport);
-    snprintf(cluster, sizeof cluster, "default=%s", peer);
-    snprintf(logp, sizeof logp, "%s/etcd.log", g_dir);
-    snprintf(g_url, sizeof g_url, "%s", client);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(logp, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        execl(g_etcd, "etcd", "--data-dir", data, "--listen-client-urls", client, "--advertise-client-urls", client,
-              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer, "--initial-cluster", cluster,
-              (char *)NULL);
-        _exit(127);
-    }
-    etcd *db = NULL;
-    etcd_params ep = {.url = g_url, .timeout_ms = 500};
-    CHECK_EQ_INT(etcd_open(&ep, &db, NULL, 0), 0);
-    for (int waited = 0; db && waited < WAIT_MS; waited += 100) {
-        etcd_kv *kvs = NULL;
-        size_t n = 0;
-        if (etcd_range_prefix(db, "/", &kvs, &n, NULL, 0) == 0) {
-            etcd_kvs_free(kvs, n);
-            etcd_close(db);
-            return pid;
-        }
-        proc_sleep_ms(100);
-    }
-    etcd_close(db);
-    fprintf(stderr, "etcd did not answer within %d ms (log: %s)\n", WAIT_MS, logp);
-    return -1;
-}
-
-/* `cluster status --json`; *rc its exit status. */
-static char *status_json(int *rc) {
-    char errlog[300];
-    snprintf(errlog, sizeof errlog, "%s/cli.log", g_dir);
-    const char *args[] = {"cluster", "status", "--cluster", g_url, "--json", NULL};
-    char *out = NULL;
-    *rc = proc_run_args(args, &out, errlog, 30000);
-    return out;
-}
-
-static int count_of(const char *s, const char *needle) {
-    int n = 0;
-    for (const char *p = s; (p = strstr(p, needle)) != NULL; p++) n++;
-    return n;
-}
-
-/* Polls status until it lists want shards (bounded); returns the last output (malloc'd). */
-static char *wait_shards(int want, int *rc) {
-    char *out = NULL;
-    for (int waited = 0; waited <= WAIT_MS; waited += 200) {
-        free(out);
-        out = status_json(rc);
-        if (count_of(out, "\"addr\":") == want) return out;
-        proc_sleep_ms(200);
-    }
-    fprintf(stderr, "status never listed %d shards: %s\n", want, out);
-    return out;
-}
-
-static char *generated(const char *out) {
-    const char *p = strstr(out, "\"generated\":[");
-    const char *q = p ? strchr(p, ']') : NULL;
-    return p && q ? strndup(p, (size_t)(q - p + 1)) : strdup("(none)");
-}
-
-static char *run_cmd(const char *const *args, int *rc) {
-    char errlog[300];
-    snprintf(errlog, sizeof errlog, "%s/cli.log", g_dir);
-    char *out = NULL;
-    *rc = proc_run_args(args, &out, errlog, 120000);
-    return out;
-}
+#include "cluster_harness.h"
 
 static void check_generate(const char *model) {
     const char *prompt = "Once upon a time";
@@ -167,7 +41,7 @@ static void put_dead_entry(const char *status_out, char *key, size_t cap) {
     char *json = cl_entry_encode(&e);
     cl_entry_key(&e, CL_DEFAULT_PREFIX, key, cap);
     etcd *db = NULL;
-    etcd_params ep = {.url = g_url};
+    etcd_params ep = harness_etcd_params(2000);
     CHECK_EQ_INT(etcd_open(&ep, &db, NULL, 0), 0);
     CHECK_EQ_INT(db ? etcd_put(db, key, json, 0, NULL, 0) : -1, 0);
     etcd_close(db);
@@ -176,7 +50,7 @@ static void put_dead_entry(const char *status_out, char *key, size_t cap) {
 
 static void delete_key(const char *key) {
     etcd *db = NULL;
-    etcd_params ep = {.url = g_url};
+    etcd_params ep = harness_etcd_params(2000);
     CHECK_EQ_INT(etcd_open(&ep, &db, NULL, 0), 0);
     CHECK_EQ_INT(db ? etcd_delete(db, key, NULL, 0) : -1, 0);
     etcd_close(db);
@@ -223,19 +97,6 @@ static void run_checks(const char *model) {
     CHECK(strstr(out, "\"gaps\":[[0,2]]") != NULL || (fprintf(stderr, "status: %s\n", out), 0));
     free(out);
     proc_stop_server(&tail);
-}
-
-/* srv.connections_open of the shard at port (a `kvshard stats` call, itself one connection). */
-static long open_conns(int port) {
-    char addr[32];
-    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
-    const char *args[] = {"stats", addr, NULL};
-    int rc;
-    char *out = run_cmd(args, &rc);
-    const char *p = strstr(out, "\"srv.connections_open\":");
-    long n = rc == 0 && p ? strtol(p + 23, NULL, 10) : -1;
-    free(out);
-    return n;
 }
 
 /* api --cluster with 4 lanes over 2 replicas of each of 2 stages: 2 lanes on every shard (the
@@ -306,41 +167,6 @@ static pid_t check_etcd_restart(const char *model, pid_t etcd_pid) {
     return pid;
 }
 
-typedef struct {
-    char buf[65536];
-    size_t len;
-} http_reply;
-
-static size_t on_http(char *p, size_t sz, size_t nm, void *user) {
-    http_reply *r = user;
-    size_t n = sz * nm, room = sizeof r->buf - 1 - r->len;
-    memcpy(r->buf + r->len, p, n < room ? n : room);
-    r->len += n < room ? n : room;
-    r->buf[r->len] = 0;
-    return n;
-}
-
-/* POST body to http://127.0.0.1:port/v1/completions; returns the HTTP status, the body in *r. */
-static long post_completion(int port, const char *body, http_reply *r) {
-    char url[96];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/completions", port);
-    r->len = 0;
-    r->buf[0] = 0;
-    CURL *c = curl_easy_init();
-    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_http);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, r);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 60000L);
-    long status = 0;
-    if (curl_easy_perform(c) == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-    curl_slist_free_all(h);
-    curl_easy_cleanup(c);
-    return status;
-}
-
 /* A lane's open route loses its tail, which has no spare among those planned at start; a new tail
  * registered since is found in the live registry (route_params.more_spares) and the request
  * succeeds with the same text. */
@@ -392,10 +218,7 @@ int main(void) {
     if (etcd_pid > 0) check_api_balance(model);
     if (etcd_pid > 0) check_live_replan(model);
     if (etcd_pid > 0) etcd_pid = check_etcd_restart(model, etcd_pid);
-    if (etcd_pid > 0) {
-        kill(etcd_pid, SIGTERM);
-        proc_wait(etcd_pid, 10000);
-    }
+    stop_etcd(etcd_pid);
     if (test_failures_) fprintf(stderr, "%d failure(s); logs in %s\n", test_failures_, g_dir);
     else printf("ok\n");
     return test_failures_ ? 1 : 0;
