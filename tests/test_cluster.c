@@ -24,18 +24,18 @@ static void check_generate(const char *model) {
     free(got_out);
 }
 
-/* An entry for an address nobody serves, first in the planner's order (the most free KV): generate
- * must get past it (route_open takes a spare for it, logged with -v). */
-static void put_dead_entry(const char *status_out, char *key, size_t cap) {
+/* Puts an entry for addr claiming [0, last) of the model whose digest status_out shows, first in
+ * the planner's order (the most free KV); no lease: the test deletes it. */
+static void put_entry(const char *status_out, const char *addr, uint32_t last, char *key, size_t cap) {
     const char *d = strstr(status_out, "\"digest\":\"");
     cl_entry e;
     memset(&e, 0, sizeof e);
-    snprintf(e.addr, sizeof e.addr, "127.0.0.1:1");
+    snprintf(e.addr, sizeof e.addr, "%s", addr);
     snprintf(e.name, sizeof e.name, "stories260K");
     if (d) snprintf(e.digest, sizeof e.digest, "%.64s", d + 10);
     e.n_layer = 5;
     e.first = 0;
-    e.last = 2;
+    e.last = last;
     e.proto = 2;
     e.kv_budget = 1ull << 40; /* the most free KV: preferred on a tie */
     char *json = cl_entry_encode(&e);
@@ -46,6 +46,12 @@ static void put_dead_entry(const char *status_out, char *key, size_t cap) {
     CHECK_EQ_INT(db ? etcd_put(db, key, json, 0, NULL, 0) : -1, 0);
     etcd_close(db);
     free(json);
+}
+
+/* An entry for an address nobody serves: generate must get past it (route_open takes a spare for
+ * it, logged with -v). */
+static void put_dead_entry(const char *status_out, char *key, size_t cap) {
+    put_entry(status_out, "127.0.0.1:1", 2, key, cap);
 }
 
 static void delete_key(const char *key) {
@@ -97,6 +103,39 @@ static void run_checks(const char *model) {
     CHECK(strstr(out, "\"gaps\":[[0,2]]") != NULL || (fprintf(stderr, "status: %s\n", out), 0));
     free(out);
     proc_stop_server(&tail);
+}
+
+/* A registry entry that lies about a live shard: X serves [0, 3) but its (unleased) entry says
+ * [0, 2) and is preferred. Unchecked, the route X + T would fail on T ("previous hop ends at 3")
+ * and T would be skipped; the per-hop check refuses X by name instead, and generate equals run. */
+static void check_lying_entry(const char *model) {
+    const char *reg[] = {"--cluster", g_url, NULL};
+    proc_server head, tail, liar;
+    CHECK(proc_start_server(&head, g_dir, model, "0:2", reg));
+    CHECK(proc_start_server(&tail, g_dir, model, "2:end", reg));
+    CHECK(proc_start_server(&liar, g_dir, model, "0:3", NULL));
+    int rc;
+    char *out = wait_shards(2, &rc);
+    char key[512], addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", liar.port);
+    put_entry(out, addr, 2, key, sizeof key);
+    free(out);
+    check_generate(model);
+    char errlog[300], want[320];
+    snprintf(errlog, sizeof errlog, "%s/cli.log", g_dir);
+    snprintf(want, sizeof want, "skipping %s (registry entry layers [0, 2)): hop 0 (%s): registry entry advertises "
+             "layers [0, 2) of 5", addr, addr);
+    size_t n = 0;
+    char *log = (char *)test_read_file(errlog, &n);
+    if (!log || !strstr(log, want)) {
+        fprintf(stderr, "no line \"%s\" in %s\n", want, errlog);
+        test_failures_++;
+    }
+    free(log);
+    delete_key(key);
+    proc_stop_server(&head);
+    proc_stop_server(&tail);
+    proc_stop_server(&liar);
 }
 
 /* api --cluster with 4 lanes over 2 replicas of each of 2 stages: 2 lanes on every shard (the
@@ -215,6 +254,7 @@ int main(void) {
     pid_t etcd_pid = start_etcd();
     CHECK(etcd_pid > 0);
     if (etcd_pid > 0) run_checks(model);
+    if (etcd_pid > 0) check_lying_entry(model);
     if (etcd_pid > 0) check_api_balance(model);
     if (etcd_pid > 0) check_live_replan(model);
     if (etcd_pid > 0) etcd_pid = check_etcd_restart(model, etcd_pid);

@@ -321,7 +321,49 @@ typedef struct {
     const char *cmd;
     cluster_cli_opts o;
     char digest[CL_DIGEST_HEX + 1];
+    pthread_mutex_t mu;  /* guards seen: lanes plan and check hops from several threads */
+    cl_entry *seen;      /* the model's entries of the last registry read, for check_hop */
+    size_t n_seen;
 } live_spares_ctx;
+
+/* Remembers the entries of the model read last (the planned hops and offered spares come from
+ * them), so that check_hop can hold each shard's INFO against what its entry advertised. */
+static void remember_entries(live_spares_ctx *c, const cl_entry *e, size_t n) {
+    if (!c) return;
+    cl_entry *copy = calloc(n ? n : 1, sizeof *copy);
+    size_t m = 0;
+    for (size_t i = 0; copy && i < n; i++)
+        if (!strcmp(e[i].digest, c->digest)) copy[m++] = e[i];
+    pthread_mutex_lock(&c->mu);
+    if (copy) {
+        free(c->seen);
+        c->seen = copy;
+        c->n_seen = m;
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* route_params.check_hop: a shard whose INFO contradicts its registry entry (model digest, n_layer
+ * or layer range) is refused: the entry lies or is stale, and the route must not trust it. A shard
+ * without an entry (deregistered since) is judged by the route's own checks alone. */
+static int check_entry(void *ctx, const char *addr, const struct wire_info *in, char *msg, size_t cap) {
+    live_spares_ctx *c = ctx;
+    char hex[65];
+    digest_hex(in->model_digest, hex);
+    int err = KVS_OK;
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < c->n_seen && !err; i++) {
+        const cl_entry *e = &c->seen[i];
+        if (strcmp(e->addr, addr)) continue;
+        if (strcmp(e->digest, hex) || e->n_layer != in->n_layer || e->first != in->first || e->last != in->last)
+            err = kvs_fail(msg, cap, KVS_ERR_INVALID_ARG,
+                           "registry entry advertises layers [%u, %u) of %u of model %.12s but the shard answers "
+                           "[%u, %u) of %u of model %.12s in INFO: not used",
+                           e->first, e->last, e->n_layer, e->digest, in->first, in->last, in->n_layer, hex);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return err;
+}
 
 /* route_params.more_spares: the serving shards of the model with exactly [first, last), lowest
  * load first, read from the registry now. */
@@ -335,6 +377,7 @@ static char *live_spares(void *ctx, uint32_t first, uint32_t last) {
         return NULL;
     }
     etcd_close(db);
+    remember_entries(c, e, n);
     cl_plan p;
     char *spec = NULL;
     if (cl_plan_route(e, n, c->digest, &p, NULL, 0) == KVS_OK) {
@@ -357,6 +400,7 @@ static live_spares_ctx *live_ctx(const char *cmd, const cluster_cli_opts *o, con
     static live_spares_ctx *ctx; /* one per process: every --cluster command plans one model */
     pthread_mutex_lock(&mu);
     if (!ctx && (ctx = calloc(1, sizeof *ctx)) != NULL) {
+        pthread_mutex_init(&ctx->mu, NULL);
         ctx->cmd = cmd;
         ctx->o = *o;
         snprintf(ctx->digest, sizeof ctx->digest, "%s", digest);
@@ -379,8 +423,12 @@ static int open_planned(const char *cmd, const cluster_cli_opts *o, const route_
     for (int attempt = 0; !err; attempt++) {
         char digest[65], *route_spec = NULL, *spare_spec = NULL, msg[KVS_MSG_MAX] = "";
         if ((err = plan_specs(cmd, o, e, n, digest, &route_spec, &spare_spec))) break;
+        live_spares_ctx *lc = live_ctx(cmd, o, digest);
+        remember_entries(lc, e, n);
         rp_own.more_spares = live_spares;
-        rp_own.more_spares_ctx = live_ctx(cmd, o, digest);
+        rp_own.more_spares_ctx = lc;
+        rp_own.check_hop = lc ? check_entry : NULL;
+        rp_own.check_hop_ctx = lc;
         err = route_open(route_spec, spare_spec, rp, out, msg, sizeof msg);
         if (!err) {
             route_info ri;

@@ -99,6 +99,10 @@ typedef struct {
      * registry. They join the spares and are checked like them. NULL: only the given spares. */
     char *(*more_spares)(void *ctx, uint32_t first, uint32_t last);
     void *more_spares_ctx;
+    /* Called with every hop's and spare's INFO once it is read (route_open, re-routes): non-zero
+     * refuses that shard, msg saying why (e.g. a registry entry its INFO contradicts). NULL: none. */
+    int (*check_hop)(void *ctx, const char *addr, const struct wire_info *info, char *msg, size_t cap);
+    void *check_hop_ctx;
 } route_params;
 
 /* timeout_ms 30000, no auth, no TLS, no log, f32 hidden states, 256 MiB replay cap. */

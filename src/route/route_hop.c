@@ -174,6 +174,10 @@ int route_hop_connect(route *r, route_hop *h, char *why, size_t why_cap) {
         return kvs_fail(why, why_cap, st == KVS_ERR_UNSUPPORTED ? st : KVS_ERR_INVALID_ARG,
                         "the shard refused HELLO: %s", kvs_strerror(st));
     }
+    if (r->p.check_hop && r->p.check_hop(r->p.check_hop_ctx, h->addr.text, &h->info, nmsg, sizeof nmsg) != KVS_OK) {
+        route_hop_disconnect(h);
+        return kvs_fail(why, why_cap, KVS_ERR_INVALID_ARG, "%s", nmsg);
+    }
     return KVS_OK;
 }
 
