@@ -4,6 +4,7 @@
 #define KVS_TEST_CLUSTER_HARNESS_H
 
 #include <arpa/inet.h>
+#include <cjson/cJSON.h>
 #include <curl/curl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -207,6 +208,16 @@ static inline long post_completion(int port, const char *body, http_reply *r) {
     curl_slist_free_all(h);
     curl_easy_cleanup(c);
     return status;
+}
+
+/* choices[0].text of a completion reply (malloc'd), or NULL. */
+static inline char *reply_text(const char *buf) {
+    cJSON *j = cJSON_Parse(buf);
+    const cJSON *ch = j ? cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "choices"), 0) : NULL;
+    const cJSON *t = ch ? cJSON_GetObjectItemCaseSensitive(ch, "text") : NULL;
+    char *s = cJSON_IsString(t) ? strdup(t->valuestring) : NULL;
+    cJSON_Delete(j);
+    return s;
 }
 
 #endif /* KVS_TEST_CLUSTER_HARNESS_H */

@@ -135,6 +135,30 @@ static pid_t etcd_outage(pid_t etcd_pid) {
     return pid;
 }
 
+/* Lanes spread over replicas: with traffic going on, waits (bounded) until every replacement holds
+ * connections besides the stats call (lanes' and relay links: the watch re-plans lanes as shards
+ * come and go, so none is left idle). */
+static void check_spread(proc_server fresh[STAGES][REPLICAS]) {
+    long conns[STAGES][REPLICAS];
+    bool spread = false;
+    for (int waited = 0; !spread && waited < WAIT_MS; waited += 100) {
+        spread = true;
+        for (int st = 0; st < STAGES; st++)
+            for (int rep = 0; rep < REPLICAS; rep++) {
+                conns[st][rep] = open_conns(fresh[st][rep].port) - 1; /* less this stats call */
+                spread = spread && conns[st][rep] >= 1;
+            }
+        if (!spread) proc_sleep_ms(100);
+    }
+    printf("chaos: connections per replica at the end:");
+    for (int st = 0; st < STAGES; st++) printf(" %s %ld+%ld", k_layers[st], conns[st][0], conns[st][1]);
+    printf("\n");
+    if (!spread) {
+        fprintf(stderr, "the lanes did not spread over every replica\n");
+        test_failures_++;
+    }
+}
+
 /* Rows the replacements of each stage computed: the api ended on them, so none may be 0. */
 static void check_replacements_used(proc_server fresh[STAGES][REPLICAS]) {
     for (int st = 0; st < STAGES; st++) {
@@ -148,6 +172,23 @@ static void check_replacements_used(proc_server fresh[STAGES][REPLICAS]) {
             test_failures_++;
         }
     }
+}
+
+/* The api's recovery events from its log: hops re-routed, positions replayed, lanes moved. */
+static void print_recovery(const char *log_path) {
+    size_t n = 0;
+    char *log = (char *)test_read_file(log_path, &n);
+    int reroutes = 0, moves = count_of(log, "registry changed: a lane moves");
+    long replayed = 0;
+    for (const char *p = log; p && (p = strstr(p, "re-route: hop")) != NULL; p++) {
+        const char *q = strstr(p, "; ");
+        q = q ? strstr(q + 2, "; ") : NULL;
+        if (q) replayed += strtol(q + 2, NULL, 10);
+        reroutes++;
+    }
+    printf("chaos: %d re-routes, %ld positions replayed, %d lane moves after registry changes\n", reroutes, replayed,
+           moves);
+    free(log);
 }
 
 static void run_chaos(const char *model, pid_t *etcd_pid) {
@@ -171,6 +212,7 @@ static void run_chaos(const char *model, pid_t *etcd_pid) {
     if (up && wait_done(2 * CLIENTS)) {
         churn(model, shard, fresh);
         *etcd_pid = etcd_outage(*etcd_pid);
+        check_spread(fresh);
     }
     atomic_store(&g_stop, true);
     for (int i = 0; i < CLIENTS; i++) pthread_join(t[i], NULL);
@@ -182,6 +224,7 @@ static void run_chaos(const char *model, pid_t *etcd_pid) {
         test_failures_++;
     }
     proc_stop_server(&api);
+    print_recovery(api.log);
     for (int st = 0; st < STAGES; st++)
         for (int rep = 0; rep < REPLICAS; rep++) {
             proc_kill_server(&shard[st][rep]);

@@ -1,7 +1,9 @@
 /* Command-line glue for the cluster registry (cluster_cli.h). */
 #include "cluster_cli.h"
 
+#include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -270,25 +272,49 @@ static size_t named_entry(const cl_entry *e, size_t n, const char *route_spec, c
     return n;
 }
 
+/* One open lane route and the shards (indices into cluster_bal.addr) it was counted on. */
+typedef struct {
+    const route *r;
+    unsigned gen;      /* registry generation it was planned or last checked at */
+    uint32_t n;
+    size_t shard[ROUTE_MAX_HOPS];
+} bal_route;
+
 /* Lanes this process has put on each shard (api --cluster): added to the registry's load so that
- * lanes opened together spread over replicas instead of all taking the same best one. */
+ * lanes opened together spread over replicas instead of all taking the same best one. A watch on
+ * the registry bumps gen when a shard joins or leaves; a lane's route planned at an older gen is
+ * re-planned before its next request and replaced when the plan now puts it elsewhere. */
 struct cluster_bal {
-    pthread_mutex_t mu;
+    pthread_mutex_t mu; /* guards addr, lanes, routes */
     const char *cmd;
     cluster_cli_opts o;
     size_t n;
     char (*addr)[CL_ADDR_MAX];
     unsigned *lanes;
+    bal_route *routes;
+    size_t n_routes;
+    char *password;      /* --etcd-password-file, read once for the watch */
+    atomic_uint gen;
+    atomic_bool stop, watch_up;
+    bool watching;
+    pthread_t watch;
+    pthread_mutex_t wmu;
+    pthread_cond_t wcv;
 };
 
 #define CLUSTER_LANE_WEIGHT 1e9 /* one lane outweighs any measured load: lanes decide first */
+#define CLUSTER_WATCH_RETRY_MS 500 /* a broken watch is opened again this often */
 
-static void bal_bias(cluster_bal *b, cl_entry *e, size_t n) {
+/* Adds the lanes on each shard to e[i].load, minus those of the route `own` (NULL: none). */
+static void bal_bias(cluster_bal *b, cl_entry *e, size_t n, const bal_route *own) {
     if (!b) return;
     pthread_mutex_lock(&b->mu);
-    for (size_t i = 0; i < n; i++)
-        for (size_t k = 0; k < b->n; k++)
-            if (!strcmp(b->addr[k], e[i].addr)) e[i].load += CLUSTER_LANE_WEIGHT * b->lanes[k];
+    for (size_t k = 0; k < b->n; k++) {
+        unsigned lanes = b->lanes[k];
+        for (uint32_t h = 0; own && h < own->n; h++) lanes -= own->shard[h] == k && lanes > 0;
+        for (size_t i = 0; i < n; i++)
+            if (!strcmp(b->addr[k], e[i].addr)) e[i].load += CLUSTER_LANE_WEIGHT * lanes;
+    }
     pthread_mutex_unlock(&b->mu);
 }
 
@@ -297,7 +323,11 @@ static void bal_note(cluster_bal *b, const route *r) {
     route_info ri;
     route_get_info(r, &ri);
     pthread_mutex_lock(&b->mu);
-    for (uint32_t h = 0; h < ri.n_hops; h++) {
+    bal_route *nr = realloc(b->routes, (b->n_routes + 1) * sizeof *nr);
+    if (nr) b->routes = nr;
+    bal_route *br = nr ? &b->routes[b->n_routes++] : NULL;
+    if (br) *br = (bal_route){.r = r, .gen = atomic_load(&b->gen)};
+    for (uint32_t h = 0; h < ri.n_hops && h < ROUTE_MAX_HOPS; h++) {
         const char *a = route_hop_addr(r, h);
         size_t k = 0;
         while (k < b->n && strcmp(b->addr[k], a)) k++;
@@ -311,6 +341,20 @@ static void bal_note(cluster_bal *b, const route *r) {
             b->n++;
         }
         b->lanes[k]++;
+        if (br) br->shard[br->n++] = k;
+    }
+    pthread_mutex_unlock(&b->mu);
+}
+
+/* Takes route r off the counts (it is closing or moving). */
+static void bal_forget(cluster_bal *b, const route *r) {
+    pthread_mutex_lock(&b->mu);
+    for (size_t i = 0; i < b->n_routes; i++) {
+        if (b->routes[i].r != r) continue;
+        for (uint32_t h = 0; h < b->routes[i].n; h++)
+            if (b->lanes[b->routes[i].shard[h]] > 0) b->lanes[b->routes[i].shard[h]]--;
+        b->routes[i] = b->routes[--b->n_routes];
+        break;
     }
     pthread_mutex_unlock(&b->mu);
 }
@@ -419,7 +463,7 @@ static int open_planned(const char *cmd, const cluster_cli_opts *o, const route_
     int err = cluster_cli_open(cmd, o, 2000, &db);
     if (!err) err = cluster_cli_load(cmd, db, o, &e, &n);
     etcd_close(db);
-    bal_bias(b, e, n);
+    bal_bias(b, e, n, NULL);
     for (int attempt = 0; !err; attempt++) {
         char digest[65], *route_spec = NULL, *spare_spec = NULL, msg[KVS_MSG_MAX] = "";
         if ((err = plan_specs(cmd, o, e, n, digest, &route_spec, &spare_spec))) break;
@@ -469,14 +513,147 @@ int cluster_cli_route_open(const char *cmd, const cluster_cli_opts *o, const rou
     return open_planned(cmd, o, rp, out, NULL, NULL, 0);
 }
 
+/* True when r's hops are no longer those its lane was counted on. */
+static bool bal_moved(cluster_bal *b, const route *r) {
+    route_info ri;
+    route_get_info(r, &ri);
+    bool moved = false;
+    pthread_mutex_lock(&b->mu);
+    for (size_t i = 0; i < b->n_routes; i++) {
+        const bal_route *br = &b->routes[i];
+        if (br->r != r) continue;
+        moved = br->n != ri.n_hops;
+        for (uint32_t h = 0; h < br->n && !moved; h++) moved = strcmp(b->addr[br->shard[h]], route_hop_addr(r, h)) != 0;
+    }
+    pthread_mutex_unlock(&b->mu);
+    return moved;
+}
+
+/* The addresses of r's hops now, "a,b,..." (malloc'd). */
+static char *hops_spec(const route *r) {
+    route_info ri;
+    route_get_info(r, &ri);
+    size_t cap = 1;
+    for (uint32_t h = 0; h < ri.n_hops; h++) cap += strlen(route_hop_addr(r, h)) + 1;
+    char *s = malloc(cap);
+    if (!s) return NULL;
+    s[0] = 0;
+    for (uint32_t h = 0; h < ri.n_hops; h++) {
+        if (h) strcat(s, ",");
+        strcat(s, route_hop_addr(r, h));
+    }
+    return s;
+}
+
+/* http_params.route_stale: true when the registry changed since r was planned and a plan made now
+ * (with r's own lanes left out) puts its lane on other shards; r is then off the counts. */
+static bool bal_stale(void *ctx, const route *r, bool closing) {
+    cluster_bal *b = ctx;
+    if (closing) {
+        bal_forget(b, r);
+        return false;
+    }
+    unsigned gen = atomic_load(&b->gen);
+    bal_route own = {0};
+    bool found = false;
+    if (bal_moved(b, r)) { /* the route replaced a hop from its spares: count its lane where it is now */
+        bal_forget(b, r);
+        bal_note(b, r);
+        pthread_mutex_lock(&b->mu);
+        for (size_t i = 0; i < b->n_routes; i++)
+            if (b->routes[i].r == r) b->routes[i].gen = gen - 1; /* and re-plan it below */
+        pthread_mutex_unlock(&b->mu);
+    }
+    pthread_mutex_lock(&b->mu);
+    for (size_t i = 0; i < b->n_routes && !found; i++)
+        if (b->routes[i].r == r && (found = b->routes[i].gen != gen)) {
+            b->routes[i].gen = gen;
+            own = b->routes[i];
+        }
+    pthread_mutex_unlock(&b->mu);
+    if (!found) return false;
+    etcd *db = NULL;
+    cl_entry *e = NULL;
+    size_t n = 0;
+    char digest[65], *want = NULL, *spares = NULL, *have = NULL;
+    bool stale = false;
+    if (!cluster_cli_open(b->cmd, &b->o, 2000, &db) && !cluster_cli_load(b->cmd, db, &b->o, &e, &n)) {
+        bal_bias(b, e, n, &own);
+        if (!plan_specs(b->cmd, &b->o, e, n, digest, &want, &spares) && (have = hops_spec(r)) != NULL)
+            stale = strcmp(want, have) != 0;
+    }
+    etcd_close(db);
+    if (stale) {
+        fprintf(stderr, "kvshard %s: registry changed: a lane moves from %s to %s\n", b->cmd, have, want);
+        bal_forget(b, r);
+    }
+    free(e);
+    free(want);
+    free(spares);
+    free(have);
+    return stale;
+}
+
+static void bal_on_event(void *ctx, int event, const char *key) {
+    cluster_bal *b = ctx;
+    (void)key;
+    if (event == ETCD_WATCHING) atomic_store(&b->watch_up, true);
+    if (event != ETCD_MODIFIED) atomic_fetch_add(&b->gen, 1); /* a shard joined or left (or changes were missed) */
+}
+
+static bool bal_stopping(void *ctx) { return atomic_load(&((cluster_bal *)ctx)->stop); }
+
+/* The watch thread: one streaming watch on the shards' prefix, opened again after it breaks; the
+ * first message of every new watch bumps gen, covering changes missed meanwhile. */
+static void *bal_watch_main(void *arg) {
+    cluster_bal *b = arg;
+    char prefix[300];
+    snprintf(prefix, sizeof prefix, "%sshards/", b->o.prefix ? b->o.prefix : CL_DEFAULT_PREFIX);
+    etcd_watch_cb cb = {.on_event = bal_on_event, .stop = bal_stopping, .ctx = b};
+    bool quiet = false;
+    while (!atomic_load(&b->stop)) {
+        char msg[KVS_MSG_MAX] = "";
+        etcd *db = NULL;
+        etcd_params ep = {.url = b->o.url, .ca = b->o.ca, .cert = b->o.cert, .key = b->o.key, .user = b->o.user,
+                          .password = b->password, .timeout_ms = 2000};
+        atomic_store(&b->watch_up, false);
+        int err = etcd_open(&ep, &db, msg, sizeof msg);
+        if (!err) err = etcd_watch_prefix(db, prefix, &cb, msg, sizeof msg);
+        etcd_close(db);
+        if (atomic_load(&b->watch_up)) quiet = false;
+        if (err && !quiet) fprintf(stderr, "kvshard %s: registry watch: %s (retrying)\n", b->cmd, msg);
+        quiet = quiet || err;
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += CLUSTER_WATCH_RETRY_MS * 1000000L;
+        until.tv_sec += until.tv_nsec / 1000000000L;
+        until.tv_nsec %= 1000000000L;
+        pthread_mutex_lock(&b->wmu);
+        while (!atomic_load(&b->stop) && pthread_cond_timedwait(&b->wcv, &b->wmu, &until) != ETIMEDOUT) {
+        }
+        pthread_mutex_unlock(&b->wmu);
+    }
+    return NULL;
+}
+
 cluster_bal *cluster_bal_new(const char *cmd, const cluster_cli_opts *o) {
     cluster_bal *b = calloc(1, sizeof *b);
     if (!b) return NULL;
     pthread_mutex_init(&b->mu, NULL);
+    pthread_mutex_init(&b->wmu, NULL);
+    pthread_cond_init(&b->wcv, NULL);
     b->cmd = cmd;
     b->o = *o;
+    if (o->password_file && !(b->password = args_read_token(cmd, o->password_file))) {
+        cluster_bal_free(b);
+        return NULL;
+    }
+    b->watching = pthread_create(&b->watch, NULL, bal_watch_main, b) == 0;
+    if (!b->watching) fprintf(stderr, "kvshard %s: no registry watch (cannot start a thread)\n", cmd);
     return b;
 }
+
+bool cluster_bal_stale(void *ctx, const route *r, bool closing) { return bal_stale(ctx, r, closing); }
 
 int cluster_bal_open(void *ctx, const route_params *rp, route **out, char *msg, size_t cap) {
     cluster_bal *b = ctx;
@@ -486,8 +663,19 @@ int cluster_bal_open(void *ctx, const route_params *rp, route **out, char *msg, 
 
 void cluster_bal_free(cluster_bal *b) {
     if (!b) return;
+    if (b->watching) {
+        pthread_mutex_lock(&b->wmu);
+        atomic_store(&b->stop, true);
+        pthread_cond_signal(&b->wcv);
+        pthread_mutex_unlock(&b->wmu);
+        pthread_join(b->watch, NULL);
+    }
     pthread_mutex_destroy(&b->mu);
+    pthread_mutex_destroy(&b->wmu);
+    pthread_cond_destroy(&b->wcv);
     free(b->addr);
     free(b->lanes);
+    free(b->routes);
+    free(b->password);
     free(b);
 }

@@ -59,6 +59,9 @@ int cluster_cli_specs(const char *cmd, const cluster_cli_opts *o, char **route_s
 typedef struct cluster_bal cluster_bal;
 cluster_bal *cluster_bal_new(const char *cmd, const cluster_cli_opts *o);
 int cluster_bal_open(void *ctx, const route_params *rp, route **out, char *msg, size_t cap);
+/* http_params.route_stale: a lane's route is re-planned before its next request once the registry
+ * watch saw a shard join or leave, and replaced when the plan now puts that lane elsewhere. */
+bool cluster_bal_stale(void *ctx, const route *r, bool closing);
 void cluster_bal_free(cluster_bal *b);
 
 #endif /* KVS_CLUSTER_CLI_H */

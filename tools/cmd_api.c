@@ -113,6 +113,7 @@ int cmd_api(int argc, char **argv) {
         if (!(bal = cluster_bal_new("api", &cl))) return 1;
         p.open_route = cluster_bal_open;
         p.open_route_ctx = bal;
+        p.route_stale = cluster_bal_stale;
     }
     if (!model == !p.route) {
         fprintf(stderr, "kvshard api: exactly one of -m MODEL or --route SPEC is required\n");

@@ -55,31 +55,38 @@ static size_t on_body(char *p, size_t sz, size_t nm, void *user) {
 
 static char *dup_or_null(const char *s) { return s ? strdup(s) : NULL; }
 
+/* Sets up e's handle for a POST of body to url (headers in *hdr, curl_slist_free_all after). */
+static CURL *post_setup(etcd *e, const char *url, const char *body, struct curl_slist **hdr) {
+    *hdr = curl_slist_append(NULL, "Content-Type: application/json");
+    if (e->token[0]) {
+        char h[600];
+        snprintf(h, sizeof h, "Authorization: %s", e->token);
+        *hdr = curl_slist_append(*hdr, h);
+    }
+    CURL *c = e->curl;
+    curl_easy_reset(c);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, *hdr);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, (long)e->timeout_ms);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L); /* no SIGALRM in a threaded process */
+    if (e->ca) curl_easy_setopt(c, CURLOPT_CAINFO, e->ca);
+    if (e->cert) curl_easy_setopt(c, CURLOPT_SSLCERT, e->cert);
+    if (e->key) curl_easy_setopt(c, CURLOPT_SSLKEY, e->key);
+    return c;
+}
+
 /* POSTs body to url/path; on success *reply is the parsed JSON (cJSON_Delete). */
 static int post(etcd *e, const char *path, const char *body, cJSON **reply, char *msg, size_t cap) {
     *reply = NULL;
     char url[1024];
     snprintf(url, sizeof url, "%s%s", e->url, path);
     etcd_buf b = {0};
-    struct curl_slist *hdr = curl_slist_append(NULL, "Content-Type: application/json");
-    if (e->token[0]) {
-        char h[600];
-        snprintf(h, sizeof h, "Authorization: %s", e->token);
-        hdr = curl_slist_append(hdr, h);
-    }
-    CURL *c = e->curl;
-    curl_easy_reset(c);
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdr);
+    struct curl_slist *hdr = NULL;
+    CURL *c = post_setup(e, url, body, &hdr);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
     curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)e->timeout_ms);
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, (long)e->timeout_ms);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L); /* no SIGALRM in a threaded process */
-    if (e->ca) curl_easy_setopt(c, CURLOPT_CAINFO, e->ca);
-    if (e->cert) curl_easy_setopt(c, CURLOPT_SSLCERT, e->cert);
-    if (e->key) curl_easy_setopt(c, CURLOPT_SSLKEY, e->key);
     CURLcode rc = curl_easy_perform(c);
     long status = 0;
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
@@ -275,14 +282,12 @@ static int decode_kvs(const cJSON *arr, etcd_kv **kvs, size_t *n, char *msg, siz
     return KVS_OK;
 }
 
-int etcd_range_prefix(etcd *e, const char *prefix, etcd_kv **kvs, size_t *n, char *msg, size_t cap) {
-    *kvs = NULL;
-    *n = 0;
+/* {"key": prefix, "range_end": the prefix's end}, base64; NULL for a bad prefix or no memory. */
+static cJSON *prefix_range(const char *prefix) {
     size_t pl = strlen(prefix);
-    if (pl == 0 || (unsigned char)prefix[pl - 1] == 0xff)
-        return kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "etcd range: bad prefix");
+    if (pl == 0 || (unsigned char)prefix[pl - 1] == 0xff) return NULL;
     char *end = strdup(prefix);
-    if (!end) return KVS_ERR_NOMEM;
+    if (!end) return NULL;
     end[pl - 1] = (char)(end[pl - 1] + 1); /* the range [prefix, prefix+1) is the prefix */
     char *k = b64_encode(prefix, pl), *re = b64_encode(end, pl);
     free(end);
@@ -291,12 +296,20 @@ int etcd_range_prefix(etcd *e, const char *prefix, etcd_kv **kvs, size_t *n, cha
         free(k);
         free(re);
         cJSON_Delete(rq);
-        return KVS_ERR_NOMEM;
+        return NULL;
     }
     cJSON_AddStringToObject(rq, "key", k);
     cJSON_AddStringToObject(rq, "range_end", re);
     free(k);
     free(re);
+    return rq;
+}
+
+int etcd_range_prefix(etcd *e, const char *prefix, etcd_kv **kvs, size_t *n, char *msg, size_t cap) {
+    *kvs = NULL;
+    *n = 0;
+    cJSON *rq = prefix_range(prefix);
+    if (!rq) return kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "etcd range: bad prefix or no memory");
     cJSON *r = NULL;
     int err = post_obj(e, "/v3/kv/range", rq, &r, msg, cap);
     if (err) return err;
@@ -349,4 +362,96 @@ int etcd_lease_revoke(etcd *e, int64_t id, char *msg, size_t cap) {
     if (!rq) return KVS_ERR_NOMEM;
     add_i64(rq, "ID", id);
     return post_obj(e, "/v3/lease/revoke", rq, NULL, msg, cap);
+}
+
+/* The stream of a watch: newline-delimited JSON messages, split here and reported. */
+typedef struct {
+    const etcd_watch_cb *cb;
+    etcd_buf line;
+    bool error; /* etcd answered an error message instead of a result */
+    char why[256];
+} watch_stream;
+
+static void watch_report(watch_stream *w, const cJSON *m) {
+    const cJSON *res = cJSON_GetObjectItemCaseSensitive(m, "result");
+    if (!res) {
+        const cJSON *err = cJSON_GetObjectItemCaseSensitive(m, "error");
+        const cJSON *em = err ? cJSON_GetObjectItemCaseSensitive(err, "message") : NULL;
+        w->error = true;
+        snprintf(w->why, sizeof w->why, "%s", cJSON_IsString(em) ? em->valuestring : "an error message");
+        return;
+    }
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(res, "created"))) w->cb->on_event(w->cb->ctx, ETCD_WATCHING, NULL);
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(res, "canceled"))) {
+        w->error = true;
+        snprintf(w->why, sizeof w->why, "the watch was canceled");
+    }
+    const cJSON *ev;
+    cJSON_ArrayForEach(ev, cJSON_GetObjectItemCaseSensitive(res, "events")) {
+        const cJSON *kv = cJSON_GetObjectItemCaseSensitive(ev, "kv"), *type = cJSON_GetObjectItemCaseSensitive(ev, "type");
+        const cJSON *key = kv ? cJSON_GetObjectItemCaseSensitive(kv, "key") : NULL;
+        char *k = cJSON_IsString(key) ? b64_decode(key->valuestring, NULL) : NULL;
+        int what = cJSON_IsString(type) && !strcmp(type->valuestring, "DELETE") ? ETCD_DELETED
+                   : json_i64(kv, "version") == 1                                ? ETCD_CREATED
+                                                                                 : ETCD_MODIFIED;
+        if (k) w->cb->on_event(w->cb->ctx, what, k);
+        free(k);
+    }
+}
+
+static size_t on_watch(char *p, size_t sz, size_t nm, void *user) {
+    watch_stream *w = user;
+    size_t n = sz * nm;
+    if (on_body(p, 1, n, &w->line) != n) return 0;
+    char *nl;
+    while ((nl = memchr(w->line.data, '\n', w->line.len)) != NULL) {
+        size_t len = (size_t)(nl - w->line.data);
+        cJSON *m = cJSON_ParseWithLength(w->line.data, len);
+        if (m) watch_report(w, m);
+        cJSON_Delete(m);
+        memmove(w->line.data, nl + 1, w->line.len - len - 1);
+        w->line.len -= len + 1;
+        w->line.data[w->line.len] = 0;
+    }
+    return w->cb->stop(w->cb->ctx) || w->error ? 0 : n;
+}
+
+static int on_watch_progress(void *user, curl_off_t a, curl_off_t b, curl_off_t c, curl_off_t d) {
+    (void)a, (void)b, (void)c, (void)d;
+    const watch_stream *w = user;
+    return w->cb->stop(w->cb->ctx) ? 1 : 0;
+}
+
+int etcd_watch_prefix(etcd *e, const char *prefix, const etcd_watch_cb *cb, char *msg, size_t cap) {
+    cJSON *range = prefix_range(prefix), *rq = cJSON_CreateObject();
+    if (!range || !rq) {
+        cJSON_Delete(range);
+        cJSON_Delete(rq);
+        return kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "etcd watch: bad prefix or no memory");
+    }
+    cJSON_AddItemToObject(rq, "create_request", range);
+    char *body = cJSON_PrintUnformatted(rq);
+    cJSON_Delete(rq);
+    if (!body) return KVS_ERR_NOMEM;
+    char url[1024];
+    snprintf(url, sizeof url, "%s/v3/watch", e->url);
+    watch_stream w = {.cb = cb};
+    struct curl_slist *hdr = NULL;
+    CURL *c = post_setup(e, url, body, &hdr);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_watch);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &w);
+    curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_watch_progress);
+    curl_easy_setopt(c, CURLOPT_XFERINFODATA, &w);
+    curl_easy_setopt(c, CURLOPT_TCP_KEEPALIVE, 1L); /* a vanished etcd host ends the stream */
+    CURLcode rc = curl_easy_perform(c);
+    long status = 0;
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    curl_slist_free_all(hdr);
+    free(body);
+    free(w.line.data);
+    if (cb->stop(cb->ctx)) return KVS_OK;
+    if (w.error) return kvs_fail(msg, cap, KVS_ERR_IO, "etcd watch: %s", w.why);
+    if (rc != CURLE_OK) return kvs_fail(msg, cap, KVS_ERR_IO, "etcd watch %s: %s", url, curl_easy_strerror(rc));
+    return kvs_fail(msg, cap, KVS_ERR_IO, "etcd watch %s: the stream ended (HTTP %ld)", url, status);
 }

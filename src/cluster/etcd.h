@@ -9,6 +9,7 @@
 #ifndef KVS_ETCD_H
 #define KVS_ETCD_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -40,5 +41,21 @@ int etcd_lease_grant(etcd *e, int64_t ttl_s, int64_t *id, char *msg, size_t cap)
  * (expired or revoked: grant a new one). */
 int etcd_lease_keepalive(etcd *e, int64_t id, int64_t *ttl_left, char *msg, size_t cap);
 int etcd_lease_revoke(etcd *e, int64_t id, char *msg, size_t cap);
+
+/* What a watch reports: the watch is in place (changes from now on are reported), a key was
+ * created, an existing key was rewritten, a key was deleted (or its lease expired). */
+enum etcd_watch_event { ETCD_WATCHING = 0, ETCD_CREATED = 1, ETCD_MODIFIED = 2, ETCD_DELETED = 3 };
+
+typedef struct {
+    void (*on_event)(void *ctx, int event, const char *key); /* key NULL for ETCD_WATCHING */
+    bool (*stop)(void *ctx); /* polled about every 100 ms and on each message: true ends the watch */
+    void *ctx;
+} etcd_watch_cb;
+
+/* Watches every key under prefix over one streaming POST /v3/watch, calling cb->on_event as etcd
+ * reports, until cb->stop says so (KVS_OK) or the stream breaks (etcd down or restarted: the error;
+ * changes may then have been missed, so re-read the range before watching again). Blocks the
+ * calling thread; the handle is busy meanwhile. */
+int etcd_watch_prefix(etcd *e, const char *prefix, const etcd_watch_cb *cb, char *msg, size_t cap);
 
 #endif /* KVS_ETCD_H */

@@ -46,6 +46,10 @@ typedef struct {
      * lane from the registry); NULL: route_open. Called from several lanes' threads at once. */
     int (*open_route)(void *ctx, const route_params *rp, route **out, char *msg, size_t cap);
     void *open_route_ctx;
+    /* With open_route (same ctx): asked about a lane's open route before a request uses it
+     * (closing false; true makes the lane close it and open a new one, e.g. a registry that gained
+     * shards), and told before the lanes close any route (closing true). NULL: none. */
+    bool (*route_stale)(void *ctx, const route *r, bool closing);
     const char *model_name;      /* id in /v1/models and replies; NULL: "kvshard" */
     const char *tokenizer_path;  /* GGUF to read the tokenizer and chat template from; NULL:
                                     the head shard's VOCAB (SentencePiece models only) */

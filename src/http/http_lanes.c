@@ -43,6 +43,12 @@ static int open_route(http_lanes *L, route **r, char *msg, size_t cap) {
     return route_open(L->route_spec, L->spares_spec, &rp, r, msg, cap);
 }
 
+/* Closes a lane's route, telling p.route_stale first (it may count the lanes on each shard). */
+static void lane_route_close(http_lanes *L, route *r) {
+    if (r && L->p.route_stale) L->p.route_stale(L->p.open_route_ctx, r, true);
+    route_close(r);
+}
+
 static char *dup_or_empty(const char *s) {
     size_t n = s ? strlen(s) : 0;
     char *d = malloc(n + 1);
@@ -117,7 +123,7 @@ void http_lanes_close(http_lanes *L) {
                 for (int j = 0; j < L->p.prefix_slots; j++)
                     if (ln->kept[j].s) kept_drop(L, i, &ln->kept[j]);
             free(ln->kept);
-            route_close(ln->r);
+            lane_route_close(L, ln->r);
         }
     }
     free(L->lanes);
@@ -149,6 +155,27 @@ static bool any_free(const http_lanes *L) {
     for (int i = 0; i < L->p.lanes; i++)
         if (!L->lanes[i].busy) return true;
     return false;
+}
+
+/* The lane (held busy, L1) drops its route for a new one: its kept sessions, taken or not, are
+ * released on the old route first; the next open_route plans afresh. */
+static void lane_replace_route(http_lanes *L, http_lane *ln, route_session **taken) {
+    if (*taken) route_release(ln->r, *taken);
+    *taken = NULL;
+    for (int j = 0; j < L->p.prefix_slots; j++)
+        if (ln->kept[j].s) {
+            route_release(ln->r, ln->kept[j].s);
+            free(ln->kept[j].hist);
+            memset(&ln->kept[j], 0, sizeof ln->kept[j]);
+        }
+    route_info ri;
+    route_get_info(ln->r, &ri);
+    route_close(ln->r); /* route_stale already took it off its counts */
+    pthread_mutex_lock(&L->mu);
+    L->reroutes_done += ri.reroutes;
+    ln->r = NULL;
+    ln->reroutes = 0;
+    pthread_mutex_unlock(&L->mu);
 }
 
 int http_lanes_acquire(http_lanes *L, const int32_t *prompt, uint32_t n, int *lane, route_session **kept,
@@ -211,6 +238,10 @@ int http_lanes_acquire(http_lanes *L, const int32_t *prompt, uint32_t n, int *la
         *kept = NULL;
         *reuse = 0;
     }
+    if (ln->r && L->p.route_stale && L->p.route_stale(L->p.open_route_ctx, ln->r, false)) {
+        lane_replace_route(L, ln, kept);
+        *reuse = 0;
+    }
     if (!ln->r) {
         int err = open_route(L, &ln->r, msg, cap);
         if (err) {
@@ -258,7 +289,7 @@ void http_lanes_finish(http_lanes *L, int lane, route_session *s, const int32_t 
             }
         route_info ri;
         route_get_info(ln->r, &ri);
-        route_close(ln->r);
+        lane_route_close(L, ln->r);
         pthread_mutex_lock(&L->mu);
         L->reroutes_done += ri.reroutes;
         ln->r = NULL;
