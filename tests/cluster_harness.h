@@ -19,10 +19,13 @@
 static char g_dir[256];
 static char g_url[128];
 static char g_etcd[256];
-/* TLS to etcd (NULL: plain http): the CA, and the client certificate and key the tests and the
- * kvshard commands present (etcd started with --client-cert-auth). */
-static const char *g_etcd_ca, *g_etcd_cert, *g_etcd_key;
-static char g_etcd_server_cert[300], g_etcd_server_key[300];
+/* TLS to etcd (g_etcd_ca NULL: plain http): the CA, the server's certificate (CN localhost, the
+ * URL's host), and the client certificate and key the tests and the kvshard commands present;
+ * g_etcd_client_auth starts etcd with --client-cert-auth. g_etcd_user and g_etcd_password_file:
+ * etcd auth for the kvshard commands (NULL: none). */
+static const char *g_etcd_ca, *g_etcd_cert, *g_etcd_key, *g_etcd_user, *g_etcd_password_file;
+static bool g_etcd_client_auth;
+static char g_etcd_server_cert[340], g_etcd_server_key[340];
 static int g_cport, g_pport, g_generation;
 
 static inline int free_port(void) {
@@ -52,16 +55,25 @@ static inline etcd_params harness_etcd_params(int timeout_ms) {
                          .timeout_ms = timeout_ms};
 }
 
-static inline void exec_etcd(const char *data, const char *client, const char *peer, const char *cluster) {
-    if (g_etcd_ca)
-        execl(g_etcd, "etcd", "--data-dir", data, "--listen-client-urls", client, "--advertise-client-urls", client,
-              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer, "--initial-cluster", cluster,
-              "--cert-file", g_etcd_server_cert, "--key-file", g_etcd_server_key, "--trusted-ca-file", g_etcd_ca,
-              "--client-cert-auth", (char *)NULL);
-    else
-        execl(g_etcd, "etcd", "--data-dir", data, "--listen-client-urls", client, "--advertise-client-urls", client,
-              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer, "--initial-cluster", cluster,
-              (char *)NULL);
+static inline void exec_etcd(const char *data, const char *listen, const char *client, const char *peer,
+                             const char *cluster) {
+    const char *argv[24] = {"etcd", "--data-dir", data, "--listen-client-urls", listen, "--advertise-client-urls",
+                            client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                            "--initial-cluster", cluster};
+    int n = 13;
+    if (g_etcd_ca) {
+        argv[n++] = "--cert-file";
+        argv[n++] = g_etcd_server_cert;
+        argv[n++] = "--key-file";
+        argv[n++] = g_etcd_server_key;
+    }
+    if (g_etcd_client_auth) {
+        argv[n++] = "--trusted-ca-file";
+        argv[n++] = g_etcd_ca;
+        argv[n++] = "--client-cert-auth";
+    }
+    argv[n] = NULL;
+    execv(g_etcd, (char *const *)argv);
 }
 
 /* Starts etcd on two free loopback ports (the same ones on a restart) with a fresh data dir under
@@ -71,9 +83,10 @@ static inline pid_t start_etcd_host(const char *host) {
         g_cport = free_port();
         g_pport = free_port();
     }
-    char data[300], client[96], peer[64], cluster[96], logp[300];
+    char data[300], client[96], listen[96], peer[64], cluster[96], logp[300];
     snprintf(data, sizeof data, "%s/etcd-data-%d", g_dir, g_generation++); /* a restart starts empty */
     snprintf(client, sizeof client, "%s://%s:%d", g_etcd_ca ? "https" : "http", host, g_cport);
+    snprintf(listen, sizeof listen, "%s://127.0.0.1:%d", g_etcd_ca ? "https" : "http", g_cport);
     snprintf(peer, sizeof peer, "http://127.0.0.1:%d", g_pport);
     snprintf(cluster, sizeof cluster, "default=%s", peer);
     snprintf(logp, sizeof logp, "%s/etcd.log", g_dir);
@@ -85,7 +98,7 @@ static inline pid_t start_etcd_host(const char *host) {
             dup2(fd, 1);
             dup2(fd, 2);
         }
-        exec_etcd(data, client, peer, cluster);
+        exec_etcd(data, listen, client, peer, cluster);
         _exit(127);
     }
     etcd *db = NULL;
@@ -124,11 +137,25 @@ static inline char *run_cmd(const char *const *args, int *rc) {
     return out;
 }
 
-/* `cluster status --json` (with the TLS options when etcd has TLS); *rc its exit status. */
+/* Appends "--cluster URL" and the etcd TLS and auth options in use to args[*n...]. */
+static inline void cluster_args(const char **args, int *n) {
+    args[(*n)++] = "--cluster";
+    args[(*n)++] = g_url;
+    const char *opt[5][2] = {{"--etcd-ca", g_etcd_ca}, {"--etcd-cert", g_etcd_cert}, {"--etcd-key", g_etcd_key},
+                             {"--etcd-user", g_etcd_user}, {"--etcd-password-file", g_etcd_password_file}};
+    for (int i = 0; i < 5; i++)
+        if (opt[i][1]) {
+            args[(*n)++] = opt[i][0];
+            args[(*n)++] = opt[i][1];
+        }
+    args[*n] = NULL;
+}
+
+/* `cluster status --json` (with the etcd options in use); *rc its exit status. */
 static inline char *status_json(int *rc) {
-    const char *args[] = {"cluster", "status", "--cluster", g_url, "--json", "--etcd-ca", g_etcd_ca,
-                          "--etcd-cert", g_etcd_cert, "--etcd-key", g_etcd_key, NULL};
-    if (!g_etcd_ca) args[5] = NULL;
+    const char *args[24] = {"cluster", "status", "--json"};
+    int n = 3;
+    cluster_args(args, &n);
     return run_cmd(args, rc);
 }
 
