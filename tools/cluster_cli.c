@@ -545,9 +545,9 @@ static char *hops_spec(const route *r) {
     return s;
 }
 
-/* http_params.route_stale: true when the registry changed since r was planned and a plan made now
- * (with r's own lanes left out) puts its lane on other shards; r is then off the counts. */
-static bool bal_stale(void *ctx, const route *r, bool closing) {
+/* True when the registry changed since r was planned and a plan made now (with r's own lanes left
+ * out) puts its lane on other shards; r is then off the counts. */
+bool cluster_bal_stale(void *ctx, const route *r, bool closing) {
     cluster_bal *b = ctx;
     if (closing) {
         bal_forget(b, r);
@@ -653,7 +653,6 @@ cluster_bal *cluster_bal_new(const char *cmd, const cluster_cli_opts *o) {
     return b;
 }
 
-bool cluster_bal_stale(void *ctx, const route *r, bool closing) { return bal_stale(ctx, r, closing); }
 
 int cluster_bal_open(void *ctx, const route_params *rp, route **out, char *msg, size_t cap) {
     cluster_bal *b = ctx;
