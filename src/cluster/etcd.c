@@ -13,6 +13,7 @@
 #include "util.h"
 
 #define ETCD_MAX_REPLY (64u << 20) /* a range over a large registry stays well under this */
+#define ETCD_AUTH_TIMEOUT_MS 10000 /* the deadline of /v3/auth/authenticate at least */
 
 struct etcd {
     CURL *curl;
@@ -142,13 +143,19 @@ static char *b64_decode(const char *s, size_t *len) {
 }
 
 static int authenticate(etcd *e, char *msg, size_t cap) {
+    e->token[0] = 0;
     cJSON *rq = cJSON_CreateObject();
     cJSON_AddStringToObject(rq, "name", e->user);
     cJSON_AddStringToObject(rq, "password", e->password ? e->password : "");
     char *body = cJSON_PrintUnformatted(rq);
     cJSON_Delete(rq);
     cJSON *r = NULL;
+    /* etcd checks the password with bcrypt, slow by design (0.6 s seen on a busy machine): a
+     * short request deadline would fail every attempt. */
+    int timeout_ms = e->timeout_ms;
+    if (e->timeout_ms < ETCD_AUTH_TIMEOUT_MS) e->timeout_ms = ETCD_AUTH_TIMEOUT_MS;
     int err = body ? post(e, "/v3/auth/authenticate", body, &r, msg, cap) : KVS_ERR_NOMEM;
+    e->timeout_ms = timeout_ms;
     free(body);
     if (err) return err;
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(r, "token");
@@ -181,14 +188,7 @@ int etcd_open(const etcd_params *p, etcd **out, char *msg, size_t cap) {
         etcd_close(e);
         return KVS_ERR_NOMEM;
     }
-    if (e->user) {
-        int err = authenticate(e, msg, cap);
-        if (err) {
-            etcd_close(e);
-            return err;
-        }
-    }
-    *out = e;
+    *out = e; /* auth, if any, at the first request: an etcd down now is retried like any request */
     return KVS_OK;
 }
 
@@ -210,7 +210,8 @@ static int post_obj(etcd *e, const char *path, cJSON *rq, cJSON **reply, char *m
     cJSON_Delete(rq);
     if (!body) return KVS_ERR_NOMEM;
     cJSON *r = NULL;
-    int err = post(e, path, body, &r, msg, cap);
+    int err = e->user && !e->token[0] ? authenticate(e, msg, cap) : KVS_OK;
+    if (!err) err = post(e, path, body, &r, msg, cap);
     /* An expired auth token is renewed once. */
     if (err && e->user && msg && strstr(msg, "token")) {
         err = authenticate(e, msg, cap);
@@ -433,6 +434,11 @@ int etcd_watch_prefix(etcd *e, const char *prefix, const etcd_watch_cb *cb, char
     char *body = cJSON_PrintUnformatted(rq);
     cJSON_Delete(rq);
     if (!body) return KVS_ERR_NOMEM;
+    int err = e->user && !e->token[0] ? authenticate(e, msg, cap) : KVS_OK;
+    if (err) {
+        free(body);
+        return err;
+    }
     char url[1024];
     snprintf(url, sizeof url, "%s/v3/watch", e->url);
     watch_stream w = {.cb = cb};

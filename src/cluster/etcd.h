@@ -18,7 +18,8 @@ typedef struct etcd etcd;
 typedef struct {
     const char *url;        /* "http://HOST:PORT" or "https://HOST:PORT" (one endpoint) */
     const char *ca, *cert, *key; /* TLS to etcd: CA file, client certificate and key (NULL: none) */
-    const char *user, *password; /* etcd auth (NULL: none): a token from /v3/auth/authenticate */
+    const char *user, *password; /* etcd auth (NULL: none): a token from /v3/auth/authenticate,
+                                    asked at the first request (deadline >= 10 s: bcrypt is slow) */
     int timeout_ms;         /* per request; <= 0: 2000 */
 } etcd_params;
 
