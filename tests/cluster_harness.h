@@ -237,6 +237,19 @@ static inline long post_completion(int port, const char *body, http_reply *r) {
     return status;
 }
 
+/* A whole file as a NUL-terminated string (malloc'd), or NULL. */
+static inline char *read_text(const char *path) {
+    size_t n = 0;
+    uint8_t *b = test_read_file(path, &n);
+    char *t = b ? realloc(b, n + 1) : NULL;
+    if (!t) {
+        free(b);
+        return NULL;
+    }
+    t[n] = 0;
+    return t;
+}
+
 /* choices[0].text of a completion reply (malloc'd), or NULL. */
 static inline char *reply_text(const char *buf) {
     cJSON *j = cJSON_Parse(buf);

@@ -82,8 +82,7 @@ static void run_checks(const char *model) {
     check_generate(model);
     char errlog[300];
     snprintf(errlog, sizeof errlog, "%s/cli.log", g_dir);
-    size_t n = 0;
-    char *log = (char *)test_read_file(errlog, &n);
+    char *log = read_text(errlog);
     CHECK(log && strstr(log, "hop 0 (127.0.0.1:1): cannot connect") != NULL);
     free(log);
     delete_key(key);
@@ -125,8 +124,7 @@ static void check_lying_entry(const char *model) {
     snprintf(errlog, sizeof errlog, "%s/cli.log", g_dir);
     snprintf(want, sizeof want, "skipping %s (registry entry layers [0, 2)): hop 0 (%s): registry entry advertises "
              "layers [0, 2) of 5", addr, addr);
-    size_t n = 0;
-    char *log = (char *)test_read_file(errlog, &n);
+    char *log = read_text(errlog);
     if (!log || !strstr(log, want)) {
         fprintf(stderr, "no line \"%s\" in %s\n", want, errlog);
         test_failures_++;
@@ -163,8 +161,7 @@ static void check_api_balance(const char *model) {
     free(wait_shards(3, &rc));
     const char *autoreg[] = {"--cluster", g_url, "--max-layers", "3", NULL};
     CHECK(proc_start_server(&s[3], g_dir, model, "auto", autoreg));
-    size_t n = 0;
-    char *log = (char *)test_read_file(s[3].log, &n);
+    char *log = read_text(s[3].log);
     CHECK(log && strstr(log, "--layers auto took 2:5 of 5") != NULL);
     free(log);
     char *out = wait_shards(4, &rc);
@@ -232,8 +229,7 @@ static void check_live_replan(const char *model) {
         fprintf(stderr, "after the re-plan: %.60s\n       before: %.60s\n", tb, ta);
         test_failures_++;
     }
-    size_t n = 0;
-    char *log = (char *)test_read_file(api.log, &n);
+    char *log = read_text(api.log);
     /* The new tail came either from the watch (the lane re-planned before the request) or from
      * route_params.more_spares (the hop failed first), whichever came first. */
     CHECK(log && (strstr(log, "registry offers") || strstr(log, "registry changed")));
@@ -281,8 +277,7 @@ static void check_watch(const char *model) {
     }
     printf("register-to-use: %ld ms (serve --cluster start to a request using the new shard)\n", used_ms);
     CHECK(used_ms >= 0);
-    size_t n = 0;
-    char *log = (char *)test_read_file(api.log, &n);
+    char *log = read_text(api.log);
     CHECK(log && strstr(log, "registry changed: a lane moves") != NULL);
     free(log);
     proc_stop_server(&api);

@@ -46,8 +46,7 @@ static long etcd_admin(const char *path, const char *body) {
 }
 
 static bool log_has(const char *path, const char *needle) {
-    size_t n = 0;
-    char *log = (char *)test_read_file(path, &n);
+    char *log = read_text(path);
     bool has = log && strstr(log, needle);
     free(log);
     return has;

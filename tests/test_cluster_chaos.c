@@ -92,8 +92,7 @@ static bool wait_done(int more) {
 }
 
 static bool log_has(const char *path, const char *needle) {
-    size_t n = 0;
-    char *log = (char *)test_read_file(path, &n);
+    char *log = read_text(path);
     bool has = log && strstr(log, needle);
     free(log);
     return has;
@@ -176,8 +175,7 @@ static void check_replacements_used(proc_server fresh[STAGES][REPLICAS]) {
 
 /* The api's recovery events from its log: hops re-routed, positions replayed, lanes moved. */
 static void print_recovery(const char *log_path) {
-    size_t n = 0;
-    char *log = (char *)test_read_file(log_path, &n);
+    char *log = read_text(log_path);
     int reroutes = 0, moves = count_of(log, "registry changed: a lane moves");
     long replayed = 0;
     for (const char *p = log; p && (p = strstr(p, "re-route: hop")) != NULL; p++) {
