@@ -1,5 +1,5 @@
-/* Churn against a real etcd (docs/cluster.md): STAGES x REPLICAS shards of stories260K register,
- * `api --cluster` serves CLIENTS concurrent streams of greedy completions, and every original shard
+/* Churn against a real etcd (docs/cluster.md): STAGES x g_replicas shards of stories260K register,
+ * `api --cluster` serves g_clients concurrent streams of greedy completions, and every original shard
  * is killed (-9) in turn and replaced by a new `serve --layers auto` while the streams run; then
  * etcd itself is killed and restarted empty. Checks: no request fails, every completion equals
  * `kvshard run`, each replacement takes the range its victim left, the api (never restarted) ends
@@ -13,8 +13,11 @@
 #include "cluster_harness.h"
 
 #define STAGES 3
-#define REPLICAS 2
-#define CLIENTS 4
+#define MAX_REPLICAS 8
+#define MAX_CLIENTS 32
+/* Replicas per stage and concurrent streams: 2 and 4 by default (a suite run on a shared 2-core
+ * machine); KVS_CHAOS_REPLICAS / KVS_CHAOS_CLIENTS scale the run, e.g. 4 and 16 as the issue asks. */
+static int g_replicas = 2, g_clients = 4;
 #define N_PROMPTS 4
 #define N_TOKENS 16
 
@@ -100,22 +103,22 @@ static bool log_has(const char *path, const char *needle) {
 
 /* Kills every original shard in turn (stage by stage, round-robin) under traffic and starts a
  * replacement with --layers auto once the registry has dropped the victim. */
-static void churn(const char *model, proc_server shard[STAGES][REPLICAS], proc_server fresh[STAGES][REPLICAS]) {
+static void churn(const char *model, proc_server shard[STAGES][MAX_REPLICAS], proc_server fresh[STAGES][MAX_REPLICAS]) {
     const char *autoreg[] = {"--cluster", g_url, "--cluster-ttl", "2", "--max-layers", "2", NULL};
     int rc;
-    for (int round = 0; round < STAGES * REPLICAS; round++) {
+    for (int round = 0; round < STAGES * g_replicas; round++) {
         int st = round % STAGES, rep = round / STAGES;
         proc_kill_server(&shard[st][rep]);
-        wait_done(2 * CLIENTS); /* streams go on over the stage's other replica */
-        free(wait_shards(STAGES * REPLICAS - 1, &rc));
+        wait_done(2 * g_clients); /* streams go on over the stage's other replica */
+        free(wait_shards(STAGES * g_replicas - 1, &rc));
         CHECK(proc_start_server(&fresh[st][rep], g_dir, model, "auto", autoreg));
         if (!log_has(fresh[st][rep].log, k_taken[st])) {
             fprintf(stderr, "round %d: the replacement did not take %s (log %s)\n", round, k_layers[st],
                     fresh[st][rep].log);
             test_failures_++;
         }
-        free(wait_shards(STAGES * REPLICAS, &rc));
-        wait_done(2 * CLIENTS);
+        free(wait_shards(STAGES * g_replicas, &rc));
+        wait_done(2 * g_clients);
     }
 }
 
@@ -123,34 +126,35 @@ static void churn(const char *model, proc_server shard[STAGES][REPLICAS], proc_s
 static pid_t etcd_outage(pid_t etcd_pid) {
     kill(etcd_pid, SIGKILL);
     proc_wait(etcd_pid, 10000);
-    wait_done(2 * CLIENTS);
+    wait_done(2 * g_clients);
     pid_t pid = start_etcd();
     CHECK(pid > 0);
     int rc;
-    char *out = wait_shards(STAGES * REPLICAS, &rc);
+    char *out = wait_shards(STAGES * g_replicas, &rc);
     CHECK_EQ_INT(rc, 0);
     free(out);
-    wait_done(2 * CLIENTS);
+    wait_done(2 * g_clients);
     return pid;
 }
 
 /* Lanes spread over replicas: with traffic going on, waits (bounded) until every replacement holds
  * connections besides the stats call (lanes' and relay links: the watch re-plans lanes as shards
  * come and go, so none is left idle). */
-static void check_spread(proc_server fresh[STAGES][REPLICAS]) {
-    long conns[STAGES][REPLICAS];
+static void check_spread(proc_server fresh[STAGES][MAX_REPLICAS]) {
+    long conns[STAGES][MAX_REPLICAS];
     bool spread = false;
     for (int waited = 0; !spread && waited < WAIT_MS; waited += 100) {
         spread = true;
         for (int st = 0; st < STAGES; st++)
-            for (int rep = 0; rep < REPLICAS; rep++) {
+            for (int rep = 0; rep < g_replicas; rep++) {
                 conns[st][rep] = open_conns(fresh[st][rep].port) - 1; /* less this stats call */
                 spread = spread && conns[st][rep] >= 1;
             }
         if (!spread) proc_sleep_ms(100);
     }
     printf("chaos: connections per replica at the end:");
-    for (int st = 0; st < STAGES; st++) printf(" %s %ld+%ld", k_layers[st], conns[st][0], conns[st][1]);
+    for (int st = 0; st < STAGES; st++)
+        for (int rep = 0; rep < g_replicas; rep++) printf("%s%ld", rep ? "+" : st ? ", " : " ", conns[st][rep]);
     printf("\n");
     if (!spread) {
         fprintf(stderr, "the lanes did not spread over every replica\n");
@@ -159,10 +163,10 @@ static void check_spread(proc_server fresh[STAGES][REPLICAS]) {
 }
 
 /* Rows the replacements of each stage computed: the api ended on them, so none may be 0. */
-static void check_replacements_used(proc_server fresh[STAGES][REPLICAS]) {
+static void check_replacements_used(proc_server fresh[STAGES][MAX_REPLICAS]) {
     for (int st = 0; st < STAGES; st++) {
         long rows = 0;
-        for (int rep = 0; rep < REPLICAS; rep++) {
+        for (int rep = 0; rep < g_replicas; rep++) {
             long n = shard_stat(fresh[st][rep].port, "srv.forward_rows");
             rows += n > 0 ? n : 0;
         }
@@ -192,31 +196,31 @@ static void print_recovery(const char *log_path) {
 static void run_chaos(const char *model, pid_t *etcd_pid) {
     for (int k = 0; k < N_PROMPTS; k++) g_ref[k] = reference(model, k_prompts[k]);
     const char *reg[] = {"--cluster", g_url, "--cluster-ttl", "2", NULL};
-    static proc_server shard[STAGES][REPLICAS], fresh[STAGES][REPLICAS];
+    static proc_server shard[STAGES][MAX_REPLICAS], fresh[STAGES][MAX_REPLICAS];
     for (int st = 0; st < STAGES; st++)
-        for (int rep = 0; rep < REPLICAS; rep++) CHECK(proc_start_server(&shard[st][rep], g_dir, model, k_layers[st], reg));
+        for (int rep = 0; rep < g_replicas; rep++) CHECK(proc_start_server(&shard[st][rep], g_dir, model, k_layers[st], reg));
     int rc;
-    free(wait_shards(STAGES * REPLICAS, &rc));
+    free(wait_shards(STAGES * g_replicas, &rc));
     char lanes[8];
-    snprintf(lanes, sizeof lanes, "%d", CLIENTS);
+    snprintf(lanes, sizeof lanes, "%d", g_clients);
     char *argv[] = {"kvshard", "api", "--cluster", g_url, "--lanes", lanes, "--listen", "127.0.0.1:0", NULL};
     proc_server api;
     bool up = proc_start_listener(&api, g_dir, "api", argv);
     CHECK(up);
     g_api_port = api.port;
-    pthread_t t[CLIENTS];
+    pthread_t t[MAX_CLIENTS];
     if (!up) atomic_store(&g_stop, true);
-    for (int i = 0; i < CLIENTS; i++) pthread_create(&t[i], NULL, client_main, (void *)(intptr_t)i);
-    if (up && wait_done(2 * CLIENTS)) {
+    for (int i = 0; i < g_clients; i++) pthread_create(&t[i], NULL, client_main, (void *)(intptr_t)i);
+    if (up && wait_done(2 * g_clients)) {
         churn(model, shard, fresh);
         *etcd_pid = etcd_outage(*etcd_pid);
         check_spread(fresh);
     }
     atomic_store(&g_stop, true);
-    for (int i = 0; i < CLIENTS; i++) pthread_join(t[i], NULL);
+    for (int i = 0; i < g_clients; i++) pthread_join(t[i], NULL);
     check_replacements_used(fresh);
     int failed = atomic_load(&g_failed), done = atomic_load(&g_done);
-    printf("chaos: %d requests, %d failed, %d shards killed\n", done, failed, STAGES * REPLICAS);
+    printf("chaos: %d requests, %d failed, %d shards killed\n", done, failed, STAGES * g_replicas);
     if (failed) {
         fprintf(stderr, "%d of %d requests failed; first: %s\n", failed, done, g_first_fail);
         test_failures_++;
@@ -224,7 +228,7 @@ static void run_chaos(const char *model, pid_t *etcd_pid) {
     proc_stop_server(&api);
     print_recovery(api.log);
     for (int st = 0; st < STAGES; st++)
-        for (int rep = 0; rep < REPLICAS; rep++) {
+        for (int rep = 0; rep < g_replicas; rep++) {
             proc_kill_server(&shard[st][rep]);
             proc_stop_server(&fresh[st][rep]);
         }
@@ -239,6 +243,9 @@ int main(void) {
         return TEST_SKIP_CODE;
     }
     if (!model) return TEST_SKIP_CODE;
+    const char *r = getenv("KVS_CHAOS_REPLICAS"), *c = getenv("KVS_CHAOS_CLIENTS");
+    if (r) g_replicas = atoi(r) < 2 ? 2 : atoi(r) > MAX_REPLICAS ? MAX_REPLICAS : atoi(r);
+    if (c) g_clients = atoi(c) < 1 ? 1 : atoi(c) > MAX_CLIENTS ? MAX_CLIENTS : atoi(c);
     snprintf(g_dir, sizeof g_dir, "/tmp/kvs-chaos-XXXXXX");
     if (!mkdtemp(g_dir)) return 1;
     pid_t etcd_pid = start_etcd();
