@@ -286,6 +286,7 @@ typedef struct {
  * re-planned before its next request and replaced when the plan now puts it elsewhere. */
 struct cluster_bal {
     pthread_mutex_t mu; /* guards addr, lanes, routes */
+    pthread_mutex_t plan_mu; /* held while a lane plans, so that lanes plan one after another */
     const char *cmd;
     cluster_cli_opts o;
     size_t n;
@@ -318,31 +319,55 @@ static void bal_bias(cluster_bal *b, cl_entry *e, size_t n, const bal_route *own
     pthread_mutex_unlock(&b->mu);
 }
 
-static void bal_note(cluster_bal *b, const route *r) {
-    if (!b) return;
-    route_info ri;
-    route_get_info(r, &ri);
-    pthread_mutex_lock(&b->mu);
-    bal_route *nr = realloc(b->routes, (b->n_routes + 1) * sizeof *nr);
-    if (nr) b->routes = nr;
-    bal_route *br = nr ? &b->routes[b->n_routes++] : NULL;
-    if (br) *br = (bal_route){.r = r, .gen = atomic_load(&b->gen)};
-    for (uint32_t h = 0; h < ri.n_hops && h < ROUTE_MAX_HOPS; h++) {
-        const char *a = route_hop_addr(r, h);
+/* Counts one lane on each of addrs[0..n) into br (caller holds mu). */
+static void bal_add(cluster_bal *b, const char *const *addrs, uint32_t n, bal_route *br) {
+    for (uint32_t h = 0; h < n && h < ROUTE_MAX_HOPS; h++) {
         size_t k = 0;
-        while (k < b->n && strcmp(b->addr[k], a)) k++;
+        while (k < b->n && strcmp(b->addr[k], addrs[h])) k++;
         if (k == b->n) {
             void *na = realloc(b->addr, (b->n + 1) * sizeof *b->addr), *nl = na ? realloc(b->lanes, (b->n + 1) * sizeof *b->lanes) : NULL;
             if (na) b->addr = na;
             if (!na || !nl) break;
             b->lanes = nl;
-            snprintf(b->addr[k], CL_ADDR_MAX, "%s", a);
+            snprintf(b->addr[k], CL_ADDR_MAX, "%s", addrs[h]);
             b->lanes[k] = 0;
             b->n++;
         }
         b->lanes[k]++;
         if (br) br->shard[br->n++] = k;
     }
+}
+
+/* Takes the lane counted in br off the counts (caller holds mu). */
+static void bal_sub(cluster_bal *b, const bal_route *br) {
+    for (uint32_t h = 0; h < br->n; h++)
+        if (b->lanes[br->shard[h]] > 0) b->lanes[br->shard[h]]--;
+}
+
+/* A lane's place taken when cluster_bal_stale decided to move it, until the same thread's next
+ * cluster_bal_open counts the route it opened: lanes deciding meanwhile see it, so they do not
+ * all move to the same emptiest shard at once. */
+typedef struct {
+    cluster_bal *b;
+    bal_route br;
+} bal_reservation;
+static _Thread_local bal_reservation tl_res;
+
+/* Counts route r's lane on its hops; res (NULL: none), the lane's reservation, is released. */
+static void bal_note(cluster_bal *b, const route *r, bal_route *res) {
+    if (!b) return;
+    route_info ri;
+    route_get_info(r, &ri);
+    const char *addrs[ROUTE_MAX_HOPS];
+    uint32_t n = ri.n_hops < ROUTE_MAX_HOPS ? ri.n_hops : ROUTE_MAX_HOPS;
+    for (uint32_t h = 0; h < n; h++) addrs[h] = route_hop_addr(r, h);
+    pthread_mutex_lock(&b->mu);
+    if (res) bal_sub(b, res);
+    bal_route *nr = realloc(b->routes, (b->n_routes + 1) * sizeof *nr);
+    if (nr) b->routes = nr;
+    bal_route *br = nr ? &b->routes[b->n_routes++] : NULL;
+    if (br) *br = (bal_route){.r = r, .gen = atomic_load(&b->gen)};
+    bal_add(b, addrs, n, br);
     pthread_mutex_unlock(&b->mu);
 }
 
@@ -351,8 +376,7 @@ static void bal_forget(cluster_bal *b, const route *r) {
     pthread_mutex_lock(&b->mu);
     for (size_t i = 0; i < b->n_routes; i++) {
         if (b->routes[i].r != r) continue;
-        for (uint32_t h = 0; h < b->routes[i].n; h++)
-            if (b->lanes[b->routes[i].shard[h]] > 0) b->lanes[b->routes[i].shard[h]]--;
+        bal_sub(b, &b->routes[i]);
         b->routes[i] = b->routes[--b->n_routes];
         break;
     }
@@ -454,7 +478,7 @@ static live_spares_ctx *live_ctx(const char *cmd, const cluster_cli_opts *o, con
 }
 
 static int open_planned(const char *cmd, const cluster_cli_opts *o, const route_params *rp_in, route **out,
-                        cluster_bal *b, char *emsg, size_t ecap) {
+                        cluster_bal *b, bal_route *res, char *emsg, size_t ecap) {
     route_params rp_own = *rp_in;
     const route_params *rp = &rp_own;
     etcd *db = NULL;
@@ -463,7 +487,7 @@ static int open_planned(const char *cmd, const cluster_cli_opts *o, const route_
     int err = cluster_cli_open(cmd, o, 2000, &db);
     if (!err) err = cluster_cli_load(cmd, db, o, &e, &n);
     etcd_close(db);
-    bal_bias(b, e, n, NULL);
+    bal_bias(b, e, n, res);
     for (int attempt = 0; !err; attempt++) {
         char digest[65], *route_spec = NULL, *spare_spec = NULL, msg[KVS_MSG_MAX] = "";
         if ((err = plan_specs(cmd, o, e, n, digest, &route_spec, &spare_spec))) break;
@@ -491,7 +515,7 @@ static int open_planned(const char *cmd, const cluster_cli_opts *o, const route_
         free(route_spec);
         free(spare_spec);
         if (!err) {
-            bal_note(b, *out);
+            bal_note(b, *out, res);
             break;
         }
         if (bad == n || attempt >= CLUSTER_MAX_REPLANS) {
@@ -510,7 +534,7 @@ static int open_planned(const char *cmd, const cluster_cli_opts *o, const route_
 }
 
 int cluster_cli_route_open(const char *cmd, const cluster_cli_opts *o, const route_params *rp, route **out) {
-    return open_planned(cmd, o, rp, out, NULL, NULL, 0);
+    return open_planned(cmd, o, rp, out, NULL, NULL, NULL, 0);
 }
 
 /* True when r's hops are no longer those its lane was counted on. */
@@ -545,6 +569,21 @@ static char *hops_spec(const route *r) {
     return s;
 }
 
+/* Counts this thread's lane on the shards of spec ("a,b,...") until its next cluster_bal_open. */
+static void bal_reserve(cluster_bal *b, const char *spec) {
+    char *copy = strdup(spec), *save = NULL;
+    const char *addrs[ROUTE_MAX_HOPS];
+    uint32_t n = 0;
+    for (char *t = copy ? strtok_r(copy, ",", &save) : NULL; t && n < ROUTE_MAX_HOPS; t = strtok_r(NULL, ",", &save))
+        addrs[n++] = t;
+    pthread_mutex_lock(&b->mu);
+    tl_res.b = b;
+    tl_res.br = (bal_route){0};
+    bal_add(b, addrs, n, &tl_res.br);
+    pthread_mutex_unlock(&b->mu);
+    free(copy);
+}
+
 /* True when the registry changed since r was planned and a plan made now (with r's own lanes left
  * out) puts its lane on other shards; r is then off the counts. */
 bool cluster_bal_stale(void *ctx, const route *r, bool closing) {
@@ -558,7 +597,7 @@ bool cluster_bal_stale(void *ctx, const route *r, bool closing) {
     bool found = false;
     if (bal_moved(b, r)) { /* the route replaced a hop from its spares: count its lane where it is now */
         bal_forget(b, r);
-        bal_note(b, r);
+        bal_note(b, r, NULL);
         pthread_mutex_lock(&b->mu);
         for (size_t i = 0; i < b->n_routes; i++)
             if (b->routes[i].r == r) b->routes[i].gen = gen - 1; /* and re-plan it below */
@@ -577,6 +616,7 @@ bool cluster_bal_stale(void *ctx, const route *r, bool closing) {
     size_t n = 0;
     char digest[65], *want = NULL, *spares = NULL, *have = NULL;
     bool stale = false;
+    pthread_mutex_lock(&b->plan_mu); /* one lane plans at a time: each sees where the others went */
     if (!cluster_cli_open(b->cmd, &b->o, 2000, &db) && !cluster_cli_load(b->cmd, db, &b->o, &e, &n)) {
         bal_bias(b, e, n, &own);
         if (!plan_specs(b->cmd, &b->o, e, n, digest, &want, &spares) && (have = hops_spec(r)) != NULL)
@@ -586,7 +626,9 @@ bool cluster_bal_stale(void *ctx, const route *r, bool closing) {
     if (stale) {
         fprintf(stderr, "kvshard %s: registry changed: a lane moves from %s to %s\n", b->cmd, have, want);
         bal_forget(b, r);
+        bal_reserve(b, want);
     }
+    pthread_mutex_unlock(&b->plan_mu);
     free(e);
     free(want);
     free(spares);
@@ -640,6 +682,7 @@ cluster_bal *cluster_bal_new(const char *cmd, const cluster_cli_opts *o) {
     cluster_bal *b = calloc(1, sizeof *b);
     if (!b) return NULL;
     pthread_mutex_init(&b->mu, NULL);
+    pthread_mutex_init(&b->plan_mu, NULL);
     pthread_mutex_init(&b->wmu, NULL);
     pthread_cond_init(&b->wcv, NULL);
     b->cmd = cmd;
@@ -657,7 +700,17 @@ cluster_bal *cluster_bal_new(const char *cmd, const cluster_cli_opts *o) {
 int cluster_bal_open(void *ctx, const route_params *rp, route **out, char *msg, size_t cap) {
     cluster_bal *b = ctx;
     if (msg && cap) msg[0] = 0;
-    return open_planned(b->cmd, &b->o, rp, out, b, msg, cap);
+    bal_route *res = tl_res.b == b ? &tl_res.br : NULL;
+    pthread_mutex_lock(&b->plan_mu); /* one lane plans at a time: each sees where the others went */
+    int err = open_planned(b->cmd, &b->o, rp, out, b, res, msg, cap);
+    if (err && res) {
+        pthread_mutex_lock(&b->mu);
+        bal_sub(b, res);
+        pthread_mutex_unlock(&b->mu);
+    }
+    pthread_mutex_unlock(&b->plan_mu);
+    tl_res.b = NULL;
+    return err;
 }
 
 void cluster_bal_free(cluster_bal *b) {
@@ -670,6 +723,7 @@ void cluster_bal_free(cluster_bal *b) {
         pthread_join(b->watch, NULL);
     }
     pthread_mutex_destroy(&b->mu);
+    pthread_mutex_destroy(&b->plan_mu);
     pthread_mutex_destroy(&b->wmu);
     pthread_cond_destroy(&b->wcv);
     free(b->addr);
