@@ -189,16 +189,124 @@ static void tenant_release(kv_state *kv, kv_tenant *t) {
     kv->n_tenants--;
 }
 
-/* Returns n blocks of tenant t's to the pool, the last first, so that the
- * next session to take them gets them back in their order (a fresh pool hands
- * out blocks in order: a session's blocks stay in the order they had). */
-static void kv_free_blocks(kv_state *kv, kv_tenant *t, const uint32_t *ids, uint32_t n) {
-    KVS_ASSERT(t->n_blocks >= n);
-    t->n_blocks -= n;
-    for (uint32_t i = n; i-- > 0;) {
-        KVS_ASSERT(kv->n_free < kv->blocks_total);
-        kv->free_ids[kv->n_free++] = ids[i];
+/* ---- prefix blocks (I10) -------------------------------------------------------------------- */
+
+static void cache_unlink(kv_state *kv, uint32_t b) {
+    kv_bmeta *m = &kv->bm[b];
+    if (m->cprev != KV_NONE) kv->bm[m->cprev].cnext = m->cnext;
+    else kv->cache_head = m->cnext;
+    if (m->cnext != KV_NONE) kv->bm[m->cnext].cprev = m->cprev;
+    else kv->cache_tail = m->cprev;
+    m->cprev = m->cnext = KV_NONE;
+    kv->n_cached--;
+}
+
+static void cache_push(kv_state *kv, uint32_t b) {
+    kv_bmeta *m = &kv->bm[b];
+    m->cprev = KV_NONE;
+    m->cnext = kv->cache_head;
+    if (kv->cache_head != KV_NONE) kv->bm[kv->cache_head].cprev = b;
+    else kv->cache_tail = b;
+    kv->cache_head = b;
+    kv->n_cached++;
+}
+
+/* The keyed block of (tenant, hash), KV_NONE when there is none. */
+static uint32_t index_find(const kv_state *kv, uint64_t tenant, uint64_t hash) {
+    for (uint32_t b = kv->pbuckets[kv_prefix_bucket(kv, tenant, hash)]; b != KV_NONE; b = kv->bm[b].hnext)
+        if (kv->bm[b].hash == hash && kv->bm[b].tenant == tenant) return b;
+    return KV_NONE;
+}
+
+static void index_add(kv_state *kv, uint32_t b, uint64_t hash) {
+    kv_bmeta *m = &kv->bm[b];
+    uint32_t h = kv_prefix_bucket(kv, m->tenant, hash);
+    m->hash = hash;
+    m->keyed = true;
+    m->hnext = kv->pbuckets[h];
+    kv->pbuckets[h] = b;
+    kv->n_keyed++;
+}
+
+/* Takes b out of the prefix index: it becomes a private, writable block. */
+static void index_remove(kv_state *kv, uint32_t b) {
+    kv_bmeta *m = &kv->bm[b];
+    uint32_t *pp = &kv->pbuckets[kv_prefix_bucket(kv, m->tenant, m->hash)];
+    while (*pp != b) pp = &kv->bm[*pp].hnext;
+    *pp = m->hnext;
+    m->hnext = KV_NONE;
+    m->keyed = false;
+    kv->n_keyed--;
+}
+
+/* One more table holds b; a block no table held (a cached one) is charged to t again. */
+static void block_ref(kv_state *kv, kv_tenant *t, uint32_t b) {
+    kv_bmeta *m = &kv->bm[b];
+    if (m->refs++ == 0) {
+        if (m->keyed) cache_unlink(kv, b);
+        t->n_blocks++;
     }
+}
+
+/* One table fewer holds b; with none left a keyed block stays as prefix cache, others go free. */
+static void block_unref(kv_state *kv, kv_tenant *t, uint32_t b) {
+    kv_bmeta *m = &kv->bm[b];
+    KVS_ASSERT(m->refs > 0);
+    if (--m->refs) return;
+    KVS_ASSERT(t->n_blocks > 0);
+    t->n_blocks--;
+    if (m->keyed) {
+        cache_push(kv, b);
+    } else {
+        KVS_ASSERT(kv->n_free < kv->blocks_total);
+        kv->free_ids[kv->n_free++] = b;
+    }
+}
+
+/* A writable block for t: a free one, else the least recently cached prefix block (the cache is
+ * evicted before any session, I10). The caller made sure one exists. */
+static uint32_t take_block(kv_state *kv, kv_tenant *t) {
+    uint32_t b;
+    if (kv->n_free) {
+        b = kv->free_ids[--kv->n_free];
+    } else {
+        b = kv->cache_tail;
+        KVS_ASSERT(b != KV_NONE);
+        cache_unlink(kv, b);
+        index_remove(kv, b);
+        kv->st.prefix_evictions++;
+    }
+    kv->bm[b].tenant = t->tag;
+    kv->bm[b].refs = 1;
+    t->n_blocks++;
+    return b;
+}
+
+/* Blocks the pool can hand out now: free ones and cached prefix blocks. */
+static uint64_t kv_avail(const kv_state *kv) { return (uint64_t)kv->n_free + kv->n_cached; }
+
+/* Drops one reference of tenant t's tables to each of n blocks, the last first, so that the
+ * next session to take them gets them back in their order (a fresh pool hands out blocks in
+ * order: a session's blocks stay in the order they had). */
+static void kv_free_blocks(kv_state *kv, kv_tenant *t, const uint32_t *ids, uint32_t n) {
+    for (uint32_t i = n; i-- > 0;) block_unref(kv, t, ids[i]);
+}
+
+/* The chain hash of the block ending at (block + 1) x block_tokens, when pre has it. */
+static bool pre_hash(const kv_state *kv, const kv_prefix *pre, uint32_t block, uint64_t *h) {
+    if (!pre || !pre->hashes || kv->p.block_tokens % KV_PREFIX_TOKENS) return false;
+    uint64_t idx = (uint64_t)(block + 1) * (uint64_t)(kv->p.block_tokens / KV_PREFIX_TOKENS) - 1;
+    if (idx < pre->first || idx - pre->first >= pre->n) return false;
+    *h = pre->hashes[idx - pre->first];
+    return true;
+}
+
+/* How many leading blocks of [0, nb) tenant tag's prefix index holds. */
+static uint32_t prefix_run(const kv_state *kv, uint64_t tag, const kv_prefix *pre, uint32_t nb) {
+    uint32_t b = 0;
+    uint64_t h;
+    while (b < nb && pre_hash(kv, pre, b, &h) && index_find(kv, tag, h) != KV_NONE) b++;
+    return b;
 }
 
 /* ---- tombstones (I8) -------------------------------------------------------- */
@@ -369,10 +477,16 @@ int kv_create(const kv_params *p, kv_state **out, char *msg, size_t msg_cap) {
     kv->arena = kvs_map_big(kv->arena_bytes, true, &kv->arena_mapped);
     kv->free_ids = malloc((size_t)nb * sizeof(uint32_t));
     kv->tombs = calloc(kv->p.max_tombstones, sizeof(kv_tomb));
-    if (!kv->arena || !kv->free_ids || !kv->tombs) {
+    kv->bm = calloc((size_t)nb, sizeof(kv_bmeta));
+    kv->n_pbuckets = 64;
+    while (kv->n_pbuckets < nb && kv->n_pbuckets < (1u << 30)) kv->n_pbuckets <<= 1;
+    kv->pbuckets = malloc((size_t)kv->n_pbuckets * sizeof(uint32_t));
+    if (!kv->arena || !kv->free_ids || !kv->tombs || !kv->bm || !kv->pbuckets) {
         kvs_unmap_big(kv->arena, kv->arena_mapped);
         free(kv->free_ids);
         free(kv->tombs);
+        free(kv->bm);
+        free(kv->pbuckets);
         size_t bb = kv->block_bytes;
         free(kv);
         return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "kv: cannot reserve %llu B for the block pool",
@@ -381,6 +495,9 @@ int kv_create(const kv_params *p, kv_state **out, char *msg, size_t msg_cap) {
     /* Lowest ids on top so that a fresh pool hands out blocks in order. */
     for (uint32_t i = 0; i < kv->blocks_total; i++) kv->free_ids[i] = kv->blocks_total - 1 - i;
     kv->n_free = kv->blocks_total;
+    for (uint32_t i = 0; i < kv->blocks_total; i++) kv->bm[i].hnext = kv->bm[i].cprev = kv->bm[i].cnext = KV_NONE;
+    for (uint32_t i = 0; i < kv->n_pbuckets; i++) kv->pbuckets[i] = KV_NONE;
+    kv->cache_head = kv->cache_tail = KV_NONE;
     /* One session can hold at most the whole pool: that is its cap (INFO max_ctx). */
     uint64_t pool_positions = (uint64_t)kv->blocks_total * (uint64_t)p->block_tokens;
     if (kv->p.max_positions > pool_positions) kv->p.max_positions = (uint32_t)pool_positions;
@@ -423,6 +540,8 @@ void kv_free(kv_state *kv) {
     kvs_unmap_big(kv->arena, kv->arena_mapped);
     free(kv->free_ids);
     free(kv->tombs);
+    free(kv->bm);
+    free(kv->pbuckets);
     pthread_mutex_destroy(&kv->lock);
     free(kv);
 }
@@ -464,12 +583,28 @@ static void plan_touch(const kv_plan *pl, kv_tenant *u) {
     u->plan_blocks = u->n_blocks;
 }
 
+/* Blocks that evicting s would hand back (I10: a shared block only with its last holder), counted
+ * per block across the plan's victims so that dry and applied runs decide alike. */
+static uint32_t plan_freed(kv_state *kv, const kv_plan *pl, const kv_session *s) {
+    uint32_t freed = 0;
+    for (uint32_t i = 0; i < s->n_blocks; i++) {
+        kv_bmeta *m = &kv->bm[s->blocks[i]];
+        if (m->plan_gen != pl->gen) {
+            m->plan_gen = pl->gen;
+            m->plan_refs = m->refs;
+        }
+        if (--m->plan_refs == 0) freed++;
+    }
+    return freed;
+}
+
 static void plan_take(kv_state *kv, kv_plan *pl, kv_session *s, bool own_quota) {
     kv_tenant *u = s->tenant;
     plan_touch(pl, u);
-    u->plan_blocks -= s->n_blocks;
+    uint32_t freed = plan_freed(kv, pl, s);
+    u->plan_blocks -= freed;
     u->plan_sessions--;
-    pl->n_free += s->n_blocks;
+    pl->n_free += freed;
     pl->n_sessions--;
     s->plan_gen = pl->gen;
     if (!pl->apply) return;
@@ -490,7 +625,7 @@ static bool plan_slot_short(const kv_state *kv, const kv_plan *pl) {
 /* One pass of the two-phase plan (I9), dry (apply false: nothing changes) or applying it. */
 static int kv_plan_run(kv_state *kv, kv_tenant *t, uint32_t need, bool new_session, const kv_session *keep,
                        bool apply, bool *over_quota) {
-    kv_plan pl = {.gen = ++kv->plan_gen, .n_free = kv->n_free, .n_sessions = kv->n_sessions, .need = need,
+    kv_plan pl = {.gen = ++kv->plan_gen, .n_free = kv_avail(kv), .n_sessions = kv->n_sessions, .need = need,
                   .new_session = new_session, .apply = apply};
     plan_touch(&pl, t);
     kv_session *s, *prev;
@@ -563,6 +698,41 @@ static kv_tenant *tenant_get(kv_state *kv, uint64_t tag) {
 
 int kv_begin_tenant(kv_state *kv, uint64_t tenant, const kv_sid *sid, uint64_t epoch, uint32_t start_pos, uint32_t n,
                     const kv_inherit *inherit, kv_txn **out, kv_reply *rep) {
+    return kv_begin_prefix(kv, tenant, sid, epoch, start_pos, n, inherit, NULL, out, rep);
+}
+
+/* The hashes of the blocks a transaction completes past its shared part, copied for kv_commit
+ * (I10). NULL with *n 0 when none is known; *nomem when the copy could not be made. */
+static uint64_t *key_hashes(kv_state *kv, const kv_prefix *pre, uint32_t first, uint32_t end_block, uint32_t *n,
+                            bool *nomem) {
+    *n = 0;
+    *nomem = false;
+    if (!pre || end_block <= first) return NULL;
+    uint32_t count = end_block - first, valid = 0;
+    uint64_t h;
+    for (uint32_t i = 0; i < count; i++) valid += pre_hash(kv, pre, first + i, &h);
+    if (!valid) return NULL;
+    uint64_t *keys = kv_alloc(kv, (size_t)count * (sizeof(uint64_t) + 1));
+    if (!keys) {
+        *nomem = true;
+        return NULL;
+    }
+    uint8_t *ok = (uint8_t *)(keys + count);
+    for (uint32_t i = 0; i < count; i++) ok[i] = pre_hash(kv, pre, first + i, &keys[i]);
+    *n = count;
+    return keys;
+}
+
+/* In place may not write a block another table shares (I10): true when one of the old blocks
+ * from `from` on is shared. */
+static bool old_blocks_shared(const kv_state *kv, const kv_session *s, uint32_t from, uint32_t to) {
+    for (uint32_t i = from; i < to && i < s->n_blocks; i++)
+        if (kv->bm[s->blocks[i]].refs > 1) return true;
+    return false;
+}
+
+int kv_begin_prefix(kv_state *kv, uint64_t tenant, const kv_sid *sid, uint64_t epoch, uint32_t start_pos, uint32_t n,
+                    const kv_inherit *inherit, const kv_prefix *pre, kv_txn **out, kv_reply *rep) {
     kv_reply r = {0};
     int err = KVS_OK;
     *out = NULL;
@@ -597,8 +767,30 @@ int kv_begin_tenant(kv_state *kv, uint64_t tenant, const kv_sid *sid, uint64_t e
     }
     /* Past the cap no replay could help: say so before any CACHE_MISS. */
     if ((uint64_t)start_pos + n > kv->p.max_positions) { err = KVS_ERR_CONTEXT_FULL; goto done; }
+    uint32_t bt = (uint32_t)kv->p.block_tokens;
+    uint32_t have = keep;       /* what a CACHE_MISS answers */
+    uint32_t n_adopt = 0;       /* I10: blocks below start_pos taken from the prefix index */
+    if (pre && start_pos > keep && keep == 0 && !inherit_ok) {
+        uint64_t tag = s ? s->tenant->tag : tenant;
+        uint32_t run = prefix_run(kv, tag, pre, start_pos / bt);
+        if (run == start_pos / bt && start_pos % bt == 0) {
+            if (s) { /* a newer epoch that inherits nothing supersedes the old state now */
+                kv_drop(kv, s);
+                tomb_put(kv, sid, epoch);
+                s = NULL;
+                r.n_past = 0;
+                r.live_epoch = epoch;
+            }
+            tenant = tag;
+            keep = start_pos;
+            n_adopt = run;
+        } else {
+            have = run * bt;
+            kv->st.prefix_short++;
+        }
+    }
     if (start_pos > keep) {
-        r.have = keep;
+        r.have = have;
         kv->st.misses++;
         err = KVS_ERR_CACHE_MISS;
         /* A newer epoch that inherits nothing supersedes the old state now (DESIGN §2). */
@@ -612,40 +804,54 @@ int kv_begin_tenant(kv_state *kv, uint64_t tenant, const kv_sid *sid, uint64_t e
     }
 
     /* Plan the working table: copy-on-write when the free blocks cover it, else in place (I7). */
-    uint32_t bt = (uint32_t)kv->p.block_tokens;
     uint32_t n_full = keep / bt;          /* wholly kept blocks, shared */
     uint32_t partial = keep % bt;         /* kept slots of the next block */
     bool live_past_keep = s && keep < s->n_past; /* slots past keep hold live data */
-    bool share_partial = partial && !live_past_keep;
+    /* A keyed block is read-only (I10): its dead slots are another session's live ones. */
+    bool partial_ro = partial && s && n_full < s->n_blocks && kv->bm[s->blocks[n_full]].keyed;
+    bool share_partial = partial && !live_past_keep && !partial_ro;
     uint32_t n_table = blocks_for(kv, start_pos + n);
-    uint32_t n_shared = n_full + (share_partial ? 1 : 0);
+    uint32_t n_shared = n_adopt ? 0 : n_full + (share_partial ? 1 : 0);
     uint32_t n_old = s ? s->n_blocks : 0;
     t = s ? s->tenant : tenant_get(kv, tenant);
     if (!t) { err = KVS_ERR_NOMEM; goto done; }
     kv->cur_tenant = t;
-    /* In place also when copy-on-write would take the tenant past its quota (I7, I9). */
-    bool in_place = n_old > n_shared && (kv->n_free < n_table - n_shared ||
+    /* In place also when copy-on-write would take the tenant past its quota (I7, I9); never over
+     * a block another table shares (I10). */
+    bool in_place = n_old > n_shared && (kv_avail(kv) < n_table - n_shared ||
                                          (kv->quota_blocks && t->n_blocks + (n_table - n_shared) > kv->quota_blocks));
+    if (in_place && old_blocks_shared(kv, s, start_pos / bt, n_table)) in_place = false;
     if (in_place) n_shared = n_old < n_table ? n_old : n_table;
-    bool copy_partial = partial && live_past_keep && !in_place;
-    uint32_t n_fresh = n_table - n_shared;
+    bool copy_partial = partial && (live_past_keep || partial_ro) && !in_place;
+    uint32_t n_fresh = n_table - n_shared - n_adopt;
 
     /* I7: in place, the old contents of the reused blocks the request writes into are kept
      * aside until commit, so that kv_abort can put them back. */
     uint32_t undo_first = start_pos / bt;
     size_t undo_bytes = in_place && n_shared > undo_first ? (size_t)(n_shared - undo_first) * kv->block_bytes : 0;
+    uint32_t key_first = n_shared + n_adopt, key_n = 0;
+    bool key_nomem = false;
     kv_txn *txn = kv_alloc(kv, sizeof(*txn));
     uint32_t *table = kv_alloc(kv, (size_t)n_table * sizeof(uint32_t));
     kv_session *fresh_s = s ? NULL : kv_alloc(kv, sizeof(*fresh_s));
     uint8_t *undo = undo_bytes ? kv_alloc(kv, undo_bytes) : NULL;
-    if (!txn || !table || (!s && !fresh_s) || (undo_bytes && !undo)) {
-        free(txn); free(table); free(fresh_s); free(undo);
+    uint64_t *keys = key_hashes(kv, pre, key_first, (start_pos + n) / bt, &key_n, &key_nomem);
+    if (!txn || !table || (!s && !fresh_s) || (undo_bytes && !undo) || key_nomem) {
+        free(txn); free(table); free(fresh_s); free(undo); free(keys);
         err = KVS_ERR_NOMEM;
         goto done;
     }
+    /* I10: the adopted blocks are held before any eviction, so none of them can be taken back. */
+    for (uint32_t i = 0; i < n_adopt; i++) {
+        uint64_t h = 0;
+        pre_hash(kv, pre, i, &h);
+        table[i] = index_find(kv, t->tag, h);
+        block_ref(kv, t, table[i]);
+    }
     bool over_quota = false;
     if ((err = kv_make_room(kv, t, n_fresh, !s, s, &over_quota)) != KVS_OK) {
-        free(txn); free(table); free(fresh_s); free(undo);
+        kv_free_blocks(kv, t, table, n_adopt);
+        free(txn); free(table); free(fresh_s); free(undo); free(keys);
         r.pinned_short = err == KVS_ERR_BUSY || (uint64_t)kv->blocks_total - n_old >= n_fresh;
         if (over_quota) {
             /* Only the tenant's own pinned sessions can make room within its quota. */
@@ -658,9 +864,11 @@ int kv_begin_tenant(kv_state *kv, uint64_t tenant, const kv_sid *sid, uint64_t e
         if (err == KVS_ERR_BUSY && !r.pinned_short) kv->st.busy++;
         goto done;
     }
-    t->n_blocks += n_fresh;
     for (uint32_t i = 0; i < n_shared; i++) table[i] = s->blocks[i];
-    for (uint32_t i = n_shared; i < n_table; i++) table[i] = kv->free_ids[--kv->n_free];
+    for (uint32_t i = n_shared + n_adopt; i < n_table; i++) table[i] = take_block(kv, t);
+    /* In place rewrites its own blocks: one it alone holds stops being a prefix block (I10). */
+    for (uint32_t i = undo_first; in_place && i < n_shared; i++)
+        if (kv->bm[table[i]].keyed) index_remove(kv, table[i]);
     if (copy_partial) {
         uint32_t src = s->blocks[n_full], dst = table[n_full];
         for (int l = 0; l < kv->p.n_layers; l++)
@@ -682,6 +890,11 @@ int kv_begin_tenant(kv_state *kv, uint64_t tenant, const kv_sid *sid, uint64_t e
     } else {
         kv->st.hits++;
     }
+    if (n_adopt) {
+        kv->st.prefix_hits++;
+        kv->st.prefix_positions += keep;
+        r.prefix = keep;
+    }
     memset(txn, 0, sizeof(*txn));
     txn->s = s;
     txn->created = fresh_s != NULL;
@@ -691,6 +904,10 @@ int kv_begin_tenant(kv_state *kv, uint64_t tenant, const kv_sid *sid, uint64_t e
     txn->table = table;
     txn->n_table = n_table;
     txn->n_shared = n_shared;
+    txn->n_adopt = n_adopt;
+    txn->key_first = key_first;
+    txn->key_n = key_n;
+    txn->key_hash = keys;
     txn->in_place = in_place;
     txn->undo = undo;
     txn->undo_first = undo_first;
@@ -720,6 +937,26 @@ done:
     return err;
 }
 
+/* I10: the full blocks the transaction completed are keyed under the session's tenant, or, when
+ * an equal block is keyed already, replaced by it (the fresh copy goes back: charged once). */
+static void commit_keys(kv_state *kv, const kv_txn *txn, kv_session *s) {
+    const uint8_t *ok = (const uint8_t *)(txn->key_hash + txn->key_n);
+    kv_tenant *t = s->tenant;
+    for (uint32_t i = 0; i < txn->key_n; i++) {
+        uint32_t b = txn->key_first + i;
+        if (!ok[i] || b >= s->n_blocks || kv->bm[s->blocks[b]].keyed) continue;
+        uint32_t have = index_find(kv, t->tag, txn->key_hash[i]);
+        if (have == KV_NONE) {
+            index_add(kv, s->blocks[b], txn->key_hash[i]);
+            continue;
+        }
+        block_ref(kv, t, have);
+        block_unref(kv, t, s->blocks[b]);
+        s->blocks[b] = have;
+        kv->st.prefix_dedups++;
+    }
+}
+
 void kv_commit(kv_state *kv, kv_txn *txn, kv_reply *rep) {
     pthread_mutex_lock(&kv->lock);
     kv_session *s = txn->s;
@@ -729,6 +966,7 @@ void kv_commit(kv_state *kv, kv_txn *txn, kv_reply *rep) {
     free(s->blocks);
     s->blocks = txn->table;
     s->n_blocks = txn->n_table;
+    if (txn->key_hash) commit_keys(kv, txn, s);
     s->n_past = txn->end;
     s->epoch = txn->epoch;
     s->inflight = NULL;
@@ -743,6 +981,7 @@ void kv_commit(kv_state *kv, kv_txn *txn, kv_reply *rep) {
         rep->live_epoch = s->epoch;
     }
     free(txn->undo);
+    free(txn->key_hash);
     free(txn);
     pthread_mutex_unlock(&kv->lock);
 }
@@ -767,6 +1006,7 @@ void kv_abort(kv_state *kv, kv_txn *txn, bool cancelled) {
         lru_push_front(kv, s);
     }
     free(txn->undo);
+    free(txn->key_hash);
     free(txn);
     pthread_mutex_unlock(&kv->lock);
 }
@@ -934,6 +1174,9 @@ void kv_get_stats(kv_state *kv, kv_stats *st) {
     st->tombstones = kv->n_tombs;
     st->tenants = kv->n_tenants;
     st->bytes_used = (uint64_t)(kv->blocks_total - kv->n_free) * kv->block_bytes;
+    st->prefix_blocks = kv->n_keyed;
+    st->cached_blocks = kv->n_cached;
+    st->cached_bytes = (uint64_t)kv->n_cached * kv->block_bytes;
     pthread_mutex_unlock(&kv->lock);
 }
 

@@ -56,7 +56,19 @@ typedef struct {
     bool pinned_short;   /* BUDGET_EXHAUSTED / BUSY only because other sessions are pinned (in
                             flight): the same request can succeed once they finish */
     bool over_quota;     /* BUDGET_EXHAUSTED / BUSY from the tenant's own quota (tenant_max_*) */
+    uint32_t prefix;     /* kv_begin_prefix: positions the new session took from the prefix cache */
 } kv_reply;
+
+/* Shared prefix blocks (kvstate.c, I10). The client names every KV_PREFIX_TOKENS positions of a
+ * session by a chain hash: hashes[i] covers positions [0, (first + i + 1) x KV_PREFIX_TOKENS)
+ * (hash of the previous one and these ids). Full blocks with the same (tenant, chain hash) hold
+ * the same keys and values, so they are shared; sharing needs block_tokens to be a multiple of
+ * KV_PREFIX_TOKENS (else hashes are ignored). */
+#define KV_PREFIX_TOKENS 16
+typedef struct {
+    const uint64_t *hashes;
+    uint32_t first, n;
+} kv_prefix;
 
 /* Epoch advance that keeps the old epoch's first len positions (no copy). */
 typedef struct {
@@ -73,6 +85,14 @@ typedef struct {
     uint64_t tenants;    /* tenants holding sessions, now */
     uint64_t evict_quota; /* of evict_lru: a tenant's own sessions evicted to stay within its quota */
     uint64_t quota_refusals; /* begins refused by the tenant's own quota (over_quota) */
+    /* Shared prefix blocks (I10). */
+    uint64_t prefix_hits;       /* begins that took blocks from the prefix cache */
+    uint64_t prefix_positions;  /* positions so taken (not computed) */
+    uint64_t prefix_short;      /* begins answered CACHE_MISS(have) because a prefix block is gone */
+    uint64_t prefix_dedups;     /* blocks a commit replaced by an equal keyed block */
+    uint64_t prefix_evictions;  /* cached blocks taken back for new ones */
+    uint64_t prefix_blocks;     /* keyed blocks now (shared, in use or cached) */
+    uint64_t cached_blocks, cached_bytes; /* keyed blocks no session holds now (evictable first) */
 } kv_stats;
 
 typedef struct kv_state kv_state;
@@ -125,6 +145,14 @@ int kv_begin(kv_state *kv, const kv_sid *sid, uint64_t epoch, uint32_t start_pos
  * more than its fair share (pool / tenants, max_sessions / tenants). */
 int kv_begin_tenant(kv_state *kv, uint64_t tenant, const kv_sid *sid, uint64_t epoch, uint32_t start_pos, uint32_t n,
                     const kv_inherit *inherit, kv_txn **out, kv_reply *rep);
+/* kv_begin_tenant with the chain hashes of the blocks the request covers (pre may be NULL).
+ * A session that does not hold the request's start (absent, or superseded by a newer epoch that
+ * inherits nothing) at a start_pos that is a multiple of block_tokens takes the blocks below
+ * start_pos from the tenant's prefix cache when every one of them is there (rep->prefix);
+ * else CACHE_MISS with rep->have the positions the cache holds. At commit, the full blocks the
+ * request completed are keyed, or replaced by an equal keyed block (charged once). */
+int kv_begin_prefix(kv_state *kv, uint64_t tenant, const kv_sid *sid, uint64_t epoch, uint32_t start_pos, uint32_t n,
+                    const kv_inherit *inherit, const kv_prefix *pre, kv_txn **out, kv_reply *rep);
 /* A tenant's live sessions and bytes held (open transactions' new blocks included); 0, 0 when
  * it holds none. */
 void kv_tenant_usage(kv_state *kv, uint64_t tenant, uint32_t *sessions, uint64_t *bytes);

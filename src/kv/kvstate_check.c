@@ -9,21 +9,39 @@
 #include "kvstate_impl.h"
 #include "util.h"
 
-/* Block owners, one byte per block: what I1 allows a block to be. */
-enum { OWN_NONE, OWN_FREE, OWN_SESSION, OWN_FRESH };
+/* Per block: the tables found holding it (I1, I10), and FREE_MARK when it is on the free stack. */
+#define FREE_MARK UINT32_MAX
 
-static int check_blocks(kv_state *kv, uint8_t *own, char *msg, size_t cap) {
+static int check_blocks(kv_state *kv, uint32_t *own, char *msg, size_t cap) {
     for (uint32_t i = 0; i < kv->n_free; i++) {
         uint32_t b = kv->free_ids[i];
         if (b >= kv->blocks_total) return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I1: free stack slot %u holds block %u of %u", i, b, kv->blocks_total);
-        if (own[b] != OWN_NONE) return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I1: block %u is on the free stack twice", b);
-        own[b] = OWN_FREE;
+        if (own[b] != 0) return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I1: block %u is on the free stack twice", b);
+        if (kv->bm[b].refs || kv->bm[b].keyed)
+            return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I10: free block %u has %u refs%s", b, kv->bm[b].refs, kv->bm[b].keyed ? " and a key" : "");
+        own[b] = FREE_MARK;
     }
     return KVS_OK;
 }
 
+/* One more table holds block b (I1: never a free one). */
+static int own_block(const kv_state *kv, uint32_t *own, uint32_t b, const char *what, char *msg, size_t cap) {
+    if (b >= kv->blocks_total || own[b] == FREE_MARK)
+        return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I1: block %u of %s is %s", b, what, b >= kv->blocks_total ? "out of range" : "also free");
+    own[b]++;
+    return KVS_OK;
+}
+
+/* I10: a block a transaction writes is its own: one reference, no key. */
+static int check_writable(const kv_state *kv, uint32_t b, char *msg, size_t cap) {
+    if (kv->bm[b].refs != 1 || kv->bm[b].keyed)
+        return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I10: block %u that a transaction writes has %u refs%s", b, kv->bm[b].refs,
+                        kv->bm[b].keyed ? " and a key" : "");
+    return KVS_OK;
+}
+
 /* I1 (a session's blocks), I3, I6, I7 for one session and its open transaction. */
-static int check_session(kv_state *kv, kv_session *s, uint8_t *own, uint64_t *held, char *msg, size_t cap) {
+static int check_session(kv_state *kv, kv_session *s, uint32_t *own, char *msg, size_t cap) {
     const kv_txn *x = s->inflight;
     bool created = x && x->created;
     if (s->n_blocks != blocks_for(kv, s->n_past))
@@ -32,14 +50,9 @@ static int check_session(kv_state *kv, kv_session *s, uint8_t *own, uint64_t *he
     if (s->n_past > kv->p.max_positions || (s->n_past == 0 && !created))
         return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I3: a %s session holds n_past %u (cap %u)", x ? "pinned" : "idle",
                         s->n_past, kv->p.max_positions);
-    for (uint32_t i = 0; i < s->n_blocks; i++) {
-        uint32_t b = s->blocks[i];
-        if (b >= kv->blocks_total || own[b] != OWN_NONE)
-            return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I1: block %u of a session's table is %s", b,
-                            b >= kv->blocks_total ? "out of range" : own[b] == OWN_FREE ? "also free" : "owned twice");
-        own[b] = OWN_SESSION;
-    }
-    *held += s->n_blocks;
+    int err;
+    for (uint32_t i = 0; i < s->n_blocks; i++)
+        if ((err = own_block(kv, own, s->blocks[i], "a session's table", msg, cap))) return err;
     if (!x) return KVS_OK;
     if (x->s != s || x->kv != kv) return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I6: an open transaction points at another session or pool");
     if (x->start >= x->end || x->end > kv->p.max_positions || x->n_table != blocks_for(kv, x->end) ||
@@ -50,14 +63,16 @@ static int check_session(kv_state *kv, kv_session *s, uint8_t *own, uint64_t *he
         if (x->table[i] != s->blocks[i])
             return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I1: transaction table[%u] = %u is not the session's block %u", i,
                             x->table[i], s->blocks[i]);
+    if (x->n_adopt && (x->n_shared || !created || (uint64_t)x->n_adopt * (uint64_t)kv->p.block_tokens != x->start))
+        return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I10: a transaction adopts %u blocks at start %u, %u shared, %s session",
+                        x->n_adopt, x->start, x->n_shared, created ? "a new" : "an existing");
     for (uint32_t i = x->n_shared; i < x->n_table; i++) {
-        uint32_t b = x->table[i];
-        if (b >= kv->blocks_total || own[b] != OWN_NONE)
-            return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I1: new block %u of a transaction is %s", b,
-                            b >= kv->blocks_total ? "out of range" : own[b] == OWN_FREE ? "also free" : "owned twice");
-        own[b] = OWN_FRESH;
+        if ((err = own_block(kv, own, x->table[i], "a transaction's new part", msg, cap))) return err;
+        if (i < x->n_shared + x->n_adopt ? !kv->bm[x->table[i]].keyed : (err = check_writable(kv, x->table[i], msg, cap)) != 0)
+            return err ? err : kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I10: adopted block %u has no key", x->table[i]);
     }
-    *held += x->n_table - x->n_shared;
+    for (uint32_t i = x->undo_first; x->in_place && i < x->n_shared; i++)
+        if ((err = check_writable(kv, x->table[i], msg, cap))) return err;
     if (x->in_place) {
         uint32_t want_first = x->start / (uint32_t)kv->p.block_tokens;
         if ((x->n_shared > want_first) != (x->undo != NULL) || x->undo_first != want_first)
@@ -74,7 +89,7 @@ static int check_session(kv_state *kv, kv_session *s, uint8_t *own, uint64_t *he
 }
 
 /* I5 (one session per id, in its bucket), I1-I3, I6, I7 per session; I4 (pins and LRU). */
-static int check_sessions(kv_state *kv, uint8_t *own, char *msg, size_t cap) {
+static int check_sessions(kv_state *kv, uint32_t *own, char *msg, size_t cap) {
     uint64_t held = 0;
     uint32_t n = 0, idle = 0;
     for (uint32_t h = 0; h < KV_HASH_BUCKETS; h++)
@@ -89,7 +104,7 @@ static int check_sessions(kv_state *kv, uint8_t *own, char *msg, size_t cap) {
                 return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I4: a %s session is %s the LRU list", s->inflight ? "pinned" : "idle",
                                 listed ? "on" : "off");
             idle += !s->inflight;
-            int err = check_session(kv, s, own, &held, msg, cap);
+            int err = check_session(kv, s, own, msg, cap);
             if (err) return err;
         }
     if (n != kv->n_sessions) return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I5: %u sessions in the table, n_sessions %u", n, kv->n_sessions);
@@ -105,11 +120,24 @@ static int check_sessions(kv_state *kv, uint8_t *own, char *msg, size_t cap) {
     }
     if (listed != idle || kv->lru.lru_prev->lru_next != &kv->lru)
         return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I4: %u sessions on the LRU list, %u idle", listed, idle);
-    /* I1: every block accounted for exactly once; I2: the byte count is exact. */
-    for (uint32_t b = 0; b < kv->blocks_total; b++)
-        if (own[b] == OWN_NONE) return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I1: block %u is neither free nor in a table (leaked)", b);
-    if (held + kv->n_free != kv->blocks_total)
-        return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I2: %llu blocks held + %u free != %u", (unsigned long long)held, kv->n_free, kv->blocks_total);
+    /* I1, I10: every block free, cached or held by exactly refs tables (more than one only when
+     * keyed); I2: the byte count is exact. */
+    uint64_t cached = 0;
+    for (uint32_t b = 0; b < kv->blocks_total; b++) {
+        const kv_bmeta *m = &kv->bm[b];
+        if (own[b] == FREE_MARK) continue;
+        if (own[b] != m->refs)
+            return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I10: block %u is in %u tables, refs %u", b, own[b], m->refs);
+        if (own[b] == 0 && !m->keyed)
+            return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I1: block %u is neither free nor in a table nor cached (leaked)", b);
+        if (own[b] > 1 && !m->keyed)
+            return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I10: block %u is shared by %u tables without a key", b, own[b]);
+        held += own[b] > 0;
+        cached += own[b] == 0;
+    }
+    if (cached != kv->n_cached || held + cached + kv->n_free != kv->blocks_total)
+        return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I2: %llu blocks held + %llu cached (n_cached %u) + %u free != %u",
+                        (unsigned long long)held, (unsigned long long)cached, kv->n_cached, kv->n_free, kv->blocks_total);
     uint64_t bytes = (uint64_t)(kv->blocks_total - kv->n_free) * kv->block_bytes;
     if (bytes > kv->p.budget_bytes)
         return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I2: %llu bytes used past the budget %llu", (unsigned long long)bytes,
@@ -151,6 +179,33 @@ static int check_tombs(kv_state *kv, char *msg, size_t cap) {
     return KVS_OK;
 }
 
+/* I10: the prefix index holds every keyed block once, in its bucket, with no two of one (tenant,
+ * hash); the cache list holds exactly the keyed blocks no table holds, most recent first. */
+static int check_prefix(kv_state *kv, char *msg, size_t cap) {
+    uint32_t keyed = 0, listed = 0;
+    for (uint32_t b = 0; b < kv->blocks_total; b++) keyed += kv->bm[b].keyed;
+    if (keyed != kv->n_keyed) return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I10: %u keyed blocks, n_keyed %u", keyed, kv->n_keyed);
+    uint32_t chained = 0;
+    for (uint32_t h = 0; h < kv->n_pbuckets; h++)
+        for (uint32_t b = kv->pbuckets[h]; b != KV_NONE; b = kv->bm[b].hnext) {
+            if (b >= kv->blocks_total || !kv->bm[b].keyed || kv_prefix_bucket(kv, kv->bm[b].tenant, kv->bm[b].hash) != h ||
+                ++chained > keyed)
+                return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I10: prefix bucket %u chains block %u wrongly", h, b);
+            for (uint32_t o = kv->bm[b].hnext, rest = 0; o != KV_NONE && o < kv->blocks_total && rest++ < keyed; o = kv->bm[o].hnext)
+                if (kv->bm[o].hash == kv->bm[b].hash && kv->bm[o].tenant == kv->bm[b].tenant)
+                    return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I10: blocks %u and %u have one key", b, o);
+        }
+    if (chained != keyed) return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I10: %u blocks in the prefix index, %u keyed", chained, keyed);
+    uint32_t prev = KV_NONE;
+    for (uint32_t b = kv->cache_head; b != KV_NONE; prev = b, b = kv->bm[b].cnext) {
+        if (b >= kv->blocks_total || kv->bm[b].cprev != prev || !kv->bm[b].keyed || kv->bm[b].refs || ++listed > kv->n_cached)
+            return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I10: the prefix cache list is broken at block %u after %u", b, listed);
+    }
+    if (listed != kv->n_cached || kv->cache_tail != prev)
+        return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I10: %u blocks on the cache list, n_cached %u", listed, kv->n_cached);
+    return KVS_OK;
+}
+
 /* I9: the tenants' sessions and blocks add up to the pool's; every session's tenant is live. */
 static int check_tenants(kv_state *kv, char *msg, size_t cap) {
     uint64_t blocks = 0, sessions = 0;
@@ -165,9 +220,19 @@ static int check_tenants(kv_state *kv, char *msg, size_t cap) {
             n++;
         }
     if (n != kv->n_tenants) return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I9: %u tenant records, n_tenants %u", n, kv->n_tenants);
-    if (sessions != kv->n_sessions || blocks != (uint64_t)kv->blocks_total - kv->n_free)
-        return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I9: tenants hold %llu sessions and %llu blocks; the pool %u and %u",
-                        (unsigned long long)sessions, (unsigned long long)blocks, kv->n_sessions, kv->blocks_total - kv->n_free);
+    if (sessions != kv->n_sessions || blocks + kv->n_cached != (uint64_t)kv->blocks_total - kv->n_free)
+        return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I9: tenants hold %llu sessions and %llu blocks (+%u cached); the pool %u and %u",
+                        (unsigned long long)sessions, (unsigned long long)blocks, kv->n_cached, kv->n_sessions,
+                        kv->blocks_total - kv->n_free);
+    /* A shared block is charged once, to the tenant whose tables hold it. */
+    for (uint32_t h = 0; h < KV_TENANT_BUCKETS; h++)
+        for (kv_tenant *t = kv->tenants[h]; t; t = t->next) {
+            uint64_t mine = 0;
+            for (uint32_t b = 0; b < kv->blocks_total; b++) mine += kv->bm[b].refs && kv->bm[b].tenant == t->tag;
+            if (mine != t->n_blocks)
+                return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "I9: tenant %llx is charged %llu blocks, holds %llu",
+                                (unsigned long long)t->tag, (unsigned long long)t->n_blocks, (unsigned long long)mine);
+        }
     for (uint32_t h = 0; h < KV_HASH_BUCKETS; h++)
         for (kv_session *s = kv->buckets[h]; s; s = s->hash_next) {
             kv_tenant *t = kv->tenants[kv_tenant_bucket(s->tenant->tag)];
@@ -179,12 +244,13 @@ static int check_tenants(kv_state *kv, char *msg, size_t cap) {
 
 int kv_check(kv_state *kv, char *msg, size_t msg_cap) {
     if (!kv) return kvs_fail(msg, msg_cap, KVS_ERR_INVALID_ARG, "kv_check: no state");
-    uint8_t *own = calloc(kv->blocks_total, 1);
+    uint32_t *own = calloc(kv->blocks_total, sizeof(uint32_t));
     if (!own) return kvs_fail(msg, msg_cap, KVS_ERR_NOMEM, "kv_check: no memory for %u block owners", kv->blocks_total);
     pthread_mutex_lock(&kv->lock);
     int err = check_blocks(kv, own, msg, msg_cap);
     if (!err) err = check_sessions(kv, own, msg, msg_cap);
     if (!err) err = check_tombs(kv, msg, msg_cap);
+    if (!err) err = check_prefix(kv, msg, msg_cap);
     if (!err) err = check_tenants(kv, msg, msg_cap);
     pthread_mutex_unlock(&kv->lock);
     free(own);

@@ -18,6 +18,20 @@
 #define KV_TOMB_DEFAULT 4096u
 #define KV_TOMB_TTL_DEFAULT_NS (600ull * 1000000000ull)
 #define KV_TOMB_NONE (-1)
+#define KV_NONE UINT32_MAX /* no block: the end of a prefix chain or of the cache list */
+
+/* Per block (I10): its references and, when keyed, its place in the prefix index and, with no
+ * reference, on the prefix cache list. */
+typedef struct {
+    uint64_t tenant;        /* tag of the tenant whose tables hold (held) it */
+    uint64_t hash;          /* chain hash of positions [0, end of the block), when keyed */
+    uint32_t refs;          /* session tables and open transactions' new parts holding it */
+    uint32_t hnext;         /* prefix index chain, KV_NONE: end */
+    uint32_t cprev, cnext;  /* prefix cache list (keyed, refs 0), most recent first */
+    uint32_t plan_refs;     /* refs left in the current eviction plan, valid when plan_gen matches */
+    uint64_t plan_gen;
+    bool keyed;             /* in the prefix index under (tenant, hash): read-only */
+} kv_bmeta;
 
 typedef struct kv_session kv_session;
 typedef struct kv_tenant kv_tenant;
@@ -59,6 +73,9 @@ struct kv_txn {
                                ((n_shared - undo_first) x block_bytes); NULL unless in place */
     uint32_t undo_first;
     bool rewind, inherit;
+    uint32_t n_adopt;       /* I10: table[0..n_adopt) came from the prefix index (new session) */
+    uint32_t key_first, key_n; /* blocks table[key_first..+key_n) are keyed at commit where valid */
+    uint64_t *key_hash;     /* key_n hashes, then key_n validity bytes; NULL: none */
     atomic_bool cancel;
     const kv_state *kv;
 };
@@ -98,6 +115,11 @@ struct kv_state {
     kv_tenant *cur_tenant;  /* the tenant of the running kv_begin: not freed under it */
     uint64_t quota_blocks;  /* tenant_max_bytes in blocks; 0: none */
     uint64_t plan_gen;
+    kv_bmeta *bm;           /* blocks_total entries (I10) */
+    uint32_t *pbuckets;     /* prefix index heads, n_pbuckets (a power of two) */
+    uint32_t n_pbuckets;
+    uint32_t cache_head, cache_tail; /* prefix cache list: most / least recently cached */
+    uint32_t n_cached, n_keyed;
     pthread_mutex_t lock;
 };
 
@@ -111,6 +133,11 @@ static inline uint32_t kv_hash(const kv_sid *sid) {
 
 static inline uint32_t kv_tenant_bucket(uint64_t tag) {
     return (uint32_t)((tag * 0x9E3779B97F4A7C15ull) >> 56) % KV_TENANT_BUCKETS;
+}
+
+static inline uint32_t kv_prefix_bucket(const kv_state *kv, uint64_t tenant, uint64_t hash) {
+    uint64_t h = (hash ^ (tenant * 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull;
+    return (uint32_t)(h >> 32) & (kv->n_pbuckets - 1);
 }
 
 static inline uint32_t blocks_for(const kv_state *kv, uint32_t positions) {
