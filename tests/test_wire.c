@@ -541,7 +541,7 @@ static void test_rejections(void) {
      * 72 n_vocab 76 budget 84 max_tokens 88 max_ctx 92 name_len(u16) */
     struct wire_info info = sample_info();
     p = encode(&codecs[C_INFO], &info, &n);
-    expect_bad_u32(C_INFO, p, n, 20, 3 | (3u << 16));            /* version 3 */
+    expect_bad_u32(C_INFO, p, n, 20, 4 | (3u << 16));            /* version 4 */
     expect_bad_u32(C_INFO, p, n, 20, 1 | (2u << 16));            /* f16 without f32 */
     expect_bad_u32(C_INFO, p, n, 20, 1 | (5u << 16));            /* bf16 bit in v1 */
     expect_bad_u32(C_INFO, p, n, 20, 1 | (9u << 16));            /* unknown dtype bit */
@@ -944,6 +944,51 @@ static void test_netio_tcp(void) {
     netio_buf_free(&b);
 }
 
+/* Protocol v3: the FORWARD prefix block round-trips canonically, refuses every truncation,
+ * hashes past the covered positions and the fields without the flag; the chain hash is
+ * order-sensitive and chained. */
+static void test_v3_prefix(void) {
+    int32_t toks[40];
+    for (int i = 0; i < 40; i++) toks[i] = i + 3;
+    uint64_t h[2];
+    h[0] = wire_chain_hash(0, toks, 16);
+    h[1] = wire_chain_hash(h[0], toks + 16, 16);
+    CHECK(h[0] != h[1]);
+    int32_t swapped[16];
+    memcpy(swapped, toks, sizeof swapped);
+    swapped[3] = toks[4];
+    swapped[4] = toks[3];
+    CHECK(wire_chain_hash(0, swapped, 16) != h[0]);
+    struct wire_forward m = {.epoch = 1, .start_pos = 0, .n_tokens = 40, .flags = WIRE_FWD_PREFIX,
+                             .in_kind = WIRE_IN_TOKENS, .data = toks,
+                             .prefix = {.first = 0, .n_hashes = 2, .hashes = h}};
+    size_t n = 0;
+    uint8_t *p = encode(&codecs[C_FORWARD], &m, &n);
+    CHECK_EQ_INT(n, 60 + 160 + 8 + 16);
+    check_truncations(&codecs[C_FORWARD], p, n);
+    struct wire_forward d;
+    char msg[KVS_MSG_MAX];
+    CHECK_EQ_INT(wire_decode_forward(p, n, &d, msg, sizeof msg), KVS_OK);
+    CHECK_EQ_INT(d.prefix.n_hashes, 2);
+    CHECK(wire_prefix_hash(&d.prefix, 1) == h[1]);
+    uint8_t *t = malloc(n);
+    memcpy(t, p, n);
+    kvs_wr_u32(t + 220, 2); /* first 2: hashes for positions up to 64 of a request ending at 40 */
+    CHECK_EQ_INT(decode_canonical(&codecs[C_FORWARD], t, n), KVS_ERR_PROTOCOL);
+    memcpy(t, p, n);
+    kvs_wr_u32(t + 32, 0); /* flags 0 with a prefix block: trailing bytes */
+    CHECK_EQ_INT(decode_canonical(&codecs[C_FORWARD], t, n), KVS_ERR_PROTOCOL);
+    free(t);
+    free(p);
+    struct wire_forward b = m;
+    b.prefix.first = 2;
+    size_t len = 0;
+    CHECK(wire_encode_forward(&b, NULL, 0, &len) != KVS_OK);
+    b = m;
+    b.flags = 0;
+    CHECK(wire_encode_forward(&b, NULL, 0, &len) != KVS_OK);
+}
+
 /* Protocol v2 fields: a FORWARD with a sampler block and a relay block, a SAMPLE reply and
  * RELAY_LISTEN round-trip canonically, refuse every truncation, and refuse bad field values. */
 static void test_v2_fields(void) {
@@ -1077,6 +1122,7 @@ int main(void) {
     test_roundtrips();
     test_rejections();
     test_v2_fields();
+    test_v3_prefix();
     test_random();
     test_hostport();
     test_netio_socketpair();

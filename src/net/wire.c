@@ -454,6 +454,31 @@ static const char *relay_check(const struct wire_relay *rl, uint64_t epoch) {
     return NULL;
 }
 
+/* Prefix block rules; a static reason or NULL. */
+static const char *prefix_check(const struct wire_forward *m) {
+    const struct wire_prefix *p = &m->prefix;
+    if (!(m->flags & WIRE_FWD_PREFIX)) return p->first || p->n_hashes || p->hashes ? "prefix fields set without the prefix flag" : NULL;
+    if (p->n_hashes < 1 || p->n_hashes > WIRE_MAX_PREFIX_HASHES) return "prefix n_hashes out of range";
+    if (((uint64_t)p->first + p->n_hashes) * WIRE_PREFIX_TOKENS > (uint64_t)m->start_pos + m->n_tokens)
+        return "prefix hashes past the positions the request covers";
+    return NULL;
+}
+
+uint64_t wire_chain_hash(uint64_t prev, const int32_t *ids, uint32_t n) {
+    uint64_t h = prev ^ 0x6A09E667F3BCC909ull;
+    for (uint32_t i = 0; i < n; i++) { /* splitmix64 steps over each id: well mixed, order-sensitive */
+        h ^= (uint64_t)(uint32_t)ids[i] + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+        h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
+        h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
+        h ^= h >> 31;
+    }
+    return h;
+}
+
+uint64_t wire_prefix_hash(const struct wire_prefix *p, uint32_t i) {
+    return kvs_rd_u64((const uint8_t *)p->hashes + 8 * (size_t)i);
+}
+
 static int enc_forward(struct wr *w, const void *vm) {
     const struct wire_forward *m = vm;
     uint64_t nb;
@@ -512,6 +537,13 @@ static int enc_forward(struct wr *w, const void *vm) {
             wr_u32(w, h->inherit_len);
         }
     }
+    if (prefix_check(m)) return KVS_ERR_INVALID_ARG;
+    if (m->flags & WIRE_FWD_PREFIX) {
+        if (!m->prefix.hashes) return KVS_ERR_INVALID_ARG;
+        wr_u32(w, m->prefix.first);
+        wr_u32(w, m->prefix.n_hashes);
+        wr_bytes(w, m->prefix.hashes, (size_t)m->prefix.n_hashes * 8);
+    }
     return KVS_OK;
 }
 
@@ -535,7 +567,7 @@ static int dec_forward(struct rd *r, struct wire_forward *m, char *msg, size_t m
     bool big;
     const char *why = forward_check(m, &nb, &big);
     if (why) return PROTO("FORWARD: %s", why);
-    const bool blocks = m->out_mode == WIRE_OUT_SAMPLE || (m->flags & WIRE_FWD_RELAY);
+    const bool blocks = m->out_mode == WIRE_OUT_SAMPLE || (m->flags & (WIRE_FWD_RELAY | WIRE_FWD_PREFIX));
     if (blocks ? nb > r->n - r->off : nb != r->n - r->off)
         return PROTO("FORWARD: input data is %zu bytes, n_tokens %u x n_embd %u needs %llu",
                      r->n - r->off, (unsigned)m->n_tokens, (unsigned)m->n_embd,
@@ -590,6 +622,14 @@ static int dec_forward(struct rd *r, struct wire_forward *m, char *msg, size_t m
             if (r->bad) return rd_short(r, msg, msg_cap);
         }
         if ((why = relay_check(rl, m->epoch)) != NULL) return PROTO("FORWARD: %s", why);
+    }
+    if (m->flags & WIRE_FWD_PREFIX) {
+        m->prefix.first = rd_u32(r, "prefix first");
+        m->prefix.n_hashes = rd_u32(r, "prefix n_hashes");
+        if (r->bad) return rd_short(r, msg, msg_cap);
+        if ((why = prefix_check(m)) != NULL) return PROTO("FORWARD: %s", why);
+        if (!rd_take(r, (size_t)m->prefix.n_hashes * 8, "prefix hashes", &a)) return rd_short(r, msg, msg_cap);
+        m->prefix.hashes = a;
     }
     return rd_end(r, msg, msg_cap);
 }

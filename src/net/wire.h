@@ -47,8 +47,9 @@
 /* Message-set versions negotiated by HELLO / INFO. 1: the base set. 2 adds FORWARD out_mode SAMPLE
  * with its sampler block, the RELAY flag with its relay block, FORWARD_REPLY out_kind SAMPLE and
  * the RELAY_LISTEN op. A shard answers a v1 client in v1 and refuses v2 fields on that
- * connection (UNSUPPORTED); frames keep header version WIRE_VERSION either way. */
-#define WIRE_PROTO_VERSION 2u
+ * connection (UNSUPPORTED); frames keep header version WIRE_VERSION either way. 3 adds the
+ * FORWARD prefix block (WIRE_FWD_PREFIX: chain hashes for shared prefix blocks). */
+#define WIRE_PROTO_VERSION 3u
 #define WIRE_HEADER_SIZE 24u
 
 #define WIRE_MAX_PAYLOAD (64u << 20)  /* bytes after the header */
@@ -155,7 +156,10 @@ struct wire_info {
 #define WIRE_SID_SIZE 16u
 #define WIRE_FWD_INHERIT (1u << 0) /* take over inherit_epoch's state truncated to inherit_len */
 #define WIRE_FWD_RELAY (1u << 1)   /* v2: a relay block follows; push the step on to relay.next[] */
-#define WIRE_FWD_FLAGS_KNOWN (WIRE_FWD_INHERIT | WIRE_FWD_RELAY)
+#define WIRE_FWD_PREFIX (1u << 2)  /* v3: a prefix block follows: chain hashes of covered blocks */
+#define WIRE_FWD_FLAGS_KNOWN (WIRE_FWD_INHERIT | WIRE_FWD_RELAY | WIRE_FWD_PREFIX)
+#define WIRE_PREFIX_TOKENS 16u    /* positions named by one chain hash */
+#define WIRE_MAX_PREFIX_HASHES (WIRE_MAX_POS / WIRE_PREFIX_TOKENS)
 
 #define WIRE_MAX_WINDOW 8192u   /* penalty window ids in a sampler block */
 #define WIRE_MAX_TOP 20u        /* top log-probs a SAMPLE reply may carry */
@@ -205,6 +209,15 @@ struct wire_relay {
     struct wire_relay_hop next[WIRE_MAX_RELAY_HOPS];
 };
 
+/* Chain hashes of a FORWARD (v3): hash i names positions [0, (first + i + 1) x 16) of the session,
+ * wire_chain_hash of the hash before it and these 16 ids; first + n_hashes blocks lie within
+ * start_pos + n_tokens. */
+struct wire_prefix {
+    uint32_t first;                    /* block index of the first hash */
+    uint32_t n_hashes;                 /* 1..WIRE_MAX_PREFIX_HASHES */
+    const void *hashes;                /* u64[n_hashes], design note 3/4 */
+};
+
 struct wire_forward {
     uint8_t session_id[WIRE_SID_SIZE]; /* route_session_id, opaque 128 bits */
     uint64_t epoch;                    /* route_epoch */
@@ -219,7 +232,13 @@ struct wire_forward {
     const void *data;                  /* (n_tokens) or (n_tokens, n_embd), see design note 3/4 */
     struct wire_sample_req sample;     /* out_mode SAMPLE only; else all zero */
     struct wire_relay relay;           /* flag RELAY only; else all zero */
+    struct wire_prefix prefix;         /* flag PREFIX only; else all zero */
 };
+
+/* The chain hash of a block of ids after the block hashed prev (0 before the first block). */
+uint64_t wire_chain_hash(uint64_t prev, const int32_t *ids, uint32_t n);
+/* Hash i of a decoded prefix block. */
+uint64_t wire_prefix_hash(const struct wire_prefix *p, uint32_t i);
 
 enum wire_out_kind {
     WIRE_OUTK_NONE = 0,       /* no data; n_rows = n_cols = 0 */
