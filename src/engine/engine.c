@@ -93,7 +93,7 @@ int engine_step(engine *e, engine_req *reqs, int n_reqs) {
 }
 
 int engine_txn_begin(engine *e, uint64_t tenant, const engine_req *r, kv_txn **txn, kv_reply *rep) {
-    return kv_begin_tenant(e->kv, tenant, &r->sid, r->epoch, r->start_pos, r->n, r->inherit, txn, rep);
+    return kv_begin_prefix(e->kv, tenant, &r->sid, r->epoch, r->start_pos, r->n, r->inherit, r->prefix, txn, rep);
 }
 
 int engine_txn_run(engine *e, fwd_item *items, int n_items) { return fwd_run(e->m, e->pool, e->kv, items, n_items); }

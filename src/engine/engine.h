@@ -44,6 +44,7 @@ typedef struct {
     uint64_t epoch;
     uint32_t start_pos, n;
     const kv_inherit *inherit; /* NULL: none */
+    const kv_prefix *prefix;   /* chain hashes of shared prefix blocks (kv_begin_prefix); NULL: none */
     const int32_t *tokens;     /* or hidden, per the range */
     const float *hidden;
     fwd_out_mode out_mode;

@@ -87,6 +87,10 @@ void srv_stats(srv *s, struct wire_stats_reply *m) {
         {"srv.rx_buffer_bytes", (uint64_t)atomic_load(&s->rx_capacity)},
         {"kv.tenants", k.tenants},             {"kv.evict_quota", k.evict_quota},
         {"kv.quota_refusals", k.quota_refusals},
+        {"kv.prefix_hits", k.prefix_hits},     {"kv.prefix_positions", k.prefix_positions},
+        {"kv.prefix_short", k.prefix_short},   {"kv.prefix_dedups", k.prefix_dedups},
+        {"kv.prefix_evictions", k.prefix_evictions}, {"kv.prefix_blocks", k.prefix_blocks},
+        {"kv.cached_blocks", k.cached_blocks}, {"kv.cached_bytes", k.cached_bytes},
     };
     pthread_mutex_unlock(&s->mu);
     size_t n = sizeof(list) / sizeof(list[0]);

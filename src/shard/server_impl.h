@@ -109,6 +109,7 @@ struct srv_job {
     uint32_t start_pos, n;
     bool inherit;
     kv_inherit inh;
+    kv_prefix prefix;       /* v3 chain hashes (prefix.hashes owned; NULL: none) */
     int32_t *tokens;        /* n ids (head shard) */
     float *hidden;          /* n x n_embd (other shards) */
     bool reply_f16;         /* hidden reply in f16 (the request came in f16) */

@@ -12,6 +12,7 @@ void srv_job_free(srv_job *j) {
     if (!j) return;
     free(j->window);
     free(j->relay);
+    free((void *)j->prefix.hashes);
     free(j->tokens);
     free(j->hidden);
     free(j->out);
@@ -210,6 +211,10 @@ static const char *forward_refusal(srv_conn *c, const struct wire_forward *f, co
         *status = KVS_ERR_UNSUPPORTED;
         return "sampling and relay need protocol version 2 (say HELLO with max_version 2)";
     }
+    if (c->version < 3 && (f->flags & WIRE_FWD_PREFIX)) {
+        *status = KVS_ERR_UNSUPPORTED;
+        return "prefix hashes need protocol version 3 (say HELLO with max_version 3)";
+    }
     if (c->version < 2 && f->in_kind == WIRE_IN_HIDDEN_BF16) {
         *status = KVS_ERR_UNSUPPORTED;
         return "bf16 hidden states need protocol version 2 (say HELLO with max_version 2)";
@@ -263,6 +268,12 @@ static srv_job *forward_job_alloc(const model *m, const struct wire_forward *f, 
         extra_ok = j->window != NULL;
         for (uint32_t i = 0; extra_ok && i < f->sample.n_window; i++)
             j->window[i] = (int32_t)kvs_rd_u32((const uint8_t *)f->sample.window + 4 * (size_t)i);
+    }
+    if ((f->flags & WIRE_FWD_PREFIX) && extra_ok) {
+        uint64_t *h = malloc((size_t)f->prefix.n_hashes * sizeof(uint64_t));
+        for (uint32_t i = 0; h && i < f->prefix.n_hashes; i++) h[i] = wire_prefix_hash(&f->prefix, i);
+        j->prefix = (kv_prefix){.hashes = h, .first = f->prefix.first, .n = h ? f->prefix.n_hashes : 0};
+        extra_ok = h != NULL;
     }
     if (sh->pushes && extra_ok) {
         j->relay = malloc(sizeof(*j->relay));

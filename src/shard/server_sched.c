@@ -159,7 +159,7 @@ static void sched_admit(sched *sc) {
         /* The tenant is the identity the session key was made from (a relayed step: the
          * identity that registered it, j->conn). */
         engine_req r = {.sid = j->sid, .epoch = j->epoch, .start_pos = j->start_pos, .n = j->n,
-                        .inherit = j->inherit ? &j->inh : NULL};
+                        .inherit = j->inherit ? &j->inh : NULL, .prefix = j->prefix.hashes ? &j->prefix : NULL};
         j->status = engine_txn_begin(sc->e, j->conn->tenant, &r, &j->txn, &j->reply);
         bool short_of_room = (j->status == KVS_ERR_BUDGET_EXHAUSTED || j->status == KVS_ERR_BUSY) &&
                              j->reply.pinned_short;
