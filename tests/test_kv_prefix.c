@@ -2,12 +2,26 @@
  * chain hash) are shared between sessions of one tenant and charged once; a new session takes
  * them instead of computing them; released sessions leave them as a prefix cache inside the
  * budget, evicted before any live session; tenants never share; a keyed block is never written.
- * Deterministic: no clock, no threads; a position's K holds a marker standing for computed K/V. */
-#include "kvshard.h"
+ * The kvstate parts are deterministic (no clock, no threads; a position's K holds a marker
+ * standing for computed K/V). Over the wire (protocol v3): sessions with a common prefix through a
+ * real 2-shard route (in-process servers on loopback) skip the cached prefix and give logits
+ * bit-identical to a local run of the whole model; a tail that lacks the prefix makes the route
+ * start over and still gives the same logits; a v2 client is answered in v2 and refused the
+ * prefix block, and works as before. */
+#include <pthread.h>
+
+#include "engine.h"
 #include "kv_markers.h"
+#include "kvshard.h"
 #include "kvstate.h"
+#include "mkmodel.h"
+#include "netio.h"
 #include "quant.h"
+#include "route.h"
+#include "server.h"
 #include "test.h"
+#include "util.h"
+#include "wire.h"
 
 #define BT 16u
 #define BLOCK 256u /* 16 positions x 1 layer x 2 (K, V) x 1 head x 2 f32 */
@@ -277,6 +291,227 @@ static void test_many_sessions(void) {
     kv_free(kv);
 }
 
+
+/* ---- over the wire ---------------------------------------------------------------------------- */
+
+typedef struct {
+    srv *s;
+    pthread_t th;
+} shard;
+
+static void *serve_main(void *p) {
+    srv_run(((shard *)p)->s);
+    return NULL;
+}
+
+static bool shard_start(shard *sh, const char *model_path, uint32_t first, uint32_t last) {
+    srv_params p = srv_default_params();
+    p.model_path = model_path;
+    p.first = first;
+    p.last = last;
+    p.listen = "127.0.0.1:0";
+    p.n_threads = 1;
+    p.kv_budget_bytes = 4u << 20;
+    char msg[KVS_MSG_MAX] = "";
+    if (srv_create(&p, &sh->s, msg, sizeof msg) != KVS_OK) {
+        fprintf(stderr, "srv_create: %s\n", msg);
+        sh->s = NULL;
+        return false;
+    }
+    pthread_create(&sh->th, NULL, serve_main, sh);
+    return true;
+}
+
+static void shard_stop(shard *sh) {
+    if (!sh->s) return;
+    srv_stop(sh->s);
+    pthread_join(sh->th, NULL);
+    srv_free(sh->s);
+}
+
+static uint64_t srv_stat(shard *sh, const char *name) {
+    static struct wire_stats_reply m;
+    srv_stats(sh->s, &m);
+    for (uint32_t i = 0; i < m.n_stats; i++)
+        if (!strcmp(m.stats[i].name, name)) return m.stats[i].value;
+    fprintf(stderr, "no stat %s\n", name);
+    return UINT64_MAX;
+}
+
+enum { N_COMMON = 64, N_OWN = 8, N_DECODE = 3, N_VOC = 512, N_SESS = 3 };
+
+/* Session k's tokens: the common prefix, then its own. */
+static void tokens_of(int k, int32_t *t) {
+    for (int i = 0; i < N_COMMON; i++) t[i] = (i * 7 + 3) % N_VOC;
+    for (int i = N_COMMON; i < N_COMMON + N_OWN + N_DECODE; i++) t[i] = (i * 13 + k * 31 + 5) % N_VOC;
+}
+
+/* Reference logits of session k, (1 + N_DECODE) x N_VOC: a local run of the whole model. */
+static void reference(engine *e, int k, float *out) {
+    int32_t t[N_COMMON + N_OWN + N_DECODE];
+    tokens_of(k, t);
+    kv_sid sid = sid_of(500 + k);
+    engine_req q = {.sid = sid, .epoch = 1, .start_pos = 0, .n = N_COMMON + N_OWN, .tokens = t,
+                    .out_mode = FWD_OUT_LOGITS_LAST, .out = out};
+    CHECK_EQ_INT(engine_step(e, &q, 1), KVS_OK);
+    CHECK_EQ_INT(q.status, KVS_OK);
+    for (int i = 0; i < N_DECODE; i++) {
+        q.start_pos = N_COMMON + N_OWN + (uint32_t)i;
+        q.n = 1;
+        q.tokens = t + q.start_pos;
+        q.out = out + (size_t)(i + 1) * N_VOC;
+        CHECK_EQ_INT(engine_step(e, &q, 1), KVS_OK);
+    }
+}
+
+/* Session k through route r: the prompt, then N_DECODE steps; *cached: positions of the prompt
+ * step no hop computed. The session is released. */
+static void drive(route *r, int k, float *out, uint32_t *cached) {
+    int32_t t[N_COMMON + N_OWN + N_DECODE];
+    tokens_of(k, t);
+    char msg[KVS_MSG_MAX] = "";
+    route_session *s = NULL;
+    CHECK_EQ_INT(route_session_open(r, &s, msg, sizeof msg), KVS_OK);
+    int rc = route_forward(r, s, t, N_COMMON + N_OWN, out, msg, sizeof msg);
+    *cached = route_session_cached(s);
+    for (int i = 0; !rc && i < N_DECODE; i++)
+        rc = route_forward(r, s, t + N_COMMON + N_OWN + i, 1, out + (size_t)(i + 1) * N_VOC, msg, sizeof msg);
+    if (rc) fprintf(stderr, "drive %d: %s\n", k, msg);
+    CHECK_EQ_INT(rc, KVS_OK);
+    route_release(r, s);
+}
+
+static int g_restarts; /* "starting over" events logged by the route (I8) */
+static void count_restarts(void *user, const char *line) {
+    (void)user;
+    if (strstr(line, "starting over")) g_restarts++;
+}
+
+static route *open_route(shard *a, shard *b) {
+    char spec[64];
+    snprintf(spec, sizeof spec, "127.0.0.1:%u,127.0.0.1:%u", srv_port(a->s), srv_port(b->s));
+    route_params rp = route_default_params();
+    rp.log = count_restarts;
+    route *r = NULL;
+    char msg[KVS_MSG_MAX] = "";
+    int rc = route_open(spec, NULL, &rp, &r, msg, sizeof msg);
+    if (rc) fprintf(stderr, "route_open: %s\n", msg);
+    CHECK_EQ_INT(rc, KVS_OK);
+    return r;
+}
+
+/* A v2 client: answered in v2, refused the prefix block, served as before. */
+static void check_old_client(shard *head) {
+    int fd = -1;
+    char msg[KVS_MSG_MAX] = "";
+    CHECK_EQ_INT(netio_connect("127.0.0.1", srv_port(head->s), netio_deadline_ms(5000), &fd, msg, sizeof msg), KVS_OK);
+    struct wire_hello h = {.min_version = 1, .max_version = 2};
+    uint8_t buf[1024];
+    size_t len = 0;
+    wire_encode_hello(&h, buf, sizeof buf, &len);
+    CHECK_EQ_INT(netio_send_frame(fd, WIRE_OP_HELLO, 1, buf, len, netio_deadline_ms(5000)), KVS_OK);
+    struct netio_buf b = {0};
+    struct wire_header hd;
+    struct wire_info info;
+    CHECK_EQ_INT(netio_recv_frame(fd, &hd, &b, netio_deadline_ms(10000), msg, sizeof msg), KVS_OK);
+    CHECK_EQ_INT(wire_decode_info(b.data, b.len, &info, msg, sizeof msg), KVS_OK);
+    CHECK_EQ_INT(info.version, 2);
+    int32_t t[N_COMMON + N_OWN + N_DECODE];
+    tokens_of(0, t);
+    uint64_t hs[4];
+    for (int i = 0; i < 4; i++) hs[i] = wire_chain_hash(i ? hs[i - 1] : 0, t + 16 * i, 16);
+    for (int v = 0; v < 2; v++) { /* with the prefix block: UNSUPPORTED; without: as before */
+        struct wire_forward f = {.epoch = 1, .start_pos = 0, .n_tokens = 64, .out_mode = WIRE_OUT_HIDDEN,
+                                 .in_kind = WIRE_IN_TOKENS, .data = t};
+        if (v == 0) {
+            f.flags = WIRE_FWD_PREFIX;
+            f.prefix = (struct wire_prefix){.first = 0, .n_hashes = 4, .hashes = hs};
+        }
+        memset(f.session_id, 0x5A, 16);
+        uint8_t *fb = malloc(8192);
+        CHECK_EQ_INT(wire_encode_forward(&f, fb, 8192, &len), KVS_OK);
+        CHECK_EQ_INT(netio_send_frame(fd, WIRE_OP_FORWARD, 2 + (uint64_t)v, fb, len, netio_deadline_ms(5000)), KVS_OK);
+        free(fb);
+        CHECK_EQ_INT(netio_recv_frame(fd, &hd, &b, netio_deadline_ms(30000), msg, sizeof msg), KVS_OK);
+        struct wire_forward_reply rep;
+        int st = hd.op == WIRE_OP_FORWARD_REPLY && wire_decode_forward_reply(b.data, b.len, &rep, msg, sizeof msg) == KVS_OK
+                     ? rep.st.status
+                 : hd.op == WIRE_OP_STATUS ? KVS_ERR_UNSUPPORTED /* a STATUS reply names the refusal */
+                                           : KVS_ERR_PROTOCOL;
+        if (hd.op == WIRE_OP_STATUS) {
+            struct wire_status_reply sr;
+            st = wire_decode_status_reply(b.data, b.len, &sr, msg, sizeof msg) == KVS_OK ? sr.st.status : KVS_ERR_PROTOCOL;
+        }
+        CHECK_EQ_INT(st, v == 0 ? KVS_ERR_UNSUPPORTED : KVS_OK);
+    }
+    netio_buf_free(&b);
+    close(fd);
+}
+
+static void check_route(const char *model_path) {
+    shard head, tail, tail2;
+    bool up = shard_start(&head, model_path, 0, 1);
+    up = shard_start(&tail, model_path, 1, 2) && up;
+    up = shard_start(&tail2, model_path, 1, 2) && up;
+    CHECK(up);
+    engine_params ep = engine_default_params();
+    ep.model_path = model_path;
+    ep.n_threads = 1;
+    engine *e = NULL;
+    char msg[KVS_MSG_MAX] = "";
+    CHECK_EQ_INT(engine_open(&ep, &e, msg, sizeof msg), KVS_OK);
+    if (!up || !e) {
+        engine_close(e);
+        shard_stop(&head);
+        shard_stop(&tail);
+        shard_stop(&tail2);
+        return;
+    }
+    size_t nl = (size_t)(1 + N_DECODE) * N_VOC;
+    float *ref = malloc(nl * sizeof(float)), *got = malloc(nl * sizeof(float));
+    route *r = open_route(&head, &tail);
+    for (int k = 0; k < N_SESS; k++) {
+        reference(e, k, ref);
+        uint32_t cached = 99;
+        drive(r, k, got, &cached);
+        CHECK_EQ_INT(cached, k == 0 ? 0 : N_COMMON); /* the first computes it, the others share it */
+        CHECK(memcmp(ref, got, nl * sizeof(float)) == 0);
+        if (k == 0) {
+            /* While session 1 runs, session 0's prefix is cached: 4 blocks on each shard. */
+            CHECK_EQ_INT(srv_stat(&head, "kv.cached_blocks"), 4);
+            CHECK_EQ_INT(srv_stat(&tail, "kv.cached_blocks"), 4);
+        }
+    }
+    CHECK_EQ_INT(srv_stat(&head, "kv.prefix_hits"), N_SESS - 1);
+    CHECK_EQ_INT(srv_stat(&tail, "kv.prefix_hits"), N_SESS - 1);
+    CHECK_EQ_INT(srv_stat(&tail, "kv.prefix_positions"), (N_SESS - 1) * N_COMMON);
+    CHECK_EQ_INT(g_restarts, 0);
+    route_close(r);
+    /* A tail that never saw the prefix: the head holds it, the tail does not; the route starts
+     * over from 0 in a new epoch and the logits are still the local run's. */
+    r = open_route(&head, &tail2);
+    reference(e, 7, ref);
+    uint32_t cached = 99;
+    drive(r, 7, got, &cached);
+    CHECK_EQ_INT(g_restarts, 1);
+    CHECK_EQ_INT(cached, 0);
+    CHECK(memcmp(ref, got, nl * sizeof(float)) == 0);
+    /* The next session finds the prefix on both. */
+    reference(e, 8, ref);
+    drive(r, 8, got, &cached);
+    CHECK_EQ_INT(cached, N_COMMON);
+    CHECK_EQ_INT(g_restarts, 1);
+    CHECK(memcmp(ref, got, nl * sizeof(float)) == 0);
+    route_close(r);
+    check_old_client(&head);
+    free(ref);
+    free(got);
+    engine_close(e);
+    shard_stop(&head);
+    shard_stop(&tail);
+    shard_stop(&tail2);
+}
+
 int main(void) {
     init_hashes();
     test_adopt_and_budget();
@@ -284,5 +519,18 @@ int main(void) {
     test_eviction_order();
     test_cow_and_abort();
     test_many_sessions();
+    char dir[] = "/tmp/kvs-prefix-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char model_path[256];
+    snprintf(model_path, sizeof model_path, "%s/small-q8_0.gguf", dir);
+    mkmodel_params mp = mkmodel_default_params();
+    mp.shape = "small";
+    mp.type = QUANT_Q8_0;
+    mp.n_threads = 1;
+    char msg[KVS_MSG_MAX];
+    CHECK_EQ_INT(mkmodel_write(model_path, mp, msg, sizeof msg), KVS_OK);
+    check_route(model_path);
+    unlink(model_path);
+    rmdir(dir);
     return test_finish("test_kv_prefix", 1, 0);
 }

@@ -347,7 +347,7 @@ static void check_protocol(const char *model, int n_layer) {
     close(fd);
     /* v2: a relayed step whose next hop is unreachable is answered naming that hop. */
     CHECK_EQ_INT(hello(s.port, WIRE_PROTO_VERSION, &fd, &version), KVS_OK);
-    CHECK_EQ_INT(version, 2);
+    CHECK_EQ_INT(version, WIRE_PROTO_VERSION);
     struct wire_relay_listen rl = {.relay_id = 0x1234};
     CHECK_EQ_INT(call(fd, WIRE_OP_RELAY_LISTEN, &rl, 3, &hd, &b), KVS_OK);
     CHECK_EQ_INT(wire_decode_status_reply(b.data, b.len, &sr, msg, sizeof msg), KVS_OK);

@@ -52,6 +52,7 @@ void route_close(route *r) {
     free(r->tx);
     free(r->scratch_logits);
     free(r->fwd);
+    free(r->hashes);
     netio_buf_free(&r->rx);
     free(r);
 }

@@ -210,6 +210,9 @@ int route_step(route *r, route_session *s, const int32_t *tokens, uint32_t n, co
 
 /* Positions the session has completed along the route. */
 uint32_t route_session_pos(const route_session *s);
+/* Positions of the session's last step that no hop computed: taken from the shards' shared
+ * prefix blocks (protocol v3; 0 otherwise). */
+uint32_t route_session_cached(const route_session *s);
 /* The session's route_session_id. */
 void route_session_id(const route_session *s, uint8_t out[WIRE_SID_SIZE]);
 /* Current epoch of the session (1 + the re-routes it went through). */

@@ -118,6 +118,13 @@
  *      [0, hidden_valid); relayed steps do not extend it (route.h design note 7). A client-driven
  *      step starts at hidden_valid and ends with hidden_valid == pos.
  *  I7. hop->listening: RELAY_LISTEN(r->relay_id) was answered OK on this connection.
+ *  I8. Shared prefix (protocol v3, every hop): each driven FORWARD carries the chain hashes of the
+ *      16-position blocks it completes (of every block from 0 to a hop that may not hold the
+ *      session). A new session's first step starts at s->skip, the last 16-position edge before
+ *      its end: each hop takes [0, skip) from its prefix cache or answers CACHE_MISS(have). So
+ *      s->hidden[k][0..skip) (k >= 1) were never computed: a hop past the head that needs them
+ *      (have < skip) makes the step start over in a new epoch from have (HOP_PREFIX_SHORT, skip =
+ *      have rounded down), down to 0 at worst; the head replays tokens as usual.
  */
 #ifndef KVS_ROUTE_IMPL_H
 #define KVS_ROUTE_IMPL_H
@@ -182,6 +189,8 @@ struct route {
     uint64_t relay_id;       /* random, names this client's connections in relay blocks */
     uint32_t relay_steps, relay_fallbacks;
     struct wire_forward *fwd; /* encode scratch for relayed FORWARDs (large: relay block) */
+    uint64_t *hashes;         /* chain hash scratch (I8), hashes_cap entries */
+    uint32_t hashes_cap;
 };
 
 struct route_session {
@@ -198,6 +207,9 @@ struct route_session {
                                 in host order); hidden[0] NULL */
     uint64_t *hop_epoch;     /* (n_hops) I3 */
     uint32_t *hop_gen;       /* (n_hops) I4 */
+    uint32_t skip;           /* I8: positions [0, skip) taken from the hops' prefix caches */
+    uint32_t short_have;     /* HOP_PREFIX_SHORT: positions the hop holds */
+    uint32_t cached;         /* positions of the last step no hop computed */
 };
 
 /* Result of one request to a hop, as route_forward sees it. */
@@ -205,6 +217,8 @@ enum hop_result {
     HOP_OK = 0,
     HOP_FAILED, /* transport: the hop is gone; re-route */
     HOP_FATAL,  /* the step cannot go on; rc + msg say why */
+    HOP_PREFIX_SHORT, /* a hop past the head lacks prefix positions whose inputs were never computed
+                         (I8): redo from s->short_have in a new epoch */
 };
 
 /* Recovery events (route.h design note 4). */
@@ -264,6 +278,12 @@ int route_session_reserve(route_session *s, uint32_t rows);
 void route_fill_sample(const route_step_opts *o, struct wire_sample_req *q);
 /* A decoded SAMPLE reply into *res. */
 void route_reply_to_sample(const struct wire_forward_reply *rep, sampler_result *res);
+/* True when every hop speaks protocol v3 (I8). */
+bool route_prefix_ok(const route *r);
+/* Fills f's prefix block (I8) for rows [from, to) of s, every block from 0 when from_zero, from
+ * r->hashes; KVS_ERR_NOMEM when the scratch cannot grow. */
+int route_fill_prefix(route *r, const route_session *s, uint32_t from, uint32_t to, bool from_zero,
+                      struct wire_forward *f);
 /* Can the step [base, end) be relayed (route.h note 7)? */
 bool route_relay_possible(const route *r, const route_session *s, uint32_t base, uint32_t end);
 /* One relayed attempt of the step [base, end); false: redo it client-driven (why says why). */

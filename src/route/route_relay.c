@@ -96,7 +96,7 @@ static int relay_wait(route *r, uint64_t rid, uint16_t *op, uint32_t *from, char
 
 /* The relayed FORWARD of the step [base, end) into r->fwd: the tokens for hop 0, the rest of
  * the route in the relay block, INHERIT for each hop that holds the session in an older epoch. */
-static void relay_fill_forward(route *r, const route_session *s, uint32_t base, uint32_t end) {
+static int relay_fill_forward(route *r, const route_session *s, uint32_t base, uint32_t end) {
     struct wire_forward *f = r->fwd;
     memset(f, 0, sizeof *f);
     memcpy(f->session_id, s->sid, WIRE_SID_SIZE);
@@ -131,6 +131,9 @@ static void relay_fill_forward(route *r, const route_session *s, uint32_t base, 
             nx->inherit_len = base;
         }
     }
+    bool from_zero = false; /* I8: from block 0 when a hop may not hold the session */
+    for (uint32_t k = 0; k < r->n_hops; k++) from_zero |= s->hop_epoch[k] != s->epoch;
+    return route_fill_prefix(r, s, base, end, from_zero, f);
 }
 
 /* The answer (op, in r->rx) that hop k gave to the relayed step ending at `end`: true when it is
@@ -181,10 +184,9 @@ bool route_relay_step(route *r, route_session *s, uint32_t base, uint32_t end, f
                        size_t why_cap) {
     for (uint32_t k = 0; k < r->n_hops; k++)
         if (hop_listen(r, k, why, why_cap) != KVS_OK) return false;
-    relay_fill_forward(r, s, base, end);
     size_t len = 0;
     int rc;
-    if ((rc = wire_encode_forward(r->fwd, NULL, 0, &len)) != KVS_OK || (rc = route_tx_reserve(r, len)) != KVS_OK ||
+    if ((rc = relay_fill_forward(r, s, base, end)) != KVS_OK || (rc = wire_encode_forward(r->fwd, NULL, 0, &len)) != KVS_OK || (rc = route_tx_reserve(r, len)) != KVS_OK ||
         (rc = wire_encode_forward(r->fwd, r->tx, r->tx_cap, &len)) != KVS_OK) {
         kvs_fail(why, why_cap, rc, "cannot encode the relayed FORWARD: %s", kvs_strerror(rc));
         return false;

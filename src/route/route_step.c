@@ -2,6 +2,7 @@
 #include "route.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -37,6 +38,30 @@ void route_reply_to_sample(const struct wire_forward_reply *rep, sampler_result 
     }
 }
 
+bool route_prefix_ok(const route *r) {
+    for (uint32_t k = 0; k < r->n_hops; k++)
+        if (r->hops[k].info.version < 3) return false;
+    return true;
+}
+
+int route_fill_prefix(route *r, const route_session *s, uint32_t from, uint32_t to, bool from_zero,
+                      struct wire_forward *f) {
+    const uint32_t first = from_zero ? 0 : from / WIRE_PREFIX_TOKENS, end = to / WIRE_PREFIX_TOKENS;
+    if (!route_prefix_ok(r) || end <= first) return KVS_OK;
+    if (end > r->hashes_cap) {
+        uint64_t *h = realloc(r->hashes, (size_t)end * sizeof *h);
+        if (!h) return KVS_ERR_NOMEM;
+        r->hashes = h;
+        r->hashes_cap = end;
+    }
+    for (uint32_t i = 0; i < end; i++) /* the chain from block 0: the tokens may have changed (rewind) */
+        r->hashes[i] = wire_chain_hash(i ? r->hashes[i - 1] : 0, s->tokens + (size_t)i * WIRE_PREFIX_TOKENS,
+                                       WIRE_PREFIX_TOKENS);
+    f->flags |= WIRE_FWD_PREFIX;
+    f->prefix = (struct wire_prefix){.first = first, .n_hashes = end - first, .hashes = r->hashes + first};
+    return KVS_OK;
+}
+
 /* Encodes into r->tx the FORWARD of rows [from, to) to hop k: token ids for hop 0, remembered
  * hidden rows for the others, INHERIT for a hop that holds the session in an older epoch (I3). */
 static int hop_encode(route *r, const route_session *s, uint32_t k, uint32_t from, uint32_t to, size_t *len) {
@@ -63,13 +88,14 @@ static int hop_encode(route *r, const route_session *s, uint32_t k, uint32_t fro
         f.data = s->hidden[k] + (size_t)from * r->n_embd * r->hid_elem;
         bytes = FWD_HEAD_BYTES + (size_t)n * r->n_embd * r->hid_elem;
     }
-    int rc;
+    /* I8: the hashes of the blocks this request completes; from block 0 to a hop that may not
+     * hold the session, so that it can take them from its prefix cache. */
+    int rc = route_fill_prefix(r, s, from, to, s->hop_epoch[k] != s->epoch, &f);
     *len = 0;
-    if ((rc = wire_encode_forward(&f, NULL, 0, len)) != KVS_OK ||
-        (rc = route_tx_reserve(r, *len > bytes ? *len : bytes)) != KVS_OK ||
-        (rc = wire_encode_forward(&f, r->tx, r->tx_cap, len)) != KVS_OK)
-        return rc;
-    return KVS_OK;
+    if (rc == KVS_OK && (rc = wire_encode_forward(&f, NULL, 0, len)) == KVS_OK &&
+        (rc = route_tx_reserve(r, *len > bytes ? *len : bytes)) == KVS_OK)
+        rc = wire_encode_forward(&f, r->tx, r->tx_cap, len);
+    return rc;
 }
 
 /* The out_kind of hidden rows in the route's dtype. In f16 / bf16 mode the head answers token
@@ -170,7 +196,8 @@ static void sleep_ms(unsigned ms) {
 static enum hop_result hop_append(route *r, route_session *s, uint32_t k, uint32_t a, uint32_t b, void *out,
                                   int *rc, char *why, size_t why_cap) {
     route_hop *h = &r->hops[k];
-    uint32_t from = s->hop_epoch[k] == 0 ? 0 : a;
+    uint32_t from = s->hop_epoch[k] != 0 ? a : s->skip < a ? s->skip : a; /* I8: a new hop may hold [0, skip) */
+    uint32_t out_a = a; /* the first row whose output goes to out */
     if (from < a) route_log(r, "hop %u (%s): replaying positions [0, %u)", k, h->addr.text, a);
     int misses = 0;
     unsigned backoff_ms = 5;
@@ -181,7 +208,7 @@ static enum hop_result hop_append(route *r, route_session *s, uint32_t k, uint32
         uint32_t to = b - from <= r->max_rows ? b : from + r->max_rows < b - r->max_rows ? from + r->max_rows
                                                                                           : b - r->max_rows;
         struct wire_status st;
-        enum hop_result res = hop_send(r, s, k, from, to, a, to == b ? out : NULL, &st, rc, why, why_cap);
+        enum hop_result res = hop_send(r, s, k, from, to, out_a, to == b ? out : NULL, &st, rc, why, why_cap);
         if (res != HOP_OK) return res;
         switch (st.status) {
         case KVS_OK:
@@ -192,6 +219,17 @@ static enum hop_result hop_append(route *r, route_session *s, uint32_t k, uint32
             busy_until = 0;
             continue;
         case KVS_ERR_CACHE_MISS:
+            if (k > 0 && st.have < from && st.have < s->skip) { /* I8: inputs never computed */
+                s->short_have = st.have;
+                return HOP_PREFIX_SHORT;
+            }
+            if (k == 0 && st.have < s->cached) s->cached = st.have;
+            if (k == 0 && st.have < s->skip && st.have < out_a && r->n_hops > 1 && b - st.have <= r->max_rows) {
+                /* I8: the head computes [have, skip) itself: its output is kept, so the hops
+                 * after it start at have and need no inputs that were never computed. */
+                out = (uint8_t *)out - (size_t)(out_a - st.have) * r->n_embd * r->hid_elem;
+                out_a = s->skip = st.have;
+            }
             if (st.have >= from || ++misses > ROUTE_MAX_MISSES) {
                 *rc = kvs_fail(why, why_cap, KVS_ERR_CACHE_MISS,
                                "answered CACHE_MISS(have %u) for start %u %s", st.have, from,
@@ -309,7 +347,11 @@ int route_step(route *r, route_session *s, const int32_t *tokens, uint32_t n, co
         }
     if (replaced) s->epoch++;
 
-    if (route_relay_possible(r, s, base, end)) {
+    /* I8: a new session's first step is driven, so that each hop can start at the prefix it holds. */
+    bool fresh = route_prefix_ok(r) && base == 0 && s->hidden_valid == 0 && end > WIRE_PREFIX_TOKENS;
+    for (uint32_t k = 0; k < r->n_hops; k++) fresh = fresh && s->hop_epoch[k] == 0;
+    s->cached = 0;
+    if (!fresh && route_relay_possible(r, s, base, end)) {
         char why[KVS_MSG_MAX] = "";
         if (route_relay_step(r, s, base, end, logits_last, why, sizeof why)) {
             r->relay_steps++;
@@ -322,13 +364,24 @@ int route_step(route *r, route_session *s, const int32_t *tokens, uint32_t n, co
     }
 
     /* Client-driven from hidden_valid (I6): rows [hidden_valid, base) are re-sent from memory. */
-    const uint32_t start = s->hidden_valid;
+    uint32_t start = s->hidden_valid;
+    if (fresh) /* I8: the hops may hold the prompt's full blocks but the last position's */
+        start = s->skip = (end - 1) / WIRE_PREFIX_TOKENS * WIRE_PREFIX_TOKENS;
     void *last_out = s->opts->sample ? r->scratch_logits : logits_last;
     bool reconnected[ROUTE_MAX_HOPS] = {false};
     for (;;) { /* one attempt of the step per iteration; each failed attempt uses up a spare */
         uint32_t k = 0;
         char why[KVS_MSG_MAX] = "";
+        s->cached = fresh ? start : 0;
         enum hop_result res_k = step_attempt(r, s, start, end, last_out, &k, &rc, why, sizeof why);
+        if (res_k == HOP_PREFIX_SHORT) { /* I8: start over in a new epoch from what hop k holds */
+            route_log(r, "hop %u (%s) holds %u of %u prefix positions: starting over from %u in a new epoch", k,
+                      r->hops[k].addr.text, s->short_have, s->skip, s->short_have / WIRE_PREFIX_TOKENS * WIRE_PREFIX_TOKENS);
+            s->epoch++;
+            for (uint32_t j = 0; j < r->n_hops; j++) s->hop_epoch[j] = 0;
+            start = s->skip = s->short_have / WIRE_PREFIX_TOKENS * WIRE_PREFIX_TOKENS;
+            continue;
+        }
         if (res_k == HOP_OK) {
             s->pos = end;
             s->hidden_valid = end;

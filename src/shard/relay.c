@@ -443,8 +443,9 @@ void relay_destroy(relay *r) {
 }
 
 int relay_build_next(const struct wire_relay *rl, const uint8_t sid[16], uint64_t epoch, uint32_t start_pos,
-                     uint32_t n, uint32_t out_mode, const struct wire_sample_req *sample, const float *hidden,
-                     uint32_t n_embd, uint8_t **payload, size_t *len) {
+                     uint32_t n, uint32_t out_mode, const struct wire_sample_req *sample,
+                     const struct wire_prefix *prefix, const float *hidden, uint32_t n_embd, uint8_t **payload,
+                     size_t *len) {
     *payload = NULL;
     *len = 0;
     if (!rl || rl->n_next < 1 || !hidden) return KVS_ERR_INVALID_ARG;
@@ -462,6 +463,10 @@ int relay_build_next(const struct wire_relay *rl, const uint8_t sid[16], uint64_
     f->in_kind = rl->hidden_kind;
     f->n_embd = n_embd;
     if (out_mode == WIRE_OUT_SAMPLE && sample) f->sample = *sample;
+    if (prefix && prefix->n_hashes) { /* every hop keys its blocks by the same hashes */
+        f->flags |= WIRE_FWD_PREFIX;
+        f->prefix = *prefix;
+    }
     f->relay.relay_id = rl->relay_id;
     f->relay.hop = (uint16_t)(rl->hop + 1);
     f->relay.hidden_kind = rl->hidden_kind;

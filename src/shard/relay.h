@@ -100,9 +100,12 @@ bool relay_allowed(const relay *r, const char *addr);
  * (KVS_ERR_TOO_LARGE, KVS_ERR_INVALID_ARG) or KVS_ERR_NOMEM, *payload NULL. */
 struct wire_relay;
 struct wire_sample_req;
+struct wire_prefix;
+/* prefix: the chain hashes the step came with (protocol v3), passed on as they are; NULL: none. */
 int relay_build_next(const struct wire_relay *rl, const uint8_t sid[16], uint64_t epoch, uint32_t start_pos,
-                     uint32_t n, uint32_t out_mode, const struct wire_sample_req *sample, const float *hidden,
-                     uint32_t n_embd, uint8_t **payload, size_t *len);
+                     uint32_t n, uint32_t out_mode, const struct wire_sample_req *sample,
+                     const struct wire_prefix *prefix, const float *hidden, uint32_t n_embd, uint8_t **payload,
+                     size_t *len);
 
 /* ---- listen table (design note 4) ---- */
 

@@ -43,8 +43,9 @@ static void push_forward(srv_job *j) {
     size_t len = 0;
     struct wire_sample_req sq = j->sq;
     sq.window = j->window;
-    int err = relay_build_next(j->relay, j->wire_sid, j->epoch, j->start_pos, j->n, j->wire_out_mode, &sq, j->out,
-                               j->out_cols, &payload, &len);
+    struct wire_prefix px = {.first = j->prefix.first, .n_hashes = j->prefix.n, .hashes = j->prefix.hashes};
+    int err = relay_build_next(j->relay, j->wire_sid, j->epoch, j->start_pos, j->n, j->wire_out_mode, &sq,
+                               j->prefix.hashes ? &px : NULL, j->out, j->out_cols, &payload, &len);
     if (err) {
         srv_send_status(j->conn, j->request_id, err, &j->reply, "relay: cannot encode the next hop's FORWARD");
         return;
