@@ -144,7 +144,8 @@ static void test_adopt_and_budget(void) {
     release(kv, 3);
     CHECK_EQ_INT(stats(kv).cached_blocks, 4);
     CHECK_EQ_INT(stats(kv).cached_bytes, 4u * BLOCK);
-    CHECK_EQ_INT(stats(kv).bytes_used, 4u * BLOCK); /* inside the budget, counted */
+    CHECK_EQ_INT(stats(kv).bytes_used, 0); /* sessions' bytes; the cache is inside the budget */
+    CHECK_EQ_INT(stats(kv).blocks_free, 64 - 4);
     kv_tenant_usage(kv, T1, &sessions, &bytes);
     CHECK_EQ_INT(bytes, 0);
     /* A new session on the cached prefix takes it back from the cache. */
@@ -366,12 +367,14 @@ static void reference(engine *e, int k, float *out) {
 
 /* Session k through route r: the prompt, then N_DECODE steps; *cached: positions of the prompt
  * step no hop computed. The session is released. */
+static uint64_t g_salt; /* route_session_prefix_salt of the sessions drive opens */
 static void drive(route *r, int k, float *out, uint32_t *cached) {
     int32_t t[N_COMMON + N_OWN + N_DECODE];
     tokens_of(k, t);
     char msg[KVS_MSG_MAX] = "";
     route_session *s = NULL;
     CHECK_EQ_INT(route_session_open(r, &s, msg, sizeof msg), KVS_OK);
+    route_session_prefix_salt(s, g_salt);
     int rc = route_forward(r, s, t, N_COMMON + N_OWN, out, msg, sizeof msg);
     *cached = route_session_cached(s);
     for (int i = 0; !rc && i < N_DECODE; i++)
@@ -486,6 +489,14 @@ static void check_route(const char *model_path) {
     CHECK_EQ_INT(srv_stat(&tail, "kv.prefix_hits"), N_SESS - 1);
     CHECK_EQ_INT(srv_stat(&tail, "kv.prefix_positions"), (N_SESS - 1) * N_COMMON);
     CHECK_EQ_INT(g_restarts, 0);
+    /* Another salt (a client's own tenant): the same tokens share nothing, same logits. */
+    g_salt = 0x5A17;
+    reference(e, 1, ref);
+    uint32_t salted = 99;
+    drive(r, 1, got, &salted);
+    CHECK_EQ_INT(salted, 0);
+    CHECK(memcmp(ref, got, nl * sizeof(float)) == 0);
+    g_salt = 0;
     route_close(r);
     /* A tail that never saw the prefix: the head holds it, the tail does not; the route starts
      * over from 0 in a new epoch and the logits are still the local run's. */

@@ -1173,7 +1173,8 @@ void kv_get_stats(kv_state *kv, kv_stats *st) {
     st->blocks_free = kv->n_free;
     st->tombstones = kv->n_tombs;
     st->tenants = kv->n_tenants;
-    st->bytes_used = (uint64_t)(kv->blocks_total - kv->n_free) * kv->block_bytes;
+    /* Sessions' blocks only: cached prefix blocks are reported apart (evictable, I10). */
+    st->bytes_used = (uint64_t)(kv->blocks_total - kv->n_free - kv->n_cached) * kv->block_bytes;
     st->prefix_blocks = kv->n_keyed;
     st->cached_blocks = kv->n_cached;
     st->cached_bytes = (uint64_t)kv->n_cached * kv->block_bytes;

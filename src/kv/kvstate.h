@@ -92,7 +92,9 @@ typedef struct {
     uint64_t prefix_dedups;     /* blocks a commit replaced by an equal keyed block */
     uint64_t prefix_evictions;  /* cached blocks taken back for new ones */
     uint64_t prefix_blocks;     /* keyed blocks now (shared, in use or cached) */
-    uint64_t cached_blocks, cached_bytes; /* keyed blocks no session holds now (evictable first) */
+    uint64_t cached_blocks, cached_bytes; /* keyed blocks no session holds now (evictable first; not in
+                                             bytes_used, which counts sessions' blocks; with blocks_free
+                                             they add up to blocks_total) */
 } kv_stats;
 
 typedef struct kv_state kv_state;

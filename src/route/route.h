@@ -210,9 +210,13 @@ int route_step(route *r, route_session *s, const int32_t *tokens, uint32_t n, co
 
 /* Positions the session has completed along the route. */
 uint32_t route_session_pos(const route_session *s);
-/* Positions of the session's last step that no hop computed: taken from the shards' shared
+/* Positions of the session's first step that no hop computed: taken from the shards' shared
  * prefix blocks (protocol v3; 0 otherwise). */
 uint32_t route_session_cached(const route_session *s);
+/* Seeds the session's chain hashes (before its first step; default 0): shards share prefix
+ * blocks per connection identity, so a client serving several tenants of its own over one
+ * identity (api) gives each its own salt to keep them from sharing (docs/security.md). */
+void route_session_prefix_salt(route_session *s, uint64_t salt);
 /* The session's route_session_id. */
 void route_session_id(const route_session *s, uint8_t out[WIRE_SID_SIZE]);
 /* Current epoch of the session (1 + the re-routes it went through). */

@@ -209,7 +209,8 @@ struct route_session {
     uint32_t *hop_gen;       /* (n_hops) I4 */
     uint32_t skip;           /* I8: positions [0, skip) taken from the hops' prefix caches */
     uint32_t short_have;     /* HOP_PREFIX_SHORT: positions the hop holds */
-    uint32_t cached;         /* positions of the last step no hop computed */
+    uint32_t cached;         /* positions of its first step no hop computed (I8) */
+    uint64_t prefix_salt;    /* I8: the chain's seed; sessions share blocks only with equal salts */
 };
 
 /* Result of one request to a hop, as route_forward sees it. */

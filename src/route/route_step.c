@@ -55,7 +55,7 @@ int route_fill_prefix(route *r, const route_session *s, uint32_t from, uint32_t 
         r->hashes_cap = end;
     }
     for (uint32_t i = 0; i < end; i++) /* the chain from block 0: the tokens may have changed (rewind) */
-        r->hashes[i] = wire_chain_hash(i ? r->hashes[i - 1] : 0, s->tokens + (size_t)i * WIRE_PREFIX_TOKENS,
+        r->hashes[i] = wire_chain_hash(i ? r->hashes[i - 1] : s->prefix_salt, s->tokens + (size_t)i * WIRE_PREFIX_TOKENS,
                                        WIRE_PREFIX_TOKENS);
     f->flags |= WIRE_FWD_PREFIX;
     f->prefix = (struct wire_prefix){.first = first, .n_hashes = end - first, .hashes = r->hashes + first};
@@ -350,7 +350,6 @@ int route_step(route *r, route_session *s, const int32_t *tokens, uint32_t n, co
     /* I8: a new session's first step is driven, so that each hop can start at the prefix it holds. */
     bool fresh = route_prefix_ok(r) && base == 0 && s->hidden_valid == 0 && end > WIRE_PREFIX_TOKENS;
     for (uint32_t k = 0; k < r->n_hops; k++) fresh = fresh && s->hop_epoch[k] == 0;
-    s->cached = 0;
     if (!fresh && route_relay_possible(r, s, base, end)) {
         char why[KVS_MSG_MAX] = "";
         if (route_relay_step(r, s, base, end, logits_last, why, sizeof why)) {
@@ -372,7 +371,7 @@ int route_step(route *r, route_session *s, const int32_t *tokens, uint32_t n, co
     for (;;) { /* one attempt of the step per iteration; each failed attempt uses up a spare */
         uint32_t k = 0;
         char why[KVS_MSG_MAX] = "";
-        s->cached = fresh ? start : 0;
+        if (fresh) s->cached = start;
         enum hop_result res_k = step_attempt(r, s, start, end, last_out, &k, &rc, why, sizeof why);
         if (res_k == HOP_PREFIX_SHORT) { /* I8: start over in a new epoch from what hop k holds */
             route_log(r, "hop %u (%s) holds %u of %u prefix positions: starting over from %u in a new epoch", k,
