@@ -15,7 +15,7 @@
  * Free blocks sit on a stack of ids. A session's block table maps position p
  * to block table[p / block_tokens], slot p % block_tokens.
  *
- * Invariants (kv_check in kvstate_check.c verifies I1-I9; the kvstate tests
+ * Invariants (kv_check in kvstate_check.c verifies I1-I10; the kvstate tests
  * run it after every operation):
  *  I1. Every block is on the free stack or in exactly one table (a live
  *      session's, or an open transaction's new part table[n_shared..)); never
@@ -111,8 +111,25 @@
  *      while that tenant is within its fair share, so one tenant's pressure cannot take another
  *      below it; a tenant alone (or the single tenant 0 of kv_begin) sees plain LRU.
  *
- *  I9. sum over tenants of n_sessions == n_sessions and of n_blocks == blocks_total - n_free;
- *      every session's tenant record is live.
+ *  I9. sum over tenants of n_sessions == n_sessions and of n_blocks + n_cached == blocks_total -
+ *      n_free; every session's tenant record is live; a tenant is charged once for each block with
+ *      references tagged with it, however many of its tables hold it.
+ *
+ * Shared prefix blocks (I10; docs/hot-kv-state.md). The client names every 16 positions by a
+ * chain hash; a full block the transaction completed is keyed at commit under (tenant, the
+ * hash at its end) in a prefix index, or replaced by the block already keyed so (charged once).
+ * Keyed blocks are read-only, so I1 relaxes: a block is free, or held by refs tables (sessions'
+ * and open transactions' new parts), or — keyed with refs 0 — on the prefix cache list. A new
+ * session (kv_begin_prefix) takes the keyed blocks below its start_pos into the new part of its
+ * transaction. Writable blocks come from the free stack, then from the cache's LRU end, so the
+ * cache is evicted before any live session (eviction plans count cached blocks as available).
+ *
+ *  I10. refs of a block == the tables holding it; more than one only when keyed; a block with
+ *      refs 0 is free or keyed and cached (never both); the index holds each keyed block once, in
+ *      its bucket, no two with one (tenant, hash); the cache list holds exactly the keyed blocks
+ *      with refs 0; a block a transaction writes (fresh, or reused in place) has refs 1 and no
+ *      key; a transaction that took prefix blocks belongs to a session it created, and took
+ *      exactly the blocks below its start.
  */
 #include "kvstate.h"
 

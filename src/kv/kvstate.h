@@ -209,7 +209,7 @@ int kv_sweep_ttl(kv_state *kv, int max_work);
 void kv_get_stats(kv_state *kv, kv_stats *st);
 /* Test hook: the n-th counted allocation from now fails (n >= 1); 0 disables. */
 void kv_inject_alloc_failure(kv_state *kv, int n);
-/* Verifies the invariants I1-I9 of kvstate.c's design notes (block ownership against the free
+/* Verifies the invariants I1-I10 of kvstate.c's design notes (block ownership against the free
  * stack, exact byte accounting, block tables against n_past, pins and the LRU list, the session
  * table, transactions, the tombstone index, tenant sums). Takes the lock; walks the whole state
  * (tests and debugging). KVS_OK, or KVS_ERR_INTERNAL with msg naming the invariant and the

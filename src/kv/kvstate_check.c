@@ -1,5 +1,5 @@
 /*
- * kv_check — verifies the invariants I1-I9 of kvstate.c's design notes over the whole state,
+ * kv_check — verifies the invariants I1-I10 of kvstate.c's design notes over the whole state,
  * under the lock. For tests and debugging: it walks every block, session, tombstone and tenant
  * (O(pool + sessions + max_tombstones)), so it is not for a hot path.
  */

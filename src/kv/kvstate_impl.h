@@ -1,6 +1,6 @@
 /*
  * kvstate_impl — the private structures of kvstate (kvstate.c: the operations and the design
- * notes with invariants I1-I9; kvstate_check.c: kv_check, which verifies them). Not for use
+ * notes with invariants I1-I10; kvstate_check.c: kv_check, which verifies them). Not for use
  * outside src/kv/.
  */
 #ifndef KVS_KVSTATE_IMPL_H
