@@ -124,7 +124,8 @@
  *      its end: each hop takes [0, skip) from its prefix cache or answers CACHE_MISS(have). So
  *      s->hidden[k][0..skip) (k >= 1) were never computed: a hop past the head that needs them
  *      (have < skip) makes the step start over in a new epoch from have (HOP_PREFIX_SHORT, skip =
- *      have rounded down), down to 0 at worst; the head replays tokens as usual.
+ *      have rounded down), down to 0 at worst. A new head that holds less (its CACHE_MISS
+ *      changed nothing, no hop was asked yet) moves the step's start there in the same epoch.
  */
 #ifndef KVS_ROUTE_IMPL_H
 #define KVS_ROUTE_IMPL_H

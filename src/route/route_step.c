@@ -197,7 +197,6 @@ static enum hop_result hop_append(route *r, route_session *s, uint32_t k, uint32
                                   int *rc, char *why, size_t why_cap) {
     route_hop *h = &r->hops[k];
     uint32_t from = s->hop_epoch[k] != 0 ? a : s->skip < a ? s->skip : a; /* I8: a new hop may hold [0, skip) */
-    uint32_t out_a = a; /* the first row whose output goes to out */
     if (from < a) route_log(r, "hop %u (%s): replaying positions [0, %u)", k, h->addr.text, a);
     int misses = 0;
     unsigned backoff_ms = 5;
@@ -208,7 +207,7 @@ static enum hop_result hop_append(route *r, route_session *s, uint32_t k, uint32
         uint32_t to = b - from <= r->max_rows ? b : from + r->max_rows < b - r->max_rows ? from + r->max_rows
                                                                                           : b - r->max_rows;
         struct wire_status st;
-        enum hop_result res = hop_send(r, s, k, from, to, out_a, to == b ? out : NULL, &st, rc, why, why_cap);
+        enum hop_result res = hop_send(r, s, k, from, to, a, to == b ? out : NULL, &st, rc, why, why_cap);
         if (res != HOP_OK) return res;
         switch (st.status) {
         case KVS_OK:
@@ -219,16 +218,11 @@ static enum hop_result hop_append(route *r, route_session *s, uint32_t k, uint32
             busy_until = 0;
             continue;
         case KVS_ERR_CACHE_MISS:
-            if (k > 0 && st.have < from && st.have < s->skip) { /* I8: inputs never computed */
+            /* I8: past the head, inputs that were never computed; at a new head, its answer
+             * (nothing changed) says where the whole step should start. */
+            if (st.have < from && st.have < s->skip && (k > 0 || (s->hop_epoch[0] == 0 && from == s->skip))) {
                 s->short_have = st.have;
                 return HOP_PREFIX_SHORT;
-            }
-            if (k == 0 && st.have < s->cached) s->cached = st.have;
-            if (k == 0 && st.have < s->skip && st.have < out_a && r->n_hops > 1 && b - st.have <= r->max_rows) {
-                /* I8: the head computes [have, skip) itself: its output is kept, so the hops
-                 * after it start at have and need no inputs that were never computed. */
-                out = (uint8_t *)out - (size_t)(out_a - st.have) * r->n_embd * r->hid_elem;
-                out_a = s->skip = st.have;
             }
             if (st.have >= from || ++misses > ROUTE_MAX_MISSES) {
                 *rc = kvs_fail(why, why_cap, KVS_ERR_CACHE_MISS,
@@ -373,12 +367,13 @@ int route_step(route *r, route_session *s, const int32_t *tokens, uint32_t n, co
         char why[KVS_MSG_MAX] = "";
         if (fresh) s->cached = start;
         enum hop_result res_k = step_attempt(r, s, start, end, last_out, &k, &rc, why, sizeof why);
-        if (res_k == HOP_PREFIX_SHORT) { /* I8: start over in a new epoch from what hop k holds */
-            route_log(r, "hop %u (%s) holds %u of %u prefix positions: starting over from %u in a new epoch", k,
-                      r->hops[k].addr.text, s->short_have, s->skip, s->short_have / WIRE_PREFIX_TOKENS * WIRE_PREFIX_TOKENS);
+        if (res_k == HOP_PREFIX_SHORT) { /* I8: start at what hop k holds; past the head, in a new epoch */
+            start = s->skip = s->short_have / WIRE_PREFIX_TOKENS * WIRE_PREFIX_TOKENS;
+            if (k == 0) continue; /* the head answered first: no hop changed */
+            route_log(r, "hop %u (%s) holds %u of the prefix: starting over from %u in a new epoch", k,
+                      r->hops[k].addr.text, s->short_have, start);
             s->epoch++;
             for (uint32_t j = 0; j < r->n_hops; j++) s->hop_epoch[j] = 0;
-            start = s->skip = s->short_have / WIRE_PREFIX_TOKENS * WIRE_PREFIX_TOKENS;
             continue;
         }
         if (res_k == HOP_OK) {
