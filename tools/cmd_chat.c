@@ -429,7 +429,7 @@ int cmd_chat(int argc, char **argv) {
             fflush(stderr);
         }
         clearerr(stdin); /* a Ctrl-C that cut a read during the reply left its error flag */
-        ssize_t k = getline(&line, &line_cap, stdin);
+        ssize_t k = tty && !gen_wait_input(&g_interrupts) ? -1 : getline(&line, &line_cap, stdin);
         if (k < 0 && g_interrupts) fputc('\n', stderr); /* Ctrl-C at the prompt: exit */
         if (k < 0) break;
         while (k > 0 && (line[k - 1] == '\n' || line[k - 1] == '\r')) line[--k] = 0;

@@ -1,6 +1,8 @@
 #include "gen_loop.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -116,8 +118,25 @@ static void pause_line(FILE *f, const gen_target *t, int n_out) {
     fputc('\n', f);
 }
 
-/* --pause-after: says so on stderr, then waits for a line (or EOF) on stdin. */
-static void pause_for_line(const gen_target *t, int n_out) {
+bool gen_wait_input(volatile sig_atomic_t *stop) {
+    if (!stop || !isatty(STDIN_FILENO)) return true;
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    sigprocmask(SIG_BLOCK, &block, &old);
+    bool ready = false;
+    while (!ready && *stop <= 0) {
+        struct pollfd pf = {.fd = STDIN_FILENO, .events = POLLIN};
+        int r = ppoll(&pf, 1, NULL, &old); /* the signals are let in only while it waits */
+        ready = r > 0 || (r < 0 && errno != EINTR); /* an error: the read reports it */
+    }
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    return ready;
+}
+
+/* --pause-after: says so on stderr, then waits for a line (or EOF) on stdin, or for *stop. */
+static void pause_for_line(const gen_target *t, int n_out, volatile sig_atomic_t *stop) {
     /* The line is made whole first and written at once: a reader of the log never sees
      * it without its session id. */
     char *line_buf = NULL;
@@ -129,7 +148,7 @@ static void pause_for_line(const gen_target *t, int n_out) {
     free(line_buf);
     fflush(stderr);
     char line[16];
-    if (!fgets(line, sizeof(line), stdin)) { /* EOF also resumes */ }
+    if (gen_wait_input(stop) && !fgets(line, sizeof(line), stdin)) { /* EOF also resumes */ }
 }
 
 /* Step times of one gen_run, for --stats. */
@@ -222,7 +241,7 @@ int gen_run(const gen_opts *o, const gen_target *t) {
             goto out;
         }
         if (o->pause_after && g.n_gen == (uint32_t)o->pause_after) {
-            pause_for_line(t, (int)g.n_gen);
+            pause_for_line(t, (int)g.n_gen, o->stop);
             resumed = true;
         }
     }
@@ -269,7 +288,7 @@ int gen_turn(const gen_opts *o, const gen_target *t, const int32_t *ids, int n, 
         if (err == KVS_OK && g.n_gen > n_before) stream_text(out, &g, &sent);
         if (err == KVS_OK && o->pause_after && g.n_gen == (uint32_t)o->pause_after && g.n_gen > n_before &&
             g.finish == GEN_RUNNING)
-            pause_for_line(t, (int)g.n_gen); /* testing aid: a Ctrl-C can land mid-reply */
+            pause_for_line(t, (int)g.n_gen, o->stop); /* testing aid: a Ctrl-C can land mid-reply */
     }
     if (err == KVS_OK) {
         stream_text(out, &g, &sent);

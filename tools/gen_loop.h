@@ -68,6 +68,11 @@ int gen_run(const gen_opts *o, const gen_target *t);
 int gen_turn(const gen_opts *o, const gen_target *t, const int32_t *ids, int n, uint32_t *pos,
              int32_t *pending, char **reply, FILE *out, char *msg, size_t msg_cap);
 
+/* Waits until stdin, a terminal, has input (true) or *stop > 0 (false). SIGINT and SIGTERM are
+ * blocked but while it waits, so a Ctrl-C that lands before the wait is seen, where a read
+ * begun after it would block on. Not a terminal, or stop NULL: true at once. */
+bool gen_wait_input(volatile sig_atomic_t *stop);
+
 /* Writes s[0..n) to f as valid UTF-8 (bad bytes as U+FFFD). */
 void gen_write_utf8(FILE *f, const char *s, size_t n);
 
