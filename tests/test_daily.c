@@ -6,7 +6,8 @@
  * naming the flag (shard, run, kvshard stats); a random seed per API request, the llama.cpp
  * fields, 400 on unknown ones; short prompts on an SPM vocab; a route at the wrong port or
  * without TLS says what it reached; --version on every command, --log-level, KVSHARD_*
- * variables, and the messages of issue 41 item 13.
+ * variables, the messages of issue 41 item 13, and chat on a pty: Ctrl-C stops a reply, the
+ * slash commands, Ctrl-C at the prompt exits and releases the session on every shard.
  * Ordering waits on the shard's own log lines (bounded), never on sleeps that hope.
  */
 #include <cjson/cJSON.h>
@@ -556,39 +557,62 @@ static void pty_send(pty_proc *p, const char *s) {
     if (write(p->fd, s, strlen(s)) != (ssize_t)strlen(s)) fprintf(stderr, "pty: short write\n");
 }
 
-/* chat on a terminal: Ctrl-C during a reply stops it and the prompt comes back with the
- * conversation kept; /help lists the commands; /exit exits 0. */
-/* Not run: under CI load the Ctrl-C can reach chat before its reply starts, so the check
- * depends on timing (issue 41 left open for a deterministic one). */
-__attribute__((unused)) static void check_chat_ctrl_c(const char *model) {
+/* Live sessions on a shard (its kv.sessions counter). */
+static int shard_sessions(shard *sh) {
+    struct wire_stats_reply m;
+    srv_stats(sh->s, &m);
+    for (uint32_t i = 0; i < m.n_stats; i++)
+        if (!strcmp(m.stats[i].name, "kv.sessions")) return (int)m.stats[i].value;
+    return -1;
+}
+
+/* Sends Ctrl-C while chat is paused mid-reply (--pause-after: the reply has begun and the
+ * program says so), then expects the reply to stop and the prompt to come back. */
+static void chat_stop_reply(pty_proc *p, size_t *at, const char *line) {
+    pty_send(p, line);
+    CHECK(pty_expect(p, at, "paused after 3 tokens"));
+    pty_send(p, "\x03"); /* the line discipline turns it into SIGINT */
+    CHECK(pty_expect(p, at, "[stopped]"));
+    CHECK(pty_expect(p, at, "> "));
+}
+
+/* chat --route on a terminal: Ctrl-C during a reply stops it and the prompt comes back (twice,
+ * the second turn on the kept conversation); /help, /system and /clear answer; Ctrl-C at the
+ * prompt exits 0 and the session is released on both shards at once (not left to the TTL).
+ * Each Ctrl-C is sent once chat has shown the state it is meant for (the pause line, the
+ * prompt); chat sees a Ctrl-C that lands before its read begins (gen_wait_input), so no order
+ * of the two can hang it. */
+static void check_chat_ctrl_c(shard *sh, const char *spec, const char *model) {
     pty_proc p = {0};
     p.pid = forkpty(&p.fd, NULL, NULL, NULL);
     if (p.pid == 0) {
-        execl(proc_bin(), "kvshard", "chat", "-m", model, "-n", "40", "--temp", "0", "-t", "1", "--pause-after", "3",
-              (char *)NULL);
+        execl(proc_bin(), "kvshard", "chat", "--route", spec, "-m", model, "-n", "40", "--temp", "0",
+              "--pause-after", "3", (char *)NULL);
         _exit(127);
     }
     CHECK(p.pid > 0);
     if (p.pid <= 0) return;
     size_t at = 0;
     CHECK(pty_expect(&p, &at, "> "));
-    pty_send(&p, "Tell me a story\r");
-    CHECK(pty_expect(&p, &at, "paused after 3 tokens"));
-    pty_send(&p, "\x03"); /* the line discipline turns it into SIGINT */
-    CHECK(pty_expect(&p, &at, "[stopped]"));
-    CHECK(pty_expect(&p, &at, "> "));
+    chat_stop_reply(&p, &at, "Tell me a story\r");
+    CHECK_EQ_INT(shard_sessions(&sh[0]), 1);
+    CHECK_EQ_INT(shard_sessions(&sh[1]), 1);
+    chat_stop_reply(&p, &at, "Go on\r");
     pty_send(&p, "/help\r");
     CHECK(pty_expect(&p, &at, "/system TEXT"));
+    CHECK(pty_expect(&p, &at, "> "));
+    pty_send(&p, "/system You are terse.\r");
+    CHECK(pty_expect(&p, &at, "(new conversation with that system prompt)"));
     CHECK(pty_expect(&p, &at, "> "));
     pty_send(&p, "/clear\r");
     CHECK(pty_expect(&p, &at, "(conversation cleared)"));
     CHECK(pty_expect(&p, &at, "> "));
-    /* /exit ends it with status 0 (Ctrl-C at the prompt exits too, but whether the signal lands
-     * before or after the prompt's read begins is a race a test must not depend on). */
-    pty_send(&p, "/exit\r");
+    pty_send(&p, "\x03");
     int st = proc_wait(p.pid, 20000);
-    CHECK_EQ_INT(st, 0);
+    CHECK_EQ_INT(st, 0); /* (proc_wait killed it past the bound) */
     close(p.fd);
+    CHECK_EQ_INT(shard_sessions(&sh[0]), 0);
+    CHECK_EQ_INT(shard_sessions(&sh[1]), 0);
 }
 
 int main(void) {
@@ -622,6 +646,10 @@ int main(void) {
     http_stop(h);
     check_short_prompts(spec, model);
     run++;
+    if (access(proc_bin(), X_OK) == 0) {
+        check_chat_ctrl_c(sh, spec, model);
+        run++;
+    }
     shard_stop(&sh[0]);
     shard_stop(&sh[1]);
     check_ctx_size(dir);
