@@ -77,7 +77,8 @@ static enum MHD_Result respond(http_server *h, struct MHD_Connection *c, enum ht
     if (!r) return MHD_NO;
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
     if (retry_after) MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, retry_after);
-    if (status == 405) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, ep == EP_CHAT || ep == EP_COMPLETIONS ? "POST" : "GET");
+    if (status == 405) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, http_extra_is_post(ep) ? "POST" : "GET");
+    http_cors_headers(r, c, h->p.cors);
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     http_metrics_request(&h->m, ep, status);
@@ -137,6 +138,28 @@ static enum MHD_Result serve_metrics(http_server *h, struct MHD_Connection *c) {
     enum MHD_Result r = respond(h, c, EP_METRICS, 200, "text/plain; version=0.0.4; charset=utf-8", s, strlen(s), NULL);
     free(s);
     return r;
+}
+
+static enum MHD_Result serve_extra(http_server *h, struct MHD_Connection *c, conn_req *cr, const char *url) {
+    http_err e;
+    char *s = http_extra_answer(cr->ep, url, cr->body, cr->len, &h->L, h->model, h->p.version, &e);
+    return s ? respond_json(h, c, cr->ep, 200, s) : respond_err(h, c, cr->ep, &e);
+}
+
+/* OPTIONS: a CORS preflight (http_extra.c), else 405. */
+static enum MHD_Result serve_options(http_server *h, struct MHD_Connection *c, enum http_endpoint ep) {
+    struct MHD_Response *r = NULL;
+    int status = 0;
+    if (!http_cors_preflight(c, h->p.cors, ep, &status, &r)) {
+        http_err e;
+        http_fail(&e, ep == EP_OTHER ? 404 : 405, "invalid_request_error", ep == EP_OTHER ? "unknown_url" : "method_not_allowed",
+                  NULL, "OPTIONS is answered only with --cors, on a known endpoint");
+        return respond_err(h, c, ep, &e);
+    }
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    http_metrics_request(&h->m, ep, status);
+    return ret;
 }
 
 /* ---- generation endpoints -------------------------------------------------------------------- */
@@ -258,6 +281,7 @@ static enum MHD_Result serve_generate(http_server *h, struct MHD_Connection *c, 
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    http_cors_headers(r, c, h->p.cors);
     enum MHD_Result ret = MHD_queue_response(c, 200, r);
     MHD_destroy_response(r); /* stream_free runs when the connection is done with it */
     http_metrics_request(&h->m, cr->ep, 200);
@@ -274,7 +298,7 @@ static enum http_endpoint classify(const char *url) {
     };
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
         if (!strcmp(url, table[i].path)) return table[i].ep;
-    return EP_OTHER;
+    return http_extra_classify(url);
 }
 
 static enum MHD_Result too_large(http_server *h, struct MHD_Connection *c, conn_req *cr) {
@@ -325,6 +349,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (cr->too_large) return too_large(h, c, cr);
     const bool post = !strcmp(method, "POST"), get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
     http_err e;
+    if (!strcmp(method, "OPTIONS")) return serve_options(h, c, cr->ep);
     switch (cr->ep) {
         case EP_CHAT:
         case EP_COMPLETIONS:
@@ -341,6 +366,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             break;
         case EP_PAGE:
             if (get) return respond(h, c, EP_PAGE, 200, "text/html; charset=utf-8", http_page_html, strlen(http_page_html), NULL);
+            break;
+        case EP_FAVICON:
+            if (get) return respond(h, c, EP_FAVICON, 204, "image/x-icon", "", 0, NULL);
+            break;
+        case EP_MODEL_ONE:
+        case EP_TOKENIZE:
+        case EP_DETOKENIZE:
+        case EP_VERSION:
+            if (http_extra_is_post(cr->ep) ? post : get) return serve_extra(h, c, cr, url);
             break;
         default:
             http_fail(&e, 404, "invalid_request_error", "unknown_url", NULL, "no such endpoint: %s %.200s", method, url);

@@ -2,7 +2,8 @@
  * http — `kvshard api`: an OpenAI-compatible HTTP front door over a route of shards.
  *
  * Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
- * GET /metrics (Prometheus text format), GET / (the chat page). The one-machine case
+ * GET /metrics (Prometheus text format), GET / (the chat page), and those of http_extra.c
+ * (GET /v1/models/{id}, POST /tokenize, POST /detokenize, GET /version; CORS). The one-machine case
  * (`kvshard api -m MODEL`) is the same code over a route of one in-process shard.
  *
  * Design notes
@@ -63,6 +64,8 @@ typedef struct {
     const char *auth;            /* route_params.auth: HELLO token for the shards; NULL: none */
     const char *tls_cert, *tls_key, *tls_ca; /* route_params: mutual TLS to the shards, all or none */
     int max_connections;         /* open HTTP connections (default 256) */
+    const char *cors;            /* allowed browser origins, comma-separated or "*"; NULL: no CORS */
+    const char *version;         /* what GET /version reports; NULL: "unknown" */
     http_log_fn log;             /* NULL: silent */
     void *log_ctx;
     /* Test hook: called on the request's thread before each forward step, with the request's

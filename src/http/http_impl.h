@@ -7,6 +7,7 @@
  *   http_openai.c   reply bodies and server-sent events
  *   http_metrics.c  counters and histograms, Prometheus text
  *   http_page.c     the embedded chat page
+ *   http_extra.c    /v1/models/{id}, /tokenize, /detokenize, /version, CORS
  *   http.c          libmicrohttpd plumbing and the endpoint table
  */
 #ifndef KVS_HTTP_IMPL_H
@@ -139,7 +140,11 @@ bool http_lanes_health(http_lanes *L, int64_t timeout_ms, char *report, size_t c
 
 /* ---- metrics -------------------------------------------------------------------------------- */
 
-enum http_endpoint { EP_CHAT = 0, EP_COMPLETIONS, EP_MODELS, EP_HEALTH, EP_METRICS, EP_PAGE, EP_OTHER, EP_COUNT_ };
+enum http_endpoint {
+    EP_CHAT = 0, EP_COMPLETIONS, EP_MODELS, EP_HEALTH, EP_METRICS, EP_PAGE,
+    EP_MODEL_ONE, EP_TOKENIZE, EP_DETOKENIZE, EP_VERSION, EP_FAVICON, /* http_extra.c */
+    EP_OTHER, EP_COUNT_
+};
 
 #define HTTP_N_STATUS 10
 
@@ -235,5 +240,23 @@ char *http_err_body(const http_err *e);
 /* ---- page --------------------------------------------------------------------------------- */
 
 extern const char http_page_html[];
+
+/* ---- more endpoints and CORS (http_extra.c) ---------------------------------------------------- */
+
+struct MHD_Response;
+struct MHD_Connection;
+/* EP_MODEL_ONE, EP_TOKENIZE, EP_DETOKENIZE, EP_VERSION or EP_FAVICON for their paths, else EP_OTHER. */
+enum http_endpoint http_extra_classify(const char *url);
+/* Is ep answered to POST (else to GET/HEAD)? */
+bool http_extra_is_post(enum http_endpoint ep);
+/* The JSON body (malloc'd) answering EP_MODEL_ONE/TOKENIZE/DETOKENIZE/VERSION with 200, or NULL
+ * with e filled (400, 404, 500). */
+char *http_extra_answer(enum http_endpoint ep, const char *url, const char *body, size_t len, const http_lanes *L,
+                        const char *model, const char *version, http_err *e);
+/* Adds the CORS headers this request's Origin earns under allowed (http_params.cors). */
+void http_cors_headers(struct MHD_Response *r, struct MHD_Connection *c, const char *allowed);
+/* An OPTIONS preflight of ep: true with *out (to queue with *status) when CORS is on and ep known. */
+bool http_cors_preflight(struct MHD_Connection *c, const char *allowed, enum http_endpoint ep, int *status,
+                         struct MHD_Response **out);
 
 #endif /* KVS_HTTP_IMPL_H */

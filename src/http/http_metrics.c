@@ -14,7 +14,9 @@ static const double bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.
 #define N_BOUNDS ((int)(sizeof bounds / sizeof bounds[0]))
 static const int status_codes[HTTP_N_STATUS - 1] = {200, 400, 404, 405, 413, 500, 502, 503, 504};
 static const char *const endpoint_names[EP_COUNT_] = {"/v1/chat/completions", "/v1/completions", "/v1/models",
-                                                      "/health", "/metrics", "/", "other"};
+                                                      "/health", "/metrics", "/", "/v1/models/{id}",
+                                                      "/tokenize", "/detokenize", "/version", "/favicon.ico",
+                                                      "other"};
 
 void http_metrics_init(http_metrics *m) {
     memset(m, 0, sizeof *m);
