@@ -12,6 +12,7 @@
 #include "cluster_cli.h"
 #include "daemon.h"
 #include "http.h"
+#include "kvs_commit.h" /* KVS_COMMIT, written at build time (cmake/commit.cmake) */
 #include "quant.h"
 #include "server.h"
 #include "util.h"
@@ -40,16 +41,20 @@ static void api_usage(FILE *f) {
             "  --queue-timeout S    longest wait for a lane before 503 (default 30)\n"
             "  --max-body SIZE      request body limit, 413 past it (default 1M)\n"
             "  --prefix-slots N     finished sessions kept per lane for prefix reuse (default 4; 0 = off)\n"
-            "  --model-name NAME    model id in /v1/models (default: the file name, or 'kvshard')\n"
+            "  --model-name NAME    model id in /v1/models (default: the file name of -m or --tokenizer,\n"
+            "                       else 'kvshard')\n"
             "  --tokenizer MODEL    with --route: read the tokenizer and chat template from this GGUF (needed\n"
             "                       for BPE models; default: the head shard's SentencePiece vocab)\n"
             "  --chat-template NAME override the model's chat template (%s)\n"
+            "  --cors ORIGINS       let browser pages of these origins call the API (comma-separated, or\n"
+            "                       '*' for any); answers preflight OPTIONS. Default: no CORS headers\n"
             "  -t THREADS, --kv-budget SIZE   with -m: compute threads, hot KV pool (default 512M)\n"
             "  --kv-type T          with -m: KV element type f16 (default), q8_0, q4_0 or f32\n"
             "  -c, --ctx-size N     with -m: positions per conversation (default: the model's context\n"
             "                       length, as far as --kv-budget holds it); with --route the shards' own\n"
-            "endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,\n"
-            "GET /metrics, GET / (chat page). Stops cleanly on SIGINT/SIGTERM.\n"
+            "endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models[/ID], GET /health,\n"
+            "GET /metrics, POST /tokenize, POST /detokenize, GET /version, GET / (chat page).\n"
+            "Stops cleanly on SIGINT/SIGTERM.\n"
             "with --route, the security options of kvshard generate:\n" ARGS_SECURITY_USAGE,
             chat_template_names());
 }
@@ -97,6 +102,7 @@ int cmd_api(int argc, char **argv) {
         else if (!strcmp(a, "--model-name")) ok = args_str(argc, argv, &i, &p.model_name);
         else if (!strcmp(a, "--tokenizer")) ok = args_str(argc, argv, &i, &p.tokenizer_path);
         else if (!strcmp(a, "--chat-template")) ok = args_str(argc, argv, &i, &p.chat_template);
+        else if (!strcmp(a, "--cors")) ok = args_str(argc, argv, &i, &p.cors);
         else if (!strcmp(a, "-t")) ok = args_int(argc, argv, &i, 1, 1024, &threads);
         else if (!strcmp(a, "--kv-budget")) ok = args_str(argc, argv, &i, &budget);
         else if (!strcmp(a, "--kv-type")) ok = args_kv_type(argc, argv, &i, &kv_type);
@@ -172,6 +178,11 @@ int cmd_api(int argc, char **argv) {
             p.model_name = name;
         }
     }
+    if (!p.model_name && p.tokenizer_path) { /* --route: the tokenizer's file names the model */
+        model_id(p.tokenizer_path, name, sizeof name);
+        p.model_name = name;
+    }
+    p.version = KVS_COMMIT;
     signal(SIGPIPE, SIG_IGN);
     http_server *h = NULL;
     int rc = 0, err = KVS_OK;
