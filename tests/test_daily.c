@@ -92,18 +92,21 @@ static bool wait_idle_closes(shard *sh, int n, int want) {
 typedef struct {
     int status;
     char *body;
+    char head[2048]; /* the status line and headers */
 } resp;
 
-/* One request; reads until EOF (HTTP/1.0) within 60 s. false when nothing came back. */
-static bool request(uint16_t port, const char *method, const char *path, const char *body, resp *r) {
+/* One request with extra header lines (each ending in \r\n; NULL: none); reads until EOF
+ * (HTTP/1.0) within 60 s. false when nothing came back. */
+static bool request_ex(uint16_t port, const char *method, const char *path, const char *headers, const char *body,
+                       resp *r) {
     memset(r, 0, sizeof *r);
     int fd = -1;
     char msg[KVS_MSG_MAX];
     if (netio_connect("127.0.0.1", port, netio_deadline_ms(5000), &fd, msg, sizeof msg)) return false;
-    char head[512];
+    char head[1024];
     size_t blen = body ? strlen(body) : 0;
     int n = snprintf(head, sizeof head, "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                     "Content-Length: %zu\r\n\r\n", method, path, blen);
+                     "%sContent-Length: %zu\r\n\r\n", method, path, headers ? headers : "", blen);
     uint64_t until = netio_deadline_ms(10000);
     bool ok = netio_write_full(fd, head, (size_t)n, until) == KVS_OK &&
               (!blen || netio_write_full(fd, body, blen, until) == KVS_OK);
@@ -125,8 +128,13 @@ static bool request(uint16_t port, const char *method, const char *path, const c
         return false;
     }
     r->body = strdup(sep + 4);
+    snprintf(r->head, sizeof r->head, "%.*s", (int)(sep - buf), buf);
     free(buf);
     return true;
+}
+
+static bool request(uint16_t port, const char *method, const char *path, const char *body, resp *r) {
+    return request_ex(port, method, path, NULL, body, r);
 }
 
 /* The text of a /v1/completions reply body (malloc'd), or NULL. */
@@ -326,6 +334,123 @@ static void check_short_prompts(const char *spec, const char *model) {
         free(r.body);
     }
     http_stop(h);
+}
+
+/* ---- 11. the endpoints people expect, CORS ----------------------------------------------------- */
+
+/* A string member of a reply body, or "" (out holds cap bytes). */
+static void body_string(const char *body, const char *name, char *out, size_t cap) {
+    cJSON *j = cJSON_Parse(body ? body : "");
+    const cJSON *x = cJSON_GetObjectItem(j, name);
+    snprintf(out, cap, "%s", cJSON_IsString(x) ? x->valuestring : "");
+    cJSON_Delete(j);
+}
+
+/* The ids of a /tokenize reply ({"tokens":[...]}) into ids (at most cap); their count or -1. */
+static int reply_ids(const char *body, int32_t *ids, int cap) {
+    cJSON *j = cJSON_Parse(body ? body : "");
+    const cJSON *t = cJSON_GetObjectItem(j, "tokens");
+    int n = cJSON_IsArray(t) ? cJSON_GetArraySize(t) : -1;
+    for (int i = 0; i < n && i < cap; i++) ids[i] = (int32_t)cJSON_GetArrayItem(t, i)->valuedouble;
+    cJSON_Delete(j);
+    return n;
+}
+
+/* One request; its status, and whether a header line (case-insensitive) holds want. */
+static int status_of(uint16_t port, const char *method, const char *path, const char *headers, const char *body,
+                     const char *want, bool *has, char *param, size_t pcap) {
+    resp r;
+    if (!request_ex(port, method, path, headers, body, &r)) return -1;
+    if (has) *has = want && strcasestr(r.head, want) != NULL;
+    if (param) error_param(r.body, param, pcap);
+    free(r.body);
+    return r.status;
+}
+
+/* /version, /v1/models/{id}, /tokenize and /detokenize (llama-server's shapes, a round trip),
+ * 400/404/405 naming what is wrong, the favicon; CORS for the allowed origin only, preflight. */
+static void check_api_extra(const char *spec, const char *model, uint16_t plain_port) {
+    http_params p = http_default_params();
+    p.listen = "127.0.0.1:0";
+    p.route = spec;
+    p.tokenizer_path = model;
+    p.model_name = "stories260K";
+    p.lanes = 1;
+    p.cors = "http://app.example, http://other.example";
+    p.version = "test-version";
+    http_server *h = NULL;
+    char msg[KVS_MSG_MAX] = "", s[256], param[64];
+    CHECK_EQ_INT(http_start(&p, &h, msg, sizeof msg), KVS_OK);
+    if (!h) return;
+    uint16_t port = http_port(h);
+    resp r;
+    CHECK(request(port, "GET", "/version", NULL, &r) && r.status == 200);
+    body_string(r.body, "version", s, sizeof s);
+    CHECK(!strcmp(s, "test-version"));
+    free(r.body);
+    CHECK(request(port, "GET", "/v1/models/stories260K", NULL, &r) && r.status == 200);
+    body_string(r.body, "id", s, sizeof s);
+    CHECK(!strcmp(s, "stories260K"));
+    CHECK(body_number(r.body, "context_length", NULL) > 0);
+    free(r.body);
+    CHECK_EQ_INT(status_of(port, "GET", "/v1/models/gpt-4", NULL, NULL, NULL, NULL, param, sizeof param), 404);
+    CHECK(!strcmp(param, "model"));
+    /* tokenize -> detokenize is the text again; add_special puts BOS first; pieces are strings. */
+    int32_t ids[64], ids_bos[64];
+    CHECK(request(port, "POST", "/tokenize", "{\"content\":\"Once upon a time\"}", &r) && r.status == 200);
+    int n = reply_ids(r.body, ids, 64);
+    free(r.body);
+    CHECK(n > 1 && n < 64);
+    CHECK(request(port, "POST", "/tokenize", "{\"content\":\"Once upon a time\",\"add_special\":true}", &r));
+    CHECK_EQ_INT(reply_ids(r.body, ids_bos, 64), n + 1);
+    CHECK_EQ_INT(ids_bos[0], 1);
+    free(r.body);
+    CHECK(request(port, "POST", "/tokenize", "{\"content\":\"Once\",\"with_pieces\":true}", &r) && r.status == 200);
+    CHECK(strstr(r.body, "\"piece\":\"") != NULL);
+    free(r.body);
+    char body[512];
+    int at = snprintf(body, sizeof body, "{\"tokens\":[");
+    for (int i = 0; i < n && n < 64; i++) at += snprintf(body + at, sizeof body - (size_t)at, "%s%d", i ? "," : "", ids[i]);
+    snprintf(body + at, sizeof body - (size_t)at, "]}");
+    CHECK(request(port, "POST", "/detokenize", body, &r) && r.status == 200);
+    body_string(r.body, "content", s, sizeof s);
+    CHECK(!strcmp(s, "Once upon a time"));
+    if (strcmp(s, "Once upon a time")) fprintf(stderr, "detokenize: '%s'\n", s);
+    free(r.body);
+    CHECK_EQ_INT(status_of(port, "POST", "/tokenize", NULL, "{\"content\":\"x\",\"foo\":1}", NULL, NULL, param, sizeof param), 400);
+    CHECK(!strcmp(param, "foo"));
+    CHECK_EQ_INT(status_of(port, "POST", "/detokenize", NULL, "{\"tokens\":[1,99999999]}", NULL, NULL, param, sizeof param), 400);
+    CHECK(!strcmp(param, "tokens"));
+    CHECK_EQ_INT(status_of(port, "GET", "/tokenize", NULL, NULL, "Allow: POST", &(bool){0}, NULL, 0), 405);
+    CHECK_EQ_INT(status_of(port, "GET", "/favicon.ico", NULL, NULL, NULL, NULL, NULL, 0), 204);
+    /* CORS: the allowed origin gets its header, another none; the preflight names the methods. */
+    bool has = false;
+    CHECK_EQ_INT(status_of(port, "GET", "/v1/models", "Origin: http://other.example\r\n", NULL,
+                           "Access-Control-Allow-Origin: http://other.example", &has, NULL, 0), 200);
+    CHECK(has);
+    CHECK_EQ_INT(status_of(port, "GET", "/v1/models", "Origin: http://evil.example\r\n", NULL,
+                           "Access-Control-Allow-Origin", &has, NULL, 0), 200);
+    CHECK(!has);
+    const char *pre = "Origin: http://app.example\r\nAccess-Control-Request-Method: POST\r\n"
+                      "Access-Control-Request-Headers: authorization, content-type\r\n";
+    CHECK_EQ_INT(status_of(port, "OPTIONS", "/v1/chat/completions", pre, NULL,
+                           "Access-Control-Allow-Methods: POST", &has, NULL, 0), 204);
+    CHECK(has);
+    CHECK(request_ex(port, "OPTIONS", "/v1/chat/completions", pre, NULL, &r));
+    CHECK(strcasestr(r.head, "Access-Control-Allow-Origin: http://app.example") &&
+          strcasestr(r.head, "Access-Control-Allow-Headers: authorization, content-type"));
+    free(r.body);
+    /* A streamed reply carries the header too. */
+    CHECK_EQ_INT(status_of(port, "POST", "/v1/completions", "Origin: http://app.example\r\n",
+                           "{\"prompt\":\"Once\",\"max_tokens\":2,\"stream\":true}",
+                           "Access-Control-Allow-Origin: http://app.example", &has, NULL, 0), 200);
+    CHECK(has);
+    http_stop(h);
+    /* Without --cors: no header, and OPTIONS is not allowed. */
+    CHECK_EQ_INT(status_of(plain_port, "GET", "/v1/models", "Origin: http://app.example\r\n", NULL,
+                           "Access-Control-Allow-Origin", &has, NULL, 0), 200);
+    CHECK(!has);
+    CHECK_EQ_INT(status_of(plain_port, "OPTIONS", "/v1/models", pre, NULL, NULL, NULL, NULL, 0), 405);
 }
 
 /* ---- 6. the wrong port ------------------------------------------------------------------------ */
@@ -639,6 +764,8 @@ int main(void) {
         check_api_seed(http_port(h));
         run++;
         check_api_fields(http_port(h));
+        run++;
+        check_api_extra(spec, model, http_port(h));
         run++;
         check_wrong_port(http_port(h), model, dir);
         run++;
