@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -34,6 +35,8 @@ struct http_server {
     uint16_t port;
     char model[128];
     atomic_uint_fast64_t next_request; /* request numbers for the test hook and reply ids */
+    http_drain_state drain;            /* http_drain (http_drain.c) */
+    int quiesced_fd;                   /* the listening socket after http_drain, closed by http_stop */
 };
 
 typedef struct {
@@ -55,6 +58,7 @@ typedef struct {
     bool first;        /* the next chunk carries the role */
     bool done;         /* the last event is in pending */
     bool reached_end;  /* the reader reported end of stream */
+    bool cut;          /* ended by http_drain: the held-back text goes out too */
 } stream_state;
 
 http_params http_default_params(void) {
@@ -79,6 +83,7 @@ static enum MHD_Result respond(http_server *h, struct MHD_Connection *c, enum ht
     if (retry_after) MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, retry_after);
     if (status == 405) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, http_extra_is_post(ep) ? "POST" : "GET");
     http_cors_headers(r, c, h->p.cors);
+    if (http_drain_draining(&h->drain)) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     http_metrics_request(&h->m, ep, status);
@@ -100,6 +105,14 @@ static enum MHD_Result respond_err(http_server *h, struct MHD_Connection *c, enu
                                 e->status == 503 ? "1" : NULL);
     free(body);
     return r;
+}
+
+/* A new request while the server drains: 503 (and the connection closes). */
+static enum MHD_Result refuse_draining(http_server *h, struct MHD_Connection *c, conn_req *cr) {
+    http_err e;
+    http_fail(&e, 503, "server_error", "server_shutting_down", NULL, "the server is shutting down");
+    cr->answered = true;
+    return respond_err(h, c, cr->ep, &e);
 }
 
 /* ---- simple endpoints ------------------------------------------------------------------------- */
@@ -191,6 +204,10 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             return MHD_CONTENT_READER_END_OF_STREAM;
         }
         http_gen *g = &st->g;
+        if (!g->finish && !g->failed && http_drain_cutting(&st->h->drain)) {
+            g->finish = FINISH_LENGTH; /* the server is stopping: end the stream cleanly */
+            st->cut = true;
+        }
         if (!g->finish && !g->failed) http_gen_step(g);
         if (g->failed) {
             http_err e;
@@ -208,7 +225,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             kvs_logf(st->h->p.log, st->h->p.log_ctx, "request %llu: %s", (unsigned long long)g->request_no, g->err);
             continue;
         }
-        size_t end = http_gen_ready(g);
+        size_t end = st->cut ? g->text_len : http_gen_ready(g);
         st->pending = http_reply_chunk(g, &st->meta, end, st->first, &st->plen);
         if (st->plen) st->first = false;
         if (g->finish && g->emitted == g->text_len) {
@@ -227,18 +244,24 @@ static void stream_free(void *cls) {
     http_gen_end(&st->g, cancel);
     http_gen_req_free(&st->req);
     free(st->pending);
+    http_drain_leave(&st->h->drain);
     free(st);
 }
 
 static enum MHD_Result serve_generate(http_server *h, struct MHD_Connection *c, conn_req *cr) {
     const bool chat = cr->ep == EP_CHAT;
     http_err e;
+    if (!http_drain_enter(&h->drain)) return refuse_draining(h, c, cr);
     stream_state *st = calloc(1, sizeof *st);
-    if (!st) return respond(h, c, cr->ep, 500, "text/plain", "out of memory\n", 14, NULL);
+    if (!st) {
+        http_drain_leave(&h->drain);
+        return respond(h, c, cr->ep, 500, "text/plain", "out of memory\n", 14, NULL);
+    }
     st->h = h;
     st->first = true;
     if (!http_req_parse(cr->body ? cr->body : "", cr->len, chat, &st->req, &e)) {
         free(st);
+        http_drain_leave(&h->drain);
         return respond_err(h, c, cr->ep, &e);
     }
     char *prompt = NULL;
@@ -246,6 +269,7 @@ static enum MHD_Result serve_generate(http_server *h, struct MHD_Connection *c, 
         if (http_chat_format(h->L.chat_tmpl, st->req.msgs, st->req.n_msgs, &prompt) != KVS_OK) {
             http_gen_req_free(&st->req);
             free(st);
+            http_drain_leave(&h->drain);
             return respond(h, c, cr->ep, 500, "text/plain", "out of memory\n", 14, NULL);
         }
     }
@@ -255,12 +279,13 @@ static enum MHD_Result serve_generate(http_server *h, struct MHD_Connection *c, 
     if (!ok) {
         http_gen_req_free(&st->req);
         free(st);
+        http_drain_leave(&h->drain);
         return respond_err(h, c, cr->ep, &e);
     }
     meta_init(h, &st->meta, chat, no);
     if (!st->req.stream) {
-        while (!st->g.finish && http_gen_step(&st->g)) {
-        }
+        while (!st->g.finish && http_gen_step(&st->g))
+            if (http_drain_cutting(&h->drain)) st->g.finish = FINISH_LENGTH; /* stopping: reply with what there is */
         enum MHD_Result r;
         if (st->g.failed) {
             http_fail(&e, 502, "server_error", "route_failed", NULL, "generation failed: %s", st->g.err);
@@ -272,6 +297,7 @@ static enum MHD_Result serve_generate(http_server *h, struct MHD_Connection *c, 
         http_gen_end(&st->g, false);
         http_gen_req_free(&st->req);
         free(st);
+        http_drain_leave(&h->drain);
         return r;
     }
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, st, stream_free);
@@ -318,6 +344,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!(cr = calloc(1, sizeof *cr))) return MHD_NO;
         cr->ep = classify(url);
         *con_cls = cr;
+        if (http_drain_draining(&h->drain)) return refuse_draining(h, c, cr);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > h->p.max_body_bytes) return too_large(h, c, cr);
         return MHD_YES;
@@ -417,17 +444,20 @@ int http_start(const http_params *p, http_server **out, char *msg, size_t cap) {
     http_server *h = calloc(1, sizeof *h);
     if (!h) return kvs_fail(msg, cap, KVS_ERR_NOMEM, "out of memory");
     h->p = *p;
+    h->quiesced_fd = -1;
+    http_drain_init(&h->drain);
     snprintf(h->model, sizeof h->model, "%s", p->model_name && p->model_name[0] ? p->model_name : "kvshard");
     http_metrics_init(&h->m);
     int err = http_lanes_open(&h->L, p, msg, cap);
     if (err) {
         http_metrics_destroy(&h->m);
+        http_drain_destroy(&h->drain);
         free(h);
         return err;
     }
     int fd = -1;
     if ((err = netio_listen(host, port, 128, &fd, &h->port, msg, cap)) != KVS_OK) goto fail;
-    h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0, NULL,
+    h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG | MHD_USE_ITC, 0, NULL,
                             NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
                             h, MHD_OPTION_CONNECTION_LIMIT, (unsigned)p->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
                             (unsigned)300, MHD_OPTION_END);
@@ -441,16 +471,31 @@ int http_start(const http_params *p, http_server **out, char *msg, size_t cap) {
 fail:
     http_lanes_close(&h->L);
     http_metrics_destroy(&h->m);
+    http_drain_destroy(&h->drain);
     free(h);
     return err;
 }
 
 uint16_t http_port(const http_server *h) { return h ? h->port : 0; }
 
+int http_drain(http_server *h, int64_t deadline_ms, volatile sig_atomic_t *hurry) {
+    if (!h) return 0;
+    http_drain_begin(&h->drain, deadline_ms <= 0);
+    MHD_socket fd = MHD_quiesce_daemon(h->d);
+    if (fd != MHD_INVALID_SOCKET) {
+        shutdown(fd, SHUT_RDWR); /* Linux: stops listening, so a new connect is refused at once */
+        h->quiesced_fd = fd;
+    }
+    int64_t grace = h->p.route_timeout_ms + 1000; /* a cut generation ends after its current step */
+    return http_drain_wait(&h->drain, deadline_ms, grace, hurry);
+}
+
 void http_stop(http_server *h) {
     if (!h) return;
     if (h->d) MHD_stop_daemon(h->d);
+    if (h->quiesced_fd >= 0) close(h->quiesced_fd); /* after the stop, as libmicrohttpd asks */
     http_lanes_close(&h->L);
     http_metrics_destroy(&h->m);
+    http_drain_destroy(&h->drain);
     free(h);
 }

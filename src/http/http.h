@@ -30,6 +30,7 @@
 #ifndef KVS_HTTP_H
 #define KVS_HTTP_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -88,6 +89,14 @@ int http_start(const http_params *p, http_server **out, char *msg, size_t msg_ca
 
 /* The port the server listens on. */
 uint16_t http_port(const http_server *h);
+
+/* The graceful stop, before http_stop: stops listening (a new connection is refused) and answers
+ * new requests on open connections 503 server_shutting_down, then waits up to deadline_ms for
+ * the running generations to finish. Those still running then end at their next step as if
+ * max_tokens were reached (finish_reason "length"; a stream gets its last chunk and [DONE]);
+ * deadline_ms <= 0 ends them at once, and so does *hurry turning nonzero while it waits (a
+ * second Ctrl-C; NULL: no such flag). Returns how many were cut short. */
+int http_drain(http_server *h, int64_t deadline_ms, volatile sig_atomic_t *hurry);
 
 /* Stops accepting, waits for running requests to end, releases every kept session, closes the
  * routes and frees the server. NULL is fine. */

@@ -8,12 +8,14 @@
  *   http_metrics.c  counters and histograms, Prometheus text
  *   http_page.c     the embedded chat page
  *   http_extra.c    /v1/models/{id}, /tokenize, /detokenize, /version, CORS
+ *   http_drain.c    the graceful stop: running generations, refusing new ones, cutting them
  *   http.c          libmicrohttpd plumbing and the endpoint table
  */
 #ifndef KVS_HTTP_IMPL_H
 #define KVS_HTTP_IMPL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -258,5 +260,29 @@ void http_cors_headers(struct MHD_Response *r, struct MHD_Connection *c, const c
 /* An OPTIONS preflight of ep: true with *out (to queue with *status) when CORS is on and ep known. */
 bool http_cors_preflight(struct MHD_Connection *c, const char *allowed, enum http_endpoint ep, int *status,
                          struct MHD_Response **out);
+
+/* ---- graceful stop (http_drain.c) ------------------------------------------------------------- */
+
+typedef struct {
+    atomic_int active;     /* generations between enter and leave */
+    atomic_bool draining;  /* new requests are refused (503, Connection: close) */
+    atomic_bool cut;       /* running generations end at their next step, finish_reason "length" */
+    int n_cut;             /* generations running when cut was set (under mu) */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} http_drain_state;
+
+void http_drain_init(http_drain_state *d);
+void http_drain_destroy(http_drain_state *d);
+/* A generation starts: false (nothing counted) while draining. */
+bool http_drain_enter(http_drain_state *d);
+void http_drain_leave(http_drain_state *d);
+bool http_drain_draining(const http_drain_state *d);
+bool http_drain_cutting(const http_drain_state *d);
+/* Refuse new requests from now; cut_now: also cut the running ones at once. */
+void http_drain_begin(http_drain_state *d, bool cut_now);
+/* Waits until no generation runs; past deadline_ms (or once *hurry is nonzero) cuts them and
+ * waits cut_grace_ms more. Returns how many were cut. */
+int http_drain_wait(http_drain_state *d, int64_t deadline_ms, int64_t cut_grace_ms, volatile sig_atomic_t *hurry);
 
 #endif /* KVS_HTTP_IMPL_H */
