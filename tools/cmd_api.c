@@ -17,11 +17,15 @@
 #include "server.h"
 #include "util.h"
 
-static volatile sig_atomic_t g_stop;
+static volatile sig_atomic_t g_stop, g_hurry;
+static int g_wake[2] = {-1, -1}; /* the handler writes a byte: any thread may take the signal */
 
 static void on_signal(int sig) {
     (void)sig;
-    g_stop = 1;
+    if (g_stop++) g_hurry = 1; /* a second signal: end the running replies now */
+    char b = 1;
+    ssize_t r = write(g_wake[1], &b, 1);
+    (void)r;
 }
 
 static void api_usage(FILE *f) {
@@ -54,7 +58,9 @@ static void api_usage(FILE *f) {
             "                       length, as far as --kv-budget holds it); with --route the shards' own\n"
             "endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models[/ID], GET /health,\n"
             "GET /metrics, POST /tokenize, POST /detokenize, GET /version, GET / (chat page).\n"
-            "Stops cleanly on SIGINT/SIGTERM.\n"
+            "  --drain-timeout S    on SIGTERM/SIGINT: stop listening, let running replies finish for up\n"
+            "                       to S seconds (default 30), then end them (finish_reason \"length\",\n"
+            "                       streams get [DONE]) and exit 0; a second signal ends them at once\n"
             "with --route, the security options of kvshard generate:\n" ARGS_SECURITY_USAGE,
             chat_template_names());
 }
@@ -78,7 +84,7 @@ int cmd_api(int argc, char **argv) {
     const char *model = NULL, *budget = "512M", *body = NULL;
     uint32_t kv_type = QUANT_F16;
     long lanes = p.lanes, queue = p.queue_max, slots = p.prefix_slots, threads = 0, ctx_size = 0;
-    double qt = 30;
+    double qt = 30, drain_s = 30;
     args_security sec = {0};
     cluster_cli_opts cl = {0};
     char *cl_route = NULL, *cl_spares = NULL;
@@ -103,6 +109,7 @@ int cmd_api(int argc, char **argv) {
         else if (!strcmp(a, "--tokenizer")) ok = args_str(argc, argv, &i, &p.tokenizer_path);
         else if (!strcmp(a, "--chat-template")) ok = args_str(argc, argv, &i, &p.chat_template);
         else if (!strcmp(a, "--cors")) ok = args_str(argc, argv, &i, &p.cors);
+        else if (!strcmp(a, "--drain-timeout")) ok = args_float(argc, argv, &i, 0, 86400, &drain_s);
         else if (!strcmp(a, "-t")) ok = args_int(argc, argv, &i, 1, 1024, &threads);
         else if (!strcmp(a, "--kv-budget")) ok = args_str(argc, argv, &i, &budget);
         else if (!strcmp(a, "--kv-type")) ok = args_kv_type(argc, argv, &i, &kv_type);
@@ -194,12 +201,24 @@ int cmd_api(int argc, char **argv) {
         fprintf(stderr, "kvshard api: %s\n", msg[0] ? msg : kvs_strerror(err));
         rc = 1;
     } else {
+        if (pipe(g_wake) != 0) g_wake[0] = g_wake[1] = -1; /* then the signal only sets g_stop */
         daemon_on_stop_signals(on_signal);
         fprintf(stderr, "kvshard api: listening on port %u\n", http_port(h));
         fflush(stderr);
-        while (!g_stop) pause();
-        fprintf(stderr, "kvshard api: stopping\n");
+        while (!g_stop) {
+            char b;
+            if (g_wake[0] < 0) pause();
+            else if (read(g_wake[0], &b, 1) < 0) continue; /* EINTR: look again */
+        }
+        fprintf(stderr, "kvshard api: stopping: new requests refused, running ones get up to %g s\n", drain_s);
+        int cut = http_drain(h, (int64_t)(drain_s * 1000.0), &g_hurry);
+        if (cut > 0) fprintf(stderr, "kvshard api: ended %d running request(s) early (finish_reason \"length\")\n", cut);
         http_stop(h);
+        fprintf(stderr, "kvshard api: stopped\n");
+        if (g_wake[0] >= 0) {
+            close(g_wake[0]);
+            close(g_wake[1]);
+        }
     }
     if (shard) {
         srv_stop(shard);
