@@ -87,6 +87,26 @@ static bool wait_idle_closes(shard *sh, int n, int want) {
     return false;
 }
 
+/* One counter of a shard's stats, or -1. */
+static long shard_stat(shard *sh, const char *name) {
+    struct wire_stats_reply m;
+    srv_stats(sh->s, &m);
+    for (uint32_t i = 0; i < m.n_stats; i++)
+        if (!strcmp(m.stats[i].name, name)) return (long)m.stats[i].value;
+    return -1;
+}
+
+/* Waits (bounded: 20 s) until no connection is open on sh: the shard logs "idle for" before it
+ * closes the socket, and a request sent between the two would meet the close. */
+static bool wait_no_conns(shard *sh) {
+    for (int i = 0; i < 2000; i++) {
+        if (shard_stat(sh, "srv.connections_open") == 0) return true;
+        proc_sleep_ms(10);
+    }
+    fprintf(stderr, "shard: %ld connections still open\n", shard_stat(sh, "srv.connections_open"));
+    return false;
+}
+
 /* ---- a tiny HTTP/1.0 client ------------------------------------------------------------------ */
 
 typedef struct {
@@ -180,6 +200,7 @@ static void check_idle_route(shard *sh, const char *spec) {
         if (!closed) proc_sleep_ms(10);
     }
     CHECK(closed);
+    CHECK(wait_no_conns(&sh[0]) && wait_no_conns(&sh[1]));
     int rc = route_forward(r, s, toks + 2, 2, a, msg, sizeof msg);
     if (rc != KVS_OK) fprintf(stderr, "after idle: %s\n", msg);
     CHECK_EQ_INT(rc, KVS_OK);
@@ -215,6 +236,7 @@ static void check_idle_api(shard *sh, const char *spec) {
     CHECK_EQ_INT(r1.status, 200);
     int before = atomic_load(&sh[1].idle_closes);
     CHECK(wait_idle_closes(sh + 1, 1, before + 1));
+    CHECK(wait_no_conns(&sh[1]));
     CHECK(request(http_port(h), "POST", "/v1/completions", body, &r2));
     CHECK_EQ_INT(r2.status, 200);
     char *t1 = completion_text(r1.body ? r1.body : ""), *t2 = completion_text(r2.body ? r2.body : "");
@@ -336,6 +358,8 @@ static void check_short_prompts(const char *spec, const char *model) {
     http_stop(h);
 }
 
+static bool log_has(const char *path, const char *needle);
+
 /* ---- 11. the endpoints people expect, CORS ----------------------------------------------------- */
 
 /* A string member of a reply body, or "" (out holds cap bytes). */
@@ -451,6 +475,157 @@ static void check_api_extra(const char *spec, const char *model, uint16_t plain_
                            "Access-Control-Allow-Origin", &has, NULL, 0), 200);
     CHECK(!has);
     CHECK_EQ_INT(status_of(plain_port, "OPTIONS", "/v1/models", pre, NULL, NULL, NULL, NULL, 0), 405);
+}
+
+/* ---- 11. graceful stop of the api ------------------------------------------------------------- */
+
+/* The before-step hook: each request stops before its third step until go is set (bounded). */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int reached; /* requests waiting in the hook */
+    bool go;
+} step_gate;
+
+static void gate_step(void *ctx, uint64_t request_no, uint32_t n_generated) {
+    (void)request_no;
+    step_gate *g = ctx;
+    if (n_generated != 2) return;
+    pthread_mutex_lock(&g->mu);
+    g->reached++;
+    pthread_cond_broadcast(&g->cv);
+    uint64_t until = kvs_now_ns() + 30000000000ull;
+    while (!g->go && kvs_now_ns() < until) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 1;
+        pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+    }
+    pthread_mutex_unlock(&g->mu);
+}
+
+static bool gate_wait(step_gate *g, int n) {
+    pthread_mutex_lock(&g->mu);
+    for (int i = 0; i < 30 && g->reached < n; i++) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 1;
+        pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+    }
+    bool ok = g->reached >= n;
+    pthread_mutex_unlock(&g->mu);
+    return ok;
+}
+
+static void gate_open(step_gate *g) {
+    pthread_mutex_lock(&g->mu);
+    g->go = true;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+typedef struct {
+    uint16_t port;
+    const char *body;
+    resp r;
+    bool ok;
+    http_server *h; /* drainer: the server, its deadline and result */
+    int64_t deadline_ms;
+    int cut;
+} bg_call;
+
+static void *bg_request(void *p) {
+    bg_call *b = p;
+    b->ok = request(b->port, "POST", "/v1/completions", b->body, &b->r);
+    return NULL;
+}
+
+static void *bg_drain(void *p) {
+    bg_call *b = p;
+    b->cut = http_drain(b->h, b->deadline_ms, NULL);
+    return NULL;
+}
+
+/* Bounded: until a connect to port is refused (the drain closed the listener). */
+static bool wait_refused(uint16_t port) {
+    for (int i = 0; i < 2000; i++) {
+        int fd = -1;
+        char msg[KVS_MSG_MAX];
+        if (netio_connect("127.0.0.1", port, netio_deadline_ms(2000), &fd, msg, sizeof msg) != KVS_OK) return true;
+        close(fd);
+        proc_sleep_ms(10);
+    }
+    return false;
+}
+
+/* The completion_tokens of a reply (the last usage object of a stream), or -1. */
+static int completion_tokens(const char *body) {
+    const char *at = NULL;
+    for (const char *p = body; (p = strstr(p, "\"completion_tokens\":")); p++) at = p;
+    return at ? atoi(at + strlen("\"completion_tokens\":")) : -1;
+}
+
+/* http_drain with requests running: the new connection is refused while they go on; with a
+ * deadline they finish whole (12 tokens), with none they end at their next step, the stream
+ * with its last chunk and [DONE], both finish_reason "length". */
+static void check_api_drain(const char *spec) {
+    for (int cut_now = 0; cut_now < 2; cut_now++) {
+        step_gate g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+        http_params p = http_default_params();
+        p.listen = "127.0.0.1:0";
+        p.route = spec;
+        p.model_name = "stories260K";
+        p.lanes = 2;
+        p.before_step = gate_step;
+        p.hook_ctx = &g;
+        http_server *h = NULL;
+        char msg[KVS_MSG_MAX] = "";
+        CHECK_EQ_INT(http_start(&p, &h, msg, sizeof msg), KVS_OK);
+        if (!h) return;
+        bg_call req[2] = {
+            {.port = http_port(h), .body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":12,\"temperature\":0,"
+                                          "\"stream\":true,\"stream_options\":{\"include_usage\":true}}"},
+            {.port = http_port(h), .body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":12,\"temperature\":0}"},
+        };
+        pthread_t th[2], dt;
+        for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, bg_request, &req[i]);
+        CHECK(gate_wait(&g, 2));
+        bg_call drainer = {.h = h, .deadline_ms = cut_now ? 0 : 60000};
+        pthread_create(&dt, NULL, bg_drain, &drainer);
+        CHECK(wait_refused(http_port(h)));
+        gate_open(&g);
+        /* The drain returns once both are done: stopping the server then cuts nothing short. */
+        pthread_join(dt, NULL);
+        http_stop(h);
+        for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+        CHECK_EQ_INT(drainer.cut, cut_now ? 2 : 0);
+        for (int i = 0; i < 2; i++) {
+            CHECK(req[i].ok && req[i].r.status == 200);
+            const char *b = req[i].r.body ? req[i].r.body : "";
+            int n = completion_tokens(b);
+            printf("drain (%s): request %d: %d tokens\n", cut_now ? "cut" : "deadline", i, n);
+            if (cut_now) CHECK(n >= 2 && n < 12);
+            else CHECK_EQ_INT(n, 12);
+            CHECK(strstr(b, "\"finish_reason\":\"length\"") != NULL);
+            if (i == 0) CHECK(strstr(b, "data: [DONE]") != NULL);
+            free(req[i].r.body);
+        }
+    }
+}
+
+/* `kvshard api --route ... --tokenizer FILE`: the model id is the file's name; SIGTERM stops
+ * it with status 0 through the drain. */
+static void check_api_sigterm(const char *spec, const char *model, const char *dir) {
+    char *argv[] = {"kvshard", "api", "--route", (char *)spec, "--tokenizer", (char *)model, "--listen", "127.0.0.1:0",
+                    "--lanes", "1", NULL};
+    proc_server s;
+    CHECK(proc_start_listener(&s, dir, "api", argv));
+    if (s.pid <= 0 || s.port <= 0) return;
+    resp r;
+    CHECK(request((uint16_t)s.port, "GET", "/v1/models/stories260K", NULL, &r) && r.status == 200);
+    free(r.body);
+    CHECK_EQ_INT(proc_stop_server(&s), 0);
+    CHECK(log_has(s.log, "kvshard api: stopping: new requests refused") && log_has(s.log, "kvshard api: stopped"));
 }
 
 /* ---- 6. the wrong port ------------------------------------------------------------------------ */
@@ -683,13 +858,7 @@ static void pty_send(pty_proc *p, const char *s) {
 }
 
 /* Live sessions on a shard (its kv.sessions counter). */
-static int shard_sessions(shard *sh) {
-    struct wire_stats_reply m;
-    srv_stats(sh->s, &m);
-    for (uint32_t i = 0; i < m.n_stats; i++)
-        if (!strcmp(m.stats[i].name, "kv.sessions")) return (int)m.stats[i].value;
-    return -1;
-}
+static int shard_sessions(shard *sh) { return (int)shard_stat(sh, "kv.sessions"); }
 
 /* Sends Ctrl-C while chat is paused mid-reply (--pause-after: the reply has begun and the
  * program says so), then expects the reply to stop and the prompt to come back. */
@@ -767,6 +936,12 @@ int main(void) {
         run++;
         check_api_extra(spec, model, http_port(h));
         run++;
+        check_api_drain(spec);
+        run++;
+        if (access(proc_bin(), X_OK) == 0) {
+            check_api_sigterm(spec, model, dir);
+            run++;
+        }
         check_wrong_port(http_port(h), model, dir);
         run++;
     }
