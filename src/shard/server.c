@@ -164,6 +164,7 @@ int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     atomic_init(&s->stopping, false);
+    atomic_init(&s->draining, false);
     char host[NETIO_HOST_MAX];
     uint16_t port = 0;
     int err = netio_parse_hostport(p->listen, host, sizeof(host), &port);
@@ -262,7 +263,7 @@ fail:
 uint16_t srv_port(const srv *s) { return s->port; }
 
 void srv_stop(srv *s) {
-    atomic_store(&s->stopping, true);
+    if (s->p.drain_ms <= 0 || atomic_exchange(&s->draining, true)) atomic_store(&s->stopping, true);
     char b = 1;
     ssize_t r = write(s->stop_pipe[1], &b, 1);
     (void)r;
@@ -338,6 +339,41 @@ static bool admit_slot(srv *s, const char *addr, bool *addr_full) {
     return ok;
 }
 
+/* FORWARDs queued or running, and connections with replies not yet written. */
+static int drain_pending(srv *s) {
+    int n = 0;
+    pthread_mutex_lock(&s->mu);
+    for (srv_conn *c = s->conns; c; c = c->next) {
+        n += atomic_load(&c->inflight);
+        pthread_mutex_lock(&c->write_lock);
+        n += c->out_head != NULL && !c->writer_gone;
+        pthread_mutex_unlock(&c->write_lock);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+/* The drain of srv_stop: stops listening (Linux refuses new connects once the listener is shut
+ * down), lets the FORWARDs in flight finish and their replies go out, for up to drain_ms or
+ * until a second srv_stop; srv_handle_forward refuses new ones meanwhile. */
+static void srv_drain(srv *s) {
+    shutdown(s->listen_fd, SHUT_RDWR);
+    int pending = drain_pending(s);
+    kvs_logf(s->p.log, s->p.log_ctx, "draining: new connections and requests refused; %d request(s) in flight get up to %d ms",
+             pending, s->p.drain_ms);
+    uint64_t until = kvs_now_ns() + (uint64_t)s->p.drain_ms * 1000000ull;
+    while (pending > 0 && !atomic_load(&s->stopping) && kvs_now_ns() < until) {
+        struct pollfd pf = {.fd = s->stop_pipe[0], .events = POLLIN};
+        if (poll(&pf, 1, 10) > 0) {
+            char b;
+            if (read(s->stop_pipe[0], &b, 1) < 0) { /* a second srv_stop sets stopping */ }
+        }
+        pending = drain_pending(s);
+    }
+    if (pending > 0) kvs_logf(s->p.log, s->p.log_ctx, "drain ended with %d request(s) in flight", pending);
+    else kvs_logf(s->p.log, s->p.log_ctx, "drained: every request in flight was answered");
+}
+
 int srv_run(srv *s) {
     kv_stats ks;
     kv_get_stats(s->e->kv, &ks);
@@ -345,7 +381,7 @@ int srv_run(srv *s) {
              (unsigned long long)(ks.budget_bytes >> 10), (unsigned long long)ks.blocks_total,
              (unsigned long long)ks.block_bytes, quant_get_traits(kv_get_params(s->e->kv)->kv_type)->name);
     if (pthread_create(&s->sched_thread, NULL, srv_sched_main, s) != 0) return KVS_ERR_INTERNAL;
-    while (!atomic_load(&s->stopping)) {
+    while (!atomic_load(&s->stopping) && !atomic_load(&s->draining)) {
         struct pollfd pf[2] = {{.fd = s->listen_fd, .events = POLLIN}, {.fd = s->stop_pipe[0], .events = POLLIN}};
         int r = poll(pf, 2, 1000);
         if (r < 0 && errno != EINTR) break;
@@ -403,6 +439,8 @@ int srv_run(srv *s) {
         }
         pthread_attr_destroy(&attr);
     }
+    if (!atomic_load(&s->stopping)) srv_drain(s);
+    atomic_store(&s->stopping, true);
     kvs_logf(s->p.log, s->p.log_ctx, "shutting down");
     /* Wake every reader; each cancels its work and drops its reference. */
     pthread_mutex_lock(&s->mu);

@@ -40,6 +40,8 @@ typedef struct {
     int max_conns;              /* open connections */
     int hello_timeout_ms;       /* a new connection must say HELLO within this */
     int idle_timeout_ms;        /* a connection silent this long is closed */
+    int drain_ms;               /* srv_stop drains first: listener closed, new FORWARDs refused,
+                                   those in flight answered, for up to this long; 0: stop at once */
     int kv_type;                /* QUANT_F16, QUANT_Q8_0, QUANT_Q4_0 or QUANT_F32 */
     size_t max_queued_bytes;    /* replies queued for a connection that is not reading them,
                                    bytes, before it is closed (default 256 MiB) */
@@ -89,7 +91,8 @@ void srv_stats(srv *s, struct wire_stats_reply *out);
 /* The INFO this shard answers a protocol-v2 HELLO with (server_cluster.c), for the registry. */
 struct wire_info;
 void srv_get_info(const srv *s, struct wire_info *out);
-/* Asks srv_run to return; async-signal-safe. */
+/* Asks srv_run to return; async-signal-safe. With drain_ms, the first call drains (see
+ * srv_params) and a second one stops at once. */
 void srv_stop(srv *s);
 void srv_free(srv *s);
 

@@ -188,6 +188,7 @@ struct srv {
     char name[WIRE_MAX_NAME + 1];
     int stop_pipe[2];
     atomic_bool stopping;
+    atomic_bool draining;   /* srv_stop with drain_ms: no new connection or FORWARD */
     relay *relay;           /* shard-to-shard pushes and the RELAY_LISTEN table */
     /* scheduler */
     pthread_t sched_thread;

@@ -340,6 +340,10 @@ int srv_handle_forward(srv_conn *c, uint64_t rid, const uint8_t *payload, size_t
     srv_conn *answer = target ? target : c;
     int status = KVS_OK;
     const char *why = forward_refusal(c, &f, &sh, &status);
+    if (!why && atomic_load(&s->draining)) { /* srv_stop's drain: the client moves to a spare */
+        status = KVS_ERR_CLOSED;
+        why = "the shard is shutting down";
+    }
     if (!why && atomic_load(&answer->inflight) >= s->p.max_inflight) {
         status = KVS_ERR_BUSY;
         why = "too many requests in flight on this connection";
