@@ -248,6 +248,9 @@ static enum hop_result hop_append(route *r, route_session *s, uint32_t k, uint32
                            "the session is driven elsewhere: the shard holds epoch %llu, this client %llu",
                            (unsigned long long)st.live_epoch, (unsigned long long)s->epoch);
             return HOP_FATAL;
+        case KVS_ERR_CLOSED: /* the shard drains before it stops: re-route (a spare) like a lost hop */
+            *rc = kvs_fail(why, why_cap, KVS_ERR_CLOSED, "FORWARD [%u, %u) refused: the shard is shutting down", from, to);
+            return HOP_FAILED;
         default:
             *rc = kvs_fail(why, why_cap, st.status, "FORWARD [%u, %u) refused: %s", from, to,
                            kvs_strerror(st.status));
