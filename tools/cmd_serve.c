@@ -57,7 +57,9 @@ static void serve_usage(FILE *f) {
             "  --advertise HOST:PORT  the address registered in --cluster (default: the listen address)\n"
             "  --cluster-ttl S      lease TTL of the registration, seconds (default 10)\n"
             CLUSTER_CLI_USAGE
-            "stops cleanly on SIGINT/SIGTERM.\n");
+            "  --drain-timeout S    on SIGTERM/SIGINT: stop listening, refuse new requests (clients move to\n"
+            "                       their spares), answer those in flight for up to S seconds (default\n"
+            "                       10; 0: stop at once), exit 0; a second signal stops at once\n");
 }
 
 int cmd_serve(int argc, char **argv) {
@@ -67,7 +69,7 @@ int cmd_serve(int argc, char **argv) {
     uint32_t kv_type = QUANT_F16;
     long threads = 0, max_sessions = 0, max_conns = p.max_conns, max_tokens = p.max_tokens, chunk = p.prefill_chunk;
     double ttl = 600, frame_s = p.frame_timeout_ms / 1000.0, hello_s = p.hello_timeout_ms / 1000.0;
-    double idle_s = p.idle_timeout_ms / 1000.0;
+    double idle_s = p.idle_timeout_ms / 1000.0, drain_s = 10;
     long per_addr = p.max_conns_per_addr, inflight = p.max_inflight;
     const char *buffered = NULL, *tenant_share = NULL;
     long tenant_sessions = 0, ctx_size = 0;
@@ -99,6 +101,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--frame-timeout")) ok = args_float(argc, argv, &i, 0.001, 3600, &frame_s);
         else if (!strcmp(a, "--hello-timeout")) ok = args_float(argc, argv, &i, 0.001, 3600, &hello_s);
         else if (!strcmp(a, "--idle-timeout")) ok = args_float(argc, argv, &i, 0.001, 1e6, &idle_s);
+        else if (!strcmp(a, "--drain-timeout")) ok = args_float(argc, argv, &i, 0, 86400, &drain_s);
         else if (!strcmp(a, "--max-buffered")) ok = args_str(argc, argv, &i, &buffered);
         else if (!strcmp(a, "--tenant-max-sessions")) ok = args_int(argc, argv, &i, 0, 1 << 24, &tenant_sessions);
         else if (!strcmp(a, "--tenant-kv-share")) ok = args_str(argc, argv, &i, &tenant_share);
@@ -167,6 +170,7 @@ int cmd_serve(int argc, char **argv) {
     p.frame_timeout_ms = (int)(frame_s * 1000.0);
     p.hello_timeout_ms = (int)(hello_s * 1000.0);
     p.idle_timeout_ms = (int)(idle_s * 1000.0);
+    p.drain_ms = (int)(drain_s * 1000.0);
     p.kv_type = (int)kv_type;
     p.kv_ttl_ms = (uint64_t)(ttl * 1000.0);
     p.n_threads = (int)threads;
