@@ -628,6 +628,99 @@ static void check_api_sigterm(const char *spec, const char *model, const char *d
     CHECK(log_has(s.log, "kvshard api: stopping: new requests refused") && log_has(s.log, "kvshard api: stopped"));
 }
 
+/* ---- graceful stop of a shard ------------------------------------------------------------------ */
+
+typedef struct {
+    step_gate g;
+    atomic_bool armed; /* the next forward pass waits in the hook */
+    atomic_int drained, refused; /* log lines seen */
+} batch_gate;
+
+static void batch_hook(void *ctx, int n_items) {
+    (void)n_items;
+    batch_gate *b = ctx;
+    if (atomic_exchange(&b->armed, false)) gate_step(&b->g, 0, 2);
+}
+
+static void drain_log(void *ctx, const char *line) {
+    batch_gate *b = ctx;
+    if (strstr(line, "drained: every request in flight was answered")) atomic_fetch_add(&b->drained, 1);
+    if (getenv("KVS_TEST_VERBOSE")) fprintf(stderr, "serve: %s\n", line);
+}
+
+typedef struct {
+    route *r;
+    route_session *s;
+    int rc;
+    char msg[KVS_MSG_MAX];
+    float *logits;
+} bg_forward;
+
+static void *bg_fwd(void *p) {
+    bg_forward *f = p;
+    const int32_t toks[2] = {1, 20};
+    f->rc = route_forward(f->r, f->s, toks, 2, f->logits, f->msg, sizeof f->msg);
+    return NULL;
+}
+
+/* srv_stop with drain_ms while a forward pass is held in the hook: new connects are refused and
+ * a FORWARD on another open link is refused naming the shutdown, the held one is answered, and
+ * srv_run returns saying so. */
+static void check_shard_drain(const char *model) {
+    batch_gate b = {.g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER}};
+    srv_params p = srv_default_params();
+    p.model_path = model;
+    p.listen = "127.0.0.1:0";
+    p.n_threads = 1;
+    p.kv_budget_bytes = 16u << 20;
+    p.drain_ms = 30000;
+    p.before_batch = batch_hook;
+    p.hook_ctx = &b;
+    p.log = drain_log;
+    p.log_ctx = &b;
+    shard sh = {0};
+    char msg[KVS_MSG_MAX] = "", spec[64];
+    CHECK_EQ_INT(srv_create(&p, &sh.s, msg, sizeof msg), KVS_OK);
+    if (!sh.s) return;
+    pthread_create(&sh.th, NULL, shard_main, &sh);
+    uint16_t port = srv_port(sh.s);
+    snprintf(spec, sizeof spec, "127.0.0.1:%u", port);
+    route_params rp = route_default_params();
+    rp.timeout_ms = 30000;
+    bg_forward f = {0}, other = {0};
+    CHECK_EQ_INT(route_open(spec, NULL, &rp, &f.r, msg, sizeof msg), KVS_OK);
+    CHECK_EQ_INT(route_open(spec, NULL, &rp, &other.r, msg, sizeof msg), KVS_OK);
+    if (!f.r || !other.r) return;
+    route_info info;
+    route_get_info(f.r, &info);
+    f.logits = malloc(sizeof(float) * info.n_vocab);
+    other.logits = malloc(sizeof(float) * info.n_vocab);
+    CHECK_EQ_INT(route_session_open(f.r, &f.s, msg, sizeof msg), KVS_OK);
+    CHECK_EQ_INT(route_session_open(other.r, &other.s, msg, sizeof msg), KVS_OK);
+    atomic_store(&b.armed, true);
+    pthread_t th;
+    pthread_create(&th, NULL, bg_fwd, &f);
+    CHECK(gate_wait(&b.g, 1)); /* the pass is held */
+    srv_stop(sh.s);
+    CHECK(wait_refused(port));
+    bg_fwd(&other);
+    printf("a FORWARD while the shard drains: %s\n", other.msg);
+    CHECK(other.rc != KVS_OK && strstr(other.msg, "shutting down") != NULL);
+    gate_open(&b.g);
+    pthread_join(th, NULL);
+    if (f.rc != KVS_OK) fprintf(stderr, "held forward: %s\n", f.msg);
+    CHECK_EQ_INT(f.rc, KVS_OK);
+    pthread_join(sh.th, NULL); /* srv_run returns once drained */
+    CHECK_EQ_INT(atomic_load(&b.drained), 1);
+    route_release(f.r, f.s);
+    route_release(other.r, other.s);
+    route_close(f.r);
+    route_close(other.r);
+    srv_free(sh.s);
+    free(f.logits);
+    free(other.logits);
+}
+
 /* ---- 6. the wrong port ------------------------------------------------------------------------ */
 
 /* A route at an HTTP port fails at once saying so (it waited out its whole timeout with "no
@@ -758,7 +851,8 @@ static void check_ctx_size(const char *dir) {
     CHECK_EQ_INT(st, 0);
     CHECK(strstr(out, "\"max_ctx\":1000") != NULL);
     free(out);
-    proc_stop_server(&s);
+    CHECK_EQ_INT(proc_stop_server(&s), 0); /* SIGTERM: drained, status 0 */
+    CHECK(log_has(s.log, "drained: every request in flight was answered"));
 }
 
 /* ---- 7. what every command takes; messages ---------------------------------------------------- */
@@ -954,6 +1048,8 @@ int main(void) {
     }
     shard_stop(&sh[0]);
     shard_stop(&sh[1]);
+    check_shard_drain(model);
+    run++;
     check_ctx_size(dir);
     run++;
     if (access(proc_bin(), X_OK) == 0) {
