@@ -46,6 +46,7 @@ typedef struct {
     uint64_t seen;     /* body bytes received, kept or not */
     bool too_large;    /* the body passed max_body_bytes: discarded, answered 413 at its end */
     bool answered;     /* a response was queued before the body ended (413) */
+    bool generating;   /* counted by http_drain_enter; on_completed leaves */
 } conn_req;
 
 typedef struct {
@@ -244,7 +245,6 @@ static void stream_free(void *cls) {
     http_gen_end(&st->g, cancel);
     http_gen_req_free(&st->req);
     free(st->pending);
-    http_drain_leave(&st->h->drain);
     free(st);
 }
 
@@ -252,16 +252,13 @@ static enum MHD_Result serve_generate(http_server *h, struct MHD_Connection *c, 
     const bool chat = cr->ep == EP_CHAT;
     http_err e;
     if (!http_drain_enter(&h->drain)) return refuse_draining(h, c, cr);
+    cr->generating = true; /* counted until on_completed: the reply's bytes are out by then */
     stream_state *st = calloc(1, sizeof *st);
-    if (!st) {
-        http_drain_leave(&h->drain);
-        return respond(h, c, cr->ep, 500, "text/plain", "out of memory\n", 14, NULL);
-    }
+    if (!st) return respond(h, c, cr->ep, 500, "text/plain", "out of memory\n", 14, NULL);
     st->h = h;
     st->first = true;
     if (!http_req_parse(cr->body ? cr->body : "", cr->len, chat, &st->req, &e)) {
         free(st);
-        http_drain_leave(&h->drain);
         return respond_err(h, c, cr->ep, &e);
     }
     char *prompt = NULL;
@@ -269,8 +266,7 @@ static enum MHD_Result serve_generate(http_server *h, struct MHD_Connection *c, 
         if (http_chat_format(h->L.chat_tmpl, st->req.msgs, st->req.n_msgs, &prompt) != KVS_OK) {
             http_gen_req_free(&st->req);
             free(st);
-            http_drain_leave(&h->drain);
-            return respond(h, c, cr->ep, 500, "text/plain", "out of memory\n", 14, NULL);
+                return respond(h, c, cr->ep, 500, "text/plain", "out of memory\n", 14, NULL);
         }
     }
     uint64_t no = atomic_fetch_add(&h->next_request, 1) + 1;
@@ -279,7 +275,6 @@ static enum MHD_Result serve_generate(http_server *h, struct MHD_Connection *c, 
     if (!ok) {
         http_gen_req_free(&st->req);
         free(st);
-        http_drain_leave(&h->drain);
         return respond_err(h, c, cr->ep, &e);
     }
     meta_init(h, &st->meta, chat, no);
@@ -297,7 +292,6 @@ static enum MHD_Result serve_generate(http_server *h, struct MHD_Connection *c, 
         http_gen_end(&st->g, false);
         http_gen_req_free(&st->req);
         free(st);
-        http_drain_leave(&h->drain);
         return r;
     }
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, st, stream_free);
@@ -412,11 +406,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)cls;
     (void)c;
     (void)toe;
     conn_req *cr = *con_cls;
     if (!cr) return;
+    if (cr->generating) http_drain_leave(&((http_server *)cls)->drain);
     free(cr->body);
     free(cr);
     *con_cls = NULL;

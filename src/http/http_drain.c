@@ -2,8 +2,9 @@
  * http_drain — the graceful stop of `kvshard api` (http_drain in http.h): a count of running
  * generations, the flag that refuses new requests, and the one that cuts the running ones.
  *
- * A generation enters (http_drain_enter) before it takes a lane and leaves when its reply is
- * done (the non-streamed reply queued, or the stream's free callback). The waiter sleeps on
+ * A generation enters (http_drain_enter) before it takes a lane and leaves when libmicrohttpd
+ * reports its request complete (http.c on_completed): the reply's bytes are out then, where a
+ * queued reply is not yet sent and http_stop after the drain would cut it. The waiter sleeps on
  * the condition variable in slices so that the hurry flag, which a signal handler sets, is
  * seen within a slice.
  */
