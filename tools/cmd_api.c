@@ -205,11 +205,13 @@ int cmd_api(int argc, char **argv) {
         daemon_on_stop_signals(on_signal);
         fprintf(stderr, "kvshard api: listening on port %u\n", http_port(h));
         fflush(stderr);
+        daemon_notify("READY=1"); /* systemd Type=notify */
         while (!g_stop) {
             char b;
             if (g_wake[0] < 0) pause();
             else if (read(g_wake[0], &b, 1) < 0) continue; /* EINTR: look again */
         }
+        daemon_notify("STOPPING=1");
         fprintf(stderr, "kvshard api: stopping: new requests refused, running ones get up to %g s\n", drain_s);
         int cut = http_drain(h, (int64_t)(drain_s * 1000.0), &g_hurry);
         if (cut > 0) fprintf(stderr, "kvshard api: ended %d running request(s) early (finish_reason \"length\")\n", cut);

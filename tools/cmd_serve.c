@@ -207,7 +207,9 @@ int cmd_serve(int argc, char **argv) {
     }
     fprintf(stderr, "kvshard serve: listening on port %u\n", srv_port(g_srv));
     fflush(stderr);
+    daemon_notify("READY=1"); /* systemd Type=notify: loaded, hashed and listening */
     err = srv_run(g_srv);
+    daemon_notify("STOPPING=1");
     cl_reg_stop(reg); /* deregisters before the port closes for good */
     shard_metrics_free(metrics);
     srv_free(g_srv);

@@ -3,9 +3,14 @@
 
 #include <signal.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
+#include <unistd.h>
 
 static int g_level = DAEMON_LOG_INFO;
 
@@ -35,6 +40,21 @@ void daemon_log_line(void *ctx, const char *line) {
     gmtime_r(&t, &tm);
     strftime(ts, sizeof(ts), "%H:%M:%S", &tm);
     fprintf(stderr, "[%s] %s: %s\n", ts, (const char *)ctx, line);
+}
+
+void daemon_notify(const char *state) {
+    const char *path = getenv("NOTIFY_SOCKET");
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    size_t n = path ? strlen(path) : 0;
+    if (n < 2 || n >= sizeof sa.sun_path || (path[0] != '/' && path[0] != '@')) return;
+    memcpy(sa.sun_path, path, n);
+    if (sa.sun_path[0] == '@') sa.sun_path[0] = 0;
+    int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return;
+    ssize_t r = sendto(fd, state, strlen(state), MSG_NOSIGNAL, (struct sockaddr *)&sa,
+                       (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n));
+    (void)r;
+    close(fd);
 }
 
 void daemon_on_stop_signals(void (*handler)(int)) {

@@ -14,6 +14,11 @@ void daemon_log_line(void *ctx, const char *line);
 enum { DAEMON_LOG_ERROR = 0, DAEMON_LOG_WARN, DAEMON_LOG_INFO, DAEMON_LOG_DEBUG };
 void daemon_set_log_level(int level);
 
+/* sd_notify(3) without libsystemd: sends state ("READY=1", "STOPPING=1") as one datagram to
+ * the unix socket $NOTIFY_SOCKET names ('@' first: abstract), as systemd's Type=notify units
+ * expect. Nothing when the variable is unset or the send fails. */
+void daemon_notify(const char *state);
+
 /* Installs handler for SIGINT and SIGTERM (sigaction, no flags, empty mask). */
 void daemon_on_stop_signals(void (*handler)(int));
 
