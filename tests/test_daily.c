@@ -17,6 +17,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 
 #include "http.h"
 #include "mkmodel.h"
@@ -1003,6 +1004,71 @@ static void check_chat_ctrl_c(shard *sh, const char *spec, const char *model) {
     CHECK_EQ_INT(shard_sessions(&sh[1]), 0);
 }
 
+/* ---- 10. running it as a service ------------------------------------------------------------ */
+
+/* serve with $NOTIFY_SOCKET set tells it READY=1 once it listens and STOPPING=1 on SIGTERM, as
+ * a systemd Type=notify unit expects. */
+static void check_sd_notify(const char *dir, const char *model) {
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    char *path = sa.sun_path; /* dir is short (/tmp/kvs-daily-XXXXXX) */
+    snprintf(path, sizeof sa.sun_path, "%.80s/notify.sock", dir);
+    int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    CHECK(fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
+    setenv("NOTIFY_SOCKET", path, 1);
+    proc_server s;
+    bool up = proc_start_server(&s, dir, model, "0:2", NULL);
+    unsetenv("NOTIFY_SOCKET");
+    CHECK(up);
+    const char *want[2] = {"READY=1", "STOPPING=1"};
+    for (int i = 0; i < 2 && up; i++) {
+        if (i == 1) kill(s.pid, SIGTERM);
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        char buf[64] = "";
+        if (poll(&pf, 1, 20000) == 1) {
+            ssize_t n = recv(fd, buf, sizeof buf - 1, 0);
+            buf[n > 0 ? n : 0] = 0;
+        }
+        if (strcmp(buf, want[i])) fprintf(stderr, "NOTIFY_SOCKET got '%s', want '%s'\n", buf, want[i]);
+        CHECK(!strcmp(buf, want[i]));
+    }
+    if (up) CHECK_EQ_INT(proc_wait(s.pid, 20000), 0);
+    close(fd);
+}
+
+/* cmake --install to a prefix: the binary runs, the systemd units name it and pass
+ * systemd-analyze verify (where installed), the guide and examples come along. */
+static void check_install(const char *dir) {
+    char bin[512], cmd[1536];
+    snprintf(bin, sizeof bin, "%s", proc_bin());
+    char *slash = strrchr(bin, '/');
+    if (!slash || system("cmake --version >/dev/null 2>&1") != 0) {
+        printf("note: cmake is not on PATH; the install check is skipped\n");
+        return;
+    }
+    *slash = 0;
+    snprintf(cmd, sizeof cmd, "cmake --install '%s' --prefix '%s/inst' >'%s/install.log' 2>&1", bin, dir, dir);
+    CHECK_EQ_INT(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "'%s/inst/bin/kvshard' --version | grep -q '^kvshard '", dir);
+    CHECK_EQ_INT(system(cmd), 0);
+    static const char *const files[] = {"share/doc/kvshard/deploy.md", "share/doc/kvshard/shard.env.example",
+                                        "share/doc/kvshard/api.env.example"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(cmd, sizeof cmd, "%s/inst/%s", dir, files[i]);
+        CHECK(access(cmd, R_OK) == 0);
+    }
+    static const char *const units[] = {"serve", "api"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "grep -qx 'ExecStart=%s/inst/bin/kvshard %s $KVSHARD_ARGS' '%s/inst/lib/systemd/system/kvshard-%s@.service'",
+                 dir, units[i], dir, units[i]);
+        CHECK_EQ_INT(system(cmd), 0);
+        if (system("systemd-analyze --version >/dev/null 2>&1") != 0) continue;
+        snprintf(cmd, sizeof cmd, "mkdir -p '%s/units' && cp '%s/inst/lib/systemd/system/kvshard-%s@.service' "
+                 "'%s/units/kvshard-%s@a.service' && systemd-analyze verify '%s/units/kvshard-%s@a.service'",
+                 dir, dir, units[i], dir, units[i], dir, units[i]);
+        CHECK_EQ_INT(system(cmd), 0);
+    }
+}
+
 int main(void) {
     char path[512];
     int run = 0;
@@ -1054,6 +1120,10 @@ int main(void) {
     run++;
     if (access(proc_bin(), X_OK) == 0) {
         check_cli_common(dir, model);
+        run++;
+        check_sd_notify(dir, model);
+        run++;
+        check_install(dir);
         run++;
     }
     char cmd[128];
