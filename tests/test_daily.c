@@ -625,8 +625,17 @@ static void check_api_sigterm(const char *spec, const char *model, const char *d
     resp r;
     CHECK(request((uint16_t)s.port, "GET", "/v1/models/stories260K", NULL, &r) && r.status == 200);
     free(r.body);
+    CHECK(request((uint16_t)s.port, "POST", "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":3}", &r));
+    CHECK_EQ_INT(r.status, 200);
+    free(r.body);
+    CHECK(request((uint16_t)s.port, "POST", "/v1/completions", "{\"prompt\":\"Once\",\"mirostat\":2}", &r));
+    CHECK_EQ_INT(r.status, 400);
+    free(r.body);
     CHECK_EQ_INT(proc_stop_server(&s), 0);
     CHECK(log_has(s.log, "kvshard api: stopping: new requests refused") && log_has(s.log, "kvshard api: stopped"));
+    /* One line per generation request at the default level, errors included. */
+    CHECK(log_has(s.log, "/v1/completions 200: ") && log_has(s.log, "3 generated tokens in "));
+    CHECK(log_has(s.log, "/v1/completions: 400 unknown field 'mirostat'"));
 }
 
 /* ---- graceful stop of a shard ------------------------------------------------------------------ */

@@ -100,6 +100,9 @@ static enum MHD_Result respond_json(http_server *h, struct MHD_Connection *c, en
 }
 
 static enum MHD_Result respond_err(http_server *h, struct MHD_Connection *c, enum http_endpoint ep, const http_err *e) {
+    if (ep == EP_CHAT || ep == EP_COMPLETIONS) /* the one line per generation request (info) */
+        kvs_logf(h->p.log, h->p.log_ctx, "%s: %d %s", ep == EP_CHAT ? "/v1/chat/completions" : "/v1/completions",
+                 e->status, e->message);
     char *body = http_err_body(e);
     if (!body) return respond(h, c, ep, 500, "text/plain", "out of memory\n", 14, NULL);
     enum MHD_Result r = respond(h, c, ep, e->status, "application/json", body, strlen(body),
@@ -236,9 +239,17 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     }
 }
 
+/* The one line of a generation request at its end (info). */
+static void log_done(http_server *h, const http_gen *g, bool stream) {
+    kvs_logf(h->p.log, h->p.log_ctx, "request %llu: %s 200%s: %u prompt + %u generated tokens in %.3f s",
+             (unsigned long long)g->request_no, g->req->chat ? "/v1/chat/completions" : "/v1/completions",
+             stream ? " (stream)" : "", g->n_prompt, g->n_gen, (double)(kvs_now_ns() - g->t_start_ns) / 1e9);
+}
+
 static void stream_free(void *cls) {
     stream_state *st = cls;
     bool cancel = !st->reached_end;
+    if (!cancel) log_done(st->h, &st->g, true);
     if (cancel)
         kvs_logf(st->h->p.log, st->h->p.log_ctx, "request %llu: client went away after %u tokens; session released",
                  (unsigned long long)st->g.request_no, st->g.n_gen);
@@ -288,6 +299,7 @@ static enum MHD_Result serve_generate(http_server *h, struct MHD_Connection *c, 
             r = respond_err(h, c, cr->ep, &e);
         } else {
             r = respond_json(h, c, cr->ep, 200, http_reply_full(&st->g, &st->meta));
+            log_done(h, &st->g, false);
         }
         http_gen_end(&st->g, false);
         http_gen_req_free(&st->req);
