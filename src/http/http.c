@@ -398,7 +398,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             if (get) return serve_metrics(h, c);
             break;
         case EP_PAGE:
-            if (get) return respond(h, c, EP_PAGE, 200, "text/html; charset=utf-8", http_page_html, strlen(http_page_html), NULL);
+            if (get) {
+                size_t len = 0;
+                const char *html = http_page(&len);
+                return respond(h, c, EP_PAGE, len ? 200 : 500, "text/html; charset=utf-8", html, len, NULL);
+            }
             break;
         case EP_FAVICON:
             if (get) return respond(h, c, EP_FAVICON, 204, "image/x-icon", "", 0, NULL);

@@ -241,7 +241,8 @@ char *http_err_body(const http_err *e);
 
 /* ---- page --------------------------------------------------------------------------------- */
 
-extern const char http_page_html[];
+/* The chat page (http_page.c), built at the first call; "" (len 0) when out of memory. */
+const char *http_page(size_t *len);
 
 /* ---- more endpoints and CORS (http_extra.c) ---------------------------------------------------- */
 
