@@ -2,6 +2,7 @@
 #ifndef KVS_DIGEST_H
 #define KVS_DIGEST_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* Hashes the whole file at path into out. KVS_OK, KVS_ERR_IO when it cannot be read,
@@ -12,6 +13,13 @@ int digest_file_sha256(const char *path, uint8_t out[32]);
  * part range and every other shard of the same split agree, and a change in any part shows.
  * Same codes as digest_file_sha256 (KVS_ERR_IO also when a part is missing). */
 int digest_model_sha256(const char *path, uint8_t out[32]);
+/* digest_model_sha256 through a cache in cache_dir (created, mode 0700, when missing): an entry
+ * is keyed by every part's real path, device, inode, size, mtime and ctime, so a file changed or
+ * replaced in any way (even with its old mtime put back) is hashed again. *hit says whether the
+ * cache answered. The cache is a convenience: when it cannot be read or written the file is
+ * hashed as without it. Whoever can write cache_dir can make a shard claim another digest, so it
+ * belongs to the user running the shard. Same codes as digest_model_sha256. */
+int digest_model_cached(const char *path, const char *cache_dir, uint8_t out[32], bool *hit);
 /* Lower-case hex of a 32-byte digest, NUL-terminated. */
 void digest_hex(const uint8_t d[32], char hex[65]);
 
