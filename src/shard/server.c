@@ -241,11 +241,16 @@ int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
     kvs_logf(s->p.log, s->p.log_ctx, "loaded %s layers [%u, %u) of %u: %.1f MiB of weights (%d matrices repacked) in %.2f s", p->model_path,
              s->e->m->first, s->e->m->last, s->e->m->hp.n_layer, (double)s->e->m->weight_bytes / (1 << 20),
              s->e->m->n_repacked, s->e->open_s);
-    kvs_logf(s->p.log, s->p.log_ctx, "hashing the model file for its digest");
-    if ((err = digest_model_sha256(p->model_path, s->digest))) {
+    uint64_t t_hash = kvs_now_ns();
+    bool hit = false;
+    if (!p->digest_cache_dir) kvs_logf(s->p.log, s->p.log_ctx, "hashing the model file for its digest");
+    if ((err = digest_model_cached(p->model_path, p->digest_cache_dir, s->digest, &hit))) {
         err = kvs_fail(msg, cap, err, "cannot read %s to hash it", p->model_path);
         goto fail;
     }
+    if (p->digest_cache_dir)
+        kvs_logf(s->p.log, s->p.log_ctx, "model digest %s in %.2f s (cache %s)", hit ? "from the cache" : "computed",
+                 (double)(kvs_now_ns() - t_hash) / 1e9, p->digest_cache_dir);
     if (pipe2(s->stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
         err = kvs_fail(msg, cap, KVS_ERR_IO, "pipe: %s", strerror(errno));
         goto fail;

@@ -40,6 +40,7 @@ typedef struct {
     int max_conns;              /* open connections */
     int hello_timeout_ms;       /* a new connection must say HELLO within this */
     int idle_timeout_ms;        /* a connection silent this long is closed */
+    const char *digest_cache_dir; /* the model digest's cache (digest_model_cached); NULL: hash */
     int drain_ms;               /* srv_stop drains first: listener closed, new FORWARDs refused,
                                    those in flight answered, for up to this long; 0: stop at once */
     int kv_type;                /* QUANT_F16, QUANT_Q8_0, QUANT_Q4_0 or QUANT_F32 */
