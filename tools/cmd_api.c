@@ -54,6 +54,7 @@ static void api_usage(FILE *f) {
             "                       '*' for any); answers preflight OPTIONS. Default: no CORS headers\n"
             "  -t THREADS, --kv-budget SIZE   with -m: compute threads, hot KV pool (default 512M)\n"
             "  --kv-type T          with -m: KV element type f16 (default), q8_0, q4_0 or f32\n"
+            "  --digest-cache DIR|off  with -m: the model digest's cache, as kvshard serve\n"
             "  -c, --ctx-size N     with -m: positions per conversation (default: the model's context\n"
             "                       length, as far as --kv-budget holds it); with --route the shards' own\n"
             "endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models[/ID], GET /health,\n"
@@ -81,7 +82,8 @@ static void model_id(const char *path, char *out, size_t cap) {
 
 int cmd_api(int argc, char **argv) {
     http_params p = http_default_params();
-    const char *model = NULL, *budget = "512M", *body = NULL;
+    const char *model = NULL, *budget = "512M", *body = NULL, *digest_cache = NULL;
+    char cache_buf[4096];
     uint32_t kv_type = QUANT_F16;
     long lanes = p.lanes, queue = p.queue_max, slots = p.prefix_slots, threads = 0, ctx_size = 0;
     double qt = 30, drain_s = 30;
@@ -110,6 +112,7 @@ int cmd_api(int argc, char **argv) {
         else if (!strcmp(a, "--chat-template")) ok = args_str(argc, argv, &i, &p.chat_template);
         else if (!strcmp(a, "--cors")) ok = args_str(argc, argv, &i, &p.cors);
         else if (!strcmp(a, "--drain-timeout")) ok = args_float(argc, argv, &i, 0, 86400, &drain_s);
+        else if (!strcmp(a, "--digest-cache")) ok = args_str(argc, argv, &i, &digest_cache);
         else if (!strcmp(a, "-t")) ok = args_int(argc, argv, &i, 1, 1024, &threads);
         else if (!strcmp(a, "--kv-budget")) ok = args_str(argc, argv, &i, &budget);
         else if (!strcmp(a, "--kv-type")) ok = args_kv_type(argc, argv, &i, &kv_type);
@@ -160,6 +163,7 @@ int cmd_api(int argc, char **argv) {
         sp.n_threads = (int)threads;
         sp.kv_ttl_ms = 600000;
         sp.max_ctx = (uint32_t)ctx_size;
+        sp.digest_cache_dir = daemon_cache_dir(digest_cache, cache_buf, sizeof cache_buf);
         sp.log = daemon_log_line;
         sp.log_ctx = "shard";
         if (!args_size(budget, &sp.kv_budget_bytes)) {

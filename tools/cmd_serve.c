@@ -57,6 +57,9 @@ static void serve_usage(FILE *f) {
             "  --advertise HOST:PORT  the address registered in --cluster (default: the listen address)\n"
             "  --cluster-ttl S      lease TTL of the registration, seconds (default 10)\n"
             CLUSTER_CLI_USAGE
+            "  --digest-cache DIR|off  where the model's digest is kept between starts, keyed by the\n"
+            "                       file's path, inode, size, mtime and ctime (default $KVSHARD_CACHE_DIR,\n"
+            "                       systemd's CacheDirectory, else ~/.cache/kvshard): a restart skips hashing\n"
             "  --drain-timeout S    on SIGTERM/SIGINT: stop listening, refuse new requests (clients move to\n"
             "                       their spares), answer those in flight for up to S seconds (default\n"
             "                       10; 0: stop at once), exit 0; a second signal stops at once\n");
@@ -71,7 +74,8 @@ int cmd_serve(int argc, char **argv) {
     double ttl = 600, frame_s = p.frame_timeout_ms / 1000.0, hello_s = p.hello_timeout_ms / 1000.0;
     double idle_s = p.idle_timeout_ms / 1000.0, drain_s = 10;
     long per_addr = p.max_conns_per_addr, inflight = p.max_inflight;
-    const char *buffered = NULL, *tenant_share = NULL;
+    const char *buffered = NULL, *tenant_share = NULL, *digest_cache = NULL;
+    char cache_buf[4096];
     long tenant_sessions = 0, ctx_size = 0;
     args_security sec = {0};
     cluster_cli_opts cl = {0};
@@ -106,6 +110,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--tenant-max-sessions")) ok = args_int(argc, argv, &i, 0, 1 << 24, &tenant_sessions);
         else if (!strcmp(a, "--tenant-kv-share")) ok = args_str(argc, argv, &i, &tenant_share);
         else if (!strcmp(a, "--metrics-listen")) ok = args_str(argc, argv, &i, &metrics_listen);
+        else if (!strcmp(a, "--digest-cache")) ok = args_str(argc, argv, &i, &digest_cache);
         else if (!strcmp(a, "--relay-allow")) ok = args_str(argc, argv, &i, &p.relay_allow);
         else { fprintf(stderr, "kvshard serve: unknown option '%s'\n", a); serve_usage(stderr); return 2; }
         if (!ok) return 2;
@@ -171,6 +176,7 @@ int cmd_serve(int argc, char **argv) {
     p.hello_timeout_ms = (int)(hello_s * 1000.0);
     p.idle_timeout_ms = (int)(idle_s * 1000.0);
     p.drain_ms = (int)(drain_s * 1000.0);
+    p.digest_cache_dir = daemon_cache_dir(digest_cache, cache_buf, sizeof cache_buf);
     p.kv_type = (int)kv_type;
     p.kv_ttl_ms = (uint64_t)(ttl * 1000.0);
     p.n_threads = (int)threads;

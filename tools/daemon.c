@@ -57,6 +57,25 @@ void daemon_notify(const char *state) {
     close(fd);
 }
 
+const char *daemon_cache_dir(const char *flag, char *buf, size_t cap) {
+    if (flag) return strcmp(flag, "off") ? flag : NULL;
+    const char *v = getenv("KVSHARD_CACHE_DIR");
+    if (v && v[0]) return v;
+    if ((v = getenv("CACHE_DIRECTORY")) && v[0]) { /* systemd: a ':'-separated list, the first is ours */
+        snprintf(buf, cap, "%.*s", (int)strcspn(v, ":"), v);
+        return buf;
+    }
+    if ((v = getenv("XDG_CACHE_HOME")) && v[0] == '/') {
+        snprintf(buf, cap, "%s/kvshard", v);
+        return buf;
+    }
+    if ((v = getenv("HOME")) && v[0] == '/') {
+        snprintf(buf, cap, "%s/.cache/kvshard", v);
+        return buf;
+    }
+    return NULL;
+}
+
 void daemon_on_stop_signals(void (*handler)(int)) {
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));

@@ -3,6 +3,8 @@
 #ifndef KVS_DAEMON_H
 #define KVS_DAEMON_H
 
+#include <stddef.h>
+
 /* A srv / http log callback: prints "[HH:MM:SS] TAG: line" (UTC) on stderr, TAG being ctx
  * (a NUL-terminated string the caller keeps alive), when the line's level is shown. The library's
  * lines carry no level, so it is read from the text: a connection opened or closed in the normal
@@ -18,6 +20,11 @@ void daemon_set_log_level(int level);
  * the unix socket $NOTIFY_SOCKET names ('@' first: abstract), as systemd's Type=notify units
  * expect. Nothing when the variable is unset or the send fails. */
 void daemon_notify(const char *state);
+
+/* The model digest's cache directory: flag ("off": none) when given, else $KVSHARD_CACHE_DIR,
+ * systemd's $CACHE_DIRECTORY (CacheDirectory=), $XDG_CACHE_HOME/kvshard, ~/.cache/kvshard;
+ * NULL when none applies. The string is flag, an environment value or buf. */
+const char *daemon_cache_dir(const char *flag, char *buf, size_t cap);
 
 /* Installs handler for SIGINT and SIGTERM (sigaction, no flags, empty mask). */
 void daemon_on_stop_signals(void (*handler)(int));
