@@ -16,7 +16,9 @@
 #include <pty.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 
 #include "http.h"
@@ -1013,6 +1015,67 @@ static void check_chat_ctrl_c(shard *sh, const char *spec, const char *model) {
     CHECK_EQ_INT(shard_sessions(&sh[1]), 0);
 }
 
+/* ---- 7. the digest cache ------------------------------------------------------------------------ */
+
+typedef struct {
+    atomic_int computed, cached;
+} digest_log;
+
+static void digest_log_line(void *ctx, const char *line) {
+    digest_log *d = ctx;
+    if (strstr(line, "model digest computed")) atomic_fetch_add(&d->computed, 1);
+    if (strstr(line, "model digest from the cache")) atomic_fetch_add(&d->cached, 1);
+}
+
+/* srv_create on model with the cache; its digest into out. */
+static bool digest_start(const char *model, const char *cache, digest_log *d, uint8_t out[32]) {
+    srv_params p = srv_default_params();
+    p.model_path = model;
+    p.listen = "127.0.0.1:0";
+    p.n_threads = 1;
+    p.kv_budget_bytes = 4u << 20;
+    p.digest_cache_dir = cache;
+    p.log = digest_log_line;
+    p.log_ctx = d;
+    srv *s = NULL;
+    char msg[KVS_MSG_MAX] = "";
+    if (srv_create(&p, &s, msg, sizeof msg) != KVS_OK) {
+        fprintf(stderr, "srv_create: %s\n", msg);
+        return false;
+    }
+    struct wire_info info;
+    srv_get_info(s, &info);
+    memcpy(out, info.model_digest, 32);
+    srv_free(s);
+    return true;
+}
+
+/* A second start takes the digest from the cache (the same one); a file touched, even with its
+ * old mtime put back, is hashed again. */
+static void check_digest_cache(const char *dir, const char *model) {
+    char copy[256], cache[256], cmd[1200];
+    snprintf(copy, sizeof copy, "%s/cached.gguf", dir);
+    snprintf(cache, sizeof cache, "%s/digest-cache", dir);
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", model, copy);
+    CHECK_EQ_INT(system(cmd), 0);
+    digest_log d;
+    atomic_init(&d.computed, 0);
+    atomic_init(&d.cached, 0);
+    uint8_t a[32], b[32], c[32];
+    CHECK(digest_start(copy, cache, &d, a));
+    CHECK(atomic_load(&d.computed) == 1 && atomic_load(&d.cached) == 0);
+    CHECK(digest_start(copy, cache, &d, b));
+    CHECK(atomic_load(&d.computed) == 1 && atomic_load(&d.cached) == 1);
+    CHECK(!memcmp(a, b, 32));
+    struct stat st;
+    CHECK(stat(copy, &st) == 0);
+    struct timespec keep[2] = {st.st_atim, st.st_mtim};
+    CHECK(utimensat(AT_FDCWD, copy, keep, 0) == 0); /* the same mtime, a new ctime */
+    CHECK(digest_start(copy, cache, &d, c));
+    CHECK(atomic_load(&d.computed) == 2 && atomic_load(&d.cached) == 1);
+    CHECK(!memcmp(a, c, 32));
+}
+
 /* ---- 10. running it as a service ------------------------------------------------------------ */
 
 /* serve with $NOTIFY_SOCKET set tells it READY=1 once it listens and STOPPING=1 on SIGTERM, as
@@ -1124,6 +1187,8 @@ int main(void) {
     shard_stop(&sh[0]);
     shard_stop(&sh[1]);
     check_shard_drain(model);
+    run++;
+    check_digest_cache(dir, model);
     run++;
     check_ctx_size(dir);
     run++;
