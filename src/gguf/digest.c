@@ -121,6 +121,15 @@ static void cache_write(const char *cache_dir, const char *file, const char *key
     if (!ok || rename(tmp, file) != 0) unlink(tmp);
 }
 
+bool digest_cache_get(const char *path, const char *cache_dir, uint8_t out[32]) {
+    if (!cache_dir || !cache_dir[0] || sodium_init() < 0) return false;
+    char *key = malloc(16384), file[4200];
+    bool ok = key && cache_key(path, key, 16384) && cache_file(cache_dir, key, file, sizeof file) &&
+              cache_read(file, key, out);
+    free(key);
+    return ok;
+}
+
 int digest_model_cached(const char *path, const char *cache_dir, uint8_t out[32], bool *hit) {
     *hit = false;
     if (!cache_dir || !cache_dir[0]) return digest_model_sha256(path, out);

@@ -20,6 +20,8 @@ int digest_model_sha256(const char *path, uint8_t out[32]);
  * hashed as without it. Whoever can write cache_dir can make a shard claim another digest, so it
  * belongs to the user running the shard. Same codes as digest_model_sha256. */
 int digest_model_cached(const char *path, const char *cache_dir, uint8_t out[32], bool *hit);
+/* The cache's answer alone: true with out filled when cache_dir holds the entry of path. */
+bool digest_cache_get(const char *path, const char *cache_dir, uint8_t out[32]);
 /* Lower-case hex of a 32-byte digest, NUL-terminated. */
 void digest_hex(const uint8_t d[32], char hex[65]);
 

@@ -183,6 +183,9 @@ int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
                        "to serve plaintext anyway", p->listen);
         goto fail;
     }
+    /* Bound before the model is loaded and hashed, so that a port in use is said at once; a
+     * client that connects meanwhile waits in the backlog for its HELLO to be answered. */
+    if ((err = netio_listen(host, port, 64, &s->listen_fd, &s->port, msg, cap))) goto fail;
     if (sodium_init() < 0) {
         err = kvs_fail(msg, cap, KVS_ERR_INTERNAL, "libsodium failed to start");
         goto fail;
@@ -242,11 +245,15 @@ int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
              s->e->m->first, s->e->m->last, s->e->m->hp.n_layer, (double)s->e->m->weight_bytes / (1 << 20),
              s->e->m->n_repacked, s->e->open_s);
     uint64_t t_hash = kvs_now_ns();
-    bool hit = false;
-    if (!p->digest_cache_dir) kvs_logf(s->p.log, s->p.log_ctx, "hashing the model file for its digest");
-    if ((err = digest_model_cached(p->model_path, p->digest_cache_dir, s->digest, &hit))) {
-        err = kvs_fail(msg, cap, err, "cannot read %s to hash it", p->model_path);
-        goto fail;
+    bool hit = digest_cache_get(p->model_path, p->digest_cache_dir, s->digest);
+    if (!hit) {
+        const char *dir = p->digest_cache_dir;
+        kvs_logf(s->p.log, s->p.log_ctx, "hashing the model file for its digest%s%s%s", dir ? " (kept in " : "",
+                 dir ? dir : "", dir ? " for later starts)" : "");
+        if ((err = digest_model_cached(p->model_path, p->digest_cache_dir, s->digest, &hit))) {
+            err = kvs_fail(msg, cap, err, "cannot read %s to hash it", p->model_path);
+            goto fail;
+        }
     }
     if (p->digest_cache_dir)
         kvs_logf(s->p.log, s->p.log_ctx, "model digest %s in %.2f s (cache %s)", hit ? "from the cache" : "computed",
@@ -255,7 +262,6 @@ int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
         err = kvs_fail(msg, cap, KVS_ERR_IO, "pipe: %s", strerror(errno));
         goto fail;
     }
-    if ((err = netio_listen(host, port, 64, &s->listen_fd, &s->port, msg, cap))) goto fail;
     if (p->name && p->name[0]) snprintf(s->name, sizeof(s->name), "%s", p->name);
     else snprintf(s->name, sizeof(s->name), "%.100s:%u", host, s->port);
     *out = s;
