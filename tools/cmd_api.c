@@ -12,6 +12,7 @@
 #include "cluster_cli.h"
 #include "daemon.h"
 #include "http.h"
+#include "netio.h"
 #include "kvs_commit.h" /* KVS_COMMIT, written at build time (cmake/commit.cmake) */
 #include "quant.h"
 #include "server.h"
@@ -69,6 +70,21 @@ static void api_usage(FILE *f) {
 static void *serve_thread(void *p) {
     srv_run(p);
     return NULL;
+}
+
+/* Tries the HTTP address before the model is loaded and the routes opened, so that a port in
+ * use is said at once (http_start binds it for good later). */
+static bool listen_port_free(const char *listen) {
+    char host[NETIO_HOST_MAX], msg[KVS_MSG_MAX] = "";
+    uint16_t port = 0;
+    int fd = -1;
+    if (netio_parse_hostport(listen, host, sizeof host, &port) != KVS_OK || port == 0) return true; /* http_start says */
+    if (netio_listen(host, port, 1, &fd, NULL, msg, sizeof msg) != KVS_OK) {
+        fprintf(stderr, "kvshard api: --listen: %s\n", msg);
+        return false;
+    }
+    close(fd);
+    return true;
 }
 
 /* "dir/name.gguf" -> "name" */
@@ -153,6 +169,7 @@ int cmd_api(int argc, char **argv) {
     p.log = daemon_log_line;
     p.log_ctx = "api";
     char msg[KVS_MSG_MAX] = "", spec[64], name[128];
+    if (!listen_port_free(p.listen)) return 1;
     srv *shard = NULL;
     pthread_t shard_thread;
     if (model) {
