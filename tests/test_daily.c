@@ -921,6 +921,21 @@ static void check_cli_common(const char *dir, const char *model) {
     out = cli(dir, empty, &st);
     CHECK(st != 0 && strstr(out, "[1, 1) is empty"));
     free(out);
+    /* A port in use is said before the model is loaded (it came after load and hash). */
+    int busy_fd = -1;
+    uint16_t busy_port = 0;
+    char bmsg[KVS_MSG_MAX], listen_at[64];
+    CHECK_EQ_INT(netio_listen("127.0.0.1", 0, 4, &busy_fd, &busy_port, bmsg, sizeof bmsg), KVS_OK);
+    snprintf(listen_at, sizeof listen_at, "127.0.0.1:%u", busy_port);
+    const char *in_use[2][12] = {{"serve", "-m", model, "--layers", "0:2", "--listen", listen_at, "-t", "1", NULL},
+                                 {"api", "-m", model, "--listen", listen_at, "-t", "1", NULL}};
+    for (int i = 0; i < 2; i++) {
+        out = cli(dir, in_use[i], &st);
+        if (st != 1 || !strstr(out, "Address already in use") || strstr(out, "loaded")) fprintf(stderr, "%s\n", out);
+        CHECK(st == 1 && strstr(out, "Address already in use") && !strstr(out, "loaded"));
+        free(out);
+    }
+    close(busy_fd);
     const char *big[] = {"serve", "-m", model, "--layers", "0:1", "--idle-timeout", "1e9", NULL};
     out = cli(dir, big, &st);
     CHECK(st == 2 && strstr(out, "[0.001, 1000000]") != NULL);
