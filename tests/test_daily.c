@@ -675,9 +675,10 @@ static void *bg_fwd(void *p) {
     return NULL;
 }
 
-/* srv_stop with drain_ms while a forward pass is held in the hook: new connects are refused and
- * a FORWARD on another open link is refused naming the shutdown, the held one is answered, and
- * srv_run returns saying so. */
+/* srv_stop with drain_ms while a forward pass is held in the hook: new connects are refused, a
+ * FORWARD on another open link is refused naming the shutdown, and a route with a spare moves to
+ * it (replaying its session) with the same logits; the held one is answered, and srv_run returns
+ * saying so. */
 static void check_shard_drain(const char *model) {
     batch_gate b = {.g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER}};
     srv_params p = srv_default_params();
@@ -699,16 +700,29 @@ static void check_shard_drain(const char *model) {
     snprintf(spec, sizeof spec, "127.0.0.1:%u", port);
     route_params rp = route_default_params();
     rp.timeout_ms = 30000;
-    bg_forward f = {0}, other = {0};
+    shard spare = {0};
+    CHECK(shard_start(&spare, model, 0, 0, 60000));
+    char spare_spec[64];
+    snprintf(spare_spec, sizeof spare_spec, "127.0.0.1:%u", srv_port(spare.s));
+    bg_forward f = {0}, other = {0}, moved = {0};
     CHECK_EQ_INT(route_open(spec, NULL, &rp, &f.r, msg, sizeof msg), KVS_OK);
     CHECK_EQ_INT(route_open(spec, NULL, &rp, &other.r, msg, sizeof msg), KVS_OK);
-    if (!f.r || !other.r) return;
+    CHECK_EQ_INT(route_open(spec, spare_spec, &rp, &moved.r, msg, sizeof msg), KVS_OK);
+    if (!f.r || !other.r || !moved.r) return;
     route_info info;
     route_get_info(f.r, &info);
     f.logits = malloc(sizeof(float) * info.n_vocab);
     other.logits = malloc(sizeof(float) * info.n_vocab);
     CHECK_EQ_INT(route_session_open(f.r, &f.s, msg, sizeof msg), KVS_OK);
     CHECK_EQ_INT(route_session_open(other.r, &other.s, msg, sizeof msg), KVS_OK);
+    CHECK_EQ_INT(route_session_open(moved.r, &moved.s, msg, sizeof msg), KVS_OK);
+    moved.logits = malloc(sizeof(float) * info.n_vocab);
+    float *before = malloc(sizeof(float) * info.n_vocab);
+    bg_fwd(&moved); /* [1, 20] on the shard that will drain */
+    CHECK_EQ_INT(moved.rc, KVS_OK);
+    const int32_t next[1] = {30};
+    CHECK_EQ_INT(route_forward(moved.r, moved.s, next, 1, before, msg, sizeof msg), KVS_OK);
+    route_session_rewind(moved.s, 2);
     atomic_store(&b.armed, true);
     pthread_t th;
     pthread_create(&th, NULL, bg_fwd, &f);
@@ -718,6 +732,16 @@ static void check_shard_drain(const char *model) {
     bg_fwd(&other);
     printf("a FORWARD while the shard drains: %s\n", other.msg);
     CHECK(other.rc != KVS_OK && strstr(other.msg, "shutting down") != NULL);
+    /* The route with a spare steps on there: token 30 again, from the replayed [1, 20]. */
+    int rc = route_forward(moved.r, moved.s, next, 1, moved.logits, msg, sizeof msg);
+    if (rc != KVS_OK) fprintf(stderr, "with a spare: %s\n", msg);
+    CHECK_EQ_INT(rc, KVS_OK);
+    route_info mi;
+    route_get_info(moved.r, &mi);
+    CHECK_EQ_INT((int)mi.reroutes, 1);
+    double diff = 0;
+    for (uint32_t i = 0; i < info.n_vocab; i++) diff = fmax(diff, fabs((double)moved.logits[i] - before[i]));
+    CHECK_NEAR(diff, 0.0, 1e-4);
     gate_open(&b.g);
     pthread_join(th, NULL);
     if (f.rc != KVS_OK) fprintf(stderr, "held forward: %s\n", f.msg);
@@ -728,6 +752,11 @@ static void check_shard_drain(const char *model) {
     route_release(other.r, other.s);
     route_close(f.r);
     route_close(other.r);
+    route_release(moved.r, moved.s);
+    route_close(moved.r);
+    free(moved.logits);
+    free(before);
+    shard_stop(&spare);
     srv_free(sh.s);
     free(f.logits);
     free(other.logits);
