@@ -1149,6 +1149,9 @@ static void check_sd_notify(const char *dir, const char *model) {
     }
     if (up) CHECK_EQ_INT(proc_wait(s.pid, 20000), 0);
     close(fd);
+    /* A start says what it does before each slow step: the load, then the hash or the cache. */
+    CHECK(log_has(s.log, "serve: loading ") && log_has(s.log, "serve: loaded "));
+    CHECK(log_has(s.log, "serve: hashing the model file") || log_has(s.log, "model digest from the cache"));
 }
 
 /* cmake --install to a prefix: the binary runs, the systemd units name it and pass

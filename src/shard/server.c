@@ -224,6 +224,7 @@ int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
     ep.kv.clock = p->kv_clock;
     ep.kv.clock_ctx = p->kv_clock_ctx;
     ep.kv.max_positions = p->max_ctx;
+    kvs_logf(s->p.log, s->p.log_ctx, "loading %s (port %u bound; requests wait until ready)", p->model_path, s->port);
     if ((err = engine_open(&ep, &s->e, msg, cap)) || (err = srv_check_ctx(s, p, msg, cap))) goto fail;
     relay_params rp = relay_default_params();
     rp.done = srv_relay_done;
