@@ -303,8 +303,11 @@ static int conn_hello(srv_conn *c, struct netio_buf *buf) {
                                   .max_payload = 6 + WIRE_MAX_AUTH};
     err = netio_recv_frame_opt(c->fd, &h, buf, &hello_opts, msg, sizeof(msg));
     struct wire_hello hello;
-    if (err == KVS_OK && h.op == WIRE_OP_HELLO && wire_decode_hello(buf->data, buf->len, &hello, msg, sizeof(msg)) == KVS_OK &&
-        hello.min_version <= WIRE_PROTO_VERSION) {
+    bool hello_ok = err == KVS_OK && h.op == WIRE_OP_HELLO &&
+                    wire_decode_hello(buf->data, buf->len, &hello, msg, sizeof(msg)) == KVS_OK;
+    if (hello_ok && hello.min_version > WIRE_PROTO_VERSION) /* protocol.md §4.1: a version we lack */
+        err = KVS_ERR_UNSUPPORTED;
+    else if (hello_ok) {
         c->version = hello.max_version < WIRE_PROTO_VERSION ? hello.max_version : (uint16_t)WIRE_PROTO_VERSION;
         if (conn_authenticate(c, &hello) != KVS_OK) {
             count_locked(s, &s->c_auth_failures);
