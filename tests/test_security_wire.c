@@ -11,10 +11,12 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <sys/socket.h>
 
 #include "mkmodel.h"
 #include "netio.h"
+#include "route.h"
 #include "server.h"
 #include "shard_harness.h"
 #include "test.h"
@@ -82,6 +84,91 @@ static void test_hello_version(const char *model) {
     test_shard_stop(&sh);
 }
 
+/* ---- item 11: stale frames against the client's deadline --------------------------------- */
+
+typedef struct {
+    int listen_fd;
+    atomic_llong frames; /* stale frames written */
+} flooder;
+
+static int send_info_small(int fd, uint64_t rid) {
+    struct wire_info in;
+    memset(&in, 0, sizeof in);
+    in.version = WIRE_VERSION;
+    in.hidden_dtypes = WIRE_DTYPE_F32;
+    in.n_layer = 1;
+    in.last = 1;
+    in.n_embd = 8;
+    in.n_vocab = 32;
+    in.kv_budget_bytes = 1 << 20;
+    in.max_tokens = 8;
+    in.max_ctx = 64;
+    uint8_t buf[512];
+    size_t len = 0;
+    if (wire_encode_info(&in, buf, sizeof buf, &len) != KVS_OK) return KVS_ERR_INTERNAL;
+    return netio_send_frame(fd, WIRE_OP_INFO, rid, buf, len, netio_deadline_ms(5000));
+}
+
+/* INFO for the HELLO, then, for the next request, STATUS frames of request 1 (an "earlier"
+ * request) in 1 MiB writes, for at most 8 s or until the client leaves: the socket is never
+ * empty. */
+static void *flooder_main(void *arg) {
+    flooder *f = arg;
+    int fd = -1;
+    char msg[KVS_MSG_MAX];
+    struct netio_buf b = {0};
+    struct wire_header hd;
+    enum { FRAME = WIRE_HEADER_SIZE + 20, N = (1 << 20) / FRAME };
+    uint8_t *burst = calloc(N, FRAME);
+    if (!burst || netio_accept(f->listen_fd, netio_deadline_ms(10000), &fd, msg, sizeof msg) != KVS_OK) goto out;
+    if (netio_recv_frame(fd, &hd, &b, netio_deadline_ms(10000), msg, sizeof msg) != KVS_OK ||
+        send_info_small(fd, hd.request_id) != KVS_OK ||
+        netio_recv_frame(fd, &hd, &b, netio_deadline_ms(10000), msg, sizeof msg) != KVS_OK)
+        goto out;
+    struct wire_header sh = {.magic = WIRE_MAGIC, .version = WIRE_VERSION, .op = WIRE_OP_STATUS, .request_id = 1,
+                             .payload_len = 20};
+    for (int i = 0; i < N; i++) wire_encode_header(&sh, burst + (size_t)i * FRAME);
+    uint64_t stop = netio_deadline_ms(8000);
+    while (kvs_now_ns() < stop && netio_write_full(fd, burst, (size_t)N * FRAME, stop) == KVS_OK)
+        atomic_fetch_add(&f->frames, N);
+out:
+    free(burst);
+    netio_buf_free(&b);
+    netio_close(fd);
+    return NULL;
+}
+
+static void test_stale_frames(void) {
+    flooder f = {.listen_fd = -1};
+    atomic_init(&f.frames, 0);
+    uint16_t port = 0;
+    char msg[KVS_MSG_MAX] = "";
+    CHECK_EQ_INT(netio_listen("127.0.0.1", 0, 4, &f.listen_fd, &port, msg, sizeof msg), KVS_OK);
+    pthread_t th;
+    pthread_create(&th, NULL, flooder_main, &f);
+    char spec[64];
+    snprintf(spec, sizeof spec, "127.0.0.1:%u", (unsigned)port);
+    route_params rp = route_default_params();
+    rp.timeout_ms = 500;
+    route *r = NULL;
+    int rc = route_open(spec, NULL, &rp, &r, msg, sizeof msg);
+    CHECK_EQ_INT(rc, KVS_OK);
+    if (rc == KVS_OK) {
+        tok_vocab *v = NULL;
+        uint64_t t0 = kvs_now_ns();
+        rc = route_fetch_vocab(r, &v, msg, sizeof msg);
+        double s = (double)(kvs_now_ns() - t0) / 1e9;
+        printf("  stale frames: %s after %.2f s, %lld frames sent (%s)\n", kvs_strerror(rc), s,
+               (long long)atomic_load(&f.frames), msg);
+        CHECK_EQ_INT(rc, KVS_ERR_TIMEOUT);
+        CHECK(s < 4.0); /* the flood lasts 8 s: before the fix the call returned only after it */
+        tok_free(v);
+    }
+    route_close(r);
+    pthread_join(th, NULL);
+    close(f.listen_fd);
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     char dir[] = "/tmp/kvs-secwire-XXXXXX";
@@ -93,6 +180,7 @@ int main(void) {
     char msg[KVS_MSG_MAX];
     CHECK_EQ_INT(mkmodel_write(model, mp, msg, sizeof msg), KVS_OK);
     test_hello_version(model);
+    test_stale_frames();
     unlink(model);
     rmdir(dir);
     return test_finish("test_security_wire", 1, 0);

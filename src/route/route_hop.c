@@ -108,6 +108,9 @@ int route_hop_call(route *r, route_hop *h, uint16_t op, size_t len, uint16_t rep
     do {
         rc = netio_recv_frame_opt(h->fd, &hdr, &r->rx, &ro, nmsg, sizeof nmsg);
         if (rc == KVS_OK) r->bytes_received += WIRE_HEADER_SIZE + r->rx.len;
+        /* A socket that is never empty never waits, so the deadline is checked per frame too. */
+        if (rc == KVS_OK && hdr.request_id < rid && deadline != NETIO_NO_DEADLINE && kvs_now_ns() >= deadline)
+            rc = KVS_ERR_TIMEOUT;
     } while (rc == KVS_OK && hdr.request_id < rid);
     if (rc != KVS_OK) {
         route_hop_disconnect(h);

@@ -86,6 +86,9 @@ static int relay_wait(route *r, uint64_t rid, uint16_t *op, uint32_t *from, char
                                 nmsg[0] ? nmsg : kvs_strerror(rc));
             }
             r->bytes_received += WIRE_HEADER_SIZE + r->rx.len;
+            if (hdr.request_id != rid && deadline != NETIO_NO_DEADLINE && kvs_now_ns() >= deadline)
+                return kvs_fail(why, why_cap, KVS_ERR_TIMEOUT, "no answer to the relayed step within %lld ms",
+                                (long long)r->p.timeout_ms); /* stale frames must not outlast it */
             if (hdr.request_id != rid) continue;
             *op = hdr.op;
             *from = k;
