@@ -16,6 +16,7 @@
 
 #include "mkmodel.h"
 #include "netio.h"
+#include "relay.h"
 #include "route.h"
 #include "server.h"
 #include "shard_harness.h"
@@ -169,6 +170,151 @@ static void test_stale_frames(void) {
     close(f.listen_fd);
 }
 
+/* ---- items 12-14: the RELAY_LISTEN table ----------------------------------------------------- */
+
+/* Sends m (op) as request rid and receives one frame; the STATUS / FORWARD_REPLY status, or a
+ * transport error. */
+static int call_status(int fd, uint16_t op, const void *m, uint64_t rid) {
+    size_t cap = 1 << 16, len = 0;
+    uint8_t *buf = malloc(cap);
+    int rc = op == WIRE_OP_FORWARD ? wire_encode_forward(m, buf, cap, &len) : wire_encode_relay_listen(m, buf, cap, &len);
+    struct netio_buf b = {0};
+    struct wire_header hd;
+    char msg[KVS_MSG_MAX];
+    if (!rc) rc = netio_send_frame(fd, op, rid, buf, len, netio_deadline_ms(5000));
+    if (!rc) rc = netio_recv_frame(fd, &hd, &b, netio_deadline_ms(10000), msg, sizeof msg);
+    if (!rc && hd.op == WIRE_OP_STATUS) {
+        struct wire_status_reply sr;
+        rc = wire_decode_status_reply(b.data, b.len, &sr, msg, sizeof msg);
+        if (!rc) rc = sr.st.status;
+    } else if (!rc && hd.op == WIRE_OP_FORWARD_REPLY) {
+        struct wire_forward_reply fr;
+        rc = wire_decode_forward_reply(b.data, b.len, &fr, msg, sizeof msg);
+        if (!rc) rc = fr.st.status;
+    } else if (!rc) {
+        rc = -1000 - hd.op;
+    }
+    free(buf);
+    netio_buf_free(&b);
+    return rc;
+}
+
+static int relay_listen_call(int fd, uint64_t id) {
+    struct wire_relay_listen m = {.relay_id = id};
+    return call_status(fd, WIRE_OP_RELAY_LISTEN, &m, 3);
+}
+
+static long long stat_value(int fd, const char *name) {
+    struct wire_header hd;
+    struct netio_buf b = {0};
+    char msg[KVS_MSG_MAX];
+    long long v = -1;
+    struct wire_stats_reply *m = calloc(1, sizeof *m);
+    if (!netio_send_frame(fd, WIRE_OP_STATS, 9, NULL, 0, netio_deadline_ms(5000)) &&
+        !netio_recv_frame(fd, &hd, &b, netio_deadline_ms(10000), msg, sizeof msg) &&
+        !wire_decode_stats_reply(b.data, b.len, m, msg, sizeof msg))
+        for (uint32_t i = 0; i < m->n_stats; i++)
+            if (!strcmp(m->stats[i].name, name)) v = (long long)m->stats[i].value;
+    free(m);
+    netio_buf_free(&b);
+    return v;
+}
+
+/* Item 12: a second identity cannot take over a relay id; the owner can move it (reconnect).
+ * Item 13: a relayed step nobody registered is refused, not computed under the pushing peer's
+ * identity (which let a client spend a relaying shard's session quota). */
+static void test_relay_listen_owner(const char *model, const char *dir) {
+    char tokfile[320];
+    snprintf(tokfile, sizeof tokfile, "%s/tokens", dir);
+    FILE *tf = fopen(tokfile, "w");
+    if (!tf) {
+        CHECK(0);
+        return;
+    }
+    fputs("alpha-token-0123456789\nbeta-token-0123456789\n", tf);
+    fclose(tf);
+    srv_params p = base_params(model);
+    p.auth_token_file = tokfile;
+    test_shard sh;
+    if (test_shard_start(&sh, p) != KVS_OK) {
+        CHECK(0);
+        return;
+    }
+    uint16_t port = srv_port(sh.s);
+    int a = connect_port(port), b = connect_port(port), a2 = connect_port(port);
+    CHECK_EQ_INT(hello_v(a, 1, WIRE_PROTO_VERSION, "alpha-token-0123456789"), KVS_OK);
+    CHECK_EQ_INT(hello_v(b, 1, WIRE_PROTO_VERSION, "beta-token-0123456789"), KVS_OK);
+    CHECK_EQ_INT(hello_v(a2, 1, WIRE_PROTO_VERSION, "alpha-token-0123456789"), KVS_OK);
+    CHECK_EQ_INT(relay_listen_call(a, 0x4242), KVS_OK);
+    CHECK_EQ_INT(relay_listen_call(b, 0x4242), KVS_ERR_INVALID_ARG); /* beta cannot take alpha's id */
+    CHECK_EQ_INT(relay_listen_call(a2, 0x4242), KVS_OK);             /* alpha can move it */
+    CHECK_EQ_INT(relay_listen_call(b, 0x4343), KVS_OK);              /* beta's own id */
+
+    /* Item 13: beta pushes a relayed step (as a relaying shard would) for an id nobody holds. */
+    int32_t toks[2] = {1, 2};
+    struct wire_forward *f = calloc(1, sizeof *f);
+    *f = (struct wire_forward){.epoch = 1, .n_tokens = 2, .out_mode = WIRE_OUT_LOGITS_LAST, .in_kind = WIRE_IN_TOKENS,
+                               .data = toks, .flags = WIRE_FWD_RELAY};
+    memset(f->session_id, 0x31, WIRE_SID_SIZE);
+    f->relay.relay_id = 0x9999;
+    f->relay.hidden_kind = WIRE_IN_HIDDEN_F32;
+    long long before = stat_value(b, "kv.sessions");
+    CHECK_EQ_INT(call_status(b, WIRE_OP_FORWARD, f, 4), KVS_ERR_NOT_FOUND);
+    CHECK_EQ_INT(stat_value(b, "kv.sessions"), before); /* nothing computed, no session made */
+    f->relay.relay_id = 0x4343; /* its own registration: served */
+    CHECK_EQ_INT(call_status(b, WIRE_OP_FORWARD, f, 5), KVS_OK);
+    CHECK_EQ_INT(stat_value(b, "kv.sessions"), before + 1);
+    free(f);
+    close(a);
+    close(b);
+    close(a2);
+    test_shard_stop(&sh);
+    unlink(tokfile);
+}
+
+static void done_noop(void *ctx, void *target, uint64_t rid, uint16_t hop, const char *addr, size_t len, int status,
+                      const char *why) {
+    (void)ctx, (void)target, (void)rid, (void)hop, (void)addr, (void)len, (void)status, (void)why;
+}
+
+/* Item 14: the table is bounded (in all and per connection) and an add costs O(1): 100,000
+ * registrations took 12.5 s per 150,000 with the linear scan. */
+static void test_relay_listen_table(void) {
+    enum { MAX = 100000, PER = 16, TARGETS = MAX / PER };
+    relay_params p = relay_default_params();
+    p.done = done_noop;
+    p.max_listeners = MAX;
+    p.max_listeners_per_target = PER;
+    relay *r = NULL;
+    CHECK_EQ_INT(relay_create(&p, &r), KVS_OK);
+    if (!r) return;
+    char *targets = malloc(TARGETS + 1);
+    uint64_t t0 = kvs_now_ns();
+    int fails = 0;
+    for (uint64_t i = 0; i < MAX; i++) fails += relay_listen_add(r, i + 1, 7, targets + i / PER) != KVS_OK;
+    double s = (double)(kvs_now_ns() - t0) / 1e9;
+    printf("  relay listen: %d adds in %.3f s\n", MAX, s);
+    CHECK_EQ_INT(fails, 0);
+    CHECK(s < 2.0);
+    CHECK_EQ_INT(relay_listen_count(r), MAX);
+    CHECK_EQ_INT(relay_listen_add(r, MAX + 1, 7, targets + TARGETS), KVS_ERR_BUSY); /* table full */
+    CHECK(relay_listen_take(r, 12345, NULL) == targets + 12344 / PER);
+    relay_listen_drop(r, targets + 3);
+    CHECK_EQ_INT(relay_listen_count(r), MAX - PER);
+    CHECK(relay_listen_take(r, 3 * PER + 1, NULL) == NULL);
+    CHECK_EQ_INT(relay_listen_add(r, MAX + 1, 7, targets + TARGETS), KVS_OK); /* room again */
+    /* per connection: the 17th id of one target is refused */
+    relay_listen_drop(r, targets + 4);
+    relay_listen_drop(r, targets + 5);
+    for (uint64_t i = 0; i < PER; i++) CHECK_EQ_INT(relay_listen_add(r, MAX + 100 + i, 7, targets + 4), KVS_OK);
+    CHECK_EQ_INT(relay_listen_add(r, MAX + 200, 7, targets + 4), KVS_ERR_BUSY);
+    /* moving an id to a full target is refused, and leaves it where it was */
+    CHECK_EQ_INT(relay_listen_add(r, MAX + 1, 7, targets + 4), KVS_ERR_BUSY);
+    CHECK(relay_listen_take(r, MAX + 1, NULL) == targets + TARGETS);
+    relay_destroy(r);
+    free(targets);
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     char dir[] = "/tmp/kvs-secwire-XXXXXX";
@@ -181,6 +327,8 @@ int main(void) {
     CHECK_EQ_INT(mkmodel_write(model, mp, msg, sizeof msg), KVS_OK);
     test_hello_version(model);
     test_stale_frames();
+    test_relay_listen_owner(model, dir);
+    test_relay_listen_table();
     unlink(model);
     rmdir(dir);
     return test_finish("test_security_wire", 1, 0);

@@ -21,6 +21,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <sodium.h>
+
 #include "kvshard.h"
 #include "log.h"
 #include "netio.h"
@@ -52,10 +54,20 @@ typedef struct relay_link {
     char down_why[KVS_MSG_MAX]; /* why the last connect failed (guarded by r->mu) */
 } relay_link;
 
-typedef struct {
-    uint64_t id;
+/* A RELAY_LISTEN registration: on the id chain of its bucket and on its target's list. */
+typedef struct listen_ent {
+    uint64_t id, owner;
     void *target;
-} relay_listener;
+    struct listen_ent *next, *tnext;
+} listen_ent;
+
+/* The registrations of one target (a connection), for its per-target cap and drop. */
+typedef struct listen_tgt {
+    void *target;
+    uint32_t n;
+    listen_ent *first;
+    struct listen_tgt *next;
+} listen_tgt;
 
 struct relay {
     relay_params p;
@@ -66,14 +78,17 @@ struct relay {
     relay_stats st;             /* st.links: links not yet reaped; st.queued_bytes: items not done */
     char (*allow)[RELAY_ADDR_MAX]; /* (n_allow) canonical next hops allowed */
     size_t n_allow;
-    pthread_mutex_t listen_mu;  /* the listen table */
-    relay_listener *listeners;  /* (n_listeners) */
-    size_t n_listeners, cap_listeners;
+    pthread_mutex_t listen_mu;  /* the listen table (design note 4) */
+    listen_ent **by_id;         /* (n_buckets) chains, bucket of listen_hash(id) */
+    listen_tgt **by_target;     /* (n_buckets) chains, bucket of target_hash(target) */
+    size_t n_buckets;           /* a power of two >= max_listeners */
+    size_t n_listeners;
+    uint8_t hash_key[crypto_shorthash_KEYBYTES]; /* ids are the clients' choice: keyed buckets */
 };
 
 relay_params relay_default_params(void) {
     return (relay_params){.timeout_ms = 10000, .max_links = 64, .idle_ms = 60000, .retry_ms = 1000,
-                          .max_queued_bytes = (size_t)256 << 20};
+                          .max_queued_bytes = (size_t)256 << 20, .max_listeners = 4096, .max_listeners_per_target = 16};
 }
 
 int relay_canon_addr(const char *addr, char out[RELAY_ADDR_MAX]) {
@@ -129,13 +144,20 @@ static int parse_allow(relay *r, const char *list) {
 int relay_create(const relay_params *p, relay **out) {
     if (!out) return KVS_ERR_INVALID_ARG;
     *out = NULL;
-    if (!p || !p->done) return KVS_ERR_INVALID_ARG;
+    if (!p || !p->done || p->max_listeners < 1 || p->max_listeners_per_target < 1) return KVS_ERR_INVALID_ARG;
     relay *r = calloc(1, sizeof *r);
     if (!r) return KVS_ERR_NOMEM;
     r->p = *p;
     r->auth = strdup(p->auth ? p->auth : "");
-    int rc = r->auth ? parse_allow(r, p->allow) : KVS_ERR_NOMEM;
+    for (r->n_buckets = 16; r->n_buckets < (size_t)p->max_listeners; r->n_buckets *= 2) {
+    }
+    r->by_id = calloc(r->n_buckets, sizeof *r->by_id);
+    r->by_target = calloc(r->n_buckets, sizeof *r->by_target);
+    randombytes_buf(r->hash_key, sizeof r->hash_key);
+    int rc = r->auth && r->by_id && r->by_target ? parse_allow(r, p->allow) : KVS_ERR_NOMEM;
     if (rc != KVS_OK) {
+        free(r->by_id);
+        free(r->by_target);
         free(r->allow);
         free(r->auth);
         free(r);
@@ -436,7 +458,18 @@ void relay_destroy(relay *r) {
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->listen_mu);
-    free(r->listeners);
+    for (size_t b = 0; b < r->n_buckets; b++) {
+        for (listen_ent *e = r->by_id[b], *nx; e; e = nx) {
+            nx = e->next;
+            free(e);
+        }
+        for (listen_tgt *t = r->by_target[b], *nx; t; t = nx) {
+            nx = t->next;
+            free(t);
+        }
+    }
+    free(r->by_id);
+    free(r->by_target);
     free(r->allow);
     free(r->auth);
     free(r);
@@ -503,34 +536,89 @@ int relay_build_next(const struct wire_relay *rl, const uint8_t sid[16], uint64_
     return KVS_OK;
 }
 
-int relay_listen_add(relay *r, uint64_t relay_id, void *target) {
-    pthread_mutex_lock(&r->listen_mu);
-    for (size_t i = 0; i < r->n_listeners; i++)
-        if (r->listeners[i].id == relay_id) {
-            r->listeners[i].target = target;
-            pthread_mutex_unlock(&r->listen_mu);
-            return KVS_OK;
+static size_t listen_bucket(const relay *r, uint64_t id) {
+    uint8_t h[crypto_shorthash_BYTES];
+    crypto_shorthash(h, (const unsigned char *)&id, sizeof id, r->hash_key);
+    uint64_t v;
+    memcpy(&v, h, sizeof v);
+    return (size_t)(v & (r->n_buckets - 1));
+}
+
+static size_t target_bucket(const relay *r, const void *target) {
+    uint64_t v = (uint64_t)(uintptr_t)target * 0x9e3779b97f4a7c15ull; /* pointers are ours, not a client's */
+    return (size_t)((v >> 32) & (r->n_buckets - 1));
+}
+
+/* The registration of id, or NULL (listen_mu held); *link: the pointer that points at it. */
+static listen_ent *listen_find(relay *r, uint64_t id, listen_ent ***link) {
+    listen_ent **pp = &r->by_id[listen_bucket(r, id)];
+    while (*pp && (*pp)->id != id) pp = &(*pp)->next;
+    if (link) *link = pp;
+    return *pp;
+}
+
+/* The target's record, created when create is set (NULL: none, or out of memory). */
+static listen_tgt *target_find(relay *r, void *target, bool create) {
+    listen_tgt **pp = &r->by_target[target_bucket(r, target)];
+    while (*pp && (*pp)->target != target) pp = &(*pp)->next;
+    if (!*pp && create && (*pp = calloc(1, sizeof **pp))) (*pp)->target = target;
+    return *pp;
+}
+
+/* Takes e off its target's list; frees the target's record when it was the last (listen_mu held). */
+static void target_unlink(relay *r, listen_ent *e) {
+    listen_tgt **tp = &r->by_target[target_bucket(r, e->target)];
+    while (*tp && (*tp)->target != e->target) tp = &(*tp)->next;
+    listen_tgt *t = *tp;
+    if (!t) return;
+    for (listen_ent **pp = &t->first; *pp; pp = &(*pp)->tnext)
+        if (*pp == e) {
+            *pp = e->tnext;
+            t->n--;
+            break;
         }
-    if (r->n_listeners == r->cap_listeners) {
-        size_t cap = r->cap_listeners ? r->cap_listeners * 2 : 8;
-        relay_listener *nl = realloc(r->listeners, cap * sizeof *nl);
-        if (!nl) {
-            pthread_mutex_unlock(&r->listen_mu);
-            return KVS_ERR_NOMEM;
-        }
-        r->listeners = nl;
-        r->cap_listeners = cap;
+    if (!t->n) {
+        *tp = t->next;
+        free(t);
     }
-    r->listeners[r->n_listeners++] = (relay_listener){.id = relay_id, .target = target};
+}
+
+int relay_listen_add(relay *r, uint64_t relay_id, uint64_t owner, void *target) {
+    int rc = KVS_OK;
+    pthread_mutex_lock(&r->listen_mu);
+    listen_ent **link, *e = listen_find(r, relay_id, &link);
+    listen_tgt *t = target_find(r, target, false);
+    if (e && e->owner != owner)
+        rc = KVS_ERR_INVALID_ARG; /* another identity's id: never moved to a stranger (issue 42 item 12) */
+    else if (e && e->target == target)
+        rc = KVS_OK;
+    else if ((t && t->n >= (uint32_t)r->p.max_listeners_per_target) ||
+             (!e && r->n_listeners >= (size_t)r->p.max_listeners))
+        rc = KVS_ERR_BUSY;
+    else if (!(t = target_find(r, target, true)) || (!e && !(e = calloc(1, sizeof *e))))
+        rc = KVS_ERR_NOMEM; /* an empty target record left behind is freed with the table */
+    else {
+        if (e->target) {
+            target_unlink(r, e); /* moved from the owner's earlier connection */
+        } else {
+            *link = e;
+            e->id = relay_id;
+            e->owner = owner;
+            r->n_listeners++;
+        }
+        e->target = target;
+        e->tnext = t->first;
+        t->first = e;
+        t->n++;
+    }
     pthread_mutex_unlock(&r->listen_mu);
-    return KVS_OK;
+    return rc;
 }
 
 void *relay_listen_take(relay *r, uint64_t relay_id, void (*ref)(void *target)) {
-    void *t = NULL;
     pthread_mutex_lock(&r->listen_mu);
-    for (size_t i = 0; i < r->n_listeners && !t; i++)
-        if (r->listeners[i].id == relay_id) t = r->listeners[i].target;
+    listen_ent *e = listen_find(r, relay_id, NULL);
+    void *t = e ? e->target : NULL;
     if (t && ref) ref(t);
     pthread_mutex_unlock(&r->listen_mu);
     return t;
@@ -538,11 +626,29 @@ void *relay_listen_take(relay *r, uint64_t relay_id, void (*ref)(void *target)) 
 
 void relay_listen_drop(relay *r, void *target) {
     pthread_mutex_lock(&r->listen_mu);
-    for (size_t i = 0; i < r->n_listeners;) {
-        if (r->listeners[i].target == target) r->listeners[i] = r->listeners[--r->n_listeners];
-        else i++;
+    listen_tgt **tp = &r->by_target[target_bucket(r, target)];
+    while (*tp && (*tp)->target != target) tp = &(*tp)->next;
+    listen_tgt *t = *tp;
+    if (t) {
+        *tp = t->next;
+        for (listen_ent *e = t->first, *nx; e; e = nx) {
+            nx = e->tnext;
+            listen_ent **link;
+            listen_find(r, e->id, &link);
+            *link = e->next;
+            free(e);
+            r->n_listeners--;
+        }
+        free(t);
     }
     pthread_mutex_unlock(&r->listen_mu);
+}
+
+size_t relay_listen_count(relay *r) {
+    pthread_mutex_lock(&r->listen_mu);
+    size_t n = r->n_listeners;
+    pthread_mutex_unlock(&r->listen_mu);
+    return n;
 }
 
 void relay_get_stats(relay *r, relay_stats *out) {

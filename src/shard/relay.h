@@ -20,9 +20,11 @@
  *     marks the link broken, so the next push reconnects. The client, waiting on its own
  *     connections, times out and falls back to driving the step itself (route.c design note 6).
  *  4. The listen table maps a client's relay_id to the connection it registered with
- *     RELAY_LISTEN. Entries are opaque pointers; relay_listen_take() calls the caller's ref
- *     function under the table lock, so an entry found is never freed under the finder as long
- *     as the owner calls relay_listen_drop() before dropping its own reference.
+ *     RELAY_LISTEN, and to the identity that registered it: only that identity may move it
+ *     (a reconnect); it is bounded in all and per connection, hashed by id and by target.
+ *     Entries are opaque pointers; relay_listen_take() calls the caller's ref function under
+ *     the table lock, so an entry found is never freed under the finder as long as the owner
+ *     calls relay_listen_drop() before dropping its own reference.
  *  5. Links are bounded: only next hops the operator allowed are connected (relay_allowed: the
  *     allow list, else loopback hops from a loopback-only shard), addresses are numeric and
  *     canonical (relay_canon_addr: "127.0.0.1:080" and "127.0.0.1:80" are one link; no name is
@@ -57,13 +59,15 @@ typedef struct {
     int64_t idle_ms;     /* a link with nothing queued this long closes; <= 0: never */
     int64_t retry_ms;    /* after a failed connect, pushes to that hop fail at once this long */
     size_t max_queued_bytes; /* payload bytes queued or being sent over all links; more: BUSY */
+    int max_listeners;   /* RELAY_LISTEN registrations held at once; more: KVS_ERR_BUSY */
+    int max_listeners_per_target; /* registrations one target (connection) holds; more: BUSY */
     relay_done_fn done;  /* required */
     relay_log_fn log;    /* link events (connected, failed); NULL: silent */
     void *ctx;           /* passed to done and log */
 } relay_params;
 
 /* timeout 10000 ms, no auth, no callbacks, no allow list and no loopback (nothing allowed), 64
- * links, idle 60 s, retry 1 s, 256 MiB queued. */
+ * links, idle 60 s, retry 1 s, 256 MiB queued, 4096 registrations, 16 per target. */
 relay_params relay_default_params(void);
 
 /* KVS_OK with *out a new relay (relay_destroy); KVS_ERR_INVALID_ARG without a done callback or
@@ -109,14 +113,18 @@ int relay_build_next(const struct wire_relay *rl, const uint8_t sid[16], uint64_
 
 /* ---- listen table (design note 4) ---- */
 
-/* Registers target for relay_id (replacing an earlier registration of that id). KVS_OK or
- * KVS_ERR_NOMEM. */
-int relay_listen_add(relay *r, uint64_t relay_id, void *target);
+/* Registers target for relay_id on behalf of identity owner (a tenant tag). An id registered
+ * by the same owner moves to target; KVS_ERR_INVALID_ARG when another owner holds it (nothing
+ * changes); KVS_ERR_BUSY past max_listeners or max_listeners_per_target; KVS_ERR_NOMEM. O(1):
+ * a keyed hash of the id (clients pick ids, so they cannot pick buckets). */
+int relay_listen_add(relay *r, uint64_t relay_id, uint64_t owner, void *target);
 /* The target registered for relay_id, with ref(target) called under the table lock; NULL when
  * none. */
 void *relay_listen_take(relay *r, uint64_t relay_id, void (*ref)(void *target));
-/* Removes every registration of target. */
+/* Removes every registration of target (O(its registrations)). */
 void relay_listen_drop(relay *r, void *target);
+/* Registrations held now. */
+size_t relay_listen_count(relay *r);
 
 /* Counters: pushes written, pushes failed, connections made; links (threads) open now, payload
  * bytes queued now. */

@@ -384,7 +384,7 @@ static void conn_dispatch(srv_conn *c, const struct wire_header *h, const struct
         else if (c->version < 2)
             srv_send_status(c, rid, KVS_ERR_UNSUPPORTED, NULL, "RELAY_LISTEN needs protocol version 2");
         else
-            srv_send_status(c, rid, relay_listen_add(s->relay, t.relay_id, c), NULL, NULL);
+            srv_send_status(c, rid, relay_listen_add(s->relay, t.relay_id, c->tenant, c), NULL, NULL);
         break;
     }
     case WIRE_OP_STATS:

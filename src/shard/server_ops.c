@@ -333,16 +333,18 @@ int srv_handle_forward(srv_conn *c, uint64_t rid, const uint8_t *payload, size_t
     }
     fwd_shape sh = forward_shape(s->e->m, &f);
     srv_conn *target = sh.relayed ? relay_listen_take(s->relay, f.relay.relay_id, srv_conn_ref) : NULL;
-    if (sh.relayed && !target) {
-        srv_conn_ref(c);
-        target = c;
-    }
     srv_conn *answer = target ? target : c;
     int status = KVS_OK;
     const char *why = forward_refusal(c, &f, &sh, &status);
     if (!why && atomic_load(&s->draining)) { /* srv_stop's drain: the client moves to a spare */
         status = KVS_ERR_CLOSED;
         why = "the shard is shutting down";
+    }
+    if (!why && sh.relayed && !target) {
+        /* Nobody registered the id: computing it under the pushing peer's identity would let a
+         * client spend that peer's quota here (issue 42 item 13). */
+        status = KVS_ERR_NOT_FOUND;
+        why = "no RELAY_LISTEN registration for this relay_id";
     }
     if (!why && atomic_load(&answer->inflight) >= s->p.max_inflight) {
         status = KVS_ERR_BUSY;
