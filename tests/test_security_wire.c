@@ -19,6 +19,7 @@
 #include "relay.h"
 #include "route.h"
 #include "server.h"
+#include "shard_metrics.h"
 #include "shard_harness.h"
 #include "test.h"
 #include "util.h"
@@ -315,6 +316,35 @@ static void test_relay_listen_table(void) {
     free(targets);
 }
 
+/* ---- item 15: the metrics port ----------------------------------------------------------------- */
+
+/* Plaintext, unauthenticated metrics are served on loopback only unless the operator says
+ * --insecure (shard_metrics_allow_remote): on a TLS shard they were served to anyone. */
+static void test_metrics_listen(const char *model) {
+    test_shard sh;
+    if (test_shard_start(&sh, base_params(model)) != KVS_OK) {
+        CHECK(0);
+        return;
+    }
+    char msg[KVS_MSG_MAX] = "";
+    shard_metrics *m = NULL;
+    CHECK_EQ_INT(shard_metrics_create(&m), KVS_OK);
+    CHECK_EQ_INT(shard_metrics_listen(m, "0.0.0.0:0", sh.s, msg, sizeof msg), KVS_ERR_INVALID_ARG);
+    CHECK(strstr(msg, "loopback") != NULL);
+    CHECK_EQ_INT(shard_metrics_listen(m, "[::]:0", sh.s, msg, sizeof msg), KVS_ERR_INVALID_ARG);
+    CHECK_EQ_INT(shard_metrics_listen(m, "example.com:0", sh.s, msg, sizeof msg), KVS_ERR_INVALID_ARG);
+    CHECK_EQ_INT(shard_metrics_port(m), 0);
+    CHECK_EQ_INT(shard_metrics_listen(m, "127.0.0.1:0", sh.s, msg, sizeof msg), KVS_OK);
+    CHECK(shard_metrics_port(m) != 0);
+    shard_metrics_free(m);
+    m = NULL;
+    CHECK_EQ_INT(shard_metrics_create(&m), KVS_OK);
+    shard_metrics_allow_remote(m, true);
+    CHECK_EQ_INT(shard_metrics_listen(m, "0.0.0.0:0", sh.s, msg, sizeof msg), KVS_OK);
+    shard_metrics_free(m);
+    test_shard_stop(&sh);
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     char dir[] = "/tmp/kvs-secwire-XXXXXX";
@@ -329,6 +359,7 @@ int main(void) {
     test_stale_frames();
     test_relay_listen_owner(model, dir);
     test_relay_listen_table();
+    test_metrics_listen(model);
     unlink(model);
     rmdir(dir);
     return test_finish("test_security_wire", 1, 0);

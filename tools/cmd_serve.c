@@ -51,7 +51,8 @@ static void serve_usage(FILE *f) {
             "  --tenant-kv-share F|SIZE KV budget per identity: a fraction in (0, 1] or a size (default 1)\n"
             "                       always: another identity's sessions are evicted only while it holds\n"
             "                       more than budget / identities (and max-sessions / identities)\n"
-            "  --metrics-listen HOST:PORT  serve Prometheus metrics at http://HOST:PORT/metrics\n"
+            "  --metrics-listen HOST:PORT  serve Prometheus metrics at http://HOST:PORT/metrics (plaintext,\n"
+            "                       no auth: a loopback address unless --insecure)\n"
             "  --layers auto        with --cluster: the range the registry covers least (docs/cluster.md)\n"
             "  --max-layers N       with --layers auto: at most N layers (default: the whole model)\n"
             "  --advertise HOST:PORT  the address registered in --cluster (default: the listen address)\n"
@@ -191,6 +192,7 @@ int cmd_serve(int argc, char **argv) {
     shard_metrics *metrics = NULL;
     if (metrics_listen && shard_metrics_create(&metrics) != KVS_OK) return 1;
     if (metrics) {
+        shard_metrics_allow_remote(metrics, sec.insecure);
         p.batch_done = shard_metrics_on_batch;
         p.batch_ctx = metrics;
     }

@@ -1,6 +1,7 @@
 /* netio — blocking sockets with poll() deadlines. See netio.h. */
 #include "netio.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -58,6 +59,15 @@ static int wait_fd(int fd, short events, uint64_t deadline_ns) {
 static void set_nodelay(int fd) {
     int one = 1;
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* fails harmlessly on AF_UNIX */
+}
+
+bool netio_host_is_loopback(const char *host) {
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (!strcmp(host, "localhost")) return true;
+    if (inet_pton(AF_INET, host, &a4) == 1) return (ntohl(a4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, host, &a6) == 1) return IN6_IS_ADDR_LOOPBACK(&a6);
+    return false;
 }
 
 int netio_parse_hostport(const char *s, char *host, size_t host_cap, uint16_t *port) {

@@ -39,6 +39,10 @@ uint64_t netio_deadline_ms(int64_t timeout_ms);
  * untouched then. */
 int netio_parse_hostport(const char *s, char *host, size_t host_cap, uint16_t *port);
 
+/* True for a host only this machine can reach: 127.0.0.0/8, ::1, "localhost" (numeric hosts are
+ * not resolved; any other name is not loopback). */
+bool netio_host_is_loopback(const char *host);
+
 /* Listens on host:port (host NULL or "" = all interfaces; port 0 = the kernel picks a free one).
  * On success *fd_out is the listening socket (close-on-exec, SO_REUSEADDR) and *bound_port (if
  * non-NULL) the port actually bound. On failure nothing stays open. */

@@ -24,6 +24,7 @@ struct shard_metrics {
     struct MHD_Daemon *d;
     uint16_t port;
     srv *shard;
+    bool allow_remote; /* a non-loopback listen address is accepted */
 };
 
 int shard_metrics_create(shard_metrics **out) {
@@ -127,11 +128,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     return ret;
 }
 
+void shard_metrics_allow_remote(shard_metrics *m, bool allow) { m->allow_remote = allow; }
+
 int shard_metrics_listen(shard_metrics *m, const char *listen, srv *shard, char *msg, size_t cap) {
     char host[NETIO_HOST_MAX];
     uint16_t port = 0;
     if (!listen || netio_parse_hostport(listen, host, sizeof host, &port) != KVS_OK)
         return kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "--metrics-listen wants HOST:PORT");
+    if (!m->allow_remote && !netio_host_is_loopback(host))
+        return kvs_fail(msg, cap, KVS_ERR_INVALID_ARG,
+                        "--metrics-listen %.100s: metrics are plaintext HTTP without authentication; give a "
+                        "loopback address (scrape through a proxy or tunnel) or --insecure",
+                        listen);
     int fd = -1;
     int err = netio_listen(host, port, 16, &fd, &m->port, msg, cap);
     if (err) return err;

@@ -9,6 +9,7 @@
 #ifndef KVS_SHARD_METRICS_H
 #define KVS_SHARD_METRICS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -21,9 +22,14 @@ int shard_metrics_create(shard_metrics **out);
  * Thread-safe. */
 void shard_metrics_on_batch(void *m, int n_items, uint32_t n_rows, uint64_t elapsed_ns);
 
+/* The metrics port is plaintext HTTP without authentication: by default only a loopback
+ * address is accepted (a scraper elsewhere goes through a proxy or an SSH tunnel). allow: any
+ * address (`serve --insecure`). */
+void shard_metrics_allow_remote(shard_metrics *m, bool allow);
+
 /* Starts serving GET /metrics on listen ("HOST:PORT", port 0 picks one), reading the counters
- * of shard (which must outlive m). KVS_OK; KVS_ERR_INVALID_ARG (bad address), KVS_ERR_IO
- * (bind failed) with msg. */
+ * of shard (which must outlive m). KVS_OK; KVS_ERR_INVALID_ARG (bad address, or not loopback
+ * without shard_metrics_allow_remote), KVS_ERR_IO (bind failed) with msg. */
 typedef struct srv srv;
 int shard_metrics_listen(shard_metrics *m, const char *listen, srv *shard, char *msg, size_t cap);
 
