@@ -277,9 +277,30 @@ static bool parse_llama_fields(const cJSON *o, http_gen_req *out, http_err *e) {
     return true;
 }
 
+/* Does a JSON string in body[0..len) hold U+0000 (a raw NUL byte or a \u0000 escape)? cJSON's
+ * strings end at the first NUL, so such a prompt would be cut there without a word. */
+static bool has_nul_char(const char *body, size_t len) {
+    bool in_str = false;
+    for (size_t i = 0; i < len; i++) {
+        char ch = body[i];
+        if (!ch) return true;
+        if (!in_str) {
+            in_str = ch == '"';
+        } else if (ch == '"') {
+            in_str = false;
+        } else if (ch == '\\' && i + 1 < len) {
+            if (body[i + 1] == 'u' && i + 5 < len && !memcmp(body + i + 2, "0000", 4)) return true;
+            i++; /* the escaped character: a \\ or \" does not end or start anything */
+        }
+    }
+    return false;
+}
+
 bool http_req_parse(const char *body, size_t len, bool chat, http_gen_req *out, http_err *e) {
     memset(out, 0, sizeof *out);
     memset(e, 0, sizeof *e);
+    if (has_nul_char(body, len))
+        return BAD(e, chat ? "messages" : "prompt", "the request holds U+0000 (NUL), which prompts cannot carry");
     cJSON *o = cJSON_ParseWithLength(body, len);
     if (!o) return BAD(e, NULL, "the request body is not valid JSON");
     bool ok = false;
