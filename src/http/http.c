@@ -70,7 +70,9 @@ http_params http_default_params(void) {
                          .max_body_bytes = 1u << 20,
                          .prefix_slots = 4,
                          .route_timeout_ms = 30000,
-                         .max_connections = 256};
+                         .max_connections = 256,
+                         .per_ip_connections = 16,
+                         .request_timeout_s = 10};
 }
 
 /* ---- responses ------------------------------------------------------------------------------ */
@@ -259,7 +261,7 @@ static void stream_free(void *cls) {
     free(st);
 }
 
-static enum MHD_Result serve_generate(http_server *h, struct MHD_Connection *c, conn_req *cr) {
+static enum MHD_Result generate(http_server *h, struct MHD_Connection *c, conn_req *cr, bool *streamed) {
     const bool chat = cr->ep == EP_CHAT;
     http_err e;
     if (!http_drain_enter(&h->drain)) return refuse_draining(h, c, cr);
@@ -314,10 +316,21 @@ static enum MHD_Result serve_generate(http_server *h, struct MHD_Connection *c, 
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     http_cors_headers(r, c, h->p.cors);
+    *streamed = true;
     enum MHD_Result ret = MHD_queue_response(c, 200, r);
     MHD_destroy_response(r); /* stream_free runs when the connection is done with it */
     http_metrics_request(&h->m, cr->ep, 200);
     return ret;
+}
+
+/* A generation: no timeout while the server works for the request (its queue wait included);
+ * the request timeout again for sending a whole reply. */
+static enum MHD_Result serve_generate(http_server *h, struct MHD_Connection *c, conn_req *cr) {
+    http_guard_long_work(c, true, 0);
+    bool streamed = false;
+    enum MHD_Result r = generate(h, c, cr, &streamed);
+    if (!streamed) http_guard_long_work(c, false, (unsigned)h->p.request_timeout_s);
+    return r;
 }
 
 /* ---- dispatch ---------------------------------------------------------------------------------- */
@@ -392,7 +405,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             if (get) return serve_models(h, c);
             break;
         case EP_HEALTH:
-            if (get) return serve_health(h, c);
+            if (get) {
+                http_guard_long_work(c, true, 0); /* probes take up to 2 s a hop */
+                enum MHD_Result r = serve_health(h, c);
+                http_guard_long_work(c, false, (unsigned)h->p.request_timeout_s);
+                return r;
+            }
             break;
         case EP_METRICS:
             if (get) return serve_metrics(h, c);
@@ -447,6 +465,8 @@ int http_start(const http_params *p, http_server **out, char *msg, size_t cap) {
         return kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "prefix slots must be 0..1024");
     if (p->max_body_bytes < 1024) return kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "body limit must be >= 1 KiB");
     if (p->max_connections < 1) return kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "max_connections must be >= 1");
+    if (p->per_ip_connections < 1 || p->request_timeout_s < 1)
+        return kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "per-IP connections and the request timeout must be >= 1");
     char host[NETIO_HOST_MAX];
     uint16_t port = 0;
     if (netio_parse_hostport(p->listen, host, sizeof host, &port) != KVS_OK)
@@ -470,7 +490,8 @@ int http_start(const http_params *p, http_server **out, char *msg, size_t cap) {
     h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG | MHD_USE_ITC, 0, NULL,
                             NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
                             h, MHD_OPTION_CONNECTION_LIMIT, (unsigned)p->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-                            (unsigned)300, MHD_OPTION_END);
+                            (unsigned)p->request_timeout_s, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                            (unsigned)p->per_ip_connections, MHD_OPTION_END);
     if (!h->d) {
         close(fd);
         err = kvs_fail(msg, cap, KVS_ERR_IO, "libmicrohttpd could not start on %.100s", p->listen);

@@ -26,6 +26,8 @@
  *     response, and its free callback releases the session on every hop (between steps nothing
  *     is in flight, so RELEASE alone returns the shards' KV to where it was).
  *  5. The library never prints; events go to http_params.log.
+ *  6. Guard (http_guard.c): a per-IP connection limit and a request timeout against slow-loris;
+ *     the timeout is off while the server itself works for a request.
  */
 #ifndef KVS_HTTP_H
 #define KVS_HTTP_H
@@ -67,6 +69,10 @@ typedef struct {
     int max_connections;         /* open HTTP connections (default 256) */
     const char *cors;            /* allowed browser origins, comma-separated or "*"; NULL: no CORS */
     const char *version;         /* what GET /version reports; NULL: "unknown" */
+    /* Security of the HTTP side (docs/security.md, "kvshard api"). */
+    int per_ip_connections;      /* open HTTP connections from one IP address (default 16) */
+    int request_timeout_s;       /* a connection silent this long while it sends a request, or
+                                    between requests, is closed (default 10) */
     http_log_fn log;             /* NULL: silent */
     void *log_ctx;
     /* Test hook: called on the request's thread before each forward step, with the request's

@@ -140,6 +140,14 @@ void http_lanes_finish(http_lanes *L, int lane, route_session *s, const int32_t 
  * hop into report (cap bytes). true when all answered. */
 bool http_lanes_health(http_lanes *L, int64_t timeout_ms, char *report, size_t cap);
 
+/* ---- guard (http_guard.c, http.h design note 6) --------------------------------------------- */
+
+struct MHD_Connection;
+
+/* Turns the connection's timeout off while the server works for it (begin), or back on at
+ * resume_s with its clock restarted. */
+void http_guard_long_work(struct MHD_Connection *c, bool begin, unsigned resume_s);
+
 /* ---- metrics -------------------------------------------------------------------------------- */
 
 enum http_endpoint {
