@@ -181,6 +181,56 @@ static const char *error_message(const char *body, char *out, size_t cap) {
 static const char k_story[] = "{\"prompt\":\"Once upon a time there was a little girl named Lily who loved to play "
                               "in the park with her dog\",\"max_tokens\":4,\"temperature\":0}";
 
+/* ---- item 8: a streamed reply nobody reads ------------------------------------------------- */
+
+/* One lane; client A starts a long stream with a 4 KiB receive buffer and never reads; client B
+ * then asks for 4 tokens. A's stream must stop at its send buffer, be closed after the stall
+ * timeout (1 s here) and free the lane for B. */
+static void test_unread_stream(const char *spec) {
+    http_params p = api_params(spec);
+    p.stream_stall_s = 1;
+    http_server *h = api_start(&p);
+    CHECK(h != NULL);
+    if (!h) return;
+    uint16_t port = http_port(h);
+    int a = connect_from(port, "127.0.0.1", 4096);
+    static const char big[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"Tell me a long story\"}],\"max_tokens\":1800,"
+                              "\"stream\":true,\"logprobs\":true,\"top_logprobs\":20,\"temperature\":0.9,\"seed\":3}";
+    CHECK(a >= 0 && send_req(a, "POST", "/v1/chat/completions", big, NULL));
+    for (int i = 0; i < 30000 && !atomic_load(&g_first_seen); i++) usleep(1000); /* bounded: 30 s */
+    CHECK(atomic_load(&g_first_seen));
+    uint64_t t0 = kvs_now_ns();
+    resp r;
+    bool got = request_from(port, "127.0.0.2", "POST", "/v1/completions", k_story, NULL, &r);
+    double s = (double)(kvs_now_ns() - t0) / 1e9;
+    unsigned cut = atomic_load(&g_first_gen);
+    printf("  unread stream: cut after %u of 1800 tokens; the next request answered %d after %.2f s\n", cut,
+           got ? r.status : -1, s);
+    CHECK(got && r.status == 200); /* before: 503 after the 30 s queue wait (the lane held 300 s) */
+    CHECK(cut < 1800);              /* the stream did not run to its end into buffers */
+    if (got) resp_free(&r);
+    size_t n = 0;
+    char *rest = read_all(a, 10000, &n); /* what A had in its buffers, then the close */
+    CHECK(strstr(rest, "[DONE]") == NULL);
+    free(rest);
+    close(a);
+    /* a slow step is not a stalled reader: 2.5 s steps under the 1 s stall timeout */
+    atomic_store(&g_delay_ms, 2500);
+    int c = connect_from(port, "127.0.0.1", 0);
+    static const char small[] = "{\"prompt\":\"Once upon a time\",\"max_tokens\":4,\"stream\":true}";
+    CHECK(c >= 0 && send_req(c, "POST", "/v1/completions", small, NULL));
+    rest = read_all(c, 20000, NULL);
+    CHECK(strstr(rest, "data: [DONE]") != NULL);
+    free(rest);
+    close(c);
+    atomic_store(&g_delay_ms, 0);
+    if (request_from(port, "127.0.0.1", "GET", "/metrics", NULL, NULL, &r)) {
+        CHECK(strstr(r.body, "kvshard_api_cancelled_total 1\n") != NULL);
+        resp_free(&r);
+    }
+    http_stop(h);
+}
+
 /* ---- item 9: slow-loris ------------------------------------------------------------------- */
 
 static bool closed_within(int fd, int ms) {
@@ -279,6 +329,7 @@ int main(void) {
     snprintf(spec, sizeof spec, "127.0.0.1:%u", srv_port(sh.s));
     test_nul_prompt(spec);
     test_slow_loris(spec);
+    test_unread_stream(spec);
     shard_stop(&sh);
     return test_finish("test_api_security", 1, 0);
 }

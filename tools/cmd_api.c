@@ -35,7 +35,7 @@ static void api_usage(FILE *f) {
             "                   [--lanes N] [--queue N] [--queue-timeout SECONDS] [--max-body SIZE]\n"
             "                   [--prefix-slots N] [--model-name NAME] [--tokenizer MODEL] [--chat-template NAME]\n"
             "                   [-t THREADS] [--kv-budget SIZE] [--kv-type f16|q8_0|q4_0|f32]\n"
-            "                   [--per-ip-conns N] [--request-timeout S]\n"
+            "                   [--per-ip-conns N] [--request-timeout S] [--stream-stall S]\n"
             "  -m MODEL             run the whole model in this process (a shard on a loopback port)\n"
             "  --route SPEC         drive a route of running shards instead (as kvshard generate)\n"
             "  --spare SPEC         replacement shards for failed hops\n"
@@ -45,6 +45,8 @@ static void api_usage(FILE *f) {
             "  --per-ip-conns N     open HTTP connections from one IP address (default 16)\n"
             "  --request-timeout S  a connection silent this long while sending a request or between\n"
             "                       requests is closed (default 10)\n"
+            "  --stream-stall S     a streamed reply its client reads nothing of for S seconds is closed\n"
+            "                       and its lane freed (default 30)\n"
             "  --lanes N            concurrent generations (default 4)\n"
             "  --queue N            requests that may wait for a lane before 503 (default 64)\n"
             "  --queue-timeout S    longest wait for a lane before 503 (default 30)\n"
@@ -107,7 +109,7 @@ int cmd_api(int argc, char **argv) {
     uint32_t kv_type = QUANT_F16;
     long lanes = p.lanes, queue = p.queue_max, slots = p.prefix_slots, threads = 0, ctx_size = 0;
     double qt = 30, drain_s = 30;
-    long per_ip = p.per_ip_connections, req_timeout = p.request_timeout_s;
+    long per_ip = p.per_ip_connections, req_timeout = p.request_timeout_s, stall = p.stream_stall_s;
     args_security sec = {0};
     cluster_cli_opts cl = {0};
     char *cl_route = NULL, *cl_spares = NULL;
@@ -126,6 +128,7 @@ int cmd_api(int argc, char **argv) {
         else if (!strcmp(a, "--lanes")) ok = args_int(argc, argv, &i, 1, 256, &lanes);
         else if (!strcmp(a, "--per-ip-conns")) ok = args_int(argc, argv, &i, 1, 65536, &per_ip);
         else if (!strcmp(a, "--request-timeout")) ok = args_int(argc, argv, &i, 1, 86400, &req_timeout);
+        else if (!strcmp(a, "--stream-stall")) ok = args_int(argc, argv, &i, 1, 86400, &stall);
         else if (!strcmp(a, "--queue")) ok = args_int(argc, argv, &i, 0, 4096, &queue);
         else if (!strcmp(a, "--queue-timeout")) ok = args_float(argc, argv, &i, 0, 86400, &qt);
         else if (!strcmp(a, "--max-body")) ok = args_str(argc, argv, &i, &body);
@@ -175,6 +178,7 @@ int cmd_api(int argc, char **argv) {
     p.prefix_slots = (int)slots;
     p.per_ip_connections = (int)per_ip;
     p.request_timeout_s = (int)req_timeout;
+    p.stream_stall_s = (int)stall;
     p.log = daemon_log_line;
     p.log_ctx = "api";
     char msg[KVS_MSG_MAX] = "", spec[64], name[128];

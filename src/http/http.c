@@ -51,6 +51,7 @@ typedef struct {
 
 typedef struct {
     http_server *h;
+    struct MHD_Connection *c; /* the connection the stream is on (its timeout, http_guard) */
     http_gen_req req;
     http_gen g;
     http_reply_meta meta;
@@ -72,7 +73,9 @@ http_params http_default_params(void) {
                          .route_timeout_ms = 30000,
                          .max_connections = 256,
                          .per_ip_connections = 16,
-                         .request_timeout_s = 10};
+                         .request_timeout_s = 10,
+                         .stream_stall_s = 30,
+                         .stream_sndbuf = 64 * 1024};
 }
 
 /* ---- responses ------------------------------------------------------------------------------ */
@@ -214,7 +217,11 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             g->finish = FINISH_LENGTH; /* the server is stopping: end the stream cleanly */
             st->cut = true;
         }
-        if (!g->finish && !g->failed) http_gen_step(g);
+        if (!g->finish && !g->failed) {
+            http_guard_long_work(st->c, true, 0); /* a slow step never counts as a stalled reader */
+            http_gen_step(g);
+            http_guard_long_work(st->c, false, (unsigned)st->h->p.stream_stall_s);
+        }
         if (g->failed) {
             http_err e;
             http_fail(&e, 502, "server_error", "route_failed", NULL, "generation failed: %s", g->err);
@@ -269,6 +276,7 @@ static enum MHD_Result generate(http_server *h, struct MHD_Connection *c, conn_r
     stream_state *st = calloc(1, sizeof *st);
     if (!st) return respond(h, c, cr->ep, 500, "text/plain", "out of memory\n", 14, NULL);
     st->h = h;
+    st->c = c;
     st->first = true;
     if (!http_req_parse(cr->body ? cr->body : "", cr->len, chat, &st->req, &e)) {
         free(st);
@@ -316,6 +324,7 @@ static enum MHD_Result generate(http_server *h, struct MHD_Connection *c, conn_r
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     http_cors_headers(r, c, h->p.cors);
+    http_guard_stream(c, &h->p);
     *streamed = true;
     enum MHD_Result ret = MHD_queue_response(c, 200, r);
     MHD_destroy_response(r); /* stream_free runs when the connection is done with it */
@@ -324,7 +333,7 @@ static enum MHD_Result generate(http_server *h, struct MHD_Connection *c, conn_r
 }
 
 /* A generation: no timeout while the server works for the request (its queue wait included);
- * the request timeout again for sending a whole reply. */
+ * the request timeout again for sending a whole reply, the stall timeout for a stream. */
 static enum MHD_Result serve_generate(http_server *h, struct MHD_Connection *c, conn_req *cr) {
     http_guard_long_work(c, true, 0);
     bool streamed = false;
@@ -465,8 +474,9 @@ int http_start(const http_params *p, http_server **out, char *msg, size_t cap) {
         return kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "prefix slots must be 0..1024");
     if (p->max_body_bytes < 1024) return kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "body limit must be >= 1 KiB");
     if (p->max_connections < 1) return kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "max_connections must be >= 1");
-    if (p->per_ip_connections < 1 || p->request_timeout_s < 1)
-        return kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "per-IP connections and the request timeout must be >= 1");
+    if (p->per_ip_connections < 1 || p->request_timeout_s < 1 || p->stream_stall_s < 1 || p->stream_sndbuf < 4096)
+        return kvs_fail(msg, cap, KVS_ERR_INVALID_ARG,
+                        "per-IP connections, request timeout and stream stall must be >= 1, stream buffer >= 4096");
     char host[NETIO_HOST_MAX];
     uint16_t port = 0;
     if (netio_parse_hostport(p->listen, host, sizeof host, &port) != KVS_OK)

@@ -27,7 +27,9 @@
  *     is in flight, so RELEASE alone returns the shards' KV to where it was).
  *  5. The library never prints; events go to http_params.log.
  *  6. Guard (http_guard.c): a per-IP connection limit and a request timeout against slow-loris;
- *     the timeout is off while the server itself works for a request.
+ *     the timeout is off while the server itself works for a request. A streamed reply holds a
+ *     small send buffer and is closed when its client stops reading for stream_stall_s, which
+ *     ends its generation and frees its lane.
  */
 #ifndef KVS_HTTP_H
 #define KVS_HTTP_H
@@ -73,6 +75,10 @@ typedef struct {
     int per_ip_connections;      /* open HTTP connections from one IP address (default 16) */
     int request_timeout_s;       /* a connection silent this long while it sends a request, or
                                     between requests, is closed (default 10) */
+    int stream_stall_s;          /* a streamed reply the client reads nothing of for this long is
+                                    closed and its lane freed (default 30) */
+    int stream_sndbuf;           /* socket send buffer of a streamed reply, bytes: how far a
+                                    generation runs ahead of its reader (default 64 KiB) */
     http_log_fn log;             /* NULL: silent */
     void *log_ctx;
     /* Test hook: called on the request's thread before each forward step, with the request's

@@ -147,6 +147,8 @@ struct MHD_Connection;
 /* Turns the connection's timeout off while the server works for it (begin), or back on at
  * resume_s with its clock restarted. */
 void http_guard_long_work(struct MHD_Connection *c, bool begin, unsigned resume_s);
+/* A streamed reply: a small send buffer and the stall timeout on its connection. */
+void http_guard_stream(struct MHD_Connection *c, const http_params *p);
 
 /* ---- metrics -------------------------------------------------------------------------------- */
 
