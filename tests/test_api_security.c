@@ -170,6 +170,15 @@ static bool request_from(uint16_t port, const char *src, const char *method, con
     return ok;
 }
 
+static long long usage_cached(const char *body) {
+    cJSON *o = cJSON_Parse(body);
+    cJSON *u = o ? cJSON_GetObjectItem(o, "usage") : NULL;
+    cJSON *x = u ? cJSON_GetObjectItem(cJSON_GetObjectItem(u, "prompt_tokens_details"), "cached_tokens") : NULL;
+    long long v = cJSON_IsNumber(x) ? (long long)x->valuedouble : -1;
+    cJSON_Delete(o);
+    return v;
+}
+
 static const char *error_message(const char *body, char *out, size_t cap) {
     cJSON *o = cJSON_Parse(body);
     cJSON *m = o ? cJSON_GetObjectItem(cJSON_GetObjectItem(o, "error"), "message") : NULL;
@@ -288,6 +297,86 @@ static void test_slow_loris(const char *spec) {
     http_stop(h);
 }
 
+/* ---- item 10: api keys, the cached_tokens oracle, the listen rule -------------------------- */
+
+static void test_listen_rule(const char *spec, const char *keyfile) {
+    http_params p = api_params(spec);
+    p.listen = "0.0.0.0:0";
+    http_server *h = NULL;
+    char msg[KVS_MSG_MAX] = "";
+    CHECK_EQ_INT(http_start(&p, &h, msg, sizeof msg), KVS_ERR_INVALID_ARG);
+    CHECK(strstr(msg, "--api-key") != NULL);
+    CHECK(h == NULL);
+    p.api_key_file = keyfile;
+    CHECK_EQ_INT(http_start(&p, &h, msg, sizeof msg), KVS_OK);
+    http_stop(h);
+    h = NULL;
+    p.api_key_file = NULL;
+    p.insecure = true;
+    CHECK_EQ_INT(http_start(&p, &h, msg, sizeof msg), KVS_OK);
+    http_stop(h);
+}
+
+static void test_api_keys(const char *spec, const char *keyfile) {
+    http_params p = api_params(spec);
+    p.api_key_file = keyfile;
+    http_server *h = api_start(&p);
+    CHECK(h != NULL);
+    if (!h) return;
+    uint16_t port = http_port(h);
+    resp r;
+    char m[320];
+    CHECK(request_from(port, "127.0.0.1", "GET", "/v1/models", NULL, NULL, &r) && r.status == 401);
+    CHECK(r.head && strstr(r.head, "WWW-Authenticate: Bearer") != NULL);
+    CHECK(strstr(error_message(r.body ? r.body : "", m, sizeof m), "Authorization: Bearer") != NULL);
+    resp_free(&r);
+    CHECK(request_from(port, "127.0.0.1", "GET", "/v1/models", NULL, "alpha-key-0", &r) && r.status == 401);
+    resp_free(&r);
+    CHECK(request_from(port, "127.0.0.1", "POST", "/v1/completions", k_story, "wrong", &r) && r.status == 401);
+    resp_free(&r);
+    CHECK(request_from(port, "127.0.0.1", "GET", "/metrics", NULL, NULL, &r) && r.status == 401);
+    resp_free(&r);
+    CHECK(request_from(port, "127.0.0.1", "GET", "/v1/models", NULL, "alpha-key-01", &r) && r.status == 200);
+    resp_free(&r);
+    CHECK(request_from(port, "127.0.0.1", "GET", "/", NULL, NULL, &r) && r.status == 200); /* the page */
+    resp_free(&r);
+    /* the oracle: alpha's finished prompt is kept; beta sending the same prompt must not learn
+     * from cached_tokens that it was there; alpha itself reuses it */
+    long long c[3] = {-1, -1, -1};
+    const char *who[3] = {"alpha-key-01", "beta-key-02", "alpha-key-01"};
+    for (int i = 0; i < 3; i++)
+        if (request_from(port, "127.0.0.1", "POST", "/v1/completions", k_story, who[i], &r)) {
+            CHECK_EQ_INT(r.status, 200);
+            c[i] = usage_cached(r.body);
+            resp_free(&r);
+        }
+    printf("  api keys: cached_tokens alpha %lld, then beta %lld, then alpha %lld\n", c[0], c[1], c[2]);
+    CHECK_EQ_INT(c[0], 0);
+    CHECK_EQ_INT(c[1], 0); /* before: beta saw alpha's 20 tokens */
+    CHECK(c[2] >= HTTP_MIN_REUSE);
+    http_stop(h);
+}
+
+/* Without keys the client identity is its address: 127.0.0.2 does not see 127.0.0.1's prompt. */
+static void test_scope_by_address(const char *spec) {
+    http_params p = api_params(spec);
+    http_server *h = api_start(&p);
+    CHECK(h != NULL);
+    if (!h) return;
+    uint16_t port = http_port(h);
+    resp r;
+    long long c[3] = {-1, -1, -1};
+    const char *src[3] = {"127.0.0.1", "127.0.0.2", "127.0.0.1"};
+    for (int i = 0; i < 3; i++)
+        if (request_from(port, src[i], "POST", "/v1/completions", k_story, NULL, &r)) {
+            c[i] = usage_cached(r.body);
+            resp_free(&r);
+        }
+    CHECK_EQ_INT(c[1], 0);
+    CHECK(c[2] >= HTTP_MIN_REUSE);
+    http_stop(h);
+}
+
 /* ---- item 16: U+0000 in a prompt ------------------------------------------------------------- */
 
 static void test_nul_prompt(const char *spec) {
@@ -323,13 +412,27 @@ int main(void) {
     const char *model = test_shared_path("models/stories260K.gguf", path, sizeof path);
     if (!model) return test_finish("test_api_security", 0, 1);
     signal(SIGPIPE, SIG_IGN);
+    char dir[] = "/tmp/kvs-apisec-XXXXXX", keyfile[300];
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(keyfile, sizeof keyfile, "%s/keys", dir);
+    FILE *f = fopen(keyfile, "w");
+    CHECK(f != NULL);
+    if (f) {
+        fputs("# api keys\nalpha-key-01\n  beta-key-02  # a comment\n", f);
+        fclose(f);
+    }
     shard sh;
     if (!shard_start(&sh, model)) return test_finish("test_api_security", 0, 0) | 1;
     char spec[64];
     snprintf(spec, sizeof spec, "127.0.0.1:%u", srv_port(sh.s));
     test_nul_prompt(spec);
+    test_listen_rule(spec, keyfile);
+    test_api_keys(spec, keyfile);
+    test_scope_by_address(spec);
     test_slow_loris(spec);
     test_unread_stream(spec);
     shard_stop(&sh);
+    unlink(keyfile);
+    rmdir(dir);
     return test_finish("test_api_security", 1, 0);
 }

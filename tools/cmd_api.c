@@ -35,13 +35,18 @@ static void api_usage(FILE *f) {
             "                   [--lanes N] [--queue N] [--queue-timeout SECONDS] [--max-body SIZE]\n"
             "                   [--prefix-slots N] [--model-name NAME] [--tokenizer MODEL] [--chat-template NAME]\n"
             "                   [-t THREADS] [--kv-budget SIZE] [--kv-type f16|q8_0|q4_0|f32]\n"
-            "                   [--per-ip-conns N] [--request-timeout S] [--stream-stall S]\n"
+            "                   [--api-key FILE] [--per-ip-conns N] [--request-timeout S] [--stream-stall S]\n"
             "  -m MODEL             run the whole model in this process (a shard on a loopback port)\n"
             "  --route SPEC         drive a route of running shards instead (as kvshard generate)\n"
             "  --spare SPEC         replacement shards for failed hops\n"
             "  --cluster URL        instead of --route: plan each lane's route from an etcd registry,\n"
             "                       spreading lanes over replicas (--model NAME|DIGEST picks the model)\n"
-            "  --listen HOST:PORT   HTTP address (default 127.0.0.1:8080; port 0 picks one, printed)\n"
+            "  --listen HOST:PORT   HTTP address (default 127.0.0.1:8080; port 0 picks one, printed); an\n"
+            "                       address that is not loopback needs --api-key (or --insecure)\n"
+            "  --api-key FILE       accepted API keys, one per line ('#' comments): every endpoint but the\n"
+            "                       page wants 'Authorization: Bearer KEY' (401 otherwise); prefix reuse is\n"
+            "                       per key (without keys: per client address). Plaintext HTTP: put a TLS\n"
+            "                       proxy in front off loopback\n"
             "  --per-ip-conns N     open HTTP connections from one IP address (default 16)\n"
             "  --request-timeout S  a connection silent this long while sending a request or between\n"
             "                       requests is closed (default 10)\n"
@@ -126,6 +131,7 @@ int cmd_api(int argc, char **argv) {
         else if (!strcmp(a, "--spare")) ok = args_str(argc, argv, &i, &p.spares);
         else if (!strcmp(a, "--listen")) ok = args_str(argc, argv, &i, &p.listen);
         else if (!strcmp(a, "--lanes")) ok = args_int(argc, argv, &i, 1, 256, &lanes);
+        else if (!strcmp(a, "--api-key")) ok = args_str(argc, argv, &i, &p.api_key_file);
         else if (!strcmp(a, "--per-ip-conns")) ok = args_int(argc, argv, &i, 1, 65536, &per_ip);
         else if (!strcmp(a, "--request-timeout")) ok = args_int(argc, argv, &i, 1, 86400, &req_timeout);
         else if (!strcmp(a, "--stream-stall")) ok = args_int(argc, argv, &i, 1, 86400, &stall);
@@ -179,6 +185,7 @@ int cmd_api(int argc, char **argv) {
     p.per_ip_connections = (int)per_ip;
     p.request_timeout_s = (int)req_timeout;
     p.stream_stall_s = (int)stall;
+    p.insecure = sec.insecure;
     p.log = daemon_log_line;
     p.log_ctx = "api";
     char msg[KVS_MSG_MAX] = "", spec[64], name[128];

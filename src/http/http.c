@@ -31,6 +31,7 @@ struct http_server {
     http_params p;
     http_lanes L;
     http_metrics m;
+    http_guard g;
     struct MHD_Daemon *d;
     uint16_t port;
     char model[128];
@@ -45,8 +46,9 @@ typedef struct {
     size_t len, cap;
     uint64_t seen;     /* body bytes received, kept or not */
     bool too_large;    /* the body passed max_body_bytes: discarded, answered 413 at its end */
-    bool answered;     /* a response was queued before the body ended (413) */
+    bool answered;     /* a response was queued before the body ended (413, 401) */
     bool generating;   /* counted by http_drain_enter; on_completed leaves */
+    uint64_t owner;    /* the client identity (http_guard) */
 } conn_req;
 
 typedef struct {
@@ -282,6 +284,7 @@ static enum MHD_Result generate(http_server *h, struct MHD_Connection *c, conn_r
         free(st);
         return respond_err(h, c, cr->ep, &e);
     }
+    st->req.owner = cr->owner;
     char *prompt = NULL;
     if (chat) {
         if (http_chat_format(h->L.chat_tmpl, st->req.msgs, st->req.n_msgs, &prompt) != KVS_OK) {
@@ -342,6 +345,38 @@ static enum MHD_Result serve_generate(http_server *h, struct MHD_Connection *c, 
     return r;
 }
 
+/* ---- guard (http.h design note 6) -------------------------------------------------------------- */
+
+/* Authenticates the request (every endpoint but the page when api keys are set) and sets its
+ * client identity. false: answered 401. */
+static bool admit(http_server *h, struct MHD_Connection *c, conn_req *cr) {
+    const char *authz = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (http_guard_check(&h->g, authz, &cr->owner)) {
+        if (!h->g.n_keys) {
+            const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+            cr->owner = http_guard_owner_addr(&h->g, ci ? ci->client_addr : NULL);
+        }
+        return true;
+    }
+    if (cr->ep == EP_PAGE) return true; /* static, no data: the page asks for the key itself */
+    http_err e;
+    http_fail(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
+              authz ? "the API key is not valid" : "an API key is required: send Authorization: Bearer KEY");
+    char *body = http_err_body(&e);
+    struct MHD_Response *r = body ? MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE) : NULL;
+    cr->answered = true;
+    if (!r) {
+        free(body);
+        return false;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    MHD_queue_response(c, 401, r);
+    MHD_destroy_response(r);
+    http_metrics_request(&h->m, cr->ep, 401);
+    return false;
+}
+
 /* ---- dispatch ---------------------------------------------------------------------------------- */
 
 static enum http_endpoint classify(const char *url) {
@@ -373,6 +408,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cr->ep = classify(url);
         *con_cls = cr;
         if (http_drain_draining(&h->drain)) return refuse_draining(h, c, cr);
+        if (!admit(h, c, cr)) return MHD_YES;
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > h->p.max_body_bytes) return too_large(h, c, cr);
         return MHD_YES;
@@ -483,15 +519,20 @@ int http_start(const http_params *p, http_server **out, char *msg, size_t cap) {
         return kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "listen address '%.100s' is not HOST:PORT", p->listen);
     http_server *h = calloc(1, sizeof *h);
     if (!h) return kvs_fail(msg, cap, KVS_ERR_NOMEM, "out of memory");
+    int err = http_guard_open(&h->g, p, host, msg, cap);
+    if (err) {
+        free(h);
+        return err;
+    }
     h->p = *p;
     h->quiesced_fd = -1;
     http_drain_init(&h->drain);
     snprintf(h->model, sizeof h->model, "%s", p->model_name && p->model_name[0] ? p->model_name : "kvshard");
     http_metrics_init(&h->m);
-    int err = http_lanes_open(&h->L, p, msg, cap);
-    if (err) {
+    if ((err = http_lanes_open(&h->L, p, msg, cap)) != KVS_OK) {
         http_metrics_destroy(&h->m);
         http_drain_destroy(&h->drain);
+        http_guard_close(&h->g);
         free(h);
         return err;
     }
@@ -513,6 +554,7 @@ fail:
     http_lanes_close(&h->L);
     http_metrics_destroy(&h->m);
     http_drain_destroy(&h->drain);
+    http_guard_close(&h->g);
     free(h);
     return err;
 }
@@ -538,5 +580,6 @@ void http_stop(http_server *h) {
     http_lanes_close(&h->L);
     http_metrics_destroy(&h->m);
     http_drain_destroy(&h->drain);
+    http_guard_close(&h->g);
     free(h);
 }

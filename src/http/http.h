@@ -26,15 +26,18 @@
  *     response, and its free callback releases the session on every hop (between steps nothing
  *     is in flight, so RELEASE alone returns the shards' KV to where it was).
  *  5. The library never prints; events go to http_params.log.
- *  6. Guard (http_guard.c): a per-IP connection limit and a request timeout against slow-loris;
- *     the timeout is off while the server itself works for a request. A streamed reply holds a
- *     small send buffer and is closed when its client stops reading for stream_stall_s, which
- *     ends its generation and frees its lane.
+ *  6. Guard (http_guard.c): with api keys every endpoint but the page wants
+ *     `Authorization: Bearer KEY` (401 otherwise); kept sessions are reused only by the client
+ *     identity that left them (its key, else its IP address), so cached_tokens tells a client
+ *     nothing about another's prompts; per-IP connection limit and request timeout against
+ *     slow-loris; a streamed reply holds a small send buffer and is closed when its client stops
+ *     reading for stream_stall_s, which frees its lane.
  */
 #ifndef KVS_HTTP_H
 #define KVS_HTTP_H
 
 #include <signal.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -79,6 +82,9 @@ typedef struct {
                                     closed and its lane freed (default 30) */
     int stream_sndbuf;           /* socket send buffer of a streamed reply, bytes: how far a
                                     generation runs ahead of its reader (default 64 KiB) */
+    const char *api_key_file;    /* Bearer tokens accepted, one per line, '#' comments; NULL: none
+                                    asked (then only a loopback listen, unless insecure) */
+    bool insecure;               /* allow a non-loopback listen without api keys */
     http_log_fn log;             /* NULL: silent */
     void *log_ctx;
     /* Test hook: called on the request's thread before each forward step, with the request's

@@ -83,7 +83,8 @@ bool http_gen_begin(http_gen *g, http_lanes *L, http_metrics *m, const http_gen_
     if (err) goto fail_nomem;
     g->n_prompt = (uint32_t)n;
     if (req->logprobs && !(g->lps = calloc(p.max_gen + 1, sizeof *g->lps))) goto fail_nomem;
-    err = http_lanes_acquire(L, g->gen.ids, g->gen.n_prompt, &g->lane, &g->s, &g->reuse, msg, sizeof msg);
+    err = http_lanes_acquire(L, g->gen.ids, g->gen.n_prompt, req->owner, &g->lane, &g->s, &g->reuse, msg,
+                             sizeof msg);
     if (err == KVS_ERR_BUSY) {
         http_fail(e, 503, "server_error", "server_busy", NULL, "the server is at capacity: %s", msg);
         goto fail;

@@ -70,6 +70,7 @@ typedef struct {
     bool include_usage;         /* stream_options.include_usage */
     bool logprobs;
     int top_logprobs;           /* 0..HTTP_MAX_TOP_LOGPROBS */
+    uint64_t owner;             /* the client identity (http_guard): scopes prefix reuse; not from the body */
 } http_gen_req;
 
 /* Parses and validates a request body. true: *out filled (free with http_gen_req_free). false:
@@ -95,12 +96,14 @@ typedef struct {
     int32_t *hist;     /* (n) tokens the session holds along the route */
     uint32_t n, cap;
     uint64_t last_used; /* lanes->clock tick */
+    uint64_t owner;     /* the client identity that left it: only it may reuse it (note 6 of http.h) */
 } http_kept;
 
 typedef struct {
     route *r;            /* NULL while broken (reopened by the next request) */
     bool busy;
     uint32_t reroutes;   /* of r, as of the lane's last request */
+    uint64_t owner;      /* identity of the request holding the lane (what it keeps is its) */
     http_kept *kept;     /* (prefix_slots) */
 } http_lane;
 
@@ -125,13 +128,14 @@ int http_lanes_open(http_lanes *L, const http_params *p, char *msg, size_t cap);
 void http_lanes_close(http_lanes *L);
 
 /* Waits for a lane (queue note 2 of http.h). On KVS_OK *lane is held and, when a kept session
- * shares >= HTTP_MIN_REUSE tokens with prompt[0..n), *kept is that session (taken out of the
- * table, rewound to the common prefix *reuse, at most n - 1) else NULL with *reuse 0.
- * KVS_ERR_BUSY: the queue is full or the wait timed out. KVS_ERR_IO: the lane's route could
- * not be reopened (msg). */
-int http_lanes_acquire(http_lanes *L, const int32_t *prompt, uint32_t n, int *lane, route_session **kept,
-                       uint32_t *reuse, char *msg, size_t cap);
-/* Ends a request on the lane: keep (hist[0..n) is what s holds) puts s into the lane's table,
+ * of the same owner (client identity) shares >= HTTP_MIN_REUSE tokens with prompt[0..n), *kept
+ * is that session (taken out of the table, rewound to the common prefix *reuse, at most n - 1)
+ * else NULL with *reuse 0. KVS_ERR_BUSY: the queue is full or the wait timed out. KVS_ERR_IO:
+ * the lane's route could not be reopened (msg). */
+int http_lanes_acquire(http_lanes *L, const int32_t *prompt, uint32_t n, uint64_t owner, int *lane,
+                       route_session **kept, uint32_t *reuse, char *msg, size_t cap);
+/* Ends a request on the lane: keep (hist[0..n) is what s holds) puts s into the lane's table
+ * (owned by the lane's owner),
  * evicting the least recently used entry (RELEASE); !keep releases s. s may be NULL. broken
  * closes the lane's route (reopened on next use). Wakes one waiter. */
 void http_lanes_finish(http_lanes *L, int lane, route_session *s, const int32_t *hist, uint32_t n, bool keep,
@@ -142,8 +146,27 @@ bool http_lanes_health(http_lanes *L, int64_t timeout_ms, char *report, size_t c
 
 /* ---- guard (http_guard.c, http.h design note 6) --------------------------------------------- */
 
-struct MHD_Connection;
+#define HTTP_KEY_HASH 32 /* BLAKE2b-256 of an api key */
 
+typedef struct {
+    uint8_t (*keys)[HTTP_KEY_HASH]; /* (n_keys) hashes of the accepted keys; the keys are not kept */
+    int n_keys;
+    uint8_t id_key[16];             /* random per process: keys the client identity tags */
+} http_guard;
+
+struct MHD_Connection;
+struct sockaddr;
+
+/* Loads p->api_key_file and checks the listen host (not loopback: keys or p->insecure needed).
+ * KVS_OK; KVS_ERR_INVALID_ARG with msg; KVS_ERR_NOMEM. */
+int http_guard_open(http_guard *g, const http_params *p, const char *host, char *msg, size_t cap);
+void http_guard_close(http_guard *g);
+/* Without keys: true, *owner 0 (the caller tags the client by address). With keys: true when
+ * authorization is "Bearer KEY" with an accepted KEY (constant time), *owner then that key's
+ * identity tag; false otherwise. */
+bool http_guard_check(const http_guard *g, const char *authorization, uint64_t *owner);
+/* The identity tag of a client address (no api keys). */
+uint64_t http_guard_owner_addr(const http_guard *g, const struct sockaddr *sa);
 /* Turns the connection's timeout off while the server works for it (begin), or back on at
  * resume_s with its clock restarted. */
 void http_guard_long_work(struct MHD_Connection *c, bool begin, unsigned resume_s);

@@ -178,8 +178,8 @@ static void lane_replace_route(http_lanes *L, http_lane *ln, route_session **tak
     pthread_mutex_unlock(&L->mu);
 }
 
-int http_lanes_acquire(http_lanes *L, const int32_t *prompt, uint32_t n, int *lane, route_session **kept,
-                       uint32_t *reuse, char *msg, size_t cap) {
+int http_lanes_acquire(http_lanes *L, const int32_t *prompt, uint32_t n, uint64_t owner, int *lane,
+                       route_session **kept, uint32_t *reuse, char *msg, size_t cap) {
     *lane = -1;
     *kept = NULL;
     *reuse = 0;
@@ -209,7 +209,7 @@ int http_lanes_acquire(http_lanes *L, const int32_t *prompt, uint32_t n, int *la
         if (best_lane < 0) best_lane = i;
         for (int j = 0; j < L->p.prefix_slots; j++) {
             const http_kept *k = &L->lanes[i].kept[j];
-            if (!k->s) continue;
+            if (!k->s || k->owner != owner) continue; /* another client's prompt is not an oracle */
             uint32_t c = common_prefix(prompt, n, k->hist, k->n);
             if (c > best) {
                 best = c;
@@ -220,6 +220,7 @@ int http_lanes_acquire(http_lanes *L, const int32_t *prompt, uint32_t n, int *la
     }
     http_lane *ln = &L->lanes[best_lane];
     ln->busy = true;
+    ln->owner = owner;
     if (best >= HTTP_MIN_REUSE) {
         http_kept *k = &ln->kept[best_slot];
         *kept = k->s;
@@ -272,7 +273,8 @@ void http_lanes_finish(http_lanes *L, int lane, route_session *s, const int32_t 
                 if (ln->kept[j].last_used < ln->kept[slot].last_used) slot = j;
             }
             victim = ln->kept[slot];
-            ln->kept[slot] = (http_kept){.s = s, .hist = copy, .n = n, .cap = n, .last_used = ++L->clock};
+            ln->kept[slot] = (http_kept){.s = s, .hist = copy, .n = n, .cap = n, .last_used = ++L->clock,
+                                         .owner = ln->owner};
             pthread_mutex_unlock(&L->mu);
             stored = true;
         }
