@@ -296,7 +296,11 @@ static void test_relay_listen_table(void) {
     double s = (double)(kvs_now_ns() - t0) / 1e9;
     printf("  relay listen: %d adds in %.3f s\n", MAX, s);
     CHECK_EQ_INT(fails, 0);
-    CHECK(s < 2.0);
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+    CHECK(s < 10.0); /* a mutex and a SipHash per add, instrumented */
+#else
+    CHECK(s < 2.0); /* the linear scan: about 5e9 comparisons for these adds */
+#endif
     CHECK_EQ_INT(relay_listen_count(r), MAX);
     CHECK_EQ_INT(relay_listen_add(r, MAX + 1, 7, targets + TARGETS), KVS_ERR_BUSY); /* table full */
     CHECK(relay_listen_take(r, 12345, NULL) == targets + 12344 / PER);
