@@ -100,6 +100,9 @@ bool http_gen_begin(http_gen *g, http_lanes *L, http_metrics *m, const http_gen_
         http_fail(e, 500, "server_error", NULL, NULL, "cannot open a session: %s", msg);
         goto fail;
     }
+    /* The api reaches the shards as one identity: its clients' prefix blocks are kept apart by
+     * salting each session's chain hashes with the client's identity. */
+    if (!g->reuse) route_session_prefix_salt(g->s, req->owner);
     return true;
 fail_nomem:
     nomem(e);

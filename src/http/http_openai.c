@@ -117,7 +117,8 @@ static cJSON *usage_json(const http_gen *g) {
     cJSON_AddNumberToObject(u, "completion_tokens", g->n_gen);
     cJSON_AddNumberToObject(u, "total_tokens", g->n_prompt + g->n_gen);
     cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
-    cJSON_AddNumberToObject(d, "cached_tokens", g->reuse);
+    /* Kept by this lane, or taken from the shards' prefix blocks of the same client. */
+    cJSON_AddNumberToObject(d, "cached_tokens", g->reuse ? g->reuse : route_session_cached(g->s));
     return u;
 }
 
