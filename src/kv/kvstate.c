@@ -142,7 +142,7 @@
 
 /* ---- counted allocation: the one place metadata memory comes from -------- */
 
-static void *kv_alloc(kv_state *kv, size_t n) {
+void *kv_alloc(kv_state *kv, size_t n) {
     if (kv->fail_countdown > 0 && --kv->fail_countdown == 0) return NULL;
     return malloc(n);
 }
@@ -170,7 +170,7 @@ kv_params kv_default_params(void) {
 
 /* ---- table, LRU --------------------------------------------------------- */
 
-static kv_session *kv_find(kv_state *kv, const kv_sid *sid) {
+kv_session *kv_find(kv_state *kv, const kv_sid *sid) {
     for (kv_session *s = kv->buckets[kv_hash(sid)]; s; s = s->hash_next)
         if (memcmp(s->sid.bytes, sid->bytes, 16) == 0) return s;
     return NULL;
@@ -183,7 +183,7 @@ static void lru_unlink(kv_session *s) {
     s->lru_prev = s->lru_next = NULL;
 }
 
-static void lru_push_front(kv_state *kv, kv_session *s) {
+void kv_lru_push_front(kv_state *kv, kv_session *s) {
     s->lru_next = kv->lru.lru_next;
     s->lru_prev = &kv->lru;
     kv->lru.lru_next->lru_prev = s;
@@ -197,7 +197,7 @@ static kv_tenant **tenant_slot(kv_state *kv, uint64_t tag) {
 }
 
 /* Frees t when it holds no session and no kv_begin is using it (I9). */
-static void tenant_release(kv_state *kv, kv_tenant *t) {
+void kv_tenant_release(kv_state *kv, kv_tenant *t) {
     if (t->n_sessions || t == kv->cur_tenant) return;
     KVS_ASSERT(t->n_blocks == 0);
     kv_tenant **pp = tenant_slot(kv, t->tag);
@@ -374,7 +374,7 @@ static int32_t tomb_entry(const kv_state *kv, const kv_sid *sid) {
 }
 
 /* Index of sid's remembered epoch, -1 when none (or aged out). */
-static int32_t tomb_find(kv_state *kv, const kv_sid *sid) {
+int32_t kv_tomb_find(kv_state *kv, const kv_sid *sid) {
     int32_t i = tomb_entry(kv, sid);
     return i != KV_TOMB_NONE && tomb_alive(kv, &kv->tombs[i], kv->p.clock(kv->p.clock_ctx)) ? i : -1;
 }
@@ -383,7 +383,7 @@ static int32_t tomb_find(kv_state *kv, const kv_sid *sid) {
  * id (I8): an id recorded again is updated in place and becomes the newest, so churning one id
  * never pushes out another's entry; a new id past max_tombstones forgets the least recently
  * recorded one. Aged-out entries at the old end are forgotten on the way (a few per call). */
-static void tomb_put(kv_state *kv, const kv_sid *sid, uint64_t epoch) {
+void kv_tomb_put(kv_state *kv, const kv_sid *sid, uint64_t epoch) {
     uint64_t now = kv->p.clock(kv->p.clock_ctx);
     for (int k = 0; k < 4 && kv->tomb_oldest != KV_TOMB_NONE; k++) {
         int32_t o = kv->tomb_oldest;
@@ -414,9 +414,9 @@ static void tomb_put(kv_state *kv, const kv_sid *sid, uint64_t epoch) {
 
 /* Removes an idle session entirely, returning its blocks; its epoch becomes a tombstone when
  * remember (a session that goes), not when it never existed for anyone (a rolled-back create). */
-static void kv_remove(kv_state *kv, kv_session *s, bool remember) {
+void kv_remove(kv_state *kv, kv_session *s, bool remember) {
     KVS_ASSERT(!s->inflight);
-    if (remember) tomb_put(kv, &s->sid, s->epoch);
+    if (remember) kv_tomb_put(kv, &s->sid, s->epoch);
     kv_session **pp = &kv->buckets[kv_hash(&s->sid)];
     while (*pp != s) pp = &(*pp)->hash_next;
     *pp = s->hash_next;
@@ -427,7 +427,7 @@ static void kv_remove(kv_state *kv, kv_session *s, bool remember) {
     free(s);
     kv->n_sessions--;
     t->n_sessions--;
-    tenant_release(kv, t);
+    kv_tenant_release(kv, t);
 }
 
 static void kv_drop(kv_state *kv, kv_session *s) { kv_remove(kv, s, true); }
@@ -701,7 +701,7 @@ int kv_begin(kv_state *kv, const kv_sid *sid, uint64_t epoch, uint32_t start_pos
 }
 
 /* The tenant record of tag, made when missing (NULL: out of memory). */
-static kv_tenant *tenant_get(kv_state *kv, uint64_t tag) {
+kv_tenant *kv_tenant_get(kv_state *kv, uint64_t tag) {
     kv_tenant **pp = tenant_slot(kv, tag);
     if (*pp) return *pp;
     kv_tenant *t = kv_alloc(kv, sizeof(*t));
@@ -774,7 +774,7 @@ int kv_begin_prefix(kv_state *kv, uint64_t tenant, const kv_sid *sid, uint64_t e
             if (start_pos < keep) { keep = start_pos; }
         }
     } else {
-        int32_t ti = tomb_find(kv, sid);
+        int32_t ti = kv_tomb_find(kv, sid);
         if (ti >= 0 && epoch < kv->tombs[ti].epoch) {
             r.live_epoch = kv->tombs[ti].epoch;
             kv->st.stale++;
@@ -813,7 +813,7 @@ int kv_begin_prefix(kv_state *kv, uint64_t tenant, const kv_sid *sid, uint64_t e
         /* A newer epoch that inherits nothing supersedes the old state now (DESIGN §2). */
         if (s && epoch > s->epoch && !inherit_ok) {
             kv_drop(kv, s);
-            tomb_put(kv, sid, epoch);
+            kv_tomb_put(kv, sid, epoch);
             r.n_past = 0;
             r.live_epoch = epoch;
         }
@@ -830,7 +830,7 @@ int kv_begin_prefix(kv_state *kv, uint64_t tenant, const kv_sid *sid, uint64_t e
     uint32_t n_table = blocks_for(kv, start_pos + n);
     uint32_t n_shared = n_adopt ? 0 : n_full + (share_partial ? 1 : 0);
     uint32_t n_old = s ? s->n_blocks : 0;
-    t = s ? s->tenant : tenant_get(kv, tenant);
+    t = s ? s->tenant : kv_tenant_get(kv, tenant);
     if (!t) { err = KVS_ERR_NOMEM; goto done; }
     kv->cur_tenant = t;
     /* In place also when copy-on-write would take the tenant past its quota (I7, I9); never over
@@ -941,7 +941,7 @@ int kv_begin_prefix(kv_state *kv, uint64_t tenant, const kv_sid *sid, uint64_t e
     *out = txn;
 done:
     kv->cur_tenant = NULL;
-    if (t) tenant_release(kv, t); /* a new tenant whose begin failed */
+    if (t) kv_tenant_release(kv, t); /* a new tenant whose begin failed */
     if (rep) *rep = r;
     pthread_mutex_unlock(&kv->lock);
     /* The pin keeps everyone else off these blocks: the copy needs no lock. */
@@ -988,7 +988,7 @@ void kv_commit(kv_state *kv, kv_txn *txn, kv_reply *rep) {
     s->epoch = txn->epoch;
     s->inflight = NULL;
     s->last_used = kv->p.clock(kv->p.clock_ctx);
-    lru_push_front(kv, s);
+    kv_lru_push_front(kv, s);
     kv->st.appends++;
     if (txn->rewind) kv->st.rewinds++;
     if (txn->inherit) kv->st.inherits++;
@@ -1020,7 +1020,7 @@ void kv_abort(kv_state *kv, kv_txn *txn, bool cancelled) {
         kv_remove(kv, s, false);
     } else {
         s->last_used = kv->p.clock(kv->p.clock_ctx);
-        lru_push_front(kv, s);
+        kv_lru_push_front(kv, s);
     }
     free(txn->undo);
     free(txn->key_hash);
@@ -1091,7 +1091,7 @@ static int kv_resolve(kv_state *kv, const kv_sid *sid, uint64_t epoch, kv_sessio
     kv_session *s = kv_find(kv, sid);
     *dropped = false;
     if (!s) {
-        int32_t ti = tomb_find(kv, sid);
+        int32_t ti = kv_tomb_find(kv, sid);
         if (ti >= 0 && epoch < kv->tombs[ti].epoch) {
             r->live_epoch = kv->tombs[ti].epoch;
             kv->st.stale++;
@@ -1108,7 +1108,7 @@ static int kv_resolve(kv_state *kv, const kv_sid *sid, uint64_t epoch, kv_sessio
     if (s->inflight) { kv->st.busy++; return KVS_ERR_BUSY; }
     if (epoch > s->epoch) {
         kv_drop(kv, s);
-        tomb_put(kv, sid, epoch);
+        kv_tomb_put(kv, sid, epoch);
         r->have = r->n_past = 0;
         r->live_epoch = epoch;
         *dropped = true;
@@ -1137,7 +1137,7 @@ int kv_truncate(kv_state *kv, const kv_sid *sid, uint64_t epoch, uint32_t len, k
         s->n_past = len;
         s->last_used = kv->p.clock(kv->p.clock_ctx);
         lru_unlink(s);
-        lru_push_front(kv, s);
+        kv_lru_push_front(kv, s);
         kv->st.truncates++;
         r.n_past = r.have = len;
     }

@@ -216,4 +216,42 @@ void kv_inject_alloc_failure(kv_state *kv, int n);
  * values that break it (KVS_ERR_NOMEM, KVS_ERR_INVALID_ARG for a NULL kv). */
 int kv_check(kv_state *kv, char *msg, size_t msg_cap);
 
+/* ---- snapshot and transfer (kv_snapshot.c; format: docs/hot-kv-state.md "Snapshots") ----
+ * A stream of a header (the shard's identity: model digest, layer range, KV geometry and type),
+ * session records (id, owner tenant, epoch, n_past, idle age, then every block with its own
+ * checksum), tombstone records and a trailer. The callbacks move bytes: a file, a socket, a
+ * buffer. */
+#define KV_SNAP_VERSION 1u
+typedef int (*kv_snap_write_fn)(void *ctx, const void *buf, size_t len); /* KVS_OK or an error */
+typedef int (*kv_snap_read_fn)(void *ctx, void *buf, size_t len);        /* exactly len, or an error */
+
+/* Who the state belongs to: an import is refused unless both sides say the same. */
+typedef struct {
+    uint8_t digest[32];   /* model file SHA-256 */
+    uint32_t first, last; /* layer range */
+} kv_snap_ident;
+
+typedef struct {
+    uint64_t sessions, tombstones, bytes; /* records and stream bytes written / read */
+} kv_snap_counts;
+
+/* Writes every idle session (only: NULL) or the one session `only` (no tombstones), holding the
+ * pool's lock for the whole write (callers quiesce the shard first). KVS_ERR_NOT_FOUND when
+ * `only` is absent, KVS_ERR_BUSY when it (or, for all, any session) is pinned; the writer's
+ * error as returned. */
+int kv_export(kv_state *kv, const kv_snap_ident *id, const kv_sid *only, kv_snap_write_fn w, void *ctx,
+              kv_snap_counts *out, char *msg, size_t msg_cap);
+/* Reads a stream and adds its sessions and tombstones. Everything is checked before it counts:
+ * version, identity, geometry and KV type against this pool, every checksum, every size against
+ * the pool (free blocks now: an import never evicts), max_positions, max_sessions and the
+ * tenant quotas; an id live here or remembered at a newer epoch is refused. On any refusal
+ * nothing is changed (sessions added so far are removed again without a trace): KVS_ERR_FORMAT
+ * (a checksum, a truncated or malformed stream), KVS_ERR_INVALID_ARG (identity or geometry),
+ * KVS_ERR_BUDGET_EXHAUSTED / KVS_ERR_BUSY (pool, session or quota limits), KVS_ERR_STALE_EPOCH,
+ * the reader's error; msg says which. */
+int kv_import(kv_state *kv, const kv_snap_ident *id, kv_snap_read_fn r, void *ctx, kv_snap_counts *out, char *msg,
+              size_t msg_cap);
+/* Checksum of the format: 64-bit, seeded (kv_snapshot.c). */
+uint64_t kv_snap_sum(const void *buf, size_t len, uint64_t seed);
+
 #endif /* KVS_KVSTATE_H */

@@ -144,4 +144,14 @@ static inline uint32_t blocks_for(const kv_state *kv, uint32_t positions) {
     return (uint32_t)(((uint64_t)positions + (uint64_t)kv->p.block_tokens - 1) / (uint64_t)kv->p.block_tokens);
 }
 
+/* Shared with kv_snapshot.c (export / import); all of them run under kv->lock. */
+void *kv_alloc(kv_state *kv, size_t n);
+kv_session *kv_find(kv_state *kv, const kv_sid *sid);
+void kv_lru_push_front(kv_state *kv, kv_session *s);
+void kv_tenant_release(kv_state *kv, kv_tenant *t);
+kv_tenant *kv_tenant_get(kv_state *kv, uint64_t tag);
+int32_t kv_tomb_find(kv_state *kv, const kv_sid *sid);
+void kv_tomb_put(kv_state *kv, const kv_sid *sid, uint64_t epoch);
+void kv_remove(kv_state *kv, kv_session *s, bool remember);
+
 #endif /* KVS_KVSTATE_IMPL_H */
