@@ -6,9 +6,11 @@
  * loopback (mobility_procs below): a shard restarted with --state-dir mid-generation.
  */
 #include <pthread.h>
+#include <sys/stat.h>
 
 #include "kvstate.h"
 #include "quant.h"
+#include "route_harness.h"
 #include "test.h"
 
 #define BT 4
@@ -254,8 +256,282 @@ static void test_refusals(void) {
     free(m.buf);
 }
 
+/* ---- real processes over loopback ------------------------------------------------------- */
+
+static char g_dir[256];
+
+static char *run_cli(const char *const *args, int *status) {
+    char errlog[300];
+    snprintf(errlog, sizeof errlog, "%s/cli.log", g_dir);
+    char *out = NULL;
+    *status = proc_run_args(args, &out, errlog, 120000);
+    return out;
+}
+
+static char *reference(const char *model, const char *prompt, const char *n) {
+    int st;
+    const char *args[] = {"run", "-m", model, "-p", prompt, "-n", n, "--temp", "0", "--seed", "5", "-t", "1",
+                          "--json", NULL};
+    char *out = run_cli(args, &st);
+    CHECK_EQ_INT(st, 0);
+    return out;
+}
+
+/* True when the whole file at path has a line containing needle. */
+static bool log_has(const char *path, const char *needle) {
+    FILE *f = fopen(path, "r");
+    char line[1024];
+    bool found = false;
+    while (f && !found && fgets(line, sizeof line, f)) found = strstr(line, needle) != NULL;
+    if (f) fclose(f);
+    return found;
+}
+
+static void dump_log(const char *what, const char *path) {
+    FILE *f = fopen(path, "r");
+    char line[1024];
+    fprintf(stderr, "---- %s (%s)\n", what, path);
+    while (f && fgets(line, sizeof line, f)) fprintf(stderr, "  | %s", line);
+    if (f) fclose(f);
+}
+
+typedef struct {
+    const char *model;
+    int n;                 /* shards */
+    const char *layers[3];
+    proc_server s[3];
+    char state[3][300];
+    int port[3];
+} mob_route;
+
+/* Starts shard i of m, at port (0: a free one) with its --state-dir. */
+static bool mob_start(mob_route *m, int i, int port) {
+    char listen[64];
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+    const char *extra[] = {"--state-dir", m->state[i], "--listen", listen, NULL};
+    bool ok = proc_start_server(&m->s[i], g_dir, m->model, m->layers[i], extra);
+    if (ok) m->port[i] = m->s[i].port;
+    else dump_log("shard did not start", m->s[i].log);
+    return ok;
+}
+
+static bool mob_open(mob_route *m, const char *tag) {
+    bool ok = true;
+    for (int i = 0; i < m->n; i++) {
+        snprintf(m->state[i], sizeof m->state[i], "%s/state-%s-%d", g_dir, tag, i);
+        ok = ok && mob_start(m, i, 0);
+    }
+    return ok;
+}
+
+/* SIGTERM shard i and wait for it to exit; its log must say what it wrote. */
+static void mob_stop(mob_route *m, int i, const char *wrote) {
+    char log[512];
+    snprintf(log, sizeof log, "%s", m->s[i].log);
+    CHECK_EQ_INT(proc_stop_server(&m->s[i]), 0);
+    if (wrote && !log_has(log, wrote)) {
+        CHECK(!"the stopped shard's log names its snapshot");
+        dump_log("stopped shard", log);
+    }
+}
+
+static void mob_close(mob_route *m) {
+    for (int i = 0; i < m->n; i++) proc_stop_server(&m->s[i]);
+}
+
+/* A generate child on m's route, paused after 8 tokens; log under g_dir/<tag>.err. */
+static bool mob_generate(mob_route *m, paused_gen *g, char *errlog, size_t cap, const char *tag) {
+    static char route[256];
+    route_of(route, sizeof route, m->s, m->n);
+    snprintf(errlog, cap, "%s/%s.err", g_dir, tag);
+    static char *argv[] = {"kvshard", "generate", "--route", NULL, "-p", "Once upon a time", "-n", "24", "--temp",
+                           "0", "--seed", "5", "--json", "--stats", "-v", "--pause-after", "8", "--timeout",
+                           "60000", "--reconnect-grace", "60000", NULL};
+    argv[3] = route;
+    return paused_gen_start(g, argv, errlog) && paused_gen_wait(g, "paused after 8 tokens", NULL, 0);
+}
+
+static int mob_finish(paused_gen *g, const char *errlog, const char *ref, const char *what) {
+    char *got = NULL;
+    int st = paused_gen_finish(g, &got);
+    CHECK_EQ_INT(st, 0);
+    bool same = got && strcmp(got, ref) == 0;
+    CHECK(same);
+    if (st != 0 || !same) {
+        fprintf(stderr, "%s:\n  got  %s  want %s", what, got ? got : "", ref);
+        dump_log("client", errlog);
+    }
+    free(got);
+    return same && st == 0;
+}
+
+/* Every shard of the route restarted one after the other while the client is paused mid-
+ * generation, the last one while the client is already waiting for it (its reconnect grace):
+ * the output equals `kvshard run`, no position replayed, no re-route, the epoch unchanged. */
+static void check_rolling_restart(const char *model, int n, const char *const *layers, const char *ref) {
+    mob_route m = {.model = model, .n = n};
+    for (int i = 0; i < n; i++) m.layers[i] = layers[i];
+    if (!mob_open(&m, "roll")) {
+        CHECK(!"shards start");
+        mob_close(&m);
+        return;
+    }
+    paused_gen g;
+    char errlog[300];
+    CHECK(mob_generate(&m, &g, errlog, sizeof errlog, "roll"));
+    for (int i = 0; i + 1 < n; i++) {
+        mob_stop(&m, i, "state: wrote 1 session(s)");
+        CHECK(mob_start(&m, i, m.port[i]));
+        CHECK(log_has(m.s[i].log, "state: loaded 1 session(s)"));
+    }
+    mob_stop(&m, n - 1, "state: wrote 1 session(s)");
+    /* Resumed while the tail is down: the client calls it again until it is back. */
+    char *got = NULL;
+    pid_t child = g.pid;
+    CHECK_EQ_INT(write(g.stdin_fd, "\n", 1), 1);
+    close(g.stdin_fd);
+    g.stdin_fd = -1;
+    CHECK(paused_gen_wait(&g, "calling it again", NULL, 0));
+    CHECK(mob_start(&m, n - 1, m.port[n - 1]));
+    CHECK(log_has(m.s[n - 1].log, "state: loaded 1 session(s)"));
+    size_t len = 0, cap = 1 << 16;
+    got = malloc(cap);
+    ssize_t r;
+    while ((r = read(g.stdout_fd, got + len, cap - len - 1)) > 0) len += (size_t)r;
+    got[len] = 0;
+    close(g.stdout_fd);
+    int st = proc_wait(child, 60000);
+    CHECK_EQ_INT(st, 0);
+    CHECK(strcmp(got, ref) == 0);
+    CHECK_EQ_INT(stat_of(errlog, "replayed_positions"), 0);
+    CHECK_EQ_INT(stat_of(errlog, "reroutes"), 0);
+    CHECK_EQ_INT(stat_of(errlog, "epoch"), 1);
+    CHECK(stat_of(errlog, "reconnects") >= 1);
+    if (st != 0 || strcmp(got, ref) || stat_of(errlog, "replayed_positions") != 0) {
+        fprintf(stderr, "rolling restart:\n  got  %s  want %s", got, ref);
+        dump_log("client", errlog);
+    } else {
+        printf("  rolling restart of %d shards mid-generation: output identical, 0 positions replayed, %g "
+               "reconnect(s)\n", n, stat_of(errlog, "reconnects"));
+    }
+    free(got);
+    mob_close(&m);
+}
+
+/* Flips one byte in the middle of path. */
+static void flip_byte(const char *path) {
+    size_t n = 0;
+    uint8_t *b = test_read_file(path, &n);
+    CHECK(b != NULL && n > 200);
+    if (!b || n <= 200) {
+        free(b);
+        return;
+    }
+    FILE *f = fopen(path, "r+b");
+    CHECK(f != NULL);
+    if (f) {
+        fseek(f, (long)(n / 2), SEEK_SET);
+        fputc(b[n / 2] ^ 0x40, f);
+        fclose(f);
+    }
+    free(b);
+}
+
+/* The last shard's snapshot damaged (a flipped byte) or cut short (kill -9 during the write):
+ * the restarted shard says so, serves with an empty pool, and the client replays into it — the
+ * output still equals `kvshard run`. */
+static void check_bad_snapshot(const char *model, int n, const char *const *layers, const char *ref, bool killed) {
+    mob_route m = {.model = model, .n = n};
+    for (int i = 0; i < n; i++) m.layers[i] = layers[i];
+    const char *tag = killed ? "killed" : "flipped";
+    if (!mob_open(&m, tag)) {
+        CHECK(!"shards start");
+        mob_close(&m);
+        return;
+    }
+    paused_gen g;
+    char errlog[300], snap[400], tmp[400];
+    CHECK(mob_generate(&m, &g, errlog, sizeof errlog, tag));
+    int t = n - 1;
+    snprintf(snap, sizeof snap, "%s/kv.snap", m.state[t]);
+    snprintf(tmp, sizeof tmp, "%s/kv.snap.tmp", m.state[t]);
+    if (killed) {
+        /* Restarted with the stall hook, then SIGTERM: it stops inside its snapshot write. */
+        mob_stop(&m, t, "state: wrote 1 session(s)");
+        setenv("KVS_TEST_STATE_STALL", "1", 1);
+        CHECK(mob_start(&m, t, m.port[t]));
+        unsetenv("KVS_TEST_STATE_STALL");
+        kill(m.s[t].pid, SIGTERM);
+        bool stalled = false;
+        for (int waited = 0; waited < 60000 && !stalled; waited += 5) {
+            stalled = log_has(m.s[t].log, "state: test stall");
+            if (!stalled) proc_sleep_ms(5);
+        }
+        CHECK(stalled);
+        proc_kill_server(&m.s[t]);
+        CHECK(access(snap, F_OK) != 0); /* the old one was consumed at start; the new one never named */
+        CHECK(access(tmp, F_OK) == 0);
+    } else {
+        mob_stop(&m, t, "state: wrote 1 session(s)");
+        flip_byte(snap);
+    }
+    CHECK(mob_start(&m, t, m.port[t]));
+    if (killed) {
+        CHECK(log_has(m.s[t].log, "state: no snapshot"));
+        CHECK(access(tmp, F_OK) != 0);
+    } else {
+        CHECK(log_has(m.s[t].log, "refused (kv import: session"));
+        CHECK(log_has(m.s[t].log, "serving with an empty pool"));
+        char port[16], *out = NULL;
+        snprintf(port, sizeof port, "127.0.0.1:%d", m.port[t]);
+        int st;
+        const char *args[] = {"stats", port, NULL};
+        out = run_cli(args, &st);
+        CHECK(out && strstr(out, "state.snapshot_refused") != NULL);
+        CHECK(out && strstr(out, "kv.sessions") != NULL);
+        free(out);
+    }
+    if (mob_finish(&g, errlog, ref, tag)) {
+        double replayed = stat_of(errlog, "replayed_positions");
+        CHECK(replayed >= 8);
+        printf("  %s: refused or absent on restart, empty pool, %g positions replayed, output identical\n",
+               killed ? "kill -9 during the snapshot write" : "a flipped byte in the snapshot", replayed);
+    }
+    mob_close(&m);
+}
+
+static void check_procs(const char *model, int n, const char *const *layers) {
+    printf("model %s, %d shards\n", model, n);
+    char *ref = reference(model, "Once upon a time", "24");
+    check_rolling_restart(model, n, layers, ref);
+    check_bad_snapshot(model, n, layers, ref, false);
+    check_bad_snapshot(model, n, layers, ref, true);
+    free(ref);
+}
+
 int main(void) {
     test_round_trip();
     test_refusals();
+    signal(SIGPIPE, SIG_IGN);
+    snprintf(g_dir, sizeof g_dir, "/tmp/kvs-mobility-XXXXXX");
+    CHECK(mkdtemp(g_dir) != NULL);
+    char buf[1024];
+    const char *stories = test_shared_path("models/stories260K.gguf", buf, sizeof buf);
+    if (stories) {
+        static const char *layers[] = {"0:2", "2:4", "4:5"};
+        check_procs(stories, 3, layers);
+    } else {
+        char synth[300];
+        snprintf(synth, sizeof synth, "%s/small.gguf", g_dir);
+        int st;
+        const char *mk[] = {"mkmodel", "-o", synth, "--shape", "small", "--type", "q8_0", "--seed", "3", "-q", NULL};
+        free(run_cli(mk, &st));
+        CHECK_EQ_INT(st, 0);
+        static const char *layers[] = {"0:1", "1:2"};
+        check_procs(synth, 2, layers);
+    }
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+    if (test_failures_ == 0 && system(cmd) != 0) fprintf(stderr, "note: could not remove %s\n", g_dir);
     return test_finish("test_mobility", 1, 0);
 }

@@ -20,7 +20,7 @@ static void generate_usage(FILE *f) {
             "                        [--top-k K] [--top-p P] [--seed S] [--spare HOST:PORT[,...]]\n"
             "                        [-m MODEL] [--json] [--stats] [--timeout MS] [-v] [--keep-session]\n"
             "                        [--logits] [--no-relay] [--wire-dtype f32|f16|bf16]\n"
-            "                        [--hidden f32|f16|bf16] [--replay-cap SIZE]\n"
+            "                        [--hidden f32|f16|bf16] [--replay-cap SIZE] [--reconnect-grace MS]\n"
             "  --route LIST      the shards in layer order; together they must cover every layer\n"
             "  --cluster URL     instead of --route/--spare: plan the route from an etcd registry\n"
             "  --model NAME|DIGEST  with --cluster: the model (default: the only one registered)\n"
@@ -32,6 +32,9 @@ static void generate_usage(FILE *f) {
             "                    bf16 needs protocol v2 shards)\n"
             "  --replay-cap SIZE replay memory per session, bytes with K/M/G (default 256M); the\n"
             "                    context is limited to what fits\n"
+            "  --reconnect-grace MS  a lost hop is called again at its address for this long before\n"
+            "                    a spare takes its place (default 3000; 0: fail over at once): a shard\n"
+            "                    restarted with serve --state-dir goes on with its sessions, no replay\n"
             "  -v                log re-routes and replays to stderr\n"
             "  --logits          the tail shard answers full logits and this client samples (default:\n"
             "                    the tail samples and answers the token; the same ids either way)\n"
@@ -102,10 +105,11 @@ static void describe_stats(void *p, FILE *f) {
     uint32_t pos = route_session_pos(c->s);
     fprintf(f,
             ",\"hops\":%u,\"epoch\":%llu,\"reroutes\":%u,\"wire_bytes_sent\":%llu,\"wire_bytes_received\":%llu,"
-            "\"positions\":%u,\"relay_steps\":%u,\"relay_fallbacks\":%u",
+            "\"positions\":%u,\"relay_steps\":%u,\"relay_fallbacks\":%u,\"replayed_positions\":%llu,"
+            "\"reconnects\":%u",
             ri.n_hops, (unsigned long long)route_session_epoch(c->s), ri.reroutes,
             (unsigned long long)ri.bytes_sent, (unsigned long long)ri.bytes_received, pos, ri.relay_steps,
-            ri.relay_fallbacks);
+            ri.relay_fallbacks, (unsigned long long)ri.replayed_positions, ri.reconnects);
     fprintf(f, ",\"route\":[");
     for (uint32_t k = 0; k < ri.n_hops; k++) fprintf(f, "%s\"%s\"", k ? "," : "", route_hop_addr(c->r, k));
     fprintf(f, "]");
@@ -130,7 +134,7 @@ static void generate_on_interrupt(void) {
 
 int cmd_generate(int argc, char **argv) {
     const char *route_spec = NULL, *spare_spec = NULL, *path = NULL;
-    long threads = 0, timeout_ms = 30000;
+    long threads = 0, timeout_ms = 30000, grace_ms = 3000;
     bool verbose = false, keep = false, logits_mode = false, no_relay = false;
     const char *wire_dtype = "f32";
     const char *hidden = "f32";
@@ -155,6 +159,7 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "-m")) ok = args_str(argc, argv, &i, &path);
         else if (!strcmp(a, "-t")) ok = args_int(argc, argv, &i, 1, 1024, &threads);
         else if (!strcmp(a, "--timeout")) ok = args_int(argc, argv, &i, 1, 24L * 3600 * 1000, &timeout_ms);
+        else if (!strcmp(a, "--reconnect-grace")) ok = args_int(argc, argv, &i, 0, 3600L * 1000, &grace_ms);
         else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) verbose = true;
         else if (!strcmp(a, "--keep-session")) keep = true;
         else if (!strcmp(a, "--logits")) logits_mode = true;
@@ -186,6 +191,7 @@ int cmd_generate(int argc, char **argv) {
     char msg[KVS_MSG_MAX] = "";
     route_params rp = route_default_params();
     rp.timeout_ms = timeout_ms;
+    rp.reconnect_grace_ms = grace_ms;
     char *token = NULL;
     if (!args_security_route("generate", &sec, &rp, &token)) return 2;
     rp.hidden_f16 = !strcmp(hidden, "f16");

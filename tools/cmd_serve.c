@@ -53,6 +53,10 @@ static void serve_usage(FILE *f) {
             "                       more than budget / identities (and max-sessions / identities)\n"
             "  --metrics-listen HOST:PORT  serve Prometheus metrics at http://HOST:PORT/metrics (plaintext,\n"
             "                       no auth: a loopback address unless --insecure)\n"
+            "  --state-dir DIR      keep the hot KV state across restarts: on SIGTERM stop admitting, finish\n"
+            "                       the work in flight (--drain-timeout) and write every session to DIR; on\n"
+            "                       start load it back (same model, layers and KV type; a bad snapshot is\n"
+            "                       refused and logged)\n"
             "  --layers auto        with --cluster: the range the registry covers least (docs/cluster.md)\n"
             "  --max-layers N       with --layers auto: at most N layers (default: the whole model)\n"
             "  --advertise HOST:PORT  the address registered in --cluster (default: the listen address)\n"
@@ -113,6 +117,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--metrics-listen")) ok = args_str(argc, argv, &i, &metrics_listen);
         else if (!strcmp(a, "--digest-cache")) ok = args_str(argc, argv, &i, &digest_cache);
         else if (!strcmp(a, "--relay-allow")) ok = args_str(argc, argv, &i, &p.relay_allow);
+        else if (!strcmp(a, "--state-dir")) ok = args_str(argc, argv, &i, &p.state_dir);
         else { fprintf(stderr, "kvshard serve: unknown option '%s'\n", a); serve_usage(stderr); return 2; }
         if (!ok) return 2;
     }
@@ -177,6 +182,7 @@ int cmd_serve(int argc, char **argv) {
     p.hello_timeout_ms = (int)(hello_s * 1000.0);
     p.idle_timeout_ms = (int)(idle_s * 1000.0);
     p.drain_ms = (int)(drain_s * 1000.0);
+    p.drain_timeout_ms = p.drain_ms; /* one flag: the drain and the snapshot's wait for work in flight */
     p.digest_cache_dir = daemon_cache_dir(digest_cache, cache_buf, sizeof cache_buf);
     p.kv_type = (int)kv_type;
     p.kv_ttl_ms = (uint64_t)(ttl * 1000.0);

@@ -178,7 +178,8 @@ void route_get_info(const route *r, route_info *out) {
     *out = (route_info){.n_hops = r->n_hops, .n_layer = r->n_layer, .n_embd = r->n_embd, .n_vocab = r->n_vocab,
                         .max_ctx = r->max_ctx, .max_rows = r->max_rows, .bytes_sent = r->bytes_sent,
                         .bytes_received = r->bytes_received, .reroutes = r->reroutes,
-                        .relay_steps = r->relay_steps, .relay_fallbacks = r->relay_fallbacks};
+                        .relay_steps = r->relay_steps, .relay_fallbacks = r->relay_fallbacks,
+                        .replayed_positions = r->replayed, .reconnects = r->reconnects};
     memcpy(out->model_digest, r->digest, WIRE_DIGEST_SIZE);
 }
 

@@ -103,6 +103,11 @@ typedef struct {
      * refuses that shard, msg saying why (e.g. a registry entry its INFO contradicts). NULL: none. */
     int (*check_hop)(void *ctx, const char *addr, const struct wire_info *info, char *msg, size_t cap);
     void *check_hop_ctx;
+    /* A hop lost (connection closed, refused) is first called again at the same address for
+     * this long: a shard restarted with --state-dir is back with the sessions it held, so the
+     * step goes on with cache hits (same epoch, nothing replayed) instead of failing over.
+     * 0: fail over at once. */
+    int64_t reconnect_grace_ms;
 } route_params;
 
 /* timeout_ms 30000, no auth, no TLS, no log, f32 hidden states, 256 MiB replay cap. */
@@ -156,6 +161,8 @@ typedef struct {
     uint32_t reroutes;                   /* hops replaced by spares so far */
     uint32_t relay_steps;                /* steps completed by relay */
     uint32_t relay_fallbacks;            /* relayed steps redone client-driven (design note 7) */
+    uint64_t replayed_positions;         /* positions re-sent to a hop because it lacked them */
+    uint32_t reconnects;                 /* hops called again at the same address (reconnect_grace_ms) */
 } route_info;
 void route_get_info(const route *r, route_info *out);
 

@@ -145,6 +145,7 @@
 #define FWD_HEAD_BYTES 60u
 #define FWD_REPLY_HEAD_BYTES 32u
 #define ROUTE_MAX_MISSES 32 /* CACHE_MISS answers in a row tolerated for one request */
+#define ROUTE_MAX_RECONNECTS 3 /* reconnects at the same address within one step */
 /* Bounds on what a (possibly hostile) shard can make the client allocate, checked as each size
  * arrives, before any allocation for it. */
 #define ROUTE_MAX_TOKEN_BYTES 4096u          /* one vocab token's text (the tokenizer's limit) */
@@ -187,6 +188,8 @@ struct route {
     uint64_t bytes_sent;     /* frame bytes (header + payload) written to hops */
     uint64_t bytes_received; /* frame bytes read from hops */
     uint32_t reroutes;       /* hops replaced by spares */
+    uint64_t replayed;       /* positions re-sent to a hop that lacked them (replays) */
+    uint32_t reconnects;     /* hops reconnected at the same address within the grace */
     uint64_t relay_id;       /* random, names this client's connections in relay blocks */
     uint32_t relay_steps, relay_fallbacks;
     struct wire_forward *fwd; /* encode scratch for relayed FORWARDs (large: relay block) */
@@ -266,6 +269,9 @@ void route_limits(route *r);
 int route_open_spare(route *r, uint32_t k, uint32_t first);
 /* A spare serving hop k's exact layers of the same model takes its place; r->hop_gen[k]++. */
 int route_take_spare(route *r, uint32_t k);
+/* Hop k failed: calls its address again within reconnect_grace_ms; true when the same model and
+ * layers answer there (the session goes on at its epoch). */
+bool route_reconnect(route *r, uint32_t k, const char *why);
 /* Hop k failed with err: take a spare and move the session to a new epoch. */
 int route_reroute(route *r, route_session *s, uint32_t k, int err, const char *why, char *msg, size_t msg_cap);
 

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "route_impl.h"
 #include "util.h"
@@ -130,4 +131,44 @@ int route_reroute(route *r, route_session *s, uint32_t k, int err, const char *w
               old.info.first, old.info.last, r->hops[k].addr.text, (unsigned long long)(s->epoch - 1),
               (unsigned long long)s->epoch, s->pos);
     return KVS_OK;
+}
+
+bool route_reconnect(route *r, uint32_t k, const char *why) {
+    if (r->p.reconnect_grace_ms <= 0) return false;
+    route_hop *h = &r->hops[k];
+    const struct wire_info was = h->info;
+    const int64_t timeout = r->p.timeout_ms;
+    const uint64_t t0 = kvs_now_ns(), until = t0 + (uint64_t)r->p.reconnect_grace_ms * 1000000ull;
+    unsigned wait_ms = 10;
+    route_log(r, "hop %u (%s) failed (%s): calling it again for up to %lld ms", k, h->addr.text, why,
+              (long long)r->p.reconnect_grace_ms);
+    for (int attempt = 0; attempt < 10000; attempt++) {
+        uint64_t now = kvs_now_ns();
+        if (now >= until) break;
+        /* No attempt outlives the grace: a shard that accepts but does not answer ends it too. */
+        int64_t left_ms = (int64_t)((until - now) / 1000000ull) + 1;
+        r->p.timeout_ms = timeout >= 0 && timeout < left_ms ? timeout : left_ms;
+        char err[KVS_MSG_MAX] = "";
+        int rc = route_hop_connect(r, h, err, sizeof err);
+        r->p.timeout_ms = timeout;
+        if (rc == KVS_OK && !memcmp(was.model_digest, h->info.model_digest, WIRE_DIGEST_SIZE) &&
+            was.first == h->info.first && was.last == h->info.last) {
+            r->reconnects++;
+            route_log(r, "hop %u (%s): reconnected after %.0f ms; the session goes on at its epoch", k, h->addr.text,
+                      (double)(kvs_now_ns() - t0) / 1e6);
+            return true;
+        }
+        if (rc == KVS_OK) { /* another model or other layers there now: fail over */
+            route_hop_disconnect(h);
+            h->info = was;
+            route_log(r, "hop %u (%s): it now serves another model or other layers", k, h->addr.text);
+            return false;
+        }
+        h->info = was;
+        struct timespec ts = {0, (long)wait_ms * 1000000L};
+        nanosleep(&ts, NULL);
+        if (wait_ms < 100) wait_ms *= 2;
+    }
+    route_log(r, "hop %u (%s): not back within %lld ms", k, h->addr.text, (long long)r->p.reconnect_grace_ms);
+    return false;
 }

@@ -198,6 +198,7 @@ static enum hop_result hop_append(route *r, route_session *s, uint32_t k, uint32
     route_hop *h = &r->hops[k];
     uint32_t from = s->hop_epoch[k] != 0 ? a : s->skip < a ? s->skip : a; /* I8: a new hop may hold [0, skip) */
     if (from < a) route_log(r, "hop %u (%s): replaying positions [0, %u)", k, h->addr.text, a);
+    r->replayed += a - from;
     int misses = 0;
     unsigned backoff_ms = 5;
     uint64_t busy_until = 0;
@@ -232,6 +233,7 @@ static enum hop_result hop_append(route *r, route_session *s, uint32_t k, uint32
             }
             route_log(r, "hop %u (%s): cache miss at %u (holds %u): replaying [%u, %u)", k, h->addr.text, from,
                       st.have, st.have, a);
+            r->replayed += from - st.have;
             from = st.have;
             continue;
         case KVS_ERR_BUSY:
@@ -326,6 +328,11 @@ int route_step(route *r, route_session *s, const int32_t *tokens, uint32_t n, co
     int rc = step_check(r, s, tokens, n, o, logits_last, res, msg, msg_cap);
     if (rc != KVS_OK) return rc;
     route_refresh_links(r); /* links the shards closed while the route sat idle */
+    /* A link that could not be renewed is called again within the grace first, so that a shard
+     * restarted with its sessions takes this step as any other (relayed, nothing recomputed). */
+    bool graced = false; /* a hop already had its grace in this step: no second wait for it */
+    for (uint32_t k = 0; k < r->n_hops; k++)
+        if (r->hops[k].fd < 0 && !route_reconnect(r, k, "connection lost")) graced = true;
     const uint32_t base = s->pos;
     const uint32_t end = base + n;
     if (route_session_reserve(s, end) != KVS_OK)
@@ -365,10 +372,13 @@ int route_step(route *r, route_session *s, const int32_t *tokens, uint32_t n, co
         start = s->skip = (end - 1) / WIRE_PREFIX_TOKENS * WIRE_PREFIX_TOKENS;
     void *last_out = s->opts->sample ? r->scratch_logits : logits_last;
     bool reconnected[ROUTE_MAX_HOPS] = {false};
-    for (;;) { /* one attempt of the step per iteration; each failed attempt uses up a spare */
+    int reconnects = graced ? ROUTE_MAX_RECONNECTS : 0;
+    for (;;) { /* one attempt of the step per iteration; each failed attempt uses up a spare (or one of
+                  a few reconnects) */
         uint32_t k = 0;
         char why[KVS_MSG_MAX] = "";
         if (fresh) s->cached = start;
+        if (base > start) r->replayed += (uint64_t)(base - start) * r->n_hops; /* rows since hidden_valid go to every hop again */
         enum hop_result res_k = step_attempt(r, s, start, end, last_out, &k, &rc, why, sizeof why);
         if (res_k == HOP_PREFIX_SHORT) { /* I8: start at what hop k holds; past the head, in a new epoch */
             start = s->skip = s->short_have / WIRE_PREFIX_TOKENS * WIRE_PREFIX_TOKENS;
@@ -397,6 +407,11 @@ int route_step(route *r, route_session *s, const int32_t *tokens, uint32_t n, co
                 route_log(r, "hop %u (%s): %s; reconnected, trying the step again", k, r->hops[k].addr.text, why);
                 continue;
             }
+        }
+        /* A shard restarting (serve --state-dir) is called again for the grace, before any spare. */
+        if (reconnects < ROUTE_MAX_RECONNECTS && route_reconnect(r, k, why)) {
+            reconnects++;
+            continue;
         }
         if ((rc = route_reroute(r, s, k, rc, why, msg, msg_cap)) != KVS_OK) return rc;
     }

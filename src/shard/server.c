@@ -91,6 +91,11 @@ void srv_stats(srv *s, struct wire_stats_reply *m) {
         {"kv.prefix_short", k.prefix_short},   {"kv.prefix_dedups", k.prefix_dedups},
         {"kv.prefix_evictions", k.prefix_evictions}, {"kv.prefix_blocks", k.prefix_blocks},
         {"kv.cached_blocks", k.cached_blocks}, {"kv.cached_bytes", k.cached_bytes},
+        {"state.snapshot_sessions_written", s->c_snap_written_sessions},
+        {"state.snapshot_bytes_written", s->c_snap_written_bytes},
+        {"state.snapshot_sessions_loaded", s->c_snap_loaded_sessions},
+        {"state.snapshot_bytes_loaded", s->c_snap_loaded_bytes},
+        {"state.snapshot_refused", s->c_snap_refused},
     };
     pthread_mutex_unlock(&s->mu);
     size_t n = sizeof(list) / sizeof(list[0]);
@@ -164,6 +169,7 @@ int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     atomic_init(&s->stopping, false);
+    atomic_init(&s->stop_requested, false);
     atomic_init(&s->draining, false);
     char host[NETIO_HOST_MAX];
     uint16_t port = 0;
@@ -191,6 +197,7 @@ int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
         goto fail;
     }
     randombytes_buf(s->sid_key, sizeof s->sid_key);
+    if (p->state_dir && (err = srv_state_open(s, msg, cap))) goto fail;
     atomic_init(&s->buffered, 0);
     atomic_init(&s->rx_capacity, 0);
     if (want_tls && (err = tls_ctx_create(&(tls_params){.cert_file = p->tls_cert, .key_file = p->tls_key,
@@ -259,6 +266,7 @@ int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
     if (p->digest_cache_dir)
         kvs_logf(s->p.log, s->p.log_ctx, "model digest %s in %.2f s (cache %s)", hit ? "from the cache" : "computed",
                  (double)(kvs_now_ns() - t_hash) / 1e9, p->digest_cache_dir);
+    if (p->state_dir) srv_state_load(s);
     if (pipe2(s->stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
         err = kvs_fail(msg, cap, KVS_ERR_IO, "pipe: %s", strerror(errno));
         goto fail;
@@ -275,7 +283,11 @@ fail:
 uint16_t srv_port(const srv *s) { return s->port; }
 
 void srv_stop(srv *s) {
-    if (s->p.drain_ms <= 0 || atomic_exchange(&s->draining, true)) atomic_store(&s->stopping, true);
+    /* The accept loop ends. With a drain time or a state dir, srv_run then finishes the work in
+     * flight (and writes the snapshot) before stopping; a second call stops at once. */
+    atomic_store(&s->stop_requested, true);
+    const bool graceful = s->p.drain_ms > 0 || s->p.state_dir;
+    if (!graceful || atomic_exchange(&s->draining, true)) atomic_store(&s->stopping, true);
     char b = 1;
     ssize_t r = write(s->stop_pipe[1], &b, 1);
     (void)r;
@@ -393,7 +405,7 @@ int srv_run(srv *s) {
              (unsigned long long)(ks.budget_bytes >> 10), (unsigned long long)ks.blocks_total,
              (unsigned long long)ks.block_bytes, quant_get_traits(kv_get_params(s->e->kv)->kv_type)->name);
     if (pthread_create(&s->sched_thread, NULL, srv_sched_main, s) != 0) return KVS_ERR_INTERNAL;
-    while (!atomic_load(&s->stopping) && !atomic_load(&s->draining)) {
+    while (!atomic_load(&s->stop_requested)) {
         struct pollfd pf[2] = {{.fd = s->listen_fd, .events = POLLIN}, {.fd = s->stop_pipe[0], .events = POLLIN}};
         int r = poll(pf, 2, 1000);
         if (r < 0 && errno != EINTR) break;
@@ -451,9 +463,10 @@ int srv_run(srv *s) {
         }
         pthread_attr_destroy(&attr);
     }
-    if (!atomic_load(&s->stopping)) srv_drain(s);
-    atomic_store(&s->stopping, true);
+    if (!atomic_load(&s->stopping) && s->p.drain_ms > 0) srv_drain(s);
     kvs_logf(s->p.log, s->p.log_ctx, "shutting down");
+    if (s->p.state_dir) srv_state_quiesce(s);
+    atomic_store(&s->stopping, true);
     /* Wake every reader; each cancels its work and drops its reference. */
     pthread_mutex_lock(&s->mu);
     for (srv_conn *c = s->conns; c; c = c->next) {
@@ -473,6 +486,7 @@ int srv_run(srv *s) {
         struct timespec ts = {0, 10 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
+    if (s->p.state_dir) srv_state_save(s);
     kv_get_stats(s->e->kv, &ks);
     kvs_logf(s->p.log, s->p.log_ctx, "stopped: %llu requests in %llu forward passes (%.2f per pass), %llu sessions live, %llu evicted (lru %llu, ttl %llu)",
              (unsigned long long)s->c_requests, (unsigned long long)s->c_batches,

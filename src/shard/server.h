@@ -61,6 +61,9 @@ typedef struct {
     uint32_t tenant_max_sessions; /* live sessions per identity; 0: none of its own */
     uint64_t tenant_kv_bytes;   /* KV bytes per identity; 0: tenant_kv_share of the budget */
     double tenant_kv_share;     /* (0, 1]: fraction of the budget per identity (1: no own cap) */
+    const char *state_dir;      /* NULL: none; else the KV state is written there on stop and loaded
+                                   at start (server_state.c) */
+    int drain_timeout_ms;       /* on stop with state_dir: in-flight work gets this long to finish */
     srv_log_fn log;             /* NULL: silent */
     void *log_ctx;
     /* Test hook: called by the scheduler before each forward pass with the

@@ -205,11 +205,21 @@ struct srv {
     int n_tokens;
     atomic_ullong buffered; /* receive-buffer and reply-queue bytes over all connections */
     atomic_ullong rx_capacity; /* bytes allocated for receive buffers over all connections */
+    atomic_bool stop_requested; /* srv_stop: the accept loop ends (then draining, then stopping) */
+    atomic_bool draining;   /* no new work is admitted: a request closes its connection */
     /* counters */
     uint64_t c_auth_failures, c_busy_inflight, c_refused_addr, c_frame_timeouts, c_refused_buffers;
     uint64_t c_conns_total, c_requests, c_forward_rows, c_batches, c_batch_items, c_protocol_errors,
         c_rejected_conns;
+    uint64_t c_snap_written_sessions, c_snap_written_bytes, c_snap_loaded_sessions, c_snap_loaded_bytes,
+        c_snap_refused;
 };
+
+/* server_state.c (serve --state-dir) */
+int srv_state_open(srv *s, char *msg, size_t cap); /* the directory and the persistent sid key */
+void srv_state_load(srv *s);                       /* loads (and consumes) kv.snap, or refuses it */
+int srv_state_save(srv *s);                        /* writes kv.snap crash-safely */
+void srv_state_quiesce(srv *s); /* stops admitting, waits (bounded) for the jobs in flight */
 
 /* server_conn.c */
 void *srv_conn_main(void *arg);   /* a connection's reader thread */
