@@ -123,14 +123,63 @@ static kv_state *source_pool(mem_stream *out) {
     fill_session(kv, 9, 3, 5, 17);
     fill_session(kv, 9, 4, 2, 2);
     kv_reply r;
-    kv_sid s4 = sid_n(4);
+    kv_sid s4 = sid_n(4), s1 = sid_n(1);
     CHECK_EQ_INT(kv_release(kv, &s4, 2, &r), KVS_OK);
+    CHECK_EQ_INT(kv_set_owner(kv, &s1, "alice", 5), KVS_OK);
     kv_snap_counts c;
     CHECK_EQ_INT(kv_export(kv, &IDENT, NULL, mem_write, out, &c, msg, sizeof msg), KVS_OK);
     CHECK_EQ_INT(c.sessions, 3);
     CHECK_EQ_INT(c.tombstones, 1);
     CHECK_EQ_INT(c.bytes, out->len);
     return kv;
+}
+
+/* A rekey that moves "alice"'s session to id 50 of tenant 42, and refuses anyone else. */
+static int rekey_alice(void *ctx, const uint8_t *owner, size_t len, kv_sid *sid, uint64_t *tenant) {
+    (void)ctx;
+    if (len != 5 || memcmp(owner, "alice", 5)) return KVS_ERR_INVALID_ARG;
+    *sid = sid_n(50);
+    *tenant = 42;
+    return KVS_OK;
+}
+
+static void test_rekey(void) {
+    mem_stream m = {0}, one = {0};
+    kv_state *src = source_pool(&m);
+    kv_params p = small_params(64);
+    kv_state *dst = NULL;
+    char msg[KVS_MSG_MAX] = "";
+    CHECK_EQ_INT(kv_create(&p, &dst, msg, sizeof msg), KVS_OK);
+    /* The whole pool: sessions without an owner are refused by this rekey, so nothing lands. */
+    CHECK_EQ_INT(kv_import_rekey(dst, &IDENT, mem_read, &m, rekey_alice, NULL, NULL, msg, sizeof msg),
+                 KVS_ERR_INVALID_ARG);
+    kv_stats st;
+    kv_get_stats(dst, &st);
+    CHECK_EQ_INT(st.sessions, 0);
+    CHECK_EQ_INT(st.blocks_free, st.blocks_total);
+    kv_sid s1 = sid_n(1), s50 = sid_n(50);
+    CHECK_EQ_INT(kv_export(src, &IDENT, &s1, mem_write, &one, NULL, msg, sizeof msg), KVS_OK);
+    CHECK_EQ_INT(kv_import_rekey(dst, &IDENT, mem_read, &one, rekey_alice, NULL, NULL, msg, sizeof msg), KVS_OK);
+    uint64_t e = 0;
+    uint32_t np = 0, ns = 0;
+    uint64_t nb = 0;
+    CHECK_EQ_INT(kv_lookup(dst, &s50, &e, &np), KVS_OK);
+    CHECK_EQ_INT(e, 3);
+    CHECK_EQ_INT(np, 9);
+    CHECK_EQ_INT(kv_lookup(dst, &s1, NULL, NULL), KVS_ERR_NOT_FOUND);
+    kv_tenant_usage(dst, 42, &ns, &nb);
+    CHECK_EQ_INT(ns, 1);
+    CHECK_EQ_INT(nb, 3 * kv_block_bytes(dst));
+    check_kv(dst);
+    /* The owner travels on: exported again from here it still says "alice". */
+    mem_stream again = {0};
+    CHECK_EQ_INT(kv_export(dst, &IDENT, &s50, mem_write, &again, NULL, msg, sizeof msg), KVS_OK);
+    CHECK(again.len == one.len);
+    free(again.buf);
+    free(one.buf);
+    free(m.buf);
+    kv_free(dst);
+    kv_free(src);
 }
 
 static void test_round_trip(void) {
@@ -512,6 +561,7 @@ static void check_procs(const char *model, int n, const char *const *layers) {
 int main(void) {
     test_round_trip();
     test_refusals();
+    test_rekey();
     signal(SIGPIPE, SIG_IGN);
     snprintf(g_dir, sizeof g_dir, "/tmp/kvs-mobility-XXXXXX");
     CHECK(mkdtemp(g_dir) != NULL);

@@ -8,7 +8,8 @@
  * Format (little-endian; docs/hot-kv-state.md "Snapshots" is the reference):
  *   header   96 B  magic "KVSSNAP\n", version, flags, model digest, layer range, KV type and
  *                  geometry (n_layers, n_kv_heads, head_dim, block_tokens, block_bytes), sum
- *   session  64 B  "SESS", n_past, id, tenant, epoch, idle ns, n_blocks, sum; then n_blocks x
+ *   session  64 B  "SESS", n_past, id, tenant, epoch, idle ns, n_blocks, owner_len, sum; then the
+ *                  owner (owner_len bytes, 8 B sum) when owner_len > 0; then n_blocks x
  *                  (block_bytes of the block, 8 B sum)
  *   tomb     48 B  "TOMB", id, epoch, age ns, sum
  *   end      24 B  "END.", sessions, tombstones, sum
@@ -109,7 +110,14 @@ static int export_session(kv_state *kv, snap_out *o, const kv_session *s, uint64
     kvs_wr_u64(rec + 32, s->epoch);
     kvs_wr_u64(rec + 40, now > s->last_used ? now - s->last_used : 0);
     kvs_wr_u32(rec + 48, s->n_blocks);
+    kvs_wr_u32(rec + 52, s->owner_len);
     int err = out_record(o, rec, sizeof rec);
+    if (err == KVS_OK && s->owner_len) {
+        uint8_t sum[8];
+        o->chain = kv_snap_sum(s->owner, s->owner_len, o->chain);
+        kvs_wr_u64(sum, o->chain);
+        if ((err = out_put(o, s->owner, s->owner_len)) == KVS_OK) err = out_put(o, sum, 8);
+    }
     const uint64_t seed = o->chain;
     for (uint32_t b = 0; err == KVS_OK && b < s->n_blocks; b++) {
         const uint8_t *data = kv->arena + (size_t)s->blocks[b] * kv->block_bytes;
@@ -185,6 +193,8 @@ typedef struct {
     uint32_t n_tombs, cap_tombs;
     char *msg;
     size_t msg_cap;
+    kv_snap_rekey_fn rekey;
+    void *rekey_ctx;
 } snap_in;
 
 static int in_get(snap_in *in, void *buf, size_t len) {
@@ -278,13 +288,36 @@ static int import_blocks(kv_state *kv, snap_in *in, uint32_t *ids, uint32_t n) {
     return err;
 }
 
+/* The owner bytes after a session record (and their sum) into owner; then the rekey, if any. */
+static int import_owner(snap_in *in, uint8_t *owner, uint32_t len, kv_sid *sid, uint64_t *tag) {
+    if (len > KV_OWNER_MAX)
+        return kvs_fail(in->msg, in->msg_cap, KVS_ERR_FORMAT, "kv import: an owner of %u bytes", len);
+    uint8_t sum[8];
+    int err = len ? in_get(in, owner, len) : KVS_OK;
+    if (err == KVS_OK && len) err = in_get(in, sum, 8);
+    if (err) return err;
+    if (len) {
+        uint64_t want = kv_snap_sum(owner, len, in->chain);
+        if (want != kvs_rd_u64(sum))
+            return kvs_fail(in->msg, in->msg_cap, KVS_ERR_FORMAT, "kv import: session %u: owner checksum mismatch",
+                            in->n_added);
+        in->chain = want;
+    }
+    if (in->rekey && (err = in->rekey(in->rekey_ctx, owner, len, sid, tag)) != KVS_OK)
+        return kvs_fail(in->msg, in->msg_cap, err, "kv import: session %u: its owner is not acceptable here",
+                        in->n_added);
+    return KVS_OK;
+}
+
 static int import_session(kv_state *kv, snap_in *in, const uint8_t *rec) {
     int err = in_check(in, rec, SNAP_SESS, "session");
     if (err) return err;
     kv_sid sid;
     memcpy(sid.bytes, rec + 8, 16);
-    uint32_t n_past = kvs_rd_u32(rec + 4), n_blocks = kvs_rd_u32(rec + 48);
+    uint32_t n_past = kvs_rd_u32(rec + 4), n_blocks = kvs_rd_u32(rec + 48), owner_len = kvs_rd_u32(rec + 52);
     uint64_t tag = kvs_rd_u64(rec + 24), epoch = kvs_rd_u64(rec + 32), idle = kvs_rd_u64(rec + 40);
+    uint8_t owner[KV_OWNER_MAX];
+    if ((err = import_owner(in, owner, owner_len, &sid, &tag)) != KVS_OK) return err;
     if ((err = import_room(kv, in, &sid, tag, epoch, n_past, n_blocks)) != KVS_OK) return err;
     if (in->n_added == in->cap_added) {
         uint32_t cap = in->cap_added ? in->cap_added * 2 : 64;
@@ -295,15 +328,18 @@ static int import_session(kv_state *kv, snap_in *in, const uint8_t *rec) {
     }
     kv_session *s = kv_alloc(kv, sizeof *s);
     uint32_t *ids = kv_alloc(kv, (size_t)n_blocks * sizeof *ids);
-    kv_tenant *t = s && ids ? kv_tenant_get(kv, tag) : NULL;
+    uint8_t *own = owner_len ? kv_alloc(kv, owner_len) : NULL;
+    kv_tenant *t = s && ids && (own || !owner_len) ? kv_tenant_get(kv, tag) : NULL;
     if (!t) {
         free(s);
         free(ids);
+        free(own);
         return kvs_fail(in->msg, in->msg_cap, KVS_ERR_NOMEM, "kv import: out of memory");
     }
     if ((err = import_blocks(kv, in, ids, n_blocks)) != KVS_OK) {
         free(s);
         free(ids);
+        free(own);
         kv_tenant_release(kv, t);
         return err;
     }
@@ -314,6 +350,9 @@ static int import_session(kv_state *kv, snap_in *in, const uint8_t *rec) {
     s->blocks = ids;
     s->n_blocks = n_blocks;
     s->tenant = t;
+    if (owner_len) memcpy(own, owner, owner_len);
+    s->owner = own;
+    s->owner_len = owner_len;
     uint64_t now = kv->p.clock(kv->p.clock_ctx);
     s->last_used = now > idle ? now - idle : 0;
     uint32_t h = kv_hash(&sid);
@@ -376,7 +415,12 @@ static int import_records(kv_state *kv, snap_in *in) {
 
 int kv_import(kv_state *kv, const kv_snap_ident *id, kv_snap_read_fn r, void *ctx, kv_snap_counts *out, char *msg,
               size_t msg_cap) {
-    snap_in in = {.r = r, .ctx = ctx, .msg = msg, .msg_cap = msg_cap};
+    return kv_import_rekey(kv, id, r, ctx, NULL, NULL, out, msg, msg_cap);
+}
+
+int kv_import_rekey(kv_state *kv, const kv_snap_ident *id, kv_snap_read_fn r, void *ctx, kv_snap_rekey_fn rekey,
+                    void *rekey_ctx, kv_snap_counts *out, char *msg, size_t msg_cap) {
+    snap_in in = {.r = r, .ctx = ctx, .msg = msg, .msg_cap = msg_cap, .rekey = rekey, .rekey_ctx = rekey_ctx};
     uint8_t head[SNAP_HEAD];
     pthread_mutex_lock(&kv->lock);
     int err = in_get(&in, head, sizeof head);

@@ -424,6 +424,7 @@ void kv_remove(kv_state *kv, kv_session *s, bool remember) {
     kv_tenant *t = s->tenant;
     kv_free_blocks(kv, t, s->blocks, s->n_blocks);
     free(s->blocks);
+    free(s->owner);
     free(s);
     kv->n_sessions--;
     t->n_sessions--;
@@ -545,6 +546,7 @@ void kv_free(kv_state *kv) {
         while (s) {
             kv_session *next = s->hash_next;
             free(s->blocks);
+            free(s->owner);
             free(s);
             s = next;
         }
@@ -1172,6 +1174,34 @@ int kv_lookup(kv_state *kv, const kv_sid *sid, uint64_t *epoch, uint32_t *n_past
     }
     pthread_mutex_unlock(&kv->lock);
     return s ? KVS_OK : KVS_ERR_NOT_FOUND;
+}
+
+int kv_set_owner(kv_state *kv, const kv_sid *sid, const void *owner, size_t len) {
+    if (len > KV_OWNER_MAX) return KVS_ERR_INVALID_ARG;
+    pthread_mutex_lock(&kv->lock);
+    kv_session *s = kv_find(kv, sid);
+    int err = s ? KVS_OK : KVS_ERR_NOT_FOUND;
+    if (s && (s->owner_len != len || (len && memcmp(s->owner, owner, len)))) {
+        uint8_t *o = len ? kv_alloc(kv, len) : NULL;
+        if (len && !o) {
+            err = KVS_ERR_NOMEM;
+        } else {
+            if (len) memcpy(o, owner, len);
+            free(s->owner);
+            s->owner = o;
+            s->owner_len = (uint32_t)len;
+        }
+    }
+    pthread_mutex_unlock(&kv->lock);
+    return err;
+}
+
+uint32_t kv_list_idle(kv_state *kv, kv_sid *out, uint32_t cap) {
+    pthread_mutex_lock(&kv->lock);
+    uint32_t n = 0;
+    for (kv_session *s = kv->lru.lru_prev; s != &kv->lru && n < cap; s = s->lru_prev) out[n++] = s->sid;
+    pthread_mutex_unlock(&kv->lock);
+    return n;
 }
 
 uint32_t kv_debug_blocks(kv_state *kv, const kv_sid *sid, uint32_t *ids, uint32_t cap) {

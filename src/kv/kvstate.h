@@ -202,6 +202,14 @@ int kv_release(kv_state *kv, const kv_sid *sid, uint64_t epoch, kv_reply *rep);
  * KVS_ERR_NOT_FOUND when absent (outputs untouched; a cancelled create is
  * absent: its reply's live_epoch and n_past are 0). */
 int kv_lookup(kv_state *kv, const kv_sid *sid, uint64_t *epoch, uint32_t *n_past);
+/* Who a session belongs to beyond its keyed id, as the caller defines it (the server: the
+ * owner's identity and the raw session id, so that a shard with another key can re-derive the
+ * id): kept with the session and carried by its snapshot. At most KV_OWNER_MAX bytes.
+ * KVS_OK, KVS_ERR_NOT_FOUND, KVS_ERR_INVALID_ARG (too long), KVS_ERR_NOMEM (unchanged). */
+#define KV_OWNER_MAX 256u
+int kv_set_owner(kv_state *kv, const kv_sid *sid, const void *owner, size_t len);
+/* Ids of up to cap idle (unpinned) sessions, least recently used first; returns the count. */
+uint32_t kv_list_idle(kv_state *kv, kv_sid *out, uint32_t cap);
 /* Block ids of a session's table (tests: inherit moves blocks, no copy). Returns count. */
 uint32_t kv_debug_blocks(kv_state *kv, const kv_sid *sid, uint32_t *ids, uint32_t cap);
 /* Evicts idle sessions past their TTL, examining at most max_work sessions; returns evictions. */
@@ -251,6 +259,12 @@ int kv_export(kv_state *kv, const kv_snap_ident *id, const kv_sid *only, kv_snap
  * the reader's error; msg says which. */
 int kv_import(kv_state *kv, const kv_snap_ident *id, kv_snap_read_fn r, void *ctx, kv_snap_counts *out, char *msg,
               size_t msg_cap);
+/* Maps a session's owner bytes (kv_set_owner) to its id and tenant here (a shard with another
+ * key re-derives both); KVS_OK, or an error that refuses the whole import. */
+typedef int (*kv_snap_rekey_fn)(void *ctx, const uint8_t *owner, size_t len, kv_sid *sid, uint64_t *tenant);
+/* kv_import with each session's id and tenant from rekey (NULL: as in the stream). */
+int kv_import_rekey(kv_state *kv, const kv_snap_ident *id, kv_snap_read_fn r, void *ctx, kv_snap_rekey_fn rekey,
+                    void *rekey_ctx, kv_snap_counts *out, char *msg, size_t msg_cap);
 /* Checksum of the format: 64-bit, seeded (kv_snapshot.c). */
 uint64_t kv_snap_sum(const void *buf, size_t len, uint64_t seed);
 

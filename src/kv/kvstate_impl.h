@@ -58,6 +58,8 @@ struct kv_session {
     uint64_t plan_gen;      /* == kv->plan_gen: chosen as a victim by the current eviction plan */
     kv_session *hash_next;
     kv_session *lru_prev, *lru_next; /* on the LRU list iff not pinned */
+    uint8_t *owner;         /* kv_set_owner's bytes (NULL: none), owner_len of them */
+    uint32_t owner_len;
 };
 
 struct kv_txn {
