@@ -35,7 +35,8 @@ extern "C" {
     X(ERR_BUSY, -14, "busy")                                                  \
     X(ERR_CLOSED, -15, "connection closed")                                   \
     X(ERR_TOO_LARGE, -16, "too large")                                        \
-    X(ERR_INTERNAL, -17, "internal error")
+    X(ERR_INTERNAL, -17, "internal error")                                \
+    X(ERR_MOVED, -18, "session moved to another shard")
 
 enum kvs_err {
 #define KVS_ERR_ENUM_(name, value, msg) KVS_##name = value,

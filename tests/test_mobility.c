@@ -549,12 +549,97 @@ static void check_bad_snapshot(const char *model, int n, const char *const *laye
     mob_close(&m);
 }
 
+/* A counter of `kvshard stats` for the shard at port; -1 when unreadable. */
+static long long shard_stat(int port, const char *name) {
+    char addr[32], pat[96], *out = NULL;
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    snprintf(pat, sizeof pat, "\"%s\":", name);
+    int st;
+    const char *args[] = {"stats", addr, NULL};
+    out = run_cli(args, &st);
+    const char *p = st == 0 && out ? strstr(out, pat) : NULL;
+    long long v = p ? atoll(p + strlen(pat)) : -1;
+    free(out);
+    return v;
+}
+
+/* `kvshard drain 127.0.0.1:from --to 127.0.0.1:to --keep-running`: its exit status, its output. */
+static int run_drain(int from, int to, char **out) {
+    char a[32], b[32];
+    snprintf(a, sizeof a, "127.0.0.1:%d", from);
+    snprintf(b, sizeof b, "127.0.0.1:%d", to);
+    int st;
+    const char *args[] = {"drain", a, "--to", b, "--keep-running", NULL};
+    *out = run_cli(args, &st);
+    return st;
+}
+
+/* The tail of a route paused mid-generation (client-driven) is drained: first to a shard that
+ * does not allow it as a peer (refused, nothing moves), to a shard of other layers (unusable),
+ * then to a peer that allows it: the session moves, the client follows MOVED, the output equals
+ * `kvshard run` with no position replayed and no re-route. */
+static void check_drain(const char *model, int n, const char *const *layers, const char *ref) {
+    mob_route m = {.model = model, .n = n};
+    for (int i = 0; i < n; i++) m.layers[i] = layers[i];
+    bool ok = true;
+    for (int i = 0; i < n; i++) {
+        const char *extra[] = {"--peer-allow", "127.0.0.1", NULL};
+        ok = ok && proc_start_server(&m.s[i], g_dir, model, layers[i], extra);
+    }
+    proc_server peer, closed, other;
+    const char *allow[] = {"--peer-allow", "127.0.0.1", NULL}, *deny[] = {"--peer-allow", "10.9.9.9", NULL};
+    ok = ok && proc_start_server(&peer, g_dir, model, layers[n - 1], allow);
+    ok = ok && proc_start_server(&closed, g_dir, model, layers[n - 1], deny);
+    ok = ok && proc_start_server(&other, g_dir, model, layers[0], allow);
+    CHECK(ok);
+    paused_gen g;
+    char errlog[300], route[256];
+    route_of(route, sizeof route, m.s, n);
+    snprintf(errlog, sizeof errlog, "%s/drain.err", g_dir);
+    char *argv[] = {"kvshard", "generate", "--route", route, "-p", "Once upon a time", "-n", "24", "--temp", "0",
+                    "--seed", "5", "--json", "--stats", "-v", "--pause-after", "8", "--no-relay", "--timeout",
+                    "60000", NULL};
+    CHECK(ok && paused_gen_start(&g, argv, errlog) && paused_gen_wait(&g, "paused after 8 tokens", NULL, 0));
+    int tail = m.s[n - 1].port;
+    char *out = NULL;
+    CHECK_EQ_INT(run_drain(tail, closed.port, &out), 1);
+    CHECK(out && strstr(out, "done: moved 0 of 1 sessions (1 failed") != NULL);
+    free(out);
+    CHECK_EQ_INT(shard_stat(closed.port, "move.refused"), 1);
+    CHECK_EQ_INT(shard_stat(closed.port, "kv.sessions"), 0);
+    CHECK_EQ_INT(shard_stat(tail, "kv.sessions"), 1);
+    CHECK_EQ_INT(run_drain(tail, other.port, &out), 1);
+    CHECK(out && strstr(out, "unusable") != NULL);
+    free(out);
+    CHECK_EQ_INT(shard_stat(tail, "kv.sessions"), 1);
+    CHECK_EQ_INT(run_drain(tail, peer.port, &out), 0);
+    CHECK(out && strstr(out, "done: moved 1 of 1 sessions (0 failed)") != NULL);
+    if (out) printf("  drain: %s", strstr(out, "done: ") ? strstr(out, "done: ") : out);
+    free(out);
+    CHECK_EQ_INT(shard_stat(tail, "kv.sessions"), 0);
+    CHECK_EQ_INT(shard_stat(tail, "move.sessions_out"), 1);
+    CHECK_EQ_INT(shard_stat(peer.port, "move.sessions_in"), 1);
+    CHECK_EQ_INT(shard_stat(peer.port, "kv.sessions"), 1);
+    if (mob_finish(&g, errlog, ref, "drain")) {
+        CHECK_EQ_INT(stat_of(errlog, "replayed_positions"), 0);
+        CHECK_EQ_INT(stat_of(errlog, "moved"), 1);
+        CHECK_EQ_INT(stat_of(errlog, "reroutes"), 0);
+        CHECK_EQ_INT(stat_of(errlog, "epoch"), 1);
+        printf("  drained the tail mid-generation: the client followed MOVED, output identical, 0 replayed\n");
+    }
+    mob_close(&m);
+    proc_stop_server(&peer);
+    proc_stop_server(&closed);
+    proc_stop_server(&other);
+}
+
 static void check_procs(const char *model, int n, const char *const *layers) {
     printf("model %s, %d shards\n", model, n);
     char *ref = reference(model, "Once upon a time", "24");
     check_rolling_restart(model, n, layers, ref);
     check_bad_snapshot(model, n, layers, ref, false);
     check_bad_snapshot(model, n, layers, ref, true);
+    check_drain(model, n, layers, ref);
     free(ref);
 }
 

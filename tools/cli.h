@@ -10,6 +10,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_stats(int argc, char **argv);
+int cmd_drain(int argc, char **argv);
 int cmd_split(int argc, char **argv);
 int cmd_delay_proxy(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);

@@ -106,10 +106,10 @@ static void describe_stats(void *p, FILE *f) {
     fprintf(f,
             ",\"hops\":%u,\"epoch\":%llu,\"reroutes\":%u,\"wire_bytes_sent\":%llu,\"wire_bytes_received\":%llu,"
             "\"positions\":%u,\"relay_steps\":%u,\"relay_fallbacks\":%u,\"replayed_positions\":%llu,"
-            "\"reconnects\":%u",
+            "\"reconnects\":%u,\"moved\":%u",
             ri.n_hops, (unsigned long long)route_session_epoch(c->s), ri.reroutes,
             (unsigned long long)ri.bytes_sent, (unsigned long long)ri.bytes_received, pos, ri.relay_steps,
-            ri.relay_fallbacks, (unsigned long long)ri.replayed_positions, ri.reconnects);
+            ri.relay_fallbacks, (unsigned long long)ri.replayed_positions, ri.reconnects, ri.moved);
     fprintf(f, ",\"route\":[");
     for (uint32_t k = 0; k < ri.n_hops; k++) fprintf(f, "%s\"%s\"", k ? "," : "", route_hop_addr(c->r, k));
     fprintf(f, "]");

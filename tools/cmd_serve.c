@@ -57,6 +57,9 @@ static void serve_usage(FILE *f) {
             "                       the work in flight (--drain-timeout) and write every session to DIR; on\n"
             "                       start load it back (same model, layers and KV type; a bad snapshot is\n"
             "                       refused and logged)\n"
+            "  --peer-allow LIST    ID-or-IP,... shards that may push sessions here (SESSION_PUSH) and\n"
+            "                       operators that may drain this shard (kvshard drain): TLS identities with\n"
+            "                       TLS, IP addresses without (default: none)\n"
             "  --layers auto        with --cluster: the range the registry covers least (docs/cluster.md)\n"
             "  --max-layers N       with --layers auto: at most N layers (default: the whole model)\n"
             "  --advertise HOST:PORT  the address registered in --cluster (default: the listen address)\n"
@@ -118,6 +121,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--digest-cache")) ok = args_str(argc, argv, &i, &digest_cache);
         else if (!strcmp(a, "--relay-allow")) ok = args_str(argc, argv, &i, &p.relay_allow);
         else if (!strcmp(a, "--state-dir")) ok = args_str(argc, argv, &i, &p.state_dir);
+        else if (!strcmp(a, "--peer-allow")) ok = args_str(argc, argv, &i, &p.peer_allow);
         else { fprintf(stderr, "kvshard serve: unknown option '%s'\n", a); serve_usage(stderr); return 2; }
         if (!ok) return 2;
     }

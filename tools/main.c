@@ -19,6 +19,7 @@ static void usage(FILE *f) {
             "  serve    serve a layer range of a model as a shard over TCP\n"
             "  generate generate text by driving a route of shards (no weights needed)\n"
             "  stats    print a running shard's identity and counters (JSON)\n"
+            "  drain    move a shard's sessions to peers, then retire it (no replay for clients)\n"
             "  api      an OpenAI-compatible HTTP server over a route or one model\n"
             "  bench    measure prefill/decode speed and memory bandwidth (JSON)\n"
             "  inspect  print a GGUF file's metadata and tensor table\n"
@@ -48,6 +49,7 @@ int main(int argc, char **argv) {
         {"cert", cmd_cert},
         {"api", cmd_api},
         {"cluster", cmd_cluster},
+        {"drain", cmd_drain},
     };
     if (!strcmp(argv[1], "--version")) return cli_prepare(&argc, &argv);
     for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {

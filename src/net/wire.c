@@ -124,6 +124,8 @@ const char *wire_op_name(uint32_t op) {
     case WIRE_OP_RELAY_LISTEN: return "RELAY_LISTEN";
     case WIRE_OP_VOCAB_META: return "VOCAB_META";
     case WIRE_OP_VOCAB_META_REPLY: return "VOCAB_META_REPLY";
+    case WIRE_OP_SESSION_PUSH: return "SESSION_PUSH";
+    case WIRE_OP_DRAIN: return "DRAIN";
     default: return "?";
     }
 }

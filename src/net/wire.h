@@ -87,8 +87,10 @@ enum wire_op {
     WIRE_OP_VOCAB_META = 13,       /* struct wire_vocab_meta: tokenizer settings + BPE merges */
     WIRE_OP_VOCAB_META_REPLY = 14, /* struct wire_vocab_meta_reply */
     WIRE_OP_RELAY_LISTEN = 15,     /* v2, struct wire_relay_listen; reply STATUS */
+    WIRE_OP_SESSION_PUSH = 16,     /* shard -> shard: one session's KV stream (docs/hot-kv-state.md); reply STATUS */
+    WIRE_OP_DRAIN = 17,            /* operator -> shard: "HOST:PORT,...[;keep]"; replies STATUS "progress: .." .. "done: .." */
 };
-#define WIRE_OP_MAX_ 15
+#define WIRE_OP_MAX_ 17
 
 struct wire_header {
     uint32_t magic;       /* WIRE_MAGIC */

@@ -179,7 +179,8 @@ void route_get_info(const route *r, route_info *out) {
                         .max_ctx = r->max_ctx, .max_rows = r->max_rows, .bytes_sent = r->bytes_sent,
                         .bytes_received = r->bytes_received, .reroutes = r->reroutes,
                         .relay_steps = r->relay_steps, .relay_fallbacks = r->relay_fallbacks,
-                        .replayed_positions = r->replayed, .reconnects = r->reconnects};
+                        .replayed_positions = r->replayed, .reconnects = r->reconnects,
+                        .moved = r->moved};
     memcpy(out->model_digest, r->digest, WIRE_DIGEST_SIZE);
 }
 

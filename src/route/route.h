@@ -163,6 +163,7 @@ typedef struct {
     uint32_t relay_fallbacks;            /* relayed steps redone client-driven (design note 7) */
     uint64_t replayed_positions;         /* positions re-sent to a hop because it lacked them */
     uint32_t reconnects;                 /* hops called again at the same address (reconnect_grace_ms) */
+    uint32_t moved;                      /* hops switched to the shard a session was moved to (MOVED) */
 } route_info;
 void route_get_info(const route *r, route_info *out);
 

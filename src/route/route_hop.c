@@ -125,6 +125,8 @@ int route_hop_call(route *r, route_hop *h, uint16_t op, size_t len, uint16_t rep
         struct wire_status_reply sr;
         if (wire_decode_status_reply(r->rx.data, r->rx.len, &sr, nmsg, sizeof nmsg) == KVS_OK) {
             route_hop_disconnect(h);
+            /* The session went to another shard: why is its address (route_follow_move). */
+            if (sr.st.status == KVS_ERR_MOVED) return kvs_fail(why, why_cap, KVS_ERR_MOVED, "%s", sr.msg);
             return kvs_fail(why, why_cap, KVS_ERR_PROTOCOL, "the shard refused %s: %s%s%s", wire_op_name(op),
                             kvs_strerror(sr.st.status), sr.msg[0] ? ": " : "", sr.msg);
         }

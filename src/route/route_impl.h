@@ -190,6 +190,7 @@ struct route {
     uint32_t reroutes;       /* hops replaced by spares */
     uint64_t replayed;       /* positions re-sent to a hop that lacked them (replays) */
     uint32_t reconnects;     /* hops reconnected at the same address within the grace */
+    uint32_t moved;          /* hops switched on a MOVED answer */
     uint64_t relay_id;       /* random, names this client's connections in relay blocks */
     uint32_t relay_steps, relay_fallbacks;
     struct wire_forward *fwd; /* encode scratch for relayed FORWARDs (large: relay block) */
@@ -272,6 +273,9 @@ int route_take_spare(route *r, uint32_t k);
 /* Hop k failed: calls its address again within reconnect_grace_ms; true when the same model and
  * layers answer there (the session goes on at its epoch). */
 bool route_reconnect(route *r, uint32_t k, const char *why);
+/* Hop k answered MOVED with the address `to`: connects it (same model, same layers) and puts it
+ * in hop k's place; the session goes on at its epoch there. */
+int route_follow_move(route *r, uint32_t k, const char *to, char *msg, size_t msg_cap);
 /* Hop k failed with err: take a spare and move the session to a new epoch. */
 int route_reroute(route *r, route_session *s, uint32_t k, int err, const char *why, char *msg, size_t msg_cap);
 

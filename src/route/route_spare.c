@@ -172,3 +172,40 @@ bool route_reconnect(route *r, uint32_t k, const char *why) {
     route_log(r, "hop %u (%s): not back within %lld ms", k, h->addr.text, (long long)r->p.reconnect_grace_ms);
     return false;
 }
+
+int route_follow_move(route *r, uint32_t k, const char *to, char *msg, size_t msg_cap) {
+    route_addr *a = NULL;
+    size_t n = 0;
+    char why[KVS_MSG_MAX] = "";
+    if (route_parse_spec(to, &a, &n, why, sizeof why) != KVS_OK || n != 1) {
+        free(a);
+        return kvs_fail(msg, msg_cap, KVS_ERR_PROTOCOL, "hop %u (%s) answered MOVED with no usable address '%s'", k,
+                        r->hops[k].addr.text, to);
+    }
+    route_hop nh = {.addr = a[0], .fd = -1};
+    free(a);
+    const struct wire_info *want = &r->hops[k].info;
+    int rc = route_hop_connect(r, &nh, why, sizeof why);
+    char what[ROUTE_ADDR_MAX + 16], ref[ROUTE_ADDR_MAX + 16];
+    snprintf(what, sizeof what, "moved-to %s", nh.addr.text);
+    snprintf(ref, sizeof ref, "hop %u (%s)", k, r->hops[k].addr.text);
+    struct wire_info model = *want;
+    memcpy(model.model_digest, r->digest, WIRE_DIGEST_SIZE);
+    if (rc == KVS_OK && route_check_same_model(&model, ref, &nh.info, what, why, sizeof why) != KVS_OK)
+        rc = KVS_ERR_INVALID_ARG;
+    if (rc == KVS_OK && (nh.info.first != want->first || nh.info.last != want->last))
+        rc = kvs_fail(why, sizeof why, KVS_ERR_INVALID_ARG, "it serves layers [%u, %u), not [%u, %u)", nh.info.first,
+                      nh.info.last, want->first, want->last);
+    if (rc != KVS_OK) {
+        route_hop_disconnect(&nh);
+        return kvs_fail(msg, msg_cap, rc, "hop %u (%s) moved the session to %s: %s", k, r->hops[k].addr.text,
+                        nh.addr.text, why);
+    }
+    route_log(r, "hop %u (%s): the session moved to %s; following it (same epoch, nothing replayed)", k,
+              r->hops[k].addr.text, nh.addr.text);
+    route_hop_disconnect(&r->hops[k]);
+    r->hops[k] = nh;
+    r->moved++;
+    route_limits(r);
+    return KVS_OK;
+}

@@ -396,6 +396,11 @@ int route_step(route *r, route_session *s, const int32_t *tokens, uint32_t n, co
         }
         if (res_k == HOP_FATAL)
             return kvs_fail(msg, msg_cap, rc, "hop %u (%s): %s", k, r->hops[k].addr.text, why);
+        if (rc == KVS_ERR_MOVED && reconnects < ROUTE_MAX_RECONNECTS) {
+            reconnects++;
+            if ((rc = route_follow_move(r, k, why, msg, msg_cap)) != KVS_OK) return rc;
+            continue;
+        }
         /* A link the shard closed for idleness between route_refresh_links and this request
          * fails like a dead shard (closed or reset, not a timeout: a hung shard would only
          * cost a second one): try the same address once more before any spare. The session

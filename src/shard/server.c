@@ -96,6 +96,9 @@ void srv_stats(srv *s, struct wire_stats_reply *m) {
         {"state.snapshot_sessions_loaded", s->c_snap_loaded_sessions},
         {"state.snapshot_bytes_loaded", s->c_snap_loaded_bytes},
         {"state.snapshot_refused", s->c_snap_refused},
+        {"move.sessions_in", s->c_moved_in_sessions}, {"move.bytes_in", s->c_moved_in_bytes},
+        {"move.sessions_out", s->c_moved_out_sessions}, {"move.bytes_out", s->c_moved_out_bytes},
+        {"move.refused", s->c_push_refused},
     };
     pthread_mutex_unlock(&s->mu);
     size_t n = sizeof(list) / sizeof(list[0]);
@@ -198,6 +201,7 @@ int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
     }
     randombytes_buf(s->sid_key, sizeof s->sid_key);
     if (p->state_dir && (err = srv_state_open(s, msg, cap))) goto fail;
+    if ((err = srv_move_create(s))) goto fail;
     atomic_init(&s->buffered, 0);
     atomic_init(&s->rx_capacity, 0);
     if (want_tls && (err = tls_ctx_create(&(tls_params){.cert_file = p->tls_cert, .key_file = p->tls_key,
@@ -502,6 +506,7 @@ void srv_free(srv *s) {
     if (s->stop_pipe[0] >= 0) close(s->stop_pipe[0]);
     if (s->stop_pipe[1] >= 0) close(s->stop_pipe[1]);
     relay_destroy(s->relay);
+    srv_move_free(s);
     engine_close(s->e);
     tls_ctx_free(s->tls);
     tls_ctx_free(s->relay_tls); /* after relay_destroy: its links were detached */

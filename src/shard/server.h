@@ -63,7 +63,9 @@ typedef struct {
     double tenant_kv_share;     /* (0, 1]: fraction of the budget per identity (1: no own cap) */
     const char *state_dir;      /* NULL: none; else the KV state is written there on stop and loaded
                                    at start (server_state.c) */
-    int drain_timeout_ms;       /* on stop with state_dir: in-flight work gets this long to finish */
+    int drain_timeout_ms;       /* on stop with state_dir, and drains: in-flight work gets this long */
+    const char *peer_allow;     /* "ID-or-IP,..." peers that may push sessions here or drain this shard
+                                   (SESSION_PUSH, DRAIN; server_move.c); NULL: none */
     srv_log_fn log;             /* NULL: silent */
     void *log_ctx;
     /* Test hook: called by the scheduler before each forward pass with the

@@ -387,6 +387,12 @@ static void conn_dispatch(srv_conn *c, const struct wire_header *h, const struct
             srv_send_status(c, rid, relay_listen_add(s->relay, t.relay_id, c->tenant, c), NULL, NULL);
         break;
     }
+    case WIRE_OP_SESSION_PUSH:
+        srv_handle_session_push(c, rid, buf->data, buf->len);
+        break;
+    case WIRE_OP_DRAIN:
+        srv_handle_drain(c, rid, buf->data, buf->len);
+        break;
     case WIRE_OP_STATS:
         if (wire_decode_empty(buf->data, buf->len, msg, sizeof(msg))) srv_send_status(c, rid, KVS_ERR_PROTOCOL, NULL, msg);
         else srv_handle_stats(c, rid);
@@ -456,6 +462,7 @@ void *srv_conn_main(void *arg) {
                 break;
             }
             c->requests++;
+            if (srv_move_gate(c, &h, &buf)) continue;
             conn_dispatch(c, &h, &buf);
         }
     }

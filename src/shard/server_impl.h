@@ -207,12 +207,14 @@ struct srv {
     atomic_ullong rx_capacity; /* bytes allocated for receive buffers over all connections */
     atomic_bool stop_requested; /* srv_stop: the accept loop ends (then draining, then stopping) */
     atomic_bool draining;   /* no new work is admitted: a request closes its connection */
+    struct srv_move *move;  /* server_move.c: drains, pushes, the moved table */
     /* counters */
     uint64_t c_auth_failures, c_busy_inflight, c_refused_addr, c_frame_timeouts, c_refused_buffers;
     uint64_t c_conns_total, c_requests, c_forward_rows, c_batches, c_batch_items, c_protocol_errors,
         c_rejected_conns;
     uint64_t c_snap_written_sessions, c_snap_written_bytes, c_snap_loaded_sessions, c_snap_loaded_bytes,
         c_snap_refused;
+    uint64_t c_moved_in_sessions, c_moved_in_bytes, c_moved_out_sessions, c_moved_out_bytes, c_push_refused;
 };
 
 /* server_state.c (serve --state-dir) */
@@ -220,6 +222,17 @@ int srv_state_open(srv *s, char *msg, size_t cap); /* the directory and the pers
 void srv_state_load(srv *s);                       /* loads (and consumes) kv.snap, or refuses it */
 int srv_state_save(srv *s);                        /* writes kv.snap crash-safely */
 void srv_state_quiesce(srv *s); /* stops admitting, waits (bounded) for the jobs in flight */
+
+/* server_move.c (SESSION_PUSH, DRAIN, MOVED) */
+struct netio_buf;
+int srv_move_create(srv *s);
+void srv_move_free(srv *s);
+void srv_move_note_owner(srv *s, const srv_job *j); /* at admission: who the session belongs to */
+/* Answers a FORWARD / TRUNCATE / RELEASE itself while the shard moves its sessions or for a
+ * session it moved (BUSY, MOVED); true when it did. */
+bool srv_move_gate(srv_conn *c, const struct wire_header *h, const struct netio_buf *buf);
+void srv_handle_session_push(srv_conn *c, uint64_t rid, const uint8_t *payload, size_t len);
+void srv_handle_drain(srv_conn *c, uint64_t rid, const uint8_t *payload, size_t len);
 
 /* server_conn.c */
 void *srv_conn_main(void *arg);   /* a connection's reader thread */

@@ -177,6 +177,7 @@ static void sched_admit(sched *sc) {
             continue;
         }
         j->state = JOB_RUNNING;
+        srv_move_note_owner(sc->s, j);
         j->conn->n_running++;
         j->conn->last_admit = sc->step;
         sc->running++;
