@@ -25,7 +25,8 @@
  *    the moved table. A session the peers refuse stays here. Progress goes back on the
  *    operator's connection as STATUS frames (KVS_OK, "progress: ..."), the end as one
  *    "done: ..." (OK, or BUSY when some sessions could not be moved). Without keep-running the
- *    shard then stops (srv_stop).
+ *    shard then goes on answering MOVED until every moved session was asked for once, or for
+ *    --drain-timeout, and stops (srv_stop).
  * 5. MOVED: a FORWARD for a session in the moved table is answered with a STATUS frame, status
  *    KVS_ERR_MOVED and the new HOST:PORT as its message; the route client switches that hop
  *    and goes on at the same epoch (route_spare.c, route_follow_move). A relayed FORWARD is
@@ -50,13 +51,14 @@
 typedef struct {
     kv_sid sid;
     uint8_t peer;
+    bool asked; /* a MOVED answer went out for it */
 } move_entry;
 
 struct srv_move {
     pthread_mutex_t mu;
     atomic_bool moving;
     move_entry *moved;
-    uint32_t n_moved, cap_moved;
+    uint32_t n_moved, cap_moved, n_asked;
     char peers[MOVE_MAX_PEERS][RELAY_ADDR_MAX];
     int n_peers;
     bool running; /* a drain thread exists */
@@ -177,6 +179,8 @@ static int moved_to(srv *s, const kv_sid *sid, char out[RELAY_ADDR_MAX]) {
     for (uint32_t i = 0; i < mv->n_moved && !found; i++)
         if (!memcmp(mv->moved[i].sid.bytes, sid->bytes, 16)) {
             snprintf(out, RELAY_ADDR_MAX, "%s", mv->peers[mv->moved[i].peer]);
+            if (!mv->moved[i].asked) mv->n_asked++;
+            mv->moved[i].asked = true;
             found = 1;
         }
     pthread_mutex_unlock(&mv->mu);
@@ -367,6 +371,22 @@ static bool move_wait_idle(srv *s) {
     }
 }
 
+/* Without keep-running: MOVED answers go on until each moved session was asked for once, the
+ * drain timeout passes or the shard is stopped. */
+static void move_linger(srv *s) {
+    struct srv_move *mv = s->move;
+    int limit_ms = s->p.drain_timeout_ms > 0 ? s->p.drain_timeout_ms : 30000;
+    uint64_t t0 = kvs_now_ns();
+    while (!atomic_load(&s->stop_requested) && kvs_now_ns() - t0 < (uint64_t)limit_ms * 1000000ull) {
+        pthread_mutex_lock(&mv->mu);
+        bool all = mv->n_asked >= mv->n_moved;
+        pthread_mutex_unlock(&mv->mu);
+        if (all) break;
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
 static void *drain_main(void *arg) {
     move_job *mj = arg;
     srv *s = mj->c->s;
@@ -387,7 +407,7 @@ static void *drain_main(void *arg) {
     n = ids && connected ? kv_list_idle(s->e->kv, ids, n) : 0;
     uint64_t bytes = 0, t0 = kvs_now_ns(), last = t0;
     int next = 0;
-    for (uint32_t k = 0; k < n; k++) {
+    for (uint32_t k = 0; k < n && !atomic_load(&s->stop_requested); k++) {
         if (move_one(s, mj, &ids[k], &next, &bytes) == KVS_OK) moved++;
         else failed++;
         double secs = (double)(kvs_now_ns() - t0) / 1e9;
@@ -410,7 +430,10 @@ static void *drain_main(void *arg) {
              moved, n, failed, idle ? "" : "; work in flight did not finish", (double)bytes / (1 << 20), secs,
              secs > 0 ? (double)bytes / (1 << 20) / secs : 0.0, (unsigned long long)st.sessions,
              mj->keep_running ? "" : "; stopping");
-    if (!mj->keep_running) srv_stop(s);
+    if (!mj->keep_running) {
+        move_linger(s);
+        srv_stop(s);
+    }
     free(ids);
     netio_buf_free(&mj->rx);
     pthread_mutex_lock(&mv->mu);
