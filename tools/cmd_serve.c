@@ -52,7 +52,8 @@ static void serve_usage(FILE *f) {
             "                       always: another identity's sessions are evicted only while it holds\n"
             "                       more than budget / identities (and max-sessions / identities)\n"
             "  --metrics-listen HOST:PORT  serve Prometheus metrics at http://HOST:PORT/metrics (plaintext,\n"
-            "                       no auth: a loopback address unless --insecure)\n"
+            "                       no auth: a loopback address unless --insecure)\n");
+    fprintf(f, /* in two parts: one literal would pass what C99 compilers must support */
             "  --state-dir DIR      keep the hot KV state across restarts: on SIGTERM stop admitting, finish\n"
             "                       the work in flight (--drain-timeout) and write every session to DIR; on\n"
             "                       start load it back (same model, layers and KV type; a bad snapshot is\n"

@@ -343,6 +343,11 @@ static int import_session(kv_state *kv, snap_in *in, const uint8_t *rec) {
         kv_tenant_release(kv, t);
         return err;
     }
+    for (uint32_t b = 0; b < n_blocks; b++) { /* I10: private blocks of this session, unkeyed */
+        kv->bm[ids[b]].refs = 1;
+        kv->bm[ids[b]].tenant = tag;
+        kv->bm[ids[b]].keyed = false;
+    }
     memset(s, 0, sizeof *s);
     s->sid = sid;
     s->epoch = epoch;

@@ -795,7 +795,7 @@ int kv_begin_prefix(kv_state *kv, uint64_t tenant, const kv_sid *sid, uint64_t e
         if (run == start_pos / bt && start_pos % bt == 0) {
             if (s) { /* a newer epoch that inherits nothing supersedes the old state now */
                 kv_drop(kv, s);
-                tomb_put(kv, sid, epoch);
+                kv_tomb_put(kv, sid, epoch);
                 s = NULL;
                 r.n_past = 0;
                 r.live_epoch = epoch;

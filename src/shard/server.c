@@ -162,6 +162,23 @@ static uint64_t physical_memory_bytes(void) {
     return kvs_mul_u64((uint64_t)pages, (uint64_t)page, &b) ? b : 0;
 }
 
+/* The model file's digest into s->digest: from the digest cache, else hashed (and kept there). */
+static int srv_model_digest(srv *s, const srv_params *p, char *msg, size_t cap) {
+    uint64_t t_hash = kvs_now_ns();
+    bool hit = digest_cache_get(p->model_path, p->digest_cache_dir, s->digest);
+    if (!hit) {
+        const char *dir = p->digest_cache_dir;
+        kvs_logf(s->p.log, s->p.log_ctx, "hashing the model file for its digest%s%s%s", dir ? " (kept in " : "",
+                 dir ? dir : "", dir ? " for later starts)" : "");
+        int err = digest_model_cached(p->model_path, p->digest_cache_dir, s->digest, &hit);
+        if (err) return kvs_fail(msg, cap, err, "cannot read %s to hash it", p->model_path);
+    }
+    if (p->digest_cache_dir)
+        kvs_logf(s->p.log, s->p.log_ctx, "model digest %s in %.2f s (cache %s)", hit ? "from the cache" : "computed",
+                 (double)(kvs_now_ns() - t_hash) / 1e9, p->digest_cache_dir);
+    return KVS_OK;
+}
+
 int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
     *out = NULL;
     srv *s = calloc(1, sizeof(*s));
@@ -256,20 +273,7 @@ int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
     kvs_logf(s->p.log, s->p.log_ctx, "loaded %s layers [%u, %u) of %u: %.1f MiB of weights (%d matrices repacked) in %.2f s", p->model_path,
              s->e->m->first, s->e->m->last, s->e->m->hp.n_layer, (double)s->e->m->weight_bytes / (1 << 20),
              s->e->m->n_repacked, s->e->open_s);
-    uint64_t t_hash = kvs_now_ns();
-    bool hit = digest_cache_get(p->model_path, p->digest_cache_dir, s->digest);
-    if (!hit) {
-        const char *dir = p->digest_cache_dir;
-        kvs_logf(s->p.log, s->p.log_ctx, "hashing the model file for its digest%s%s%s", dir ? " (kept in " : "",
-                 dir ? dir : "", dir ? " for later starts)" : "");
-        if ((err = digest_model_cached(p->model_path, p->digest_cache_dir, s->digest, &hit))) {
-            err = kvs_fail(msg, cap, err, "cannot read %s to hash it", p->model_path);
-            goto fail;
-        }
-    }
-    if (p->digest_cache_dir)
-        kvs_logf(s->p.log, s->p.log_ctx, "model digest %s in %.2f s (cache %s)", hit ? "from the cache" : "computed",
-                 (double)(kvs_now_ns() - t_hash) / 1e9, p->digest_cache_dir);
+    if ((err = srv_model_digest(s, p, msg, cap))) goto fail;
     if (p->state_dir) srv_state_load(s);
     if (pipe2(s->stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
         err = kvs_fail(msg, cap, KVS_ERR_IO, "pipe: %s", strerror(errno));

@@ -455,7 +455,7 @@ void *srv_conn_main(void *arg) {
                 conn_recv_failed(c, err, &h, &o, msg);
                 break;
             }
-            if (atomic_load(&s->draining) &&
+            if (atomic_load(&s->draining) && s->p.state_dir &&
                 (h.op == WIRE_OP_FORWARD || h.op == WIRE_OP_TRUNCATE || h.op == WIRE_OP_RELEASE)) {
                 kvs_logf(s->p.log, s->p.log_ctx, "conn %u (%s): stopping: new work not admitted, closing", c->id,
                          c->peer);

@@ -188,7 +188,9 @@ struct srv {
     char name[WIRE_MAX_NAME + 1];
     int stop_pipe[2];
     atomic_bool stopping;
-    atomic_bool draining;   /* srv_stop with drain_ms: no new connection or FORWARD */
+    atomic_bool draining;   /* srv_stop with drain_ms or state_dir: no new connection or work (FORWARD
+                               answered CLOSED; with state_dir a request closes its connection, and
+                               the client reconnects once the shard is back) */
     relay *relay;           /* shard-to-shard pushes and the RELAY_LISTEN table */
     /* scheduler */
     pthread_t sched_thread;
@@ -206,7 +208,6 @@ struct srv {
     atomic_ullong buffered; /* receive-buffer and reply-queue bytes over all connections */
     atomic_ullong rx_capacity; /* bytes allocated for receive buffers over all connections */
     atomic_bool stop_requested; /* srv_stop: the accept loop ends (then draining, then stopping) */
-    atomic_bool draining;   /* no new work is admitted: a request closes its connection */
     struct srv_move *move;  /* server_move.c: drains, pushes, the moved table */
     /* counters */
     uint64_t c_auth_failures, c_busy_inflight, c_refused_addr, c_frame_timeouts, c_refused_buffers;
