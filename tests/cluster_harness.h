@@ -98,6 +98,7 @@ static inline pid_t start_etcd_host(const char *host) {
             dup2(fd, 1);
             dup2(fd, 2);
         }
+        proc_close_inherited();
         exec_etcd(data, listen, client, peer, cluster);
         _exit(127);
     }
@@ -231,7 +232,10 @@ static inline long post_completion(int port, const char *body, http_reply *r) {
     curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 60000L);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     long status = 0;
+    char err[CURL_ERROR_SIZE] = "";
+    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, err);
     if (curl_easy_perform(c) == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    else if (!r->len) snprintf(r->buf, 256, "(curl: %s)", err); /* what the failure says names the cause */
     curl_slist_free_all(h);
     curl_easy_cleanup(c);
     return status;

@@ -41,6 +41,10 @@ static inline int proc_wait(pid_t pid, int timeout_ms) {
     }
 }
 
+/* In a forked child: closes every descriptor above stderr, so a test's open client sockets (curl's
+ * have no close-on-exec) do not live on in the child and keep the peer's connection open. */
+static inline void proc_close_inherited(void) { close_range(3, ~0U, 0); }
+
 /* Runs argv (argv[0] replaced by the kvshard binary) with stdin from the file
  * in_path (inherited when NULL), stdout captured into a malloc'd string (*out),
  * stderr appended to err_path (or inherited when NULL). The capture stops at
@@ -62,6 +66,7 @@ static inline int proc_run_in(char *const argv[], const char *in_path, char **ou
             int fd = open(err_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
             if (fd >= 0) dup2(fd, 2);
         }
+        proc_close_inherited();
         execv(proc_bin(), argv);
         _exit(127);
     }
@@ -125,6 +130,7 @@ static inline bool proc_start_listener(proc_server *s, const char *dir, const ch
             dup2(nul, 0);
             dup2(nul, 1);
         }
+        proc_close_inherited();
         execv(proc_bin(), argv);
         _exit(127);
     }

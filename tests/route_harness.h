@@ -63,6 +63,7 @@ static inline bool paused_gen_start(paused_gen *g, char *const argv[], const cha
         dup2(fd, 2);
         close(in[1]);
         close(out[0]);
+        proc_close_inherited();
         execv(proc_bin(), argv);
         _exit(127);
     }
