@@ -287,8 +287,8 @@ static void test_slow_loris(const char *spec) {
     }
     printf("  slow-loris: 4 half-sent requests closed after %.2f s; the 5th from their address refused\n",
            (double)(kvs_now_ns() - t0) / 1e9);
-    /* libmicrohttpd gives the address's slots back when it reaps the closed connections, a moment
-     * after the close: asked again until served (bounded, 10 s) */
+    /* the address's slots come back as each closed connection's thread ends, a moment after the
+     * client sees the close: asked again until served (bounded, 10 s) */
     bool served = false;
     for (int i = 0; i < 100 && !served; i++) {
         int fd = connect_from(port, "127.0.0.1", 0);

@@ -47,7 +47,7 @@ static void api_usage(FILE *f) {
             "                       page wants 'Authorization: Bearer KEY' (401 otherwise); prefix reuse is\n"
             "                       per key (without keys: per client address). Plaintext HTTP: put a TLS\n"
             "                       proxy in front off loopback\n"
-            "  --per-ip-conns N     open HTTP connections from one IP address (default 16)\n"
+            "  --per-ip-conns N     open HTTP connections from one IP address (default 64)\n"
             "  --request-timeout S  a connection silent this long while sending a request or between\n"
             "                       requests is closed (default 10)\n"
             "  --stream-stall S     a streamed reply its client reads nothing of for S seconds is closed\n"

@@ -74,7 +74,7 @@ http_params http_default_params(void) {
                          .prefix_slots = 4,
                          .route_timeout_ms = 30000,
                          .max_connections = 256,
-                         .per_ip_connections = 16,
+                         .per_ip_connections = 64,
                          .request_timeout_s = 10,
                          .stream_stall_s = 30,
                          .stream_sndbuf = 64 * 1024};
@@ -495,6 +495,25 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     *con_cls = NULL;
 }
 
+/* The per-IP limit (http_guard_admit), counted from a connection's start to its close. */
+static enum MHD_Result accept_policy(void *cls, const struct sockaddr *addr, socklen_t addrlen) {
+    (void)addrlen;
+    return http_guard_admit(&((http_server *)cls)->g, addr) ? MHD_YES : MHD_NO;
+}
+
+static void notify_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                              enum MHD_ConnectionNotificationCode toe) {
+    http_server *h = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        const uint64_t a = http_guard_owner_addr(&h->g, ci ? ci->client_addr : NULL);
+        *socket_context = (void *)(uintptr_t)a; /* the tag its close gives back */
+        http_guard_conn(&h->g, a, true);
+    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+        http_guard_conn(&h->g, (uint64_t)(uintptr_t)*socket_context, false);
+    }
+}
+
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
     http_server *h = cls;
     kvs_vlogf(h->p.log, h->p.log_ctx, fmt, ap);
@@ -538,11 +557,11 @@ int http_start(const http_params *p, http_server **out, char *msg, size_t cap) {
     }
     int fd = -1;
     if ((err = netio_listen(host, port, 128, &fd, &h->port, msg, cap)) != KVS_OK) goto fail;
-    h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG | MHD_USE_ITC, 0, NULL,
-                            NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
-                            h, MHD_OPTION_CONNECTION_LIMIT, (unsigned)p->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-                            (unsigned)p->request_timeout_s, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-                            (unsigned)p->per_ip_connections, MHD_OPTION_END);
+    h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG | MHD_USE_ITC, 0,
+                            accept_policy, h, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, MHD_OPTION_LISTEN_SOCKET,
+                            fd, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_NOTIFY_CONNECTION,
+                            notify_connection, h, MHD_OPTION_CONNECTION_LIMIT, (unsigned)p->max_connections,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)p->request_timeout_s, MHD_OPTION_END);
     if (!h->d) {
         close(fd);
         err = kvs_fail(msg, cap, KVS_ERR_IO, "libmicrohttpd could not start on %.100s", p->listen);

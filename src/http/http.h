@@ -75,7 +75,7 @@ typedef struct {
     const char *cors;            /* allowed browser origins, comma-separated or "*"; NULL: no CORS */
     const char *version;         /* what GET /version reports; NULL: "unknown" */
     /* Security of the HTTP side (docs/security.md, "kvshard api"). */
-    int per_ip_connections;      /* open HTTP connections from one IP address (default 16) */
+    int per_ip_connections;      /* open HTTP connections from one IP address (default 64) */
     int request_timeout_s;       /* a connection silent this long while it sends a request, or
                                     between requests, is closed (default 10) */
     int stream_stall_s;          /* a streamed reply the client reads nothing of for this long is

@@ -56,6 +56,11 @@ static int load_keys(http_guard *g, const char *path, char *msg, size_t cap) {
 int http_guard_open(http_guard *g, const http_params *p, const char *host, char *msg, size_t cap) {
     memset(g, 0, sizeof *g);
     if (sodium_init() < 0) return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "libsodium failed to start");
+    g->per_ip = p->per_ip_connections;
+    g->max_ips = p->max_connections;
+    if (!(g->ips = calloc((size_t)g->max_ips, sizeof *g->ips)))
+        return kvs_fail(msg, cap, KVS_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&g->ip_mu, NULL);
     randombytes_buf(g->id_key, sizeof g->id_key);
     if (p->api_key_file && p->api_key_file[0]) {
         int err = load_keys(g, p->api_key_file, msg, cap);
@@ -77,7 +82,37 @@ int http_guard_open(http_guard *g, const http_params *p, const char *host, char 
 void http_guard_close(http_guard *g) {
     if (g->keys) sodium_memzero(g->keys, (size_t)g->n_keys * sizeof *g->keys);
     free(g->keys);
+    if (g->ips) pthread_mutex_destroy(&g->ip_mu);
+    free(g->ips);
     memset(g, 0, sizeof *g);
+}
+
+/* The count of address tag a, or NULL; under ip_mu. */
+static http_ip_count *ip_find(http_guard *g, uint64_t a) {
+    for (int i = 0; i < g->n_ips; i++)
+        if (g->ips[i].addr == a) return &g->ips[i];
+    return NULL;
+}
+
+bool http_guard_admit(http_guard *g, const struct sockaddr *sa) {
+    const uint64_t a = http_guard_owner_addr(g, sa);
+    pthread_mutex_lock(&g->ip_mu);
+    const http_ip_count *c = ip_find(g, a);
+    const bool ok = !c || c->n < g->per_ip;
+    pthread_mutex_unlock(&g->ip_mu);
+    return ok;
+}
+
+void http_guard_conn(http_guard *g, uint64_t a, bool open) {
+    pthread_mutex_lock(&g->ip_mu);
+    http_ip_count *c = ip_find(g, a);
+    if (open && !c && g->n_ips < g->max_ips) { /* max_ips: the connection limit, so never full */
+        c = &g->ips[g->n_ips++];
+        *c = (http_ip_count){.addr = a};
+    }
+    if (c && open) c->n++;
+    else if (c && --c->n <= 0) *c = g->ips[--g->n_ips]; /* the last one fills the hole */
+    pthread_mutex_unlock(&g->ip_mu);
 }
 
 /* A 64-bit identity tag: keyed, so tags of different clients do not collide by choice. */

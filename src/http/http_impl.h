@@ -148,10 +148,21 @@ bool http_lanes_health(http_lanes *L, int64_t timeout_ms, char *report, size_t c
 
 #define HTTP_KEY_HASH 32 /* BLAKE2b-256 of an api key */
 
+/* Open connections of one client address (the per-IP limit). */
+typedef struct {
+    uint64_t addr; /* http_guard_owner_addr's tag of the address */
+    int n;
+} http_ip_count;
+
 typedef struct {
     uint8_t (*keys)[HTTP_KEY_HASH]; /* (n_keys) hashes of the accepted keys; the keys are not kept */
     int n_keys;
     uint8_t id_key[16];             /* random per process: keys the client identity tags */
+    /* Per-IP connection counts, kept here rather than by libmicrohttpd, whose count drops only at
+     * its next cleanup pass: a client reconnecting at once met its own closed connections. */
+    pthread_mutex_t ip_mu;
+    http_ip_count *ips;             /* (n_ips) addresses with open connections, at most max_ips */
+    int n_ips, max_ips, per_ip;     /* max_ips: the connection limit */
 } http_guard;
 
 struct MHD_Connection;
@@ -167,6 +178,12 @@ void http_guard_close(http_guard *g);
 bool http_guard_check(const http_guard *g, const char *authorization, uint64_t *owner);
 /* The identity tag of a client address (no api keys). */
 uint64_t http_guard_owner_addr(const http_guard *g, const struct sockaddr *sa);
+/* The accept policy: false when the address holds per_ip_connections open connections. Called
+ * by libmicrohttpd's one accepting thread, before http_guard_conn counts the new connection. */
+bool http_guard_admit(http_guard *g, const struct sockaddr *sa);
+/* A connection of the address tagged addr (http_guard_owner_addr) opened (open) or closed: the
+ * count http_guard_admit reads. */
+void http_guard_conn(http_guard *g, uint64_t addr, bool open);
 /* Turns the connection's timeout off while the server works for it (begin), or back on at
  * resume_s with its clock restarted. */
 void http_guard_long_work(struct MHD_Connection *c, bool begin, unsigned resume_s);
