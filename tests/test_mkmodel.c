@@ -366,6 +366,13 @@ static void test_arches(void) {
             CHECK((m->hp.n_ctx_orig == 256) == (i == 2)); /* phi3: LongRoPE's original context */
             model_free(m);
         }
+        /* phi3: llama.cpp refuses a phi3-named file without Phi-3's "<|endoftext|>" */
+        gguf_ctx *g = NULL;
+        CHECK_EQ_INT(gguf_open_header(path, &g, msg, sizeof msg), KVS_OK);
+        const gguf_kv *toks = g ? gguf_find_kv(g, "tokenizer.ggml.tokens") : NULL;
+        CHECK(toks != NULL);
+        if (toks) CHECK(gguf_str_eq(toks->arr_strs[toks->arr_n - 1], "<|endoftext|>") == (i == 2));
+        gguf_close(g);
         unlink(path);
         n_run++;
     }

@@ -234,7 +234,9 @@ static void filler_word(uint64_t k, char *out) {
     out[n] = '\0';
 }
 
-static int set_vocab(gguf_writer *w, uint32_t n_vocab) {
+/* A phi3 file's last token is Phi-3's "<|endoftext|>": llama.cpp looks it up by name in any file
+ * whose name says phi3, and refuses the file without it. */
+static int set_vocab(gguf_writer *w, uint32_t n_vocab, int arch) {
     int rc = KVS_ERR_NOMEM;
     char **toks = calloc(n_vocab, sizeof *toks);
     float *scores = calloc(n_vocab, sizeof *scores);
@@ -248,6 +250,7 @@ static int set_vocab(gguf_writer *w, uint32_t n_vocab) {
         else if (i == 1) strcpy(p, "<s>"), types[i] = 3;
         else if (i == 2) strcpy(p, "</s>"), types[i] = 3;
         else if (i < N_FIXED_TOKENS) snprintf(p, 24, "<0x%02X>", i - 3), types[i] = 6;
+        else if (arch == MK_PHI3 && i == n_vocab - 1) strcpy(p, "<|endoftext|>"), types[i] = 3;
         else {
             /* even: "\u2581word" (word-initial piece), odd: "word" */
             uint64_t f = i - N_FIXED_TOKENS;
@@ -329,7 +332,7 @@ static int set_metadata(gguf_writer *w, const mkmodel_shape *s, int arch, uint32
         (rc = gguf_writer_set_f32(w, akey(arch, "attention.layer_norm_rms_epsilon"), 1e-5f)) ||
         (rc = set_family_keys(w, s, arch)))
         return rc;
-    return set_vocab(w, s->n_vocab);
+    return set_vocab(w, s->n_vocab, arch);
 }
 
 /* ---------------------------------------------------------- row generation */
