@@ -368,6 +368,53 @@ static void test_api_keys(const char *spec, const char *keyfile) {
     http_stop(h);
 }
 
+/* --public-prefix: the operator's public text is shared by every key, nothing past it is. No kept
+ * sessions (prefix slots 0), so cached_tokens are the shards' prefix blocks alone. */
+static void test_public_prefix(const char *spec, const char *keyfile, const char *dir) {
+    char pub[300], msg[KVS_MSG_MAX] = "";
+    snprintf(pub, sizeof pub, "%s/public", dir);
+    http_params p = api_params(spec);
+    p.api_key_file = keyfile;
+    p.prefix_slots = 0;
+    p.public_prefix = pub;
+    http_server *h = NULL;
+    CHECK_EQ_INT(http_start(&p, &h, msg, sizeof msg), KVS_ERR_IO); /* absent: said by name */
+    CHECK(strstr(msg, pub) != NULL);
+    FILE *f = fopen(pub, "w");
+    CHECK(f != NULL);
+    if (!f) return;
+    fputs("Once upon a time there was a little girl named Lily who loved to play", f); /* the prompt's start */
+    fclose(f);
+    if (!(h = api_start(&p))) {
+        CHECK(h != NULL);
+        return;
+    }
+    uint16_t port = http_port(h);
+    resp r;
+    long long c[3] = {-1, -1, -1}, prompt = 0;
+    const char *who[3] = {"alpha-key-01", "beta-key-02", "alpha-key-01"};
+    static const char longer[] = "{\"prompt\":\"Once upon a time there was a little girl named Lily who loved to play "
+                                 "in the park with her dog. One day they found a big red ball under a tall tree and "
+                                 "they played\",\"max_tokens\":2,\"temperature\":0}"; /* 3+ blocks */
+    for (int i = 0; i < 3; i++)
+        if (request_from(port, "127.0.0.1", "POST", "/v1/completions", longer, who[i], &r)) {
+            c[i] = usage_cached(r.body);
+            cJSON *o = cJSON_Parse(r.body);
+            cJSON *pt = cJSON_GetObjectItem(cJSON_GetObjectItem(o, "usage"), "prompt_tokens");
+            prompt = cJSON_IsNumber(pt) ? (long long)pt->valuedouble : 0;
+            cJSON_Delete(o);
+            resp_free(&r);
+        }
+    printf("  public prefix: cached_tokens alpha %lld, then beta %lld (the public blocks), then alpha %lld of %lld\n",
+           c[0], c[1], c[2], prompt);
+    CHECK_EQ_INT(c[0], 0);
+    CHECK(c[1] >= 16 && c[1] % 16 == 0); /* beta takes the public blocks alpha computed... */
+    CHECK(c[2] > c[1]);                  /* ...and not alpha's own blocks past them */
+    CHECK(c[2] < prompt);
+    http_stop(h);
+    unlink(pub);
+}
+
 /* Without keys the client identity is its address: 127.0.0.2 does not see 127.0.0.1's prompt. */
 static void test_scope_by_address(const char *spec) {
     http_params p = api_params(spec);
@@ -439,6 +486,7 @@ int main(void) {
     test_nul_prompt(spec);
     test_listen_rule(spec, keyfile);
     test_api_keys(spec, keyfile);
+    test_public_prefix(spec, keyfile, dir);
     test_scope_by_address(spec);
     test_slow_loris(spec);
     test_unread_stream(spec);

@@ -56,7 +56,11 @@ static void api_usage(FILE *f) {
             "  --queue N            requests that may wait for a lane before 503 (default 64)\n"
             "  --queue-timeout S    longest wait for a lane before 503 (default 30)\n"
             "  --max-body SIZE      request body limit, 413 past it (default 1M)\n"
-            "  --prefix-slots N     finished sessions kept per lane for prefix reuse (default 4; 0 = off)\n"
+            "  --prefix-slots N     finished sessions kept per lane for prefix reuse (default 4; 0 = off)\n");
+    fprintf(f, /* two literals: C11 promises strings of 4095 bytes only */
+            "  --public-prefix FILE text (as the model sees it, chat template applied, e.g. a system\n"
+            "                       prompt) whose shard prefix blocks every client shares; other blocks\n"
+            "                       stay per key / address (a client learns only that this text is cached)\n"
             "  --model-name NAME    model id in /v1/models (default: the file name of -m or --tokenizer,\n"
             "                       else 'kvshard')\n"
             "  --tokenizer MODEL    with --route: read the tokenizer and chat template from this GGUF (needed\n"
@@ -139,6 +143,7 @@ int cmd_api(int argc, char **argv) {
         else if (!strcmp(a, "--queue-timeout")) ok = args_float(argc, argv, &i, 0, 86400, &qt);
         else if (!strcmp(a, "--max-body")) ok = args_str(argc, argv, &i, &body);
         else if (!strcmp(a, "--prefix-slots")) ok = args_int(argc, argv, &i, 0, 1024, &slots);
+        else if (!strcmp(a, "--public-prefix")) ok = args_str(argc, argv, &i, &p.public_prefix);
         else if (!strcmp(a, "--model-name")) ok = args_str(argc, argv, &i, &p.model_name);
         else if (!strcmp(a, "--tokenizer")) ok = args_str(argc, argv, &i, &p.tokenizer_path);
         else if (!strcmp(a, "--chat-template")) ok = args_str(argc, argv, &i, &p.chat_template);

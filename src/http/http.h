@@ -68,6 +68,8 @@ typedef struct {
     int64_t queue_timeout_ms;    /* longest wait for a lane before 503 (default 30000) */
     size_t max_body_bytes;       /* request bodies past this get 413 (default 1 MiB) */
     int prefix_slots;            /* kept sessions per lane for prefix reuse; 0: off (default 4) */
+    const char *public_prefix;   /* file with text (as the model sees it, chat template applied)
+                                    whose shard prefix blocks every client shares; NULL: none */
     int64_t route_timeout_ms;    /* route_params.timeout_ms (default 30000) */
     const char *auth;            /* route_params.auth: HELLO token for the shards; NULL: none */
     const char *tls_cert, *tls_key, *tls_ca; /* route_params: mutual TLS to the shards, all or none */

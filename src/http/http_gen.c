@@ -102,7 +102,13 @@ bool http_gen_begin(http_gen *g, http_lanes *L, http_metrics *m, const http_gen_
     }
     /* The api reaches the shards as one identity: its clients' prefix blocks are kept apart by
      * salting each session's chain hashes with the client's identity. */
-    if (!g->reuse) route_session_prefix_salt(g->s, req->owner);
+    if (!g->reuse) {
+        route_session_prefix_salt(g->s, req->owner);
+        /* the operator's public prefix: the whole blocks the prompt shares with it, for everyone */
+        uint32_t same = 0;
+        while ((int)same < L->n_pub && same < g->gen.n_prompt && g->gen.ids[same] == L->pub_ids[same]) same++;
+        route_session_public_blocks(g->s, same / WIRE_PREFIX_TOKENS);
+    }
     return true;
 fail_nomem:
     nomem(e);

@@ -117,6 +117,8 @@ typedef struct {
     uint64_t clock;
     tok_vocab *vocab;
     int chat_tmpl;           /* http_chat_pick */
+    int32_t *pub_ids;        /* (n_pub) tokens of p.public_prefix; NULL: none */
+    int n_pub;
     route_info info;         /* of lane 0 at start */
     char hops[ROUTE_MAX_HOPS][ROUTE_ADDR_MAX]; /* current hop addresses (refreshed after each use) */
     uint32_t n_hops;
@@ -147,6 +149,7 @@ bool http_lanes_health(http_lanes *L, int64_t timeout_ms, char *report, size_t c
 /* ---- guard (http_guard.c, http.h design note 6) --------------------------------------------- */
 
 #define HTTP_KEY_HASH 32 /* BLAKE2b-256 of an api key */
+#define HTTP_PUBLIC_PREFIX_MAX (1 << 20) /* bytes of --public-prefix text */
 
 /* Open connections of one client address (the per-IP limit). */
 typedef struct {

@@ -67,6 +67,29 @@ static void note_hops(http_lanes *L, const route *r) {
     for (uint32_t k = 0; k < L->n_hops; k++) snprintf(L->hops[k], ROUTE_ADDR_MAX, "%s", route_hop_addr(r, k));
 }
 
+/* The public prefix's tokens: the file's text as a prompt is tokenized (BOS, special tokens). */
+static int load_public_prefix(http_lanes *L, const char *path, char *msg, size_t cap) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return kvs_fail(msg, cap, KVS_ERR_IO, "cannot open the public prefix %.200s: %s", path, strerror(errno));
+    char *text = malloc(HTTP_PUBLIC_PREFIX_MAX + 1);
+    size_t n = text ? fread(text, 1, HTTP_PUBLIC_PREFIX_MAX + 1, f) : 0;
+    fclose(f);
+    if (!text) return kvs_fail(msg, cap, KVS_ERR_NOMEM, "out of memory");
+    int err = KVS_OK;
+    if (n > HTTP_PUBLIC_PREFIX_MAX)
+        err = kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "the public prefix %.200s is over %d bytes", path,
+                       HTTP_PUBLIC_PREFIX_MAX);
+    else if (n == 0 || memchr(text, 0, n))
+        err = kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "the public prefix %.200s is empty or not text", path);
+    if (!err) {
+        text[n] = 0;
+        err = gen_tokenize(L->vocab, text, tok_add_bos(L->vocab), true, &L->pub_ids, &L->n_pub);
+        if (err) err = kvs_fail(msg, cap, err, "the public prefix %.200s cannot be tokenized", path);
+    }
+    free(text);
+    return err;
+}
+
 int http_lanes_open(http_lanes *L, const http_params *p, char *msg, size_t cap) {
     memset(L, 0, sizeof *L);
     L->p = *p;
@@ -99,6 +122,7 @@ int http_lanes_open(http_lanes *L, const http_params *p, char *msg, size_t cap) 
         err = kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "the tokenizer has %d tokens but the route's model %u",
                        (int)tok_n_vocab(L->vocab), L->info.n_vocab);
     if (!err) err = http_chat_pick(L->vocab, p->chat_template, &L->chat_tmpl, msg, cap);
+    if (!err && p->public_prefix) err = load_public_prefix(L, p->public_prefix, msg, cap);
     if (err) {
         http_lanes_close(L);
         return err;
@@ -128,6 +152,7 @@ void http_lanes_close(http_lanes *L) {
     }
     free(L->lanes);
     tok_free(L->vocab);
+    free(L->pub_ids);
     free(L->route_spec);
     free(L->spares_spec);
     pthread_mutex_destroy(&L->mu);

@@ -225,6 +225,10 @@ uint32_t route_session_cached(const route_session *s);
  * blocks per connection identity, so a client serving several tenants of its own over one
  * identity (api) gives each its own salt to keep them from sharing (docs/security.md). */
 void route_session_prefix_salt(route_session *s, uint64_t salt);
+/* The session's first n full blocks are an operator's public prefix: their chain is unsalted, so
+ * they are shared with every session whose tokens start the same; the salt enters the chain right
+ * after them (docs/security.md). Before the first step; default 0. */
+void route_session_public_blocks(route_session *s, uint32_t n);
 /* The session's route_session_id. */
 void route_session_id(const route_session *s, uint8_t out[WIRE_SID_SIZE]);
 /* Current epoch of the session (1 + the re-routes it went through). */

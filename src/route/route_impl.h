@@ -216,6 +216,7 @@ struct route_session {
     uint32_t short_have;     /* HOP_PREFIX_SHORT: positions the hop holds */
     uint32_t cached;         /* positions of its first step no hop computed (I8) */
     uint64_t prefix_salt;    /* I8: the chain's seed; sessions share blocks only with equal salts */
+    uint32_t public_blocks;  /* leading blocks chained unsalted (an operator's public prefix) */
 };
 
 /* Result of one request to a hop, as route_forward sees it. */

@@ -44,6 +44,8 @@ int route_session_open(route *r, route_session **out, char *msg, size_t msg_cap)
 uint32_t route_session_pos(const route_session *s) { return s ? s->pos : 0; }
 uint32_t route_session_cached(const route_session *s) { return s ? s->cached : 0; }
 void route_session_prefix_salt(route_session *s, uint64_t salt) { s->prefix_salt = salt; }
+
+void route_session_public_blocks(route_session *s, uint32_t n) { s->public_blocks = n; }
 void route_session_id(const route_session *s, uint8_t out[WIRE_SID_SIZE]) { memcpy(out, s->sid, WIRE_SID_SIZE); }
 
 uint64_t route_session_epoch(const route_session *s) { return s ? s->epoch : 0; }

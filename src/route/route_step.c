@@ -54,9 +54,13 @@ int route_fill_prefix(route *r, const route_session *s, uint32_t from, uint32_t 
         r->hashes = h;
         r->hashes_cap = end;
     }
-    for (uint32_t i = 0; i < end; i++) /* the chain from block 0: the tokens may have changed (rewind) */
-        r->hashes[i] = wire_chain_hash(i ? r->hashes[i - 1] : s->prefix_salt, s->tokens + (size_t)i * WIRE_PREFIX_TOKENS,
-                                       WIRE_PREFIX_TOKENS);
+    /* the chain from block 0 (the tokens may have changed: rewind); a public prefix's blocks
+     * unsalted, the salt mixed in right after them */
+    uint64_t prev = s->public_blocks ? 0 : s->prefix_salt;
+    for (uint32_t i = 0; i < end; i++) {
+        if (i > 0 && i == s->public_blocks) prev ^= s->prefix_salt;
+        r->hashes[i] = prev = wire_chain_hash(prev, s->tokens + (size_t)i * WIRE_PREFIX_TOKENS, WIRE_PREFIX_TOKENS);
+    }
     f->flags |= WIRE_FWD_PREFIX;
     f->prefix = (struct wire_prefix){.first = first, .n_hashes = end - first, .hashes = r->hashes + first};
     return KVS_OK;
