@@ -411,6 +411,13 @@ static void test_public_prefix(const char *spec, const char *keyfile, const char
     CHECK(c[1] >= 16 && c[1] % 16 == 0); /* beta takes the public blocks alpha computed... */
     CHECK(c[2] > c[1]);                  /* ...and not alpha's own blocks past them */
     CHECK(c[2] < prompt);
+    /* /metrics counts what the shards' blocks gave (beta's and alpha's second request) */
+    char line[96];
+    snprintf(line, sizeof line, "kvshard_api_prefix_cached_tokens_total %lld\n", c[1] + c[2]);
+    if (request_from(port, "127.0.0.1", "GET", "/metrics", NULL, "alpha-key-01", &r)) {
+        CHECK(strstr(r.body, line) != NULL);
+        resp_free(&r);
+    }
     http_stop(h);
     unlink(pub);
 }

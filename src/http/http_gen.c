@@ -151,8 +151,9 @@ void http_gen_end(http_gen *g, bool cancel) {
         bool keep = !cancel && !g->failed && g->finish != FINISH_NONE;
         uint32_t held = route_session_pos(g->s);
         if (held > g->gen.n_fed) held = g->gen.n_fed;
+        const uint32_t cached = g->reuse ? 0 : route_session_cached(g->s); /* before finish frees it */
         http_lanes_finish(g->L, g->lane, g->s, g->gen.ids, held, keep, g->failed);
-        http_metrics_tokens(g->metrics, g->n_prompt, g->n_gen, g->reuse);
+        http_metrics_tokens(g->metrics, g->n_prompt, g->n_gen, g->reuse, cached);
         if (cancel) http_metrics_cancelled(g->metrics);
     }
     gen_end(&g->gen);

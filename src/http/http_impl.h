@@ -205,7 +205,7 @@ enum http_endpoint {
 
 typedef struct {
     uint64_t requests[EP_COUNT_][HTTP_N_STATUS]; /* by status_codes index (http_metrics.c); the last: other */
-    uint64_t tokens_in, tokens_out, cancelled, prefix_reused_tokens;
+    uint64_t tokens_in, tokens_out, cancelled, prefix_reused_tokens, prefix_cached_tokens;
     prom_hist ttft, token_latency; /* seconds */
 } http_counters;
 
@@ -219,7 +219,8 @@ enum http_hist_id { HIST_TTFT, HIST_TOKEN };
 void http_metrics_init(http_metrics *m);
 void http_metrics_destroy(http_metrics *m);
 void http_metrics_request(http_metrics *m, enum http_endpoint ep, int status);
-void http_metrics_tokens(http_metrics *m, uint64_t in, uint64_t out, uint64_t reused);
+/* reused: from a kept session; cached: from the shards' shared prefix blocks (a new session) */
+void http_metrics_tokens(http_metrics *m, uint64_t in, uint64_t out, uint64_t reused, uint64_t cached);
 void http_metrics_observe(http_metrics *m, enum http_hist_id h, double seconds);
 void http_metrics_cancelled(http_metrics *m);
 /* Renders every metric (plus the lanes' gauges) as Prometheus text; malloc'd, NULL on NOMEM. */

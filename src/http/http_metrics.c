@@ -34,8 +34,9 @@ void http_metrics_request(http_metrics *m, enum http_endpoint ep, int status) {
     pthread_mutex_unlock(&m->mu);
 }
 
-void http_metrics_tokens(http_metrics *m, uint64_t in, uint64_t out, uint64_t reused) {
+void http_metrics_tokens(http_metrics *m, uint64_t in, uint64_t out, uint64_t reused, uint64_t cached) {
     pthread_mutex_lock(&m->mu);
+    m->c.prefix_cached_tokens += cached;
     m->c.tokens_in += in;
     m->c.tokens_out += out;
     m->c.prefix_reused_tokens += reused;
@@ -81,6 +82,8 @@ char *http_metrics_render(http_metrics *m, http_lanes *L) {
     prom_counter(&b, "kvshard_api_completion_tokens_total", "Generated tokens.", c.tokens_out);
     prom_counter(&b, "kvshard_api_prefix_reused_tokens_total", "Prompt tokens served from a kept session's KV state.",
                  c.prefix_reused_tokens);
+    prom_counter(&b, "kvshard_api_prefix_cached_tokens_total",
+                 "Prompt tokens of new sessions taken from the shards' shared prefix blocks.", c.prefix_cached_tokens);
     prom_counter(&b, "kvshard_api_prefix_reuse_hits_total", "Requests that continued a kept session.", hits);
     prom_counter(&b, "kvshard_api_prefix_reuse_misses_total", "Requests that started a new session.", misses);
     prom_counter(&b, "kvshard_api_cancelled_total", "Streams ended by the client going away.", c.cancelled);
