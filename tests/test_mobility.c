@@ -388,15 +388,19 @@ static void mob_close(mob_route *m) {
     for (int i = 0; i < m->n; i++) proc_stop_server(&m->s[i]);
 }
 
-/* A generate child on m's route, paused after 8 tokens; log under g_dir/<tag>.err. */
-static bool mob_generate(mob_route *m, paused_gen *g, char *errlog, size_t cap, const char *tag) {
-    static char route[256];
+/* The sessions the rolling restart and the drain move at once (the issue asks for 4). */
+#define N_SESS 4
+static const char *const k_prompts[N_SESS] = {"Once upon a time", "Lily and Ben went to", "The little dog",
+                                               "One day a bird"};
+
+/* A generate child on m's route for prompt, paused after 8 tokens; log under g_dir/<tag>.err. */
+static bool mob_generate(mob_route *m, paused_gen *g, char *errlog, size_t cap, const char *tag, const char *prompt) {
+    char route[256];
     route_of(route, sizeof route, m->s, m->n);
     snprintf(errlog, cap, "%s/%s.err", g_dir, tag);
-    static char *argv[] = {"kvshard", "generate", "--route", NULL, "-p", "Once upon a time", "-n", "24", "--temp",
-                           "0", "--seed", "5", "--json", "--stats", "-v", "--pause-after", "8", "--timeout",
-                           "60000", "--reconnect-grace", "60000", NULL};
-    argv[3] = route;
+    char *argv[] = {"kvshard", "generate", "--route", route, "-p", (char *)prompt, "-n", "24", "--temp", "0",
+                    "--seed", "5", "--json", "--stats", "-v", "--pause-after", "8", "--timeout", "60000",
+                    "--reconnect-grace", "60000", NULL};
     return paused_gen_start(g, argv, errlog) && paused_gen_wait(g, "paused after 8 tokens", NULL, 0);
 }
 
@@ -414,10 +418,23 @@ static int mob_finish(paused_gen *g, const char *errlog, const char *ref, const 
     return same && st == 0;
 }
 
-/* Every shard of the route restarted one after the other while the client is paused mid-
- * generation, the last one while the client is already waiting for it (its reconnect grace):
- * the output equals `kvshard run`, no position replayed, no re-route, the epoch unchanged. */
-static void check_rolling_restart(const char *model, int n, const char *const *layers, const char *ref) {
+/* The output and status of a paused generate that was already resumed (its stdin closed). */
+static int resumed_finish(paused_gen *g, char **out) {
+    size_t len = 0, cap = 1 << 16;
+    char *got = malloc(cap);
+    ssize_t r;
+    while ((r = read(g->stdout_fd, got + len, cap - len - 1)) > 0) len += (size_t)r;
+    got[len] = 0;
+    close(g->stdout_fd);
+    g->stdout_fd = -1;
+    *out = got;
+    return proc_wait(g->pid, 60000);
+}
+
+/* Every shard of the route restarted one after the other while N_SESS clients are paused mid-
+ * generation, the last one while the clients already wait for it (their reconnect grace): each
+ * output equals `kvshard run`, no position replayed, no re-route, the epoch unchanged. */
+static void check_rolling_restart(const char *model, int n, const char *const *layers, char *const *ref) {
     mob_route m = {.model = model, .n = n};
     for (int i = 0; i < n; i++) m.layers[i] = layers[i];
     if (!mob_open(&m, "roll")) {
@@ -425,45 +442,51 @@ static void check_rolling_restart(const char *model, int n, const char *const *l
         mob_close(&m);
         return;
     }
-    paused_gen g;
-    char errlog[300];
-    CHECK(mob_generate(&m, &g, errlog, sizeof errlog, "roll"));
+    paused_gen g[N_SESS];
+    char errlog[N_SESS][300], tag[16], wrote[64];
+    for (int k = 0; k < N_SESS; k++) {
+        snprintf(tag, sizeof tag, "roll-%d", k);
+        CHECK(mob_generate(&m, &g[k], errlog[k], sizeof errlog[k], tag, k_prompts[k]));
+    }
+    snprintf(wrote, sizeof wrote, "state: wrote %d session(s)", N_SESS);
+    char loaded[64];
+    snprintf(loaded, sizeof loaded, "state: loaded %d session(s)", N_SESS);
     for (int i = 0; i + 1 < n; i++) {
-        mob_stop(&m, i, "state: wrote 1 session(s)");
+        mob_stop(&m, i, wrote);
         CHECK(mob_start(&m, i, m.port[i]));
-        CHECK(log_has(m.s[i].log, "state: loaded 1 session(s)"));
+        CHECK(log_has(m.s[i].log, loaded));
     }
-    mob_stop(&m, n - 1, "state: wrote 1 session(s)");
-    /* Resumed while the tail is down: the client calls it again until it is back. */
-    char *got = NULL;
-    pid_t child = g.pid;
-    CHECK_EQ_INT(write(g.stdin_fd, "\n", 1), 1);
-    close(g.stdin_fd);
-    g.stdin_fd = -1;
-    CHECK(paused_gen_wait(&g, "calling it again", NULL, 0));
+    mob_stop(&m, n - 1, wrote);
+    /* Resumed while the tail is down: each client calls it again until it is back. */
+    for (int k = 0; k < N_SESS; k++) {
+        CHECK_EQ_INT(write(g[k].stdin_fd, "\n", 1), 1);
+        close(g[k].stdin_fd);
+        g[k].stdin_fd = -1;
+        CHECK(paused_gen_wait(&g[k], "calling it again", NULL, 0));
+    }
     CHECK(mob_start(&m, n - 1, m.port[n - 1]));
-    CHECK(log_has(m.s[n - 1].log, "state: loaded 1 session(s)"));
-    size_t len = 0, cap = 1 << 16;
-    got = malloc(cap);
-    ssize_t r;
-    while ((r = read(g.stdout_fd, got + len, cap - len - 1)) > 0) len += (size_t)r;
-    got[len] = 0;
-    close(g.stdout_fd);
-    int st = proc_wait(child, 60000);
-    CHECK_EQ_INT(st, 0);
-    CHECK(strcmp(got, ref) == 0);
-    CHECK_EQ_INT(stat_of(errlog, "replayed_positions"), 0);
-    CHECK_EQ_INT(stat_of(errlog, "reroutes"), 0);
-    CHECK_EQ_INT(stat_of(errlog, "epoch"), 1);
-    CHECK(stat_of(errlog, "reconnects") >= 1);
-    if (st != 0 || strcmp(got, ref) || stat_of(errlog, "replayed_positions") != 0) {
-        fprintf(stderr, "rolling restart:\n  got  %s  want %s", got, ref);
-        dump_log("client", errlog);
-    } else {
-        printf("  rolling restart of %d shards mid-generation: output identical, 0 positions replayed, %g "
-               "reconnect(s)\n", n, stat_of(errlog, "reconnects"));
+    CHECK(log_has(m.s[n - 1].log, loaded));
+    int same = 0;
+    for (int k = 0; k < N_SESS; k++) {
+        char *got = NULL;
+        int st = resumed_finish(&g[k], &got);
+        CHECK_EQ_INT(st, 0);
+        CHECK(strcmp(got, ref[k]) == 0);
+        CHECK_EQ_INT(stat_of(errlog[k], "replayed_positions"), 0);
+        CHECK_EQ_INT(stat_of(errlog[k], "reroutes"), 0);
+        CHECK_EQ_INT(stat_of(errlog[k], "epoch"), 1);
+        CHECK(stat_of(errlog[k], "reconnects") >= 1);
+        if (st != 0 || strcmp(got, ref[k]) || stat_of(errlog[k], "replayed_positions") != 0) {
+            fprintf(stderr, "rolling restart, session %d:\n  got  %s  want %s", k, got, ref[k]);
+            dump_log("client", errlog[k]);
+        } else {
+            same++;
+        }
+        free(got);
     }
-    free(got);
+    if (same == N_SESS)
+        printf("  rolling restart of %d shards with %d sessions mid-generation: outputs identical, 0 positions "
+               "replayed\n", n, N_SESS);
     mob_close(&m);
 }
 
@@ -500,7 +523,7 @@ static void check_bad_snapshot(const char *model, int n, const char *const *laye
     }
     paused_gen g;
     char errlog[300], snap[400], tmp[400];
-    CHECK(mob_generate(&m, &g, errlog, sizeof errlog, tag));
+    CHECK(mob_generate(&m, &g, errlog, sizeof errlog, tag, k_prompts[0]));
     int t = n - 1;
     snprintf(snap, sizeof snap, "%s/kv.snap", m.state[t]);
     snprintf(tmp, sizeof tmp, "%s/kv.snap.tmp", m.state[t]);
@@ -574,11 +597,12 @@ static int run_drain(int from, int to, bool keep, char **out) {
     return st;
 }
 
-/* The tail of a route paused mid-generation (client-driven) is drained: first to a shard that
- * does not allow it as a peer (refused, nothing moves), to a shard of other layers (unusable),
- * then to a peer that allows it: the session moves, the client follows MOVED, the output equals
- * `kvshard run` with no position replayed and no re-route, and the drained shard exits. */
-static void check_drain(const char *model, int n, const char *const *layers, const char *ref) {
+/* The tail of a route with N_SESS sessions paused mid-generation (client-driven) is drained:
+ * first to a shard that does not allow it as a peer (refused, nothing moves), to a shard of other
+ * layers (unusable), then to a peer that allows it: the sessions move, each client follows MOVED,
+ * every output equals `kvshard run` with no position replayed and no re-route, and the drained
+ * shard exits. */
+static void check_drain(const char *model, int n, const char *const *layers, char *const *ref) {
     mob_route m = {.model = model, .n = n};
     for (int i = 0; i < n; i++) m.layers[i] = layers[i];
     bool ok = true;
@@ -592,42 +616,56 @@ static void check_drain(const char *model, int n, const char *const *layers, con
     ok = ok && proc_start_server(&closed, g_dir, model, layers[n - 1], deny);
     ok = ok && proc_start_server(&other, g_dir, model, layers[0], allow);
     CHECK(ok);
-    paused_gen g;
-    char errlog[300], route[256];
+    paused_gen g[N_SESS];
+    char errlog[N_SESS][300], route[256], want[96];
     route_of(route, sizeof route, m.s, n);
-    snprintf(errlog, sizeof errlog, "%s/drain.err", g_dir);
-    char *argv[] = {"kvshard", "generate", "--route", route, "-p", "Once upon a time", "-n", "24", "--temp", "0",
-                    "--seed", "5", "--json", "--stats", "-v", "--pause-after", "8", "--no-relay", "--timeout",
-                    "60000", NULL};
-    CHECK(ok && paused_gen_start(&g, argv, errlog) && paused_gen_wait(&g, "paused after 8 tokens", NULL, 0));
+    for (int k = 0; k < N_SESS; k++) {
+        snprintf(errlog[k], sizeof errlog[k], "%s/drain-%d.err", g_dir, k);
+        /* even sessions client-driven, odd ones relayed (the shards pass hidden states on) */
+        char *argv[] = {"kvshard", "generate", "--route", route, "-p", (char *)k_prompts[k], "-n", "24", "--temp",
+                        "0", "--seed", "5", "--json", "--stats", "-v", "--pause-after", "8", "--timeout", "60000",
+                        k % 2 ? NULL : "--no-relay", NULL};
+        CHECK(ok && paused_gen_start(&g[k], argv, errlog[k]) && paused_gen_wait(&g[k], "paused after 8 tokens", NULL, 0));
+    }
     int tail = m.s[n - 1].port;
     char *out = NULL;
     CHECK_EQ_INT(run_drain(tail, closed.port, true, &out), 1);
-    CHECK(out && strstr(out, "done: moved 0 of 1 sessions (1 failed") != NULL);
+    snprintf(want, sizeof want, "done: moved 0 of %d sessions (%d failed", N_SESS, N_SESS);
+    CHECK(out && strstr(out, want) != NULL);
     free(out);
-    CHECK_EQ_INT(shard_stat(closed.port, "move.refused"), 1);
+    CHECK_EQ_INT(shard_stat(closed.port, "move.refused"), N_SESS);
     CHECK_EQ_INT(shard_stat(closed.port, "kv.sessions"), 0);
-    CHECK_EQ_INT(shard_stat(tail, "kv.sessions"), 1);
+    CHECK_EQ_INT(shard_stat(tail, "kv.sessions"), N_SESS);
     CHECK_EQ_INT(run_drain(tail, other.port, true, &out), 1);
     CHECK(out && strstr(out, "unusable") != NULL);
     free(out);
-    CHECK_EQ_INT(shard_stat(tail, "kv.sessions"), 1);
-    /* Without --keep-running: it answers MOVED until the session was asked for, then exits. */
+    CHECK_EQ_INT(shard_stat(tail, "kv.sessions"), N_SESS);
+    /* Without --keep-running: it answers MOVED until every session was asked for, then exits. */
     CHECK_EQ_INT(run_drain(tail, peer.port, false, &out), 0);
-    CHECK(out && strstr(out, "done: moved 1 of 1 sessions (0 failed)") != NULL);
+    snprintf(want, sizeof want, "done: moved %d of %d sessions (0 failed)", N_SESS, N_SESS);
+    CHECK(out && strstr(out, want) != NULL);
     if (out) printf("  drain: %s", strstr(out, "done: ") ? strstr(out, "done: ") : out);
     free(out);
     CHECK_EQ_INT(shard_stat(tail, "kv.sessions"), 0);
-    CHECK_EQ_INT(shard_stat(tail, "move.sessions_out"), 1);
-    CHECK_EQ_INT(shard_stat(peer.port, "move.sessions_in"), 1);
-    CHECK_EQ_INT(shard_stat(peer.port, "kv.sessions"), 1);
-    if (mob_finish(&g, errlog, ref, "drain")) {
-        CHECK_EQ_INT(stat_of(errlog, "replayed_positions"), 0);
-        CHECK_EQ_INT(stat_of(errlog, "moved"), 1);
-        CHECK_EQ_INT(stat_of(errlog, "reroutes"), 0);
-        CHECK_EQ_INT(stat_of(errlog, "epoch"), 1);
-        printf("  drained the tail mid-generation: the client followed MOVED, output identical, 0 replayed\n");
+    CHECK_EQ_INT(shard_stat(tail, "move.sessions_out"), N_SESS);
+    CHECK_EQ_INT(shard_stat(peer.port, "move.sessions_in"), N_SESS);
+    CHECK_EQ_INT(shard_stat(peer.port, "kv.sessions"), N_SESS);
+    int same = 0;
+    for (int k = 0; k < N_SESS; k++) {
+        if (!mob_finish(&g[k], errlog[k], ref[k], "drain")) continue;
+        CHECK_EQ_INT(stat_of(errlog[k], "replayed_positions"), 0);
+        CHECK_EQ_INT(stat_of(errlog[k], "moved"), 1);
+        CHECK_EQ_INT(stat_of(errlog[k], "reroutes"), 0);
+        CHECK_EQ_INT(stat_of(errlog[k], "epoch"), 1);
+        if (k % 2) { /* relayed: MOVED came back on the relay path and the step was relayed again */
+            CHECK(stat_of(errlog[k], "relay_steps") >= 16);
+            CHECK_EQ_INT(stat_of(errlog[k], "relay_fallbacks"), 0);
+        }
+        same++;
     }
+    if (same == N_SESS)
+        printf("  drained the tail with %d sessions mid-generation: each client followed MOVED, outputs identical, "
+               "0 replayed\n", N_SESS);
     CHECK_EQ_INT(proc_wait(m.s[n - 1].pid, 60000), 0); /* the drained shard exits by itself */
     m.s[n - 1].pid = 0;
     mob_close(&m);
@@ -638,12 +676,13 @@ static void check_drain(const char *model, int n, const char *const *layers, con
 
 static void check_procs(const char *model, int n, const char *const *layers) {
     printf("model %s, %d shards\n", model, n);
-    char *ref = reference(model, "Once upon a time", "24");
+    char *ref[N_SESS];
+    for (int k = 0; k < N_SESS; k++) ref[k] = reference(model, k_prompts[k], "24");
     check_rolling_restart(model, n, layers, ref);
-    check_bad_snapshot(model, n, layers, ref, false);
-    check_bad_snapshot(model, n, layers, ref, true);
+    check_bad_snapshot(model, n, layers, ref[0], false);
+    check_bad_snapshot(model, n, layers, ref[0], true);
     check_drain(model, n, layers, ref);
-    free(ref);
+    for (int k = 0; k < N_SESS; k++) free(ref[k]);
 }
 
 int main(void) {

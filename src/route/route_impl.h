@@ -299,8 +299,9 @@ int route_fill_prefix(route *r, const route_session *s, uint32_t from, uint32_t 
                       struct wire_forward *f);
 /* Can the step [base, end) be relayed (route.h note 7)? */
 bool route_relay_possible(const route *r, const route_session *s, uint32_t base, uint32_t end);
-/* One relayed attempt of the step [base, end); false: redo it client-driven (why says why). */
-bool route_relay_step(route *r, route_session *s, uint32_t base, uint32_t end, float *logits_last, char *why,
-                      size_t why_cap);
+/* One relayed attempt of the step [base, end); false: redo it client-driven (why says why), or,
+ * when hop *moved_hop (else -1) answered MOVED, follow it (why: the address) and send it again. */
+bool route_relay_step(route *r, route_session *s, uint32_t base, uint32_t end, float *logits_last, int *moved_hop,
+                      char *why, size_t why_cap);
 
 #endif /* KVS_ROUTE_IMPL_H */

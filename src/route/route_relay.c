@@ -142,15 +142,19 @@ static int relay_fill_forward(route *r, const route_session *s, uint32_t base, u
 /* The answer (op, in r->rx) that hop k gave to the relayed step ending at `end`: true when it is
  * the tail's result, stored in logits_last / s->res; false with why otherwise. */
 static bool relay_take_answer(route *r, route_session *s, uint32_t end, uint16_t op, uint32_t k, float *logits_last,
-                              char *why, size_t why_cap) {
+                              int *moved_hop, char *why, size_t why_cap) {
     char dmsg[KVS_MSG_MAX] = "";
-    if (op == WIRE_OP_STATUS) { /* a shard could not push on (relay.h design note 2) */
+    if (op == WIRE_OP_STATUS) { /* a shard could not push on (relay.h design note 2), or MOVED */
         struct wire_status_reply sr;
-        if (wire_decode_status_reply(r->rx.data, r->rx.len, &sr, dmsg, sizeof dmsg) == KVS_OK)
+        if (wire_decode_status_reply(r->rx.data, r->rx.len, &sr, dmsg, sizeof dmsg) != KVS_OK) {
+            kvs_fail(why, why_cap, KVS_ERR_PROTOCOL, "hop %u (%s): bad STATUS: %s", k, r->hops[k].addr.text, dmsg);
+        } else if (sr.st.status == KVS_ERR_MOVED) {
+            *moved_hop = (int)k;
+            kvs_fail(why, why_cap, KVS_ERR_MOVED, "%s", sr.msg); /* the new address */
+        } else {
             kvs_fail(why, why_cap, sr.st.status, "hop %u (%s) answered %s%s%s", k, r->hops[k].addr.text,
                      kvs_strerror(sr.st.status), sr.msg[0] ? ": " : "", sr.msg);
-        else
-            kvs_fail(why, why_cap, KVS_ERR_PROTOCOL, "hop %u (%s): bad STATUS: %s", k, r->hops[k].addr.text, dmsg);
+        }
         return false;
     }
     struct wire_forward_reply rep;
@@ -183,8 +187,9 @@ static bool relay_take_answer(route *r, route_session *s, uint32_t end, uint16_t
 /* One relayed attempt of the step [base, end) (route.h design note 7). True when it completed:
  * the result is in logits_last / s->res and every hop holds the step in s->epoch. False: redo it
  * client-driven (why says what happened; a lost hop is left disconnected for that redo). */
-bool route_relay_step(route *r, route_session *s, uint32_t base, uint32_t end, float *logits_last, char *why,
-                       size_t why_cap) {
+bool route_relay_step(route *r, route_session *s, uint32_t base, uint32_t end, float *logits_last, int *moved_hop,
+                      char *why, size_t why_cap) {
+    *moved_hop = -1;
     for (uint32_t k = 0; k < r->n_hops; k++)
         if (hop_listen(r, k, why, why_cap) != KVS_OK) return false;
     size_t len = 0;
@@ -206,7 +211,7 @@ bool route_relay_step(route *r, route_session *s, uint32_t base, uint32_t end, f
     uint16_t op = 0;
     uint32_t k = 0;
     if (relay_wait(r, rid, &op, &k, why, why_cap) != KVS_OK) return false;
-    if (!relay_take_answer(r, s, end, op, k, logits_last, why, why_cap)) return false;
+    if (!relay_take_answer(r, s, end, op, k, logits_last, moved_hop, why, why_cap)) return false;
     for (uint32_t j = 0; j < r->n_hops; j++) s->hop_epoch[j] = s->epoch;
     return true;
 }

@@ -358,16 +358,23 @@ int route_step(route *r, route_session *s, const int32_t *tokens, uint32_t n, co
     /* I8: a new session's first step is driven, so that each hop can start at the prefix it holds. */
     bool fresh = route_prefix_ok(r) && base == 0 && s->hidden_valid == 0 && end > WIRE_PREFIX_TOKENS;
     for (uint32_t k = 0; k < r->n_hops; k++) fresh = fresh && s->hop_epoch[k] == 0;
-    if (!fresh && route_relay_possible(r, s, base, end)) {
+    for (int moves = 0; !fresh && route_relay_possible(r, s, base, end); moves++) {
         char why[KVS_MSG_MAX] = "";
-        if (route_relay_step(r, s, base, end, logits_last, why, sizeof why)) {
+        int moved_hop = -1;
+        if (route_relay_step(r, s, base, end, logits_last, &moved_hop, why, sizeof why)) {
             r->relay_steps++;
             s->pos = end;
             return KVS_OK;
         }
+        /* A drained hop: follow it and relay the step again (the hops before it take the same
+         * positions once more, as a rewind; nothing is replayed) */
+        if (moved_hop >= 0 && moves < ROUTE_MAX_RECONNECTS &&
+            route_follow_move(r, (uint32_t)moved_hop, why, msg, msg_cap) == KVS_OK)
+            continue;
         r->relay_fallbacks++;
         route_log(r, "relayed step [%u, %u) failed (%s): redoing it client-driven from position %u", base, end, why,
                   s->hidden_valid);
+        break;
     }
 
     /* Client-driven from hidden_valid (I6): rows [hidden_valid, base) are re-sent from memory. */

@@ -30,8 +30,8 @@
  * 5. MOVED: a FORWARD for a session in the moved table is answered with a STATUS frame, status
  *    KVS_ERR_MOVED and the new HOST:PORT as its message; the route client switches that hop
  *    and goes on at the same epoch (route_spare.c, route_follow_move). A relayed FORWARD is
- *    keyed by the relay link's identity, not the client's: it is not recognised, fails on the
- *    relay path, and the client's client-driven redo finds the MOVED answer.
+ *    keyed by the identity of the client that registered its relay id, and MOVED goes to that
+ *    client's connection: the client follows it and sends the relayed step again.
  * 6. Locks: mv->mu guards the moved table and the peer list; it is taken alone, never with
  *    s->mu or kv->lock held.
  */
@@ -203,12 +203,17 @@ bool srv_move_gate(srv_conn *c, const struct wire_header *h, const struct netio_
     struct wire_forward f;
     char msg[KVS_MSG_MAX], where[RELAY_ADDR_MAX];
     if (wire_decode_forward(buf->data, buf->len, &f, msg, sizeof msg) != KVS_OK) return false; /* answered there */
+    /* A relayed step is the session of the client that registered its relay id, and its answer
+     * goes to that client's connection (srv_handle_forward does the same). */
+    srv_conn *target = f.flags & WIRE_FWD_RELAY ? relay_listen_take(s->relay, f.relay.relay_id, srv_conn_ref) : NULL;
     kv_sid sid;
-    srv_conn_sid(c, f.session_id, &sid);
+    srv_conn_sid(target ? target : c, f.session_id, &sid);
     if (moved_to(s, &sid, where)) {
-        srv_send_status(c, h->request_id, KVS_ERR_MOVED, NULL, where);
+        srv_send_status(target ? target : c, h->request_id, KVS_ERR_MOVED, NULL, where);
+        if (target) srv_conn_unref(target);
         return true;
     }
+    if (target) srv_conn_unref(target);
     if (!moving) return false;
     struct wire_forward_reply m;
     memset(&m, 0, sizeof m);
