@@ -286,6 +286,76 @@ static void check_watch(const char *model) {
     proc_stop_server(&tail);
 }
 
+/* True when `cluster status --json` lists the shard at addr in state. */
+static bool shard_state_is(const char *addr, const char *state) {
+    int rc;
+    char *out = status_json(&rc);
+    cJSON *o = out ? cJSON_Parse(out) : NULL, *m, *sh;
+    free(out);
+    bool is = false;
+    cJSON_ArrayForEach(m, cJSON_GetObjectItem(o, "models"))
+        cJSON_ArrayForEach(sh, cJSON_GetObjectItem(m, "shards")) {
+            const cJSON *a = cJSON_GetObjectItem(sh, "addr"), *st = cJSON_GetObjectItem(sh, "state");
+            if (cJSON_IsString(a) && cJSON_IsString(st) && !strcmp(a->valuestring, addr))
+                is = !strcmp(st->valuestring, state);
+        }
+    cJSON_Delete(o);
+    return is;
+}
+
+/* `kvshard drain --cluster`: the drained tail's peers come from the registry (the other tail of
+ * the same layers, not the head), its kept session moves there, the registry shows it "draining"
+ * while it lingers, and a new `generate --cluster` plans around it with the same text. */
+static void check_drain_cluster(const char *model) {
+    const char *reg[] = {"--cluster", g_url, "--peer-allow", "127.0.0.1", "--drain-timeout", "60", NULL};
+    proc_server head, a, b;
+    CHECK(proc_start_server(&head, g_dir, model, "0:2", reg));
+    CHECK(proc_start_server(&a, g_dir, model, "2:end", reg));
+    int rc;
+    free(wait_shards(2, &rc));
+    char route[64], addr_a[32], addr_b[32];
+    snprintf(route, sizeof route, "127.0.0.1:%d,127.0.0.1:%d", head.port, a.port);
+    const char *ga[] = {"generate", "--route", route, "-p", "Once upon a time", "-n", "4", "--keep-session", NULL};
+    free(run_cmd(ga, &rc));
+    CHECK_EQ_INT(rc, 0);
+    CHECK(proc_start_server(&b, g_dir, model, "2:end", reg));
+    free(wait_shards(3, &rc));
+    snprintf(addr_a, sizeof addr_a, "127.0.0.1:%d", a.port);
+    snprintf(addr_b, sizeof addr_b, "127.0.0.1:%d", b.port);
+    const char *da[16] = {"drain", addr_a};
+    int n = 2;
+    cluster_args(da, &n);
+    char *out = run_cmd(da, &rc);
+    CHECK_EQ_INT(rc, 0);
+    char want[96];
+    snprintf(want, sizeof want, "peers from the registry: %s\n", addr_b);
+    CHECK(out && strstr(out, want) && strstr(out, "done: moved 1 of 1 sessions (0 failed)"));
+    if (!out || !strstr(out, want)) fprintf(stderr, "drain --cluster said: %s\n", out ? out : "(nothing)");
+    free(out);
+    CHECK_EQ_INT(shard_stat(b.port, "move.sessions_in"), 1);
+    bool marked = false; /* the registration thread rewrites the entry every few seconds */
+    for (int waited = 0; waited <= WAIT_MS && !marked; waited += 100) {
+        marked = shard_state_is(addr_a, "draining");
+        if (!marked) proc_sleep_ms(100);
+    }
+    CHECK(marked);
+    if (!marked) {
+        char *st = status_json(&rc);
+        fprintf(stderr, "status: %s\nsrv.draining of %s: %ld\n", st, addr_a, shard_stat(a.port, "srv.draining"));
+        free(st);
+    }
+    const char *gc[] = {"generate", "--cluster", g_url, "-p", "Once upon a time", "-n", "4", "--temp", "0", NULL};
+    long rows_a = shard_stat(a.port, "srv.forward_rows"), rows_b = shard_stat(b.port, "srv.forward_rows");
+    free(run_cmd(gc, &rc));
+    CHECK_EQ_INT(rc, 0);
+    CHECK_EQ_INT(shard_stat(a.port, "srv.forward_rows"), rows_a); /* nothing reached the draining shard */
+    CHECK(shard_stat(b.port, "srv.forward_rows") > rows_b);
+    proc_stop_server(&a);
+    proc_stop_server(&b);
+    proc_stop_server(&head);
+    free(wait_shards(0, &rc));
+}
+
 int main(void) {
     char mbuf[512];
     const char *model = test_shared_path("models/stories260K.gguf", mbuf, sizeof mbuf);
@@ -303,6 +373,7 @@ int main(void) {
     if (etcd_pid > 0) check_watch(model);
     if (etcd_pid > 0) check_api_balance(model);
     if (etcd_pid > 0) check_live_replan(model);
+    if (etcd_pid > 0) check_drain_cluster(model);
     if (etcd_pid > 0) etcd_pid = check_etcd_restart(model, etcd_pid);
     stop_etcd(etcd_pid);
     if (test_failures_) fprintf(stderr, "%d failure(s); logs in %s\n", test_failures_, g_dir);

@@ -152,7 +152,7 @@ static void reg_fill(void *ctx, cl_entry *e) {
     c->last_rows = rows;
     c->last_ns = now;
     e->load = c->load;
-    e->state = CL_SERVING;
+    e->state = stat_of(&m, "srv.draining") ? CL_DRAINING : CL_SERVING; /* planners skip it */
 }
 
 static void model_name(const char *path, char *out, size_t cap) {

@@ -99,6 +99,7 @@ void srv_stats(srv *s, struct wire_stats_reply *m) {
         {"move.sessions_in", s->c_moved_in_sessions}, {"move.bytes_in", s->c_moved_in_bytes},
         {"move.sessions_out", s->c_moved_out_sessions}, {"move.bytes_out", s->c_moved_out_bytes},
         {"move.refused", s->c_push_refused},
+        {"srv.draining", (uint64_t)srv_draining(s)}, /* the registry's "draining" state */
     };
     pthread_mutex_unlock(&s->mu);
     size_t n = sizeof(list) / sizeof(list[0]);

@@ -232,6 +232,9 @@ void srv_move_note_owner(srv *s, const srv_job *j); /* at admission: who the ses
 /* Answers a FORWARD / TRUNCATE / RELEASE itself while the shard moves its sessions or for a
  * session it moved (BUSY, MOVED); true when it did. */
 bool srv_move_gate(srv_conn *c, const struct wire_header *h, const struct netio_buf *buf);
+/* True while the shard takes no new sessions: a SIGTERM drain, a DRAIN moving its sessions, or
+ * one that moved them and lingers until it stops. */
+bool srv_draining(srv *s);
 void srv_handle_session_push(srv_conn *c, uint64_t rid, const uint8_t *payload, size_t len);
 void srv_handle_drain(srv_conn *c, uint64_t rid, const uint8_t *payload, size_t len);
 

@@ -61,7 +61,8 @@ struct srv_move {
     uint32_t n_moved, cap_moved, n_asked;
     char peers[MOVE_MAX_PEERS][RELAY_ADDR_MAX];
     int n_peers;
-    bool running; /* a drain thread exists */
+    bool running;          /* a drain thread exists */
+    atomic_bool lingering; /* moved every session, answering MOVED until it stops */
 };
 
 int srv_move_create(srv *s) {
@@ -380,6 +381,7 @@ static bool move_wait_idle(srv *s) {
  * drain timeout passes or the shard is stopped. */
 static void move_linger(srv *s) {
     struct srv_move *mv = s->move;
+    atomic_store(&mv->lingering, true);
     int limit_ms = s->p.drain_timeout_ms > 0 ? s->p.drain_timeout_ms : 30000;
     uint64_t t0 = kvs_now_ns();
     while (!atomic_load(&s->stop_requested) && kvs_now_ns() - t0 < (uint64_t)limit_ms * 1000000ull) {
@@ -447,6 +449,10 @@ static void *drain_main(void *arg) {
     srv_conn_unref(mj->c);
     free(mj);
     return NULL;
+}
+
+bool srv_draining(srv *s) {
+    return atomic_load(&s->draining) || atomic_load(&s->move->moving) || atomic_load(&s->move->lingering);
 }
 
 /* "HOST:PORT,...[;keep]" into the peer list; false when malformed. */
