@@ -52,3 +52,14 @@ void *kvs_map_big(size_t bytes, bool noreserve, size_t *mapped) {
 void kvs_unmap_big(void *p, size_t mapped) {
     if (p) munmap(p, mapped);
 }
+
+void kvs_advise_huge(void *p, size_t len) {
+#ifdef MADV_HUGEPAGE
+    const uintptr_t huge = (uintptr_t)2 << 20, lo = ((uintptr_t)p + huge - 1) & ~(huge - 1),
+                    hi = ((uintptr_t)p + len) & ~(huge - 1);
+    if (p && hi > lo) (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+#else
+    (void)p;
+    (void)len;
+#endif
+}

@@ -392,6 +392,9 @@ void netio_buf_trim(struct netio_buf *b) {
     if (b && b->cap > NETIO_BUF_KEEP) netio_buf_free(b);
 }
 
+/* A receive buffer this large holds a bulk frame (a session pushed): huge pages for it. */
+#define NETIO_HUGE_BUF (4u << 20)
+
 /* Makes b hold at least need bytes (keeping contents). */
 static int buf_reserve(struct netio_buf *b, size_t need) {
     if (need <= b->cap) return KVS_OK;
@@ -399,6 +402,7 @@ static int buf_reserve(struct netio_buf *b, size_t need) {
     while (nc < need) nc *= 2;
     uint8_t *p = realloc(b->data, nc);
     if (!p) return KVS_ERR_NOMEM;
+    if (nc >= NETIO_HUGE_BUF) kvs_advise_huge(p, nc);
     b->data = p;
     b->cap = nc;
     return KVS_OK;

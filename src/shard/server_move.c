@@ -230,17 +230,18 @@ bool srv_move_gate(srv_conn *c, const struct wire_header *h, const struct netio_
 /* ---- drain (design note 4) ------------------------------------------------------------- */
 
 typedef struct {
+    uint8_t *buf;
+    size_t len, cap;
+} mem_out;
+
+typedef struct {
     srv_conn *c; /* the operator's connection: progress goes there */
     uint64_t rid;
     bool keep_running;
     int fd[MOVE_MAX_PEERS];
     struct netio_buf rx;
+    mem_out out; /* the session being pushed; kept from session to session (no new pages each) */
 } move_job;
-
-typedef struct {
-    uint8_t *buf;
-    size_t len, cap;
-} mem_out;
 
 static int mem_write(void *ctx, const void *b, size_t n) {
     mem_out *m = ctx;
@@ -250,6 +251,7 @@ static int mem_write(void *ctx, const void *b, size_t n) {
         while (cap < m->len + n) cap *= 2;
         uint8_t *g = realloc(m->buf, cap);
         if (!g) return KVS_ERR_NOMEM;
+        kvs_advise_huge(g, cap);
         m->buf = g;
         m->cap = cap;
     }
@@ -319,11 +321,12 @@ static int move_one(srv *s, move_job *mj, const kv_sid *sid, int *next, uint64_t
     struct srv_move *mv = s->move;
     kv_snap_ident id;
     move_ident(s, &id);
-    mem_out m = {0};
+    mem_out *m = &mj->out;
+    m->len = 0;
     char why[KVS_MSG_MAX] = "";
     uint64_t epoch = 0;
     int err = kv_lookup(s->e->kv, sid, &epoch, NULL);
-    if (!err) err = kv_export(s->e->kv, &id, sid, mem_write, &m, NULL, why, sizeof why);
+    if (!err) err = kv_export(s->e->kv, &id, sid, mem_write, m, NULL, why, sizeof why);
     for (int t = 0; err == KVS_OK && t <= mv->n_peers; t++) {
         int i = (*next + t) % mv->n_peers;
         if (t == mv->n_peers) {
@@ -331,7 +334,7 @@ static int move_one(srv *s, move_job *mj, const kv_sid *sid, int *next, uint64_t
             break;
         }
         if (mj->fd[i] < 0) continue;
-        int rc = peer_call(s, mj, i, WIRE_OP_SESSION_PUSH, m.buf, m.len, why, sizeof why);
+        int rc = peer_call(s, mj, i, WIRE_OP_SESSION_PUSH, m->buf, m->len, why, sizeof why);
         if (rc != KVS_OK) {
             kvs_logf(s->p.log, s->p.log_ctx, "drain: %s refused a session: %s (%s)", mv->peers[i], kvs_strerror(rc),
                      why);
@@ -342,7 +345,7 @@ static int move_one(srv *s, move_job *mj, const kv_sid *sid, int *next, uint64_t
             continue;
         }
         *next = (i + 1) % mv->n_peers;
-        *bytes += m.len;
+        *bytes += m->len;
         pthread_mutex_lock(&mv->mu);
         if (mv->n_moved == mv->cap_moved) {
             uint32_t cap = mv->cap_moved ? 2 * mv->cap_moved : 64;
@@ -358,7 +361,6 @@ static int move_one(srv *s, move_job *mj, const kv_sid *sid, int *next, uint64_t
         (void)kv_release(s->e->kv, sid, epoch, &r);
         break;
     }
-    free(m.buf);
     return err;
 }
 
@@ -442,6 +444,7 @@ static void *drain_main(void *arg) {
         srv_stop(s);
     }
     free(ids);
+    free(mj->out.buf);
     netio_buf_free(&mj->rx);
     pthread_mutex_lock(&mv->mu);
     mv->running = false;
