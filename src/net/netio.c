@@ -425,7 +425,7 @@ int netio_recv_frame_opt(int fd, struct wire_header *hdr, struct netio_buf *b, n
                          char *msg, size_t msg_cap) {
     uint8_t hb[WIRE_HEADER_SIZE];
     if (!hdr || !b || !o) return KVS_ERR_INVALID_ARG;
-    netio_buf_trim(b);
+    if (!o->keep_buffer) netio_buf_trim(b);
     b->len = 0;
     uint64_t deadline_ns = o->idle_deadline_ns;
     int rc;

@@ -105,6 +105,8 @@ typedef struct {
      * refuses the frame (returned as is, payload unread). NULL: always admitted. */
     int (*admit)(void *ctx, const struct wire_header *h);
     void *admit_ctx;
+    bool keep_buffer;          /* keep b's allocation however large (a peer sending bulk frames in a
+                                  row); false: a buffer past NETIO_BUF_KEEP is freed first */
     bool started;              /* out: the frame's first byte arrived (a TIMEOUT with this set is
                                   a frame that did not complete in time, not an idle peer) */
 } netio_recv_opts;

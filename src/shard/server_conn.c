@@ -442,13 +442,13 @@ void *srv_conn_main(void *arg) {
     if (conn_hello(c, &buf) == KVS_OK) {
         while (!atomic_load(&c->closed)) {
             conn_release_rx(c);
-            netio_buf_trim(&buf); /* a large frame does not keep its buffer while the peer idles */
+            if (!c->bulk) netio_buf_trim(&buf); /* a large frame does not keep its buffer while the peer idles */
             conn_count_rx(c, &buf);
             struct wire_header h;
             char msg[KVS_MSG_MAX] = "";
             netio_recv_opts o = {.idle_deadline_ns = netio_deadline_ms(s->p.idle_timeout_ms),
                                  .frame_timeout_ms = s->p.frame_timeout_ms > 0 ? s->p.frame_timeout_ms : -1,
-                                 .admit = conn_admit, .admit_ctx = c};
+                                 .admit = conn_admit, .admit_ctx = c, .keep_buffer = c->bulk};
             int err = netio_recv_frame_opt(c->fd, &h, &buf, &o, msg, sizeof(msg));
             conn_count_rx(c, &buf);
             if (err) {

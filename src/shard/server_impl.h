@@ -165,6 +165,8 @@ struct srv_conn {
     bool writer_gone;           /* the writer has exited: conn_send drops frames */
     atomic_int refs;        /* reader + jobs */
     atomic_bool closed;
+    bool bulk;              /* an allowed peer pushing sessions: its receive buffer is kept from
+                               one push to the next (reader thread only) */
     uint16_t version;       /* message-set version chosen at HELLO */
     srv_conn *next;         /* server's list */
     unsigned long requests;

@@ -150,6 +150,7 @@ void srv_handle_session_push(srv_conn *c, uint64_t rid, const uint8_t *payload, 
         srv_send_status(c, rid, KVS_ERR_INVALID_ARG, NULL, "SESSION_PUSH: this peer is not allowed (--peer-allow)");
         return;
     }
+    c->bulk = true; /* a drain pushes session after session: no fresh pages for each */
     kv_snap_ident id;
     move_ident(s, &id);
     mem_in m = {.p = payload, .len = len};
