@@ -203,31 +203,28 @@ static bool layer_tensor_known(const arch_info *a, const char *suffix) {
 static int check_tensor_names(const gguf_set *files, const model_hparams *hp, char *msg, size_t cap) {
     static const char *const global[] = {"token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight"};
     static const char *const longrope[] = {"rope_factors_long.weight", "rope_factors_short.weight"};
-    for (uint32_t p = 0; p < gguf_set_n_parts(files); p++) {
-        const gguf_ctx *g = gguf_set_part(files, p);
-        for (uint64_t i = 0; i < gguf_n_tensors(g); i++) {
-            const gguf_tensor *t = gguf_tensor_at(g, i);
-            char name[GGUF_MAX_NAME_LEN + 1];
-            snprintf(name, sizeof(name), "%.*s", (int)t->name.len, t->name.ptr);
-            bool known = false;
-            for (size_t k = 0; k < sizeof(global) / sizeof(global[0]) && !known; k++) known = !strcmp(name, global[k]);
-            for (size_t k = 0; k < 2 && !known && hp->arch->longrope; k++) known = !strcmp(name, longrope[k]);
-            unsigned blk;
-            int used = 0;
-            if (!known && sscanf(name, "blk.%u.%n", &blk, &used) == 1 && used > 0 && blk < hp->n_layer)
-                known = layer_tensor_known(hp->arch, name + used);
-            if (!known && strstr(name, "_exps."))
-                return kvs_fail(msg, cap, KVS_ERR_UNSUPPORTED,
-                                "tensor '%s' holds mixture-of-experts weights: kvshard runs dense models only", name);
-            if (!known && (strstr(name, "per_layer") || strstr(name, "altup") || strstr(name, "laurel")))
-                return kvs_fail(msg, cap, KVS_ERR_UNSUPPORTED,
-                                "tensor '%s' belongs to per-layer embeddings (Gemma 3n style), which kvshard does not "
-                                "implement", name);
-            if (!known)
-                return kvs_fail(msg, cap, KVS_ERR_UNSUPPORTED,
-                                "tensor '%s' is not used by a dense '%s' model; kvshard cannot run this file correctly",
-                                name, hp->arch->name);
-        }
+    for (uint64_t i = 0; i < gguf_set_n_tensors(files); i++) {
+        const gguf_tensor *t = gguf_set_tensor_at(files, i);
+        char name[GGUF_MAX_NAME_LEN + 1];
+        snprintf(name, sizeof(name), "%.*s", (int)t->name.len, t->name.ptr);
+        bool known = false;
+        for (size_t k = 0; k < sizeof(global) / sizeof(global[0]) && !known; k++) known = !strcmp(name, global[k]);
+        for (size_t k = 0; k < 2 && !known && hp->arch->longrope; k++) known = !strcmp(name, longrope[k]);
+        unsigned blk;
+        int used = 0;
+        if (!known && sscanf(name, "blk.%u.%n", &blk, &used) == 1 && used > 0 && blk < hp->n_layer)
+            known = layer_tensor_known(hp->arch, name + used);
+        if (!known && strstr(name, "_exps."))
+            return kvs_fail(msg, cap, KVS_ERR_UNSUPPORTED,
+                            "tensor '%s' holds mixture-of-experts weights: kvshard runs dense models only", name);
+        if (!known && (strstr(name, "per_layer") || strstr(name, "altup") || strstr(name, "laurel")))
+            return kvs_fail(msg, cap, KVS_ERR_UNSUPPORTED,
+                            "tensor '%s' belongs to per-layer embeddings (Gemma 3n style), which kvshard does not "
+                            "implement", name);
+        if (!known)
+            return kvs_fail(msg, cap, KVS_ERR_UNSUPPORTED,
+                            "tensor '%s' is not used by a dense '%s' model; kvshard cannot run this file correctly",
+                            name, hp->arch->name);
     }
     return KVS_OK;
 }

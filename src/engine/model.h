@@ -9,7 +9,9 @@
  * in 2 MiB pages where the kernel gives them) and drops its mapped pages
  * (madvise), so the weights are resident once either way. A split model
  * (NAME-00001-of-0000N.gguf) is read through a gguf_set: the metadata of the
- * first part, and the tensor data of only the parts that hold owned tensors.
+ * first part, and the tensor data of only the parts that hold owned tensors
+ * (with a kvshard manifest only those parts need be on disk, and each owned
+ * tensor is checked against the manifest's digest as it is mapped).
  * Knows nothing about sessions or the network.
  */
 #ifndef KVS_MODEL_H

@@ -45,12 +45,14 @@ int digest_model_sha256(const char *path, uint8_t out[32]) {
     char prefix[4096], part[4096 + 32];
     uint32_t n = gguf_split_first_part(path, prefix, sizeof(prefix));
     if (n < 2) return digest_file_sha256(path, out);
+    int err = gguf_manifest_digest(path, out);
+    if (err != KVS_ERR_NOT_FOUND) return err; /* the manifest's digest, or why part 1 cannot be read */
     if (sodium_init() < 0) return KVS_ERR_INTERNAL;
     crypto_hash_sha256_state st;
     crypto_hash_sha256_init(&st);
     for (uint32_t i = 0; i < n; i++) {
         if (!gguf_split_path(part, sizeof(part), prefix, i, n)) return KVS_ERR_INVALID_ARG;
-        int err = hash_into(&st, part);
+        err = hash_into(&st, part);
         if (err) return err;
     }
     crypto_hash_sha256_final(&st, out);

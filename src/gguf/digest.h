@@ -9,9 +9,12 @@
  * KVS_ERR_INTERNAL when libsodium cannot start. out is untouched on failure. */
 int digest_file_sha256(const char *path, uint8_t out[32]);
 /* The model's digest: digest_file_sha256 of a single file; for the first part of a split model
- * (PREFIX-00001-of-NNNNN.gguf, N > 1) the SHA-256 of all N parts in order, so a shard of any
- * part range and every other shard of the same split agree, and a change in any part shows.
- * Same codes as digest_file_sha256 (KVS_ERR_IO also when a part is missing). */
+ * (PREFIX-00001-of-NNNNN.gguf, N > 1) with a kvshard manifest, the manifest's model digest (the
+ * SHA-256 of the unsplit file, so whole-file and split shards agree; read from part 1 alone,
+ * the other parts' tensors are checked against the manifest when a model maps them); without
+ * one, the SHA-256 of all N parts in order, so every shard of the same split agrees and a change
+ * in any part shows. Same codes as digest_file_sha256 (KVS_ERR_IO also when a part is missing,
+ * KVS_ERR_FORMAT for a malformed manifest). */
 int digest_model_sha256(const char *path, uint8_t out[32]);
 /* digest_model_sha256 through a cache in cache_dir (created, mode 0700, when missing): an entry
  * is keyed by every part's real path, device, inode, size, mtime and ctime, so a file changed or

@@ -145,27 +145,52 @@ size_t gguf_vtype_size(enum gguf_vtype t);
  * split model it reads the headers of every part but maps no tensor data:
  * gguf_set_map_tensor() maps the data section of the part holding a tensor on
  * first use, so a shard maps only the parts that hold what it owns.
+ *
+ * kvshard manifest: `kvshard split` also writes into the first part, for every
+ * tensor, its part and the BLAKE2b-256 of its bytes, plus the SHA-256 of the
+ * unsplit file (the model digest a whole-file shard reports). With it, parts
+ * that are not on disk are fine until one of their tensors is mapped (find
+ * still answers, with a name-only tensor), and every tensor is checked against
+ * its digest when first mapped. A split without it (llama.cpp's gguf-split)
+ * needs every part, as before.
  */
 #define GGUF_SPLIT_MAX_PARTS 9999u
+#define GGUF_MANIFEST_VERSION "kvshard.manifest.version"           /* u32: 1 */
+#define GGUF_MANIFEST_MODEL_SHA256 "kvshard.manifest.model_sha256" /* 64 hex: SHA-256 of the unsplit file */
+#define GGUF_MANIFEST_NAMES "kvshard.manifest.tensor_names"        /* [split.tensors.count] strings */
+#define GGUF_MANIFEST_PARTS "kvshard.manifest.tensor_parts"        /* [split.tensors.count] u32, 0-based */
+#define GGUF_MANIFEST_DIGESTS "kvshard.manifest.tensor_blake2b"    /* u8 [32 x split.tensors.count] */
+#define GGUF_MANIFEST_DIGEST_SIZE 32u
 
 typedef struct gguf_set gguf_set;
 
 /* Opens path (a single file, or the first part of a split model, whose other
  * parts are found by name beside it). Refused (KVS_ERR_FORMAT, message says
- * which part and why): path is not part 1, a part is missing, a part's
- * split.no / split.count / split.tensors.count disagree, a tensor is in two
- * parts, the tensor counts do not add up. *out owned by the caller. */
+ * which part and why): path is not part 1, a part is missing (without a
+ * manifest), a part's split.no / split.count / split.tensors.count disagree, a
+ * tensor is in two parts, the tensor counts do not add up, a present part does
+ * not hold what the manifest says. *out owned by the caller. */
 int gguf_set_open(const char *path, gguf_set **out, char *msg, size_t msg_cap);
 void gguf_set_close(gguf_set *set); /* NULL is fine */
 /* The first part: the model's metadata. Valid until gguf_set_close. */
 const gguf_ctx *gguf_set_meta(const gguf_set *set);
 uint32_t gguf_set_n_parts(const gguf_set *set);
-const gguf_ctx *gguf_set_part(const gguf_set *set, uint32_t i); /* NULL past the end */
+/* NULL past the end, and for a part absent from disk (only with a manifest). */
+const gguf_ctx *gguf_set_part(const gguf_set *set, uint32_t i);
+/* True, with the manifest's model digest (SHA-256 of the unsplit file) in out,
+ * when the set has a kvshard manifest. */
+bool gguf_set_manifest_digest(const gguf_set *set, uint8_t out[32]);
+/* Every tensor of the model, over all parts (absent ones: name-only). */
+uint64_t gguf_set_n_tensors(const gguf_set *set);
+const gguf_tensor *gguf_set_tensor_at(const gguf_set *set, uint64_t i); /* NULL past the end */
 /* The tensor called name in whichever part holds it (its data is NULL while
- * that part is unmapped), or NULL; *part (may be NULL) gets the part index. */
+ * that part is unmapped or absent; only its name is set when absent), or NULL;
+ * *part (may be NULL) gets the part index. */
 const gguf_tensor *gguf_set_find_tensor(const gguf_set *set, const char *name, uint32_t *part);
 /* Like find, then maps the part's data (gguf_map_data) so that (*out)->data
- * is valid. KVS_ERR_NOT_FOUND (*out NULL) when absent; KVS_ERR_IO from mapping. */
+ * is valid. KVS_ERR_NOT_FOUND (*out NULL) when absent; KVS_ERR_IO from mapping
+ * or when the part is not on disk; with a manifest, KVS_ERR_FORMAT (message
+ * names the tensor and the part) when the tensor's bytes do not match it. */
 int gguf_set_map_tensor(gguf_set *set, const char *name, const gguf_tensor **out, char *msg, size_t msg_cap);
 /* Sum of gguf_mapped_data_bytes over the parts. */
 uint64_t gguf_set_mapped_data_bytes(const gguf_set *set);
@@ -179,6 +204,15 @@ uint64_t gguf_set_mapped_data_bytes(const gguf_set *set);
  * KVS_ERR_NOMEM otherwise, and then no part is left on disk. */
 int gguf_split_write(const gguf_ctx *src, const uint32_t *part_of, uint32_t n_parts, const char *prefix, char *msg,
                      size_t msg_cap);
+/* gguf_split_write plus the kvshard manifest in the first part when
+ * model_sha256 (the SHA-256 of src's file, 32 bytes) is not NULL. */
+int gguf_split_write_manifest(const gguf_ctx *src, const uint32_t *part_of, uint32_t n_parts, const char *prefix,
+                              const uint8_t *model_sha256, char *msg, size_t msg_cap);
+/* The manifest's model digest of the split model whose first part is path,
+ * read from that part's header alone. KVS_ERR_NOT_FOUND when path is not a
+ * split first part or has no manifest; KVS_ERR_IO / KVS_ERR_FORMAT when it
+ * cannot be read. */
+int gguf_manifest_digest(const char *path, uint8_t out[32]);
 /* N when path is named PREFIX-00001-of-NNNNN.gguf (N >= 1), with PREFIX copied into prefix;
  * 0 when it is not so named or PREFIX does not fit in cap. */
 uint32_t gguf_split_first_part(const char *path, char *prefix, size_t cap);
