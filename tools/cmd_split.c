@@ -6,6 +6,7 @@
 
 #include "args.h"
 #include "cli.h"
+#include "digest.h"
 #include "gguf.h"
 #include "kvshard.h"
 #include "model.h"
@@ -17,7 +18,13 @@ static void split_usage(FILE *f) {
                "  Layers are spread evenly: blk.L goes to part L*N/n_layer + 1, token_embd and\n"
                "  rope_freqs to the first part, output_norm and output to the last, so a shard maps\n"
                "  only the parts holding its layers. N is at most n_layer + 1. Pass the first part\n"
-               "  to -m of any command.\n");
+               "  to -m of any command.\n"
+               "  The first part also carries a manifest (kvshard.manifest.*): every tensor's part and\n"
+               "  BLAKE2b-256, and the SHA-256 of MODEL. So a machine needs only part 1 and the parts of\n"
+               "  its layers; a shard checks each tensor it maps against the manifest (a mismatch is\n"
+               "  refused, naming the tensor and the part) and reports MODEL's digest, the same as a\n"
+               "  shard serving MODEL whole. Parts split by other tools (llama.cpp's gguf-split) have\n"
+               "  no manifest: every part is then needed, and read for the digest.\n");
 }
 
 int cmd_split(int argc, char **argv) {
@@ -54,7 +61,9 @@ int cmd_split(int argc, char **argv) {
     }
     if (rc == KVS_OK && !(part_of = calloc(gguf_n_tensors(g) ? gguf_n_tensors(g) : 1, sizeof(uint32_t)))) rc = KVS_ERR_NOMEM;
     if (rc == KVS_OK) rc = model_split_plan(g, (uint32_t)parts, part_of, msg, sizeof msg);
-    if (rc == KVS_OK) rc = gguf_split_write(g, part_of, (uint32_t)parts, prefix, msg, sizeof msg);
+    uint8_t sha[32];
+    if (rc == KVS_OK && (rc = digest_file_sha256(in, sha)) != KVS_OK) snprintf(msg, sizeof msg, "cannot read %s to hash it", in);
+    if (rc == KVS_OK) rc = gguf_split_write_manifest(g, part_of, (uint32_t)parts, prefix, sha, msg, sizeof msg);
     if (rc == KVS_OK) {
         char path[4096];
         for (uint32_t p = 0; p < (uint32_t)parts; p++) {

@@ -163,9 +163,18 @@ static uint64_t physical_memory_bytes(void) {
     return kvs_mul_u64((uint64_t)pages, (uint64_t)page, &b) ? b : 0;
 }
 
-/* The model file's digest into s->digest: from the digest cache, else hashed (and kept there). */
+/* The model file's digest into s->digest: a split's kvshard manifest (its owned tensors were
+ * checked against it as they were mapped), else the digest cache, else hashed (and kept there). */
 static int srv_model_digest(srv *s, const srv_params *p, char *msg, size_t cap) {
     uint64_t t_hash = kvs_now_ns();
+    char prefix[4096];
+    if (gguf_set_manifest_digest(s->e->m->files, s->digest)) {
+        kvs_logf(s->p.log, s->p.log_ctx, "model digest from the kvshard manifest of %s (only the parts of layers [%u, %u) "
+                 "are read)", p->model_path, s->e->m->first, s->e->m->last);
+        return KVS_OK;
+    }
+    if (gguf_split_first_part(p->model_path, prefix, sizeof prefix) >= 2)
+        kvs_logf(s->p.log, s->p.log_ctx, "no kvshard manifest: every part is read for the digest");
     bool hit = digest_cache_get(p->model_path, p->digest_cache_dir, s->digest);
     if (!hit) {
         const char *dir = p->digest_cache_dir;
