@@ -15,7 +15,9 @@
  *  - `kvshard split` (when KVS_BIN names the CLI) writes parts that compute
  *    the same logits;
  *  - refusals: the second part passed as the model, a missing part, a first
- *    part not named -00001-of-00003.gguf, parts that disagree.
+ *    part not named -00001-of-00003.gguf, parts that disagree;
+ *  - the kvshard manifest (check_manifest): the whole file's digest, parts a
+ *    range does not need may be absent, a flipped byte is refused by name.
  */
 #include <stdlib.h>
 
@@ -73,6 +75,91 @@ static void expect_open_fails(const char *path, int want_err, const char *want_t
         test_failures_++;
     }
     model_free(m);
+}
+
+/* Flips one byte in the middle of tensor name's data in the file at path (a GGUF). */
+static void flip_tensor_byte(const char *path, const char *name) {
+    char msg[KVS_MSG_MAX];
+    gguf_ctx *g = NULL;
+    CHECK_EQ_INT(gguf_open_header(path, &g, msg, sizeof(msg)), KVS_OK);
+    const gguf_tensor *t = g ? gguf_find_tensor(g, name) : NULL;
+    CHECK(t != NULL);
+    long at = t ? (long)(gguf_data_offset(g) + t->offset + t->size / 2) : 0;
+    gguf_close(g);
+    FILE *f = fopen(path, "r+b");
+    CHECK(f != NULL);
+    if (!f || !t) return;
+    CHECK(fseek(f, at, SEEK_SET) == 0);
+    int c = fgetc(f);
+    CHECK(fseek(f, at, SEEK_SET) == 0);
+    CHECK(fputc(c ^ 0x5a, f) != EOF);
+    CHECK(fclose(f) == 0);
+}
+
+/* The kvshard manifest (gguf_split_write_manifest), on the 2-layer model split in 3 parts
+ * (part 1: token_embd + blk.0, part 2: blk.1, part 3: output norm + output):
+ *  - the split's model digest is the whole file's SHA-256, read from part 1 alone;
+ *  - with parts 2 and 3 gone, a shard of [0, 1) opens, maps part 1 only and computes the same
+ *    hidden states (the whole file's tail gives the same logits); the whole range is refused
+ *    naming a tensor of part 2 and that part;
+ *  - with part 3 gone again and a byte of blk.1.ffn_up flipped in part 2, [1, 2) is refused
+ *    naming the tensor and the part; restored, [1, 2) needs parts 1 to 3 and computes exactly. */
+static void check_manifest(const gguf_ctx *src, const uint32_t *part_of, const char *dir, const char *whole_path,
+                           const float *lw) {
+    char prefix[256], part[3][300], moved[3][1024], msg[KVS_MSG_MAX];
+    snprintf(prefix, sizeof(prefix), "%s/man", dir);
+    uint8_t d_whole[32], d_split[32];
+    CHECK_EQ_INT(digest_file_sha256(whole_path, d_whole), KVS_OK);
+    CHECK_EQ_INT(gguf_split_write_manifest(src, part_of, 3, prefix, d_whole, msg, sizeof(msg)), KVS_OK);
+    for (int i = 0; i < 3; i++) {
+        CHECK(gguf_split_path(part[i], sizeof(part[i]), prefix, (uint32_t)i, 3));
+        snprintf(moved[i], sizeof(moved[i]), "%s.away", part[i]);
+    }
+    CHECK(rename(part[1], moved[1]) == 0 && rename(part[2], moved[2]) == 0);
+    CHECK_EQ_INT(digest_model_sha256(part[0], d_split), KVS_OK);
+    CHECK(memcmp(d_split, d_whole, 32) == 0);
+    uint8_t d_man[32];
+    CHECK_EQ_INT(gguf_manifest_digest(part[0], d_man), KVS_OK);
+    CHECK(memcmp(d_man, d_whole, 32) == 0);
+    CHECK_EQ_INT(gguf_manifest_digest(whole_path, d_man), KVS_ERR_NOT_FOUND);
+    printf("  manifest: the split's digest is the whole file's, from part 1 alone\n");
+
+    engine *head = open_range(part[0], 0, 1, KV_BUDGET), *tail = open_range(whole_path, 1, 2, KV_BUDGET);
+    CHECK(head && tail);
+    if (head) {
+        CHECK(gguf_set_part(head->m->files, 1) == NULL && gguf_set_part(head->m->files, 2) == NULL);
+        CHECK_EQ_INT(model_mapped_data_bytes(head->m), gguf_mapped_data_bytes(gguf_set_part(head->m->files, 0)));
+        CHECK(gguf_set_find_tensor(head->m->files, "output.weight", NULL) != NULL); /* a name from the manifest */
+        CHECK_EQ_INT(gguf_set_n_tensors(head->m->files), gguf_n_tensors(src));
+    }
+    float *l = logits_of(head, tail, 9);
+    uint32_t nv = tail ? tail->m->hp.n_vocab : 0;
+    CHECK(l && lw && memcmp(l, lw, 7 * (size_t)nv * sizeof(float)) == 0);
+    free(l);
+    engine_close(head);
+    engine_close(tail);
+    printf("  manifest: a shard of [0, 1) runs from part 1 alone, bit-exact\n");
+    expect_open_fails(part[0], KVS_ERR_IO, "tensor 'blk.1.attn_q.weight' is in part 2 (");
+
+    CHECK(rename(moved[1], part[1]) == 0);
+    flip_tensor_byte(part[1], "blk.1.ffn_up.weight");
+    char mm[KVS_MSG_MAX] = "";
+    model *m = NULL;
+    CHECK_EQ_INT(model_load(part[0], 1, 2, &m, mm, sizeof(mm)), KVS_ERR_FORMAT);
+    printf("  refused: %s\n", mm);
+    CHECK(strstr(mm, "tensor 'blk.1.ffn_up.weight' in part 2 (") != NULL && strstr(mm, "does not match") != NULL);
+    model_free(m);
+    flip_tensor_byte(part[1], "blk.1.ffn_up.weight"); /* x ^ k ^ k: the original byte */
+    CHECK(rename(moved[2], part[2]) == 0);
+    head = open_range(whole_path, 0, 1, KV_BUDGET);
+    tail = open_range(part[0], 1, 2, KV_BUDGET);
+    l = logits_of(head, tail, 10);
+    CHECK(l && lw && memcmp(l, lw, 7 * (size_t)nv * sizeof(float)) == 0);
+    free(l);
+    engine_close(head);
+    engine_close(tail);
+    printf("  manifest: a flipped byte is refused by name; restored, [1, 2) is bit-exact\n");
+    for (int i = 0; i < 3; i++) unlink(part[i]);
 }
 
 int main(void) {
@@ -246,6 +333,8 @@ int main(void) {
     engine_close(head);
     engine_close(tail);
     engine_close(w);
+    CHECK_EQ_INT(model_split_plan(src, 3, part_of, msg, sizeof(msg)), KVS_OK);
+    check_manifest(src, part_of, dir, whole_path, lw);
     free(ls);
     free(lht);
 
@@ -279,7 +368,7 @@ int main(void) {
     unlink(other);
     snprintf(other, sizeof(other), "%s.moved", part[2]);
     CHECK_EQ_INT(rename(part[2], other), 0);
-    expect_open_fails(part[0], KVS_ERR_IO, "small-00003-of-00003.gguf");
+    expect_open_fails(part[0], KVS_ERR_IO, "small-00003-of-00003.gguf: No such file or directory (a split without a kvshard manifest needs every part)");
     /* A part of another split (2 parts) in the third slot. */
     char prefix2[256], p2[300];
     snprintf(prefix2, sizeof(prefix2), "%s/two", dir);

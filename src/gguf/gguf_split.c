@@ -234,7 +234,12 @@ static int open_parts(gguf_set *set, const char *path, uint32_t n, char *msg, si
             return kvs_fail(msg, cap, KVS_ERR_INVALID_ARG, "%s: path too long", path);
         /* With a manifest a part not on disk is fine until one of its tensors is mapped. */
         if (i > 0 && set->man && access(part_path, F_OK) != 0 && errno == ENOENT) continue;
-        if ((err = open_part(set, i, part_path, &total, msg, cap))) return err;
+        if ((err = open_part(set, i, part_path, &total, msg, cap))) {
+            if (err != KVS_ERR_IO || set->man || !msg || !cap) return err;
+            char why[KVS_MSG_MAX];
+            snprintf(why, sizeof why, "%s", msg);
+            return kvs_fail(msg, cap, err, "%s (a split without a kvshard manifest needs every part)", why);
+        }
         if (i == 0 && (err = read_manifest(set, set->parts[0], path, total, msg, cap))) return err;
         if (!set->man && (err = check_no_duplicates(set, i, msg, cap))) return err;
         sum += gguf_n_tensors(set->parts[i]);
