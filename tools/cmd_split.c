@@ -72,6 +72,10 @@ int cmd_split(int argc, char **argv) {
             if (gguf_split_path(path, sizeof path, prefix, p, (uint32_t)parts))
                 printf("%s: %" PRIu64 " tensors\n", path, n);
         }
+        char hex[65];
+        digest_hex(sha, hex);
+        printf("manifest in the first part: %" PRIu64 " tensors, model digest %s (the same as %s's)\n", gguf_n_tensors(g),
+               hex, in);
     }
     free(part_of);
     gguf_close(g);
