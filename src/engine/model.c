@@ -495,6 +495,18 @@ static int bind_layer(model *m, uint32_t i, model_layer *L, char *msg, size_t ca
     return KVS_OK;
 }
 
+/* The tensors a range [first, last) maps: its layers', the rope factors, token_embd for the
+ * head (or a tail with a tied output), output_norm / output for the tail. */
+static bool range_wants(const char *name, void *user) {
+    const model *m = user;
+    unsigned blk;
+    if (sscanf(name, "blk.%u.", &blk) == 1) return blk >= m->first && blk < m->last;
+    if (!strcmp(name, "token_embd.weight"))
+        return m->has_embd || (m->has_head && !gguf_set_find_tensor(m->files, "output.weight", NULL));
+    if (!strncmp(name, "output", 6)) return m->has_head;
+    return true;
+}
+
 int model_load(const char *path, uint32_t first, uint32_t last, model **out, char *msg, size_t cap) {
     return model_load_on(path, first, last, NULL, out, msg, cap);
 }
@@ -543,6 +555,8 @@ int model_load_on(const char *path, uint32_t first, uint32_t last, ops_pool *poo
         err = kvs_fail(msg, cap, KVS_ERR_NOMEM, "out of memory");
         goto fail;
     }
+    /* A split's manifest: the owned tensors are checked at once, over the pool's threads. */
+    if ((err = gguf_set_verify(m->files, range_wants, m, pool ? (uint32_t)ops_pool_threads(pool) : 1, msg, cap))) goto fail;
     for (uint32_t i = first; i < last; i++)
         if ((err = bind_layer(m, i, &m->layers[i - first], msg, cap))) goto fail;
     bool tied = !gguf_set_find_tensor(m->files, "output.weight", NULL);

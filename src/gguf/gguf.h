@@ -192,6 +192,13 @@ const gguf_tensor *gguf_set_find_tensor(const gguf_set *set, const char *name, u
  * or when the part is not on disk; with a manifest, KVS_ERR_FORMAT (message
  * names the tensor and the part) when the tensor's bytes do not match it. */
 int gguf_set_map_tensor(gguf_set *set, const char *name, const gguf_tensor **out, char *msg, size_t msg_cap);
+/* With a manifest: maps and checks, on n_threads threads, every tensor of a
+ * present part for which want(name, user) is true, so that later map calls
+ * find them checked (a tensor it leaves out is checked, on the calling thread,
+ * when mapped). KVS_ERR_FORMAT naming the tensor and part for a mismatch;
+ * KVS_OK at once without a manifest. */
+int gguf_set_verify(gguf_set *set, bool (*want)(const char *name, void *user), void *user, uint32_t n_threads,
+                    char *msg, size_t msg_cap);
 /* Sum of gguf_mapped_data_bytes over the parts. */
 uint64_t gguf_set_mapped_data_bytes(const gguf_set *set);
 

@@ -18,7 +18,9 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <sodium.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -342,23 +344,84 @@ const gguf_tensor *gguf_set_find_tensor(const gguf_set *set, const char *name, u
     return NULL;
 }
 
+/* The path of part p into buf ("?" when it does not fit). */
+static void part_path_of(const gguf_set *set, uint32_t p, char *buf, size_t cap) {
+    if (!gguf_split_path(buf, cap, set->prefix, p, set->n_parts)) snprintf(buf, cap, "?");
+}
+
+static bool entry_matches(const man_entry *e) {
+    uint8_t d[GGUF_MANIFEST_DIGEST_SIZE];
+    crypto_generichash(d, sizeof d, e->t->data, e->t->size, NULL, 0);
+    return memcmp(d, e->digest, sizeof d) == 0;
+}
+
+static int mismatch(const gguf_set *set, const man_entry *e, char *msg, size_t cap) {
+    char path[4096 + 32];
+    part_path_of(set, e->part, path, sizeof(path));
+    return kvs_fail(msg, cap, KVS_ERR_FORMAT, "tensor '%.*s' in part %" PRIu32 " (%s) does not match the kvshard "
+                    "manifest of part 1: the part is damaged or belongs to another model", (int)e->ghost.name.len,
+                    e->ghost.name.ptr, e->part + 1, path);
+}
+
 /* Maps the part of manifest entry e and checks its bytes against the manifest, once. */
 static int map_verified(gguf_set *set, man_entry *e, const char *name, char *msg, size_t cap) {
     char path[4096 + 32];
-    if (!gguf_split_path(path, sizeof(path), set->prefix, e->part, set->n_parts)) snprintf(path, sizeof(path), "?");
+    part_path_of(set, e->part, path, sizeof(path));
     if (!set->parts[e->part])
         return kvs_fail(msg, cap, KVS_ERR_IO, "tensor '%s' is in part %" PRIu32 " (%s), which is not on this machine: "
                         "this layer range needs that part", name, e->part + 1, path);
     int err = gguf_map_data(set->parts[e->part], msg, cap);
     if (err || e->verified) return err;
-    uint8_t d[GGUF_MANIFEST_DIGEST_SIZE];
     if (sodium_init() < 0) return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "libsodium failed to start");
-    crypto_generichash(d, sizeof d, e->t->data, e->t->size, NULL, 0);
-    if (memcmp(d, e->digest, sizeof d) != 0)
-        return kvs_fail(msg, cap, KVS_ERR_FORMAT, "tensor '%s' in part %" PRIu32 " (%s) does not match the kvshard "
-                        "manifest of part 1: the part is damaged or belongs to another model", name, e->part + 1, path);
+    if (!entry_matches(e)) return mismatch(set, e, msg, cap);
     e->verified = true;
     return KVS_OK;
+}
+
+typedef struct {
+    man_entry **todo;
+    uint64_t n;
+    atomic_uint_fast64_t next;
+} verify_job;
+
+/* Checks entries off the shared list until it is empty; a match marks its entry verified. */
+static void *verify_worker(void *arg) {
+    verify_job *j = arg;
+    for (uint64_t i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) j->todo[i]->verified = entry_matches(j->todo[i]);
+    return NULL;
+}
+
+static int by_size_desc(const void *a, const void *b) {
+    uint64_t x = (*(man_entry *const *)a)->t->size, y = (*(man_entry *const *)b)->t->size;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+int gguf_set_verify(gguf_set *set, bool (*want)(const char *name, void *user), void *user, uint32_t n_threads,
+                    char *msg, size_t cap) {
+    if (!set->man) return KVS_OK;
+    if (sodium_init() < 0) return kvs_fail(msg, cap, KVS_ERR_INTERNAL, "libsodium failed to start");
+    verify_job j = {.todo = calloc(set->n_man ? set->n_man : 1, sizeof(man_entry *))};
+    if (!j.todo) return kvs_fail(msg, cap, KVS_ERR_NOMEM, "out of memory");
+    int err = KVS_OK;
+    char name[GGUF_MAX_NAME_LEN + 1];
+    for (uint64_t i = 0; i < set->n_man && !err; i++) {
+        man_entry *e = &set->man[i];
+        snprintf(name, sizeof(name), "%.*s", (int)e->ghost.name.len, e->ghost.name.ptr);
+        if (e->verified || !set->parts[e->part] || !want(name, user)) continue; /* an absent part: map says so */
+        if (!(err = gguf_map_data(set->parts[e->part], msg, cap))) j.todo[j.n++] = e;
+    }
+    qsort(j.todo, j.n, sizeof(man_entry *), by_size_desc); /* the largest first: threads end together */
+    atomic_init(&j.next, 0);
+    pthread_t th[64];
+    uint32_t started = 0;
+    for (; !err && started + 1 < n_threads && started < 64 && started + 1 < j.n; started++)
+        if (pthread_create(&th[started], NULL, verify_worker, &j) != 0) break;
+    if (!err) verify_worker(&j);
+    for (uint32_t t = 0; t < started; t++) pthread_join(th[t], NULL);
+    for (uint64_t i = 0; i < j.n && !err; i++)
+        if (!j.todo[i]->verified) err = mismatch(set, j.todo[i], msg, cap);
+    free(j.todo);
+    return err;
 }
 
 int gguf_set_map_tensor(gguf_set *set, const char *name, const gguf_tensor **out, char *msg, size_t cap) {
