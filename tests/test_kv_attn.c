@@ -146,8 +146,37 @@ static void test_pool(void) {
     printf("test_kv_attn: refusal: %s\n", msg);
 }
 
+/* The rotation of quantized rows (kv_attn.h): llama.cpp's matrix sizes, orthonormal (e0 goes to
+ * 1/sqrt(n) everywhere), its own inverse (twice is the identity), run by run. */
+static void test_rotation(void) {
+    CHECK_EQ_INT(kv_attn_rot_k(QUANT_Q8_0, 64), 64);
+    CHECK_EQ_INT(kv_attn_rot_k(QUANT_Q4_0, 128), 128);
+    CHECK_EQ_INT(kv_attn_rot_k(QUANT_Q8_0, 192), 64);
+    CHECK_EQ_INT(kv_attn_rot_k(QUANT_Q8_0, 96), 0);
+    CHECK_EQ_INT(kv_attn_rot_k(QUANT_F16, 128), 0);
+    CHECK_EQ_INT(kv_attn_rot_v(QUANT_Q4_0, 256), 64);
+    CHECK_EQ_INT(kv_attn_rot_v(QUANT_F32, 64), 0);
+    float x[256], y[256];
+    memset(x, 0, sizeof x);
+    x[128] = 1.0f;
+    kv_attn_rotate(x, 256, 128);
+    for (int i = 0; i < 128; i++) CHECK(x[i] == 0.0f && fabsf(x[128 + i] - 1.0f / sqrtf(128.0f)) < 1e-7f);
+    for (int i = 0; i < 256; i++) x[i] = y[i] = sinf((float)i * 0.37f) * (float)(i % 7);
+    kv_attn_rotate(x, 256, 64);
+    double moved = 0, norm_x = 0, norm_y = 0;
+    for (int i = 0; i < 256; i++) {
+        moved += fabs(x[i] - y[i]);
+        norm_x += (double)x[i] * x[i];
+        norm_y += (double)y[i] * y[i];
+    }
+    CHECK(moved > 1.0 && fabs(norm_x - norm_y) < 1e-3 * norm_y); /* turned, same length */
+    kv_attn_rotate(x, 256, 64);
+    for (int i = 0; i < 256; i++) CHECK(fabsf(x[i] - y[i]) < 1e-5f);
+}
+
 int main(void) {
     check_expected_isa("test_kv_attn");
+    test_rotation();
     enum kvs_isa best = kvs_isa_detect();
     int checked = 0;
     for (int isa = 0; isa <= (int)best; isa++) {

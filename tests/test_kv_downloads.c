@@ -12,10 +12,9 @@
  *   same(T): kvshard T against llama.cpp T;
  *   f16(T):  kvshard T against llama.cpp f16 (the f16 file's tokens).
  * The issue's goals, same(T) <= own(T) / 2 and f16(T) <= 1.25 x own(T), are
- * printed as met or not; asserted are f16(q8_0) <= 1.25 x own(q8_0) (met) and
- * regression bounds for the rest (SAME_BOUND, F16_BOUND): kvshard's own f16
- * run is already 0.9-1.3e-3 from llama.cpp's, so independent rounding of the
- * blocks puts same(T) near own(T) + that, not below own(T) / 2. All figures
+ * printed as met or not, and asserted where they hold: all but same(q8_0) on
+ * qwen2 (0.62 of own; asserted <= SAME_BOUND_Q8). Both engines rotate a
+ * quantized cache's rows (kv_attn.h), so their blocks round alike. All figures
  * are over the positions where both llama.cpp files saw the same tokens. Also, per type, on the first
  * prompt: the KV path (prompt, then one token at a time) and the same
  * session batched with another in one step give the one-batch logits bit
@@ -33,8 +32,7 @@
 
 #define TOP_N 32
 #define MAX_LINES 16
-#define SAME_BOUND 4.0 /* kvshard T vs llama.cpp T, in units of llama.cpp's own T-vs-f16 KL */
-#define F16_BOUND 2.0  /* kvshard T vs llama.cpp f16, the same units */
+#define SAME_BOUND_Q8 1.0 /* kvshard q8_0 vs llama.cpp q8_0, in units of llama.cpp's own q8_0-vs-f16 KL */
 
 /* Under a sanitizer (several times slower) each file runs one line: the same code paths for the
  * memory checks; the accuracy figures and their bounds come from the release build. */
@@ -257,11 +255,11 @@ static void run_model(const char *name, const char *mpath) {
                    "%s (ratio %.2f)\n", TYPES[t], TYPES[t], sc <= o / 2 ? "met" : "NOT MET", sc / o,
                    fc <= 1.25 * o ? "met" : "NOT MET", fc / o);
             CHECK(own.n > 0);
-            /* Regression bounds, looser than the goals (which the printout reports): a wrong block
-             * layout or scale moves the KL by orders of magnitude, not by these factors. */
-            CHECK(sc <= SAME_BOUND * o);
-            CHECK(fc <= F16_BOUND * o);
-            if (TYPE_IDS[t] == QUANT_Q8_0) CHECK(fc <= 1.25 * o); /* the q8_0 goal holds: keep it */
+            /* The issue's goals where they hold (every one but q8_0 against llama.cpp's q8_0 on
+             * qwen2, at 0.62 of its own KL: bounded at SAME_BOUND_Q8 there); without the rotation
+             * of kv_attn.h q4_0 sat at 2.4-3.1x and 1.5x. */
+            CHECK(sc <= (TYPE_IDS[t] == QUANT_Q4_0 ? 0.5 : SAME_BOUND_Q8) * o);
+            CHECK(fc <= 1.25 * o);
         }
         check_bits(e, &t_ref.lines[0], TYPES[t]);
         engine_close(e);

@@ -34,6 +34,17 @@ void kv_attn_scores(uint32_t type, const float *q, int group, int hd, const void
 void kv_attn_wsum(uint32_t type, const float *p, size_t p_stride, int group, int n, const void *const *rows, int hd,
                   float *out);
 
+/* Quantized caches hold their rows rotated, as llama.cpp's do: a quantized K or V row is stored
+ * multiplied by an orthonormal Walsh-Hadamard matrix, which spreads an outlier over its block and
+ * cuts the quantization error. Q is rotated by the K matrix (scores do not change: H'H = I) and
+ * the attention output by the V matrix (H is its own inverse). The K matrix is the largest power
+ * of two >= 64 dividing head_dim, the V matrix 64; none for f16 / f32 or a head_dim that 64 does
+ * not divide. 0: no rotation. */
+int kv_attn_rot_k(uint32_t type, int hd);
+int kv_attn_rot_v(uint32_t type, int hd);
+/* x = H x on each run of n floats of x[0, len) (n a power of two dividing len). */
+void kv_attn_rotate(float *x, int len, int n);
+
 /* The scalar references of the two block-type kernels (tests compare them with the dispatched ones:
  * the same bits). type is QUANT_Q8_0 or QUANT_Q4_0. */
 void kv_attn_scores_ref(uint32_t type, const float *q, int group, int hd, const void *const *keys, int n_keys,

@@ -8,6 +8,7 @@
 #include "kv_attn.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "cpu.h"
@@ -202,6 +203,33 @@ AVX2_T static void wsum_avx2(uint32_t type, const float *p, size_t p_stride, int
                 for (int i = 0; i < 4; i++)
                     _mm256_storeu_ps(out + (size_t)(h0 + h) * (size_t)hd + (size_t)(b * QK32 + 8 * i), acc[h][i]);
         }
+    }
+}
+
+/* ---- rotation (kv_attn.h) ---- */
+
+int kv_attn_rot_k(uint32_t type, int hd) {
+    if ((type != QUANT_Q8_0 && type != QUANT_Q4_0) || hd % 64 != 0) return 0;
+    int n = 64;
+    while (hd % (2 * n) == 0) n *= 2;
+    return n;
+}
+
+int kv_attn_rot_v(uint32_t type, int hd) {
+    return (type == QUANT_Q8_0 || type == QUANT_Q4_0) && hd % 64 == 0 ? 64 : 0;
+}
+
+void kv_attn_rotate(float *x, int len, int n) {
+    const float c = 1.0f / sqrtf((float)n);
+    for (float *r = x; r < x + len; r += n) {
+        for (int s = 1; s < n; s *= 2) /* the fast transform: butterflies of width s */
+            for (int i = 0; i < n; i += 2 * s)
+                for (int j = i; j < i + s; j++) {
+                    const float a = r[j], b = r[j + s];
+                    r[j] = a + b;
+                    r[j + s] = a - b;
+                }
+        for (int i = 0; i < n; i++) r[i] *= c;
     }
 }
 

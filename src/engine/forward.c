@@ -121,7 +121,12 @@ static void rope_store_task(void *p, int64_t t0, int64_t t1, int slot) {
         rope(q, (int)hp->n_head, (int)hp->head_dim, (int)hp->n_rot, cs);
         rope(k, (int)hp->n_head_kv, (int)hp->head_dim, (int)hp->n_rot, cs);
         kv_txn *txn = c->items[c->tok_item[t]].txn;
-        const int hd = (int)hp->head_dim;
+        const int hd = (int)hp->head_dim, rot_k = kv_attn_rot_k(kv_type, hd), rot_v = kv_attn_rot_v(kv_type, hd);
+        if (rot_k) { /* a quantized cache holds rotated rows (kv_attn.h): q, k and v turn with them */
+            kv_attn_rotate(q, q_dim, rot_k);
+            kv_attn_rotate(k, kv_dim, rot_k);
+        }
+        if (rot_v) kv_attn_rotate(v, kv_dim, rot_v);
         for (int h = 0; h < (int)hp->n_head_kv; h++) { /* one row per kv head */
             void *kd = kv_txn_k(txn, c->layer, (uint32_t)c->tok_pos[t], h);
             void *vd = kv_txn_v(txn, c->layer, (uint32_t)c->tok_pos[t], h);
@@ -163,6 +168,8 @@ static void attention_task(void *p, int64_t task0, int64_t task1, int slot) {
         float *out = c->att + (size_t)t * (size_t)q_dim + (size_t)g * (size_t)group * (size_t)hd;
         for (int h = 0; h < group; h++) vec_softmax(scores + (size_t)h * (size_t)n_pos, n_pos);
         kv_attn_wsum(kv_type, scores, (size_t)n_pos, group, n_pos, rows, hd, out);
+        const int rot_v = kv_attn_rot_v(kv_type, hd);
+        if (rot_v) kv_attn_rotate(out, group * hd, rot_v); /* back from the values' rotation */
     }
 }
 

@@ -229,7 +229,7 @@ int kv_check(kv_state *kv, char *msg, size_t msg_cap);
  * session records (id, owner tenant, epoch, n_past, idle age, then every block with its own
  * checksum), tombstone records and a trailer. The callbacks move bytes: a file, a socket, a
  * buffer. */
-#define KV_SNAP_VERSION 1u
+#define KV_SNAP_VERSION 2u /* 2: q8_0 / q4_0 rows are stored rotated (kv_attn.h) */
 typedef int (*kv_snap_write_fn)(void *ctx, const void *buf, size_t len); /* KVS_OK or an error */
 typedef int (*kv_snap_read_fn)(void *ctx, void *buf, size_t len);        /* exactly len, or an error */
 
