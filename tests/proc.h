@@ -191,4 +191,13 @@ static inline int proc_stop_server(proc_server *s) {
     return st;
 }
 
+/* `kvshard ARGS` with stderr appended to DIR/cli.log: its stdout (malloc'd), *status its exit. */
+static inline char *proc_cli(const char *dir, const char *const *args, int *status) {
+    char errlog[512];
+    snprintf(errlog, sizeof errlog, "%s/cli.log", dir);
+    char *out = NULL;
+    *status = proc_run_args(args, &out, errlog, 120000);
+    return out;
+}
+
 #endif /* KVS_TEST_PROC_H */

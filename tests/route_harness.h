@@ -95,20 +95,17 @@ static inline bool paused_gen_wait(const paused_gen *g, const char *marker, char
     return paused;
 }
 
-/* Resumes it (one newline on its stdin, then EOF), reads its stdout to the end into a malloc'd
- * string (*out, the caller frees), and waits for it (60 s). Returns its exit status (proc_wait),
- * -1 when it never started (then *out is an empty string). */
-static inline int paused_gen_finish(paused_gen *g, char **out) {
-    size_t len = 0, cap = 1 << 16;
-    char *got = malloc(cap);
-    if (g->pid <= 0) {
-        got[0] = 0;
-        *out = got;
-        return -1;
-    }
+/* Lets a paused child go on (a line on its stdin, then EOF). */
+static inline void paused_gen_resume(paused_gen *g) {
     CHECK_EQ_INT(write(g->stdin_fd, "\n", 1), 1);
     close(g->stdin_fd);
     g->stdin_fd = -1;
+}
+
+/* A resumed child's whole stdout (*out, malloc'd) and exit status. */
+static inline int paused_gen_collect(paused_gen *g, char **out) {
+    size_t len = 0, cap = 1 << 16;
+    char *got = malloc(cap);
     ssize_t n;
     while ((n = read(g->stdout_fd, got + len, cap - len - 1)) > 0) len += (size_t)n;
     got[len] = 0;
@@ -116,6 +113,18 @@ static inline int paused_gen_finish(paused_gen *g, char **out) {
     g->stdout_fd = -1;
     *out = got;
     return proc_wait(g->pid, 60000);
+}
+
+/* Resumes it (one newline on its stdin, then EOF), reads its stdout to the end into a malloc'd
+ * string (*out, the caller frees), and waits for it (60 s). Returns its exit status (proc_wait),
+ * -1 when it never started (then *out is an empty string). */
+static inline int paused_gen_finish(paused_gen *g, char **out) {
+    if (g->pid <= 0) {
+        *out = calloc(1, 1);
+        return -1;
+    }
+    paused_gen_resume(g);
+    return paused_gen_collect(g, out);
 }
 
 #endif /* KVS_ROUTE_HARNESS_H */

@@ -309,13 +309,7 @@ static void test_refusals(void) {
 
 static char g_dir[256];
 
-static char *run_cli(const char *const *args, int *status) {
-    char errlog[300];
-    snprintf(errlog, sizeof errlog, "%s/cli.log", g_dir);
-    char *out = NULL;
-    *status = proc_run_args(args, &out, errlog, 120000);
-    return out;
-}
+static char *run_cli(const char *const *args, int *status) { return proc_cli(g_dir, args, status); }
 
 static char *reference(const char *model, const char *prompt, const char *n) {
     int st;
@@ -418,19 +412,6 @@ static int mob_finish(paused_gen *g, const char *errlog, const char *ref, const 
     return same && st == 0;
 }
 
-/* The output and status of a paused generate that was already resumed (its stdin closed). */
-static int resumed_finish(paused_gen *g, char **out) {
-    size_t len = 0, cap = 1 << 16;
-    char *got = malloc(cap);
-    ssize_t r;
-    while ((r = read(g->stdout_fd, got + len, cap - len - 1)) > 0) len += (size_t)r;
-    got[len] = 0;
-    close(g->stdout_fd);
-    g->stdout_fd = -1;
-    *out = got;
-    return proc_wait(g->pid, 60000);
-}
-
 /* Every shard of the route restarted one after the other while N_SESS clients are paused mid-
  * generation, the last one while the clients already wait for it (their reconnect grace): each
  * output equals `kvshard run`, no position replayed, no re-route, the epoch unchanged. */
@@ -459,9 +440,7 @@ static void check_rolling_restart(const char *model, int n, const char *const *l
     mob_stop(&m, n - 1, wrote);
     /* Resumed while the tail is down: each client calls it again until it is back. */
     for (int k = 0; k < N_SESS; k++) {
-        CHECK_EQ_INT(write(g[k].stdin_fd, "\n", 1), 1);
-        close(g[k].stdin_fd);
-        g[k].stdin_fd = -1;
+        paused_gen_resume(&g[k]);
         CHECK(paused_gen_wait(&g[k], "calling it again", NULL, 0));
     }
     CHECK(mob_start(&m, n - 1, m.port[n - 1]));
@@ -469,7 +448,7 @@ static void check_rolling_restart(const char *model, int n, const char *const *l
     int same = 0;
     for (int k = 0; k < N_SESS; k++) {
         char *got = NULL;
-        int st = resumed_finish(&g[k], &got);
+        int st = paused_gen_collect(&g[k], &got);
         CHECK_EQ_INT(st, 0);
         CHECK(strcmp(got, ref[k]) == 0);
         CHECK_EQ_INT(stat_of(errlog[k], "replayed_positions"), 0);

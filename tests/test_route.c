@@ -17,13 +17,7 @@
 
 static char g_dir[64];
 
-static char *run_cli(const char *const *args, int *status) {
-    char errlog[256];
-    snprintf(errlog, sizeof(errlog), "%s/cli.log", g_dir);
-    char *out = NULL;
-    *status = proc_run_args(args, &out, errlog, 120000);
-    return out;
-}
+static char *run_cli(const char *const *args, int *status) { return proc_cli(g_dir, args, status); }
 
 static char *reference(const char *model, const char *prompt, const char *n, const char *temp) {
     int st;

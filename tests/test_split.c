@@ -27,6 +27,7 @@
 #include "mkmodel.h"
 #include "model.h"
 #include "quant.h"
+#include "gguf_flip.h"
 #include "test.h"
 
 /* RssFile of this process in kB (file-backed resident pages), -1 if unknown. */
@@ -75,25 +76,6 @@ static void expect_open_fails(const char *path, int want_err, const char *want_t
         test_failures_++;
     }
     model_free(m);
-}
-
-/* Flips one byte in the middle of tensor name's data in the file at path (a GGUF). */
-static void flip_tensor_byte(const char *path, const char *name) {
-    char msg[KVS_MSG_MAX];
-    gguf_ctx *g = NULL;
-    CHECK_EQ_INT(gguf_open_header(path, &g, msg, sizeof(msg)), KVS_OK);
-    const gguf_tensor *t = g ? gguf_find_tensor(g, name) : NULL;
-    CHECK(t != NULL);
-    long at = t ? (long)(gguf_data_offset(g) + t->offset + t->size / 2) : 0;
-    gguf_close(g);
-    FILE *f = fopen(path, "r+b");
-    CHECK(f != NULL);
-    if (!f || !t) return;
-    CHECK(fseek(f, at, SEEK_SET) == 0);
-    int c = fgetc(f);
-    CHECK(fseek(f, at, SEEK_SET) == 0);
-    CHECK(fputc(c ^ 0x5a, f) != EOF);
-    CHECK(fclose(f) == 0);
 }
 
 /* The kvshard manifest (gguf_split_write_manifest), on the 2-layer model split in 3 parts

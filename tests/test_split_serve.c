@@ -17,17 +17,12 @@
 #include "gguf.h"
 #include "proc.h"
 #include "route_harness.h"
+#include "gguf_flip.h"
 #include "test.h"
 
 static char g_dir[64];
 
-static char *run_cli(const char *const *args, int *status) {
-    char errlog[256];
-    snprintf(errlog, sizeof(errlog), "%s/cli.log", g_dir);
-    char *out = NULL;
-    *status = proc_run_args(args, &out, errlog, 120000);
-    return out;
-}
+static char *run_cli(const char *const *args, int *status) { return proc_cli(g_dir, args, status); }
 
 /* Copies the file at from to to; false when it cannot. */
 static bool copy_file(const char *from, const char *to) {
@@ -111,25 +106,6 @@ static void check_mixed_route(const char *stories, const char *ref, const char *
     CHECK(!log_has(s[1].log, "hashing the model file", 0));
     for (int i = 0; i < 3; i++) CHECK_EQ_INT(proc_stop_server(&s[i]), 0);
     printf("  route [whole 0:2, parts 1+2 2:4, parts 1+3 4:5]: same digest, same ids and text as kvshard run\n");
-}
-
-/* Flips one byte in the middle of tensor name's data in the GGUF at path. */
-static void flip_tensor_byte(const char *path, const char *name) {
-    char msg[KVS_MSG_MAX];
-    gguf_ctx *g = NULL;
-    CHECK_EQ_INT(gguf_open_header(path, &g, msg, sizeof(msg)), KVS_OK);
-    const gguf_tensor *t = g ? gguf_find_tensor(g, name) : NULL;
-    CHECK(t != NULL);
-    long at = t ? (long)(gguf_data_offset(g) + t->offset + t->size / 2) : 0;
-    gguf_close(g);
-    FILE *f = t ? fopen(path, "r+b") : NULL;
-    CHECK(f != NULL);
-    if (!f) return;
-    CHECK(fseek(f, at, SEEK_SET) == 0);
-    int c = fgetc(f);
-    CHECK(fseek(f, at, SEEK_SET) == 0);
-    CHECK(fputc(c ^ 0x5a, f) != EOF);
-    CHECK(fclose(f) == 0);
 }
 
 static void check_refusals(void) {
