@@ -52,12 +52,8 @@ for v in LLAMA_BENCH IK_LLAMA_BENCH LLAMA_BATCHED_BENCH; do
     p=${!v}
     if [ -n "$p" ] && [ ! -x "$p" ]; then die "$v='$p' is not an executable"; fi
 done
-repo=$(pwd -P)
-mkdir -p "$SCRATCH"
-scratch=$(cd "$SCRATCH" && pwd -P)
-case "$scratch/" in "$repo"/*) die "SCRATCH ($scratch) must lie outside the repository" ;; esac
-log="$scratch/log"
-mkdir -p "$log"
+. "$(dirname "$0")/bench_common.sh"
+bench_scratch "$SCRATCH" log
 
 # A JSON number field of kvshard bench's one-line output.
 jnum() { sed -n "s/.*\"$1\":\([-0-9.eE+]*\).*/\1/p" "$2"; }

@@ -40,12 +40,8 @@ LLAMA_BATCHED_BENCH=${LLAMA_BATCHED_BENCH:-}
 die() { echo "bench-kv: $*" >&2; exit 1; }
 [ -x "$KVSHARD" ] || die "no kvshard binary at '$KVSHARD' (build first or set KVSHARD)"
 [ -z "$LLAMA_BATCHED_BENCH" ] || [ -x "$LLAMA_BATCHED_BENCH" ] || die "LLAMA_BATCHED_BENCH='$LLAMA_BATCHED_BENCH' is not an executable"
-repo=$(pwd -P)
-mkdir -p "$SCRATCH"
-scratch=$(cd "$SCRATCH" && pwd -P)
-case "$scratch/" in "$repo"/*) die "SCRATCH ($scratch) must lie outside the repository" ;; esac
-log="$scratch/log-kv"
-mkdir -p "$log"
+. "$(dirname "$0")/bench_common.sh"
+bench_scratch "$SCRATCH" log-kv
 prefix=$SHAPE
 [ "$SHAPE" = tinyllama-1.1b ] && prefix=tinyllama # bench-anchors.sh's file name
 model="$scratch/$prefix-$WEIGHTS.gguf"
