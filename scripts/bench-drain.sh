@@ -8,7 +8,8 @@
 # into a TLS shard B2. Prints a markdown table, the CPU, the commit and the load average.
 #
 # Build:  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DKVS_BENCH=ON && cmake --build build -j2
-# Usage:  [SCRATCH=/tmp/kvshard-anchors] [SIZE_MIB=1024] [TIMEOUT_S=300] bash scripts/bench-drain.sh
+# Usage:  [BUILD=build] [SCRATCH=/tmp/kvshard-anchors] [SIZE_MIB=1024] [TIMEOUT_S=300] bash scripts/bench-drain.sh
+#   BUILD      the build folder holding kvshard and bench_state (default build)
 #   SCRATCH    model and work files, outside the repository (tinyllama-q4_0.gguf is reused; it is
 #              made with `kvshard mkmodel --shape tinyllama-1.1b --type q4_0` when missing)
 #   SIZE_MIB   KV moved (default 1024: 1 GiB); needs about 3 x SIZE_MIB of RAM and of disk
@@ -20,8 +21,9 @@ cd "$(dirname "$0")/.."
 root=$(pwd -P)
 size=${SIZE_MIB:-1024}
 limit=${TIMEOUT_S:-300}
-bin=build/kvshard
-gen=build/bench_state
+build=${BUILD:-build}
+bin=$build/kvshard
+gen=$build/bench_state
 if [ ! -x "$bin" ] || [ ! -x "$gen" ]; then
   echo "bench-drain: build $bin and $gen first (cmake ... -DKVS_BENCH=ON)" >&2; exit 1
 fi
