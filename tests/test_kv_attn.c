@@ -174,6 +174,29 @@ static void test_rotation(void) {
     for (int i = 0; i < 256; i++) CHECK(fabsf(x[i] - y[i]) < 1e-5f);
 }
 
+/* Under the forced ISA: the rotation and the q8_0 rows the pool stores equal their scalar
+ * references bit for bit (widths 64 to 256; rows with zeros, a NaN, huge and tiny values). */
+static void test_rotation_and_store_bits(void) {
+    float x[512], a[512], b[512];
+    for (int i = 0; i < 512; i++) x[i] = frand() * (i % 9 == 0 ? 40.0f : 1.0f);
+    for (int n = 64; n <= 256; n *= 2) {
+        memcpy(a, x, sizeof x);
+        memcpy(b, x, sizeof x);
+        kv_attn_rotate(a, 512, n);
+        kv_attn_rotate_ref(b, 512, n);
+        CHECK(memcmp(a, b, sizeof a) == 0);
+    }
+    memset(x, 0, 32 * sizeof(float));  /* block 0: all zero */
+    x[40] = NAN;                        /* block 1: a NaN */
+    x[70] = 3e38f;                      /* block 2: huge */
+    for (int i = 96; i < 128; i++) x[i] = 1e-30f * (float)(i - 100); /* block 3: tiny */
+    for (int i = 128; i < 160; i++) x[i] = (float)(i - 144) * 0.5f; /* block 4: ties (x / d = k + 1/2) */
+    uint8_t got[16 * 34], want[16 * 34];
+    kv_attn_store_row(QUANT_Q8_0, x, got, 512);
+    quant_quantize_row(QUANT_Q8_0, x, want, 512); /* the scalar reference quantizer */
+    CHECK(memcmp(got, want, sizeof got) == 0);
+}
+
 int main(void) {
     check_expected_isa("test_kv_attn");
     test_rotation();
@@ -182,7 +205,7 @@ int main(void) {
     for (int isa = 0; isa <= (int)best; isa++) {
         CHECK(kvs_isa_force((enum kvs_isa)isa));
         static const int hds[] = {32, 64, 128, 256};
-        static const int groups[] = {1, 2, 3, 8, 9, 12};
+        static const int groups[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12};
         static const int ns[] = {1, 9, 37, 300};
         const uint32_t types[] = {QUANT_Q8_0, QUANT_Q4_0};
         for (int t = 0; t < 2; t++)
@@ -192,6 +215,7 @@ int main(void) {
                         test_scores(types[t], groups[b], hds[a], ns[c]);
                         test_wsum(types[t], groups[b], hds[a], ns[c]);
                     }
+        test_rotation_and_store_bits();
         printf("test_kv_attn: %s bit-identical to the scalar references\n", kvs_isa_name((enum kvs_isa)isa));
         checked++;
     }

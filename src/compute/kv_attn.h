@@ -42,8 +42,10 @@ void kv_attn_wsum(uint32_t type, const float *p, size_t p_stride, int group, int
  * not divide. 0: no rotation. */
 int kv_attn_rot_k(uint32_t type, int hd);
 int kv_attn_rot_v(uint32_t type, int hd);
-/* x = H x on each run of n floats of x[0, len) (n a power of two dividing len). */
+/* x = H x on each run of n floats of x[0, len) (n a power of two dividing len); kv_attn_rotate_ref
+ * is its scalar reference (the same bits). */
 void kv_attn_rotate(float *x, int len, int n);
+void kv_attn_rotate_ref(float *x, int len, int n);
 
 /* The scalar references of the two block-type kernels (tests compare them with the dispatched ones:
  * the same bits). type is QUANT_Q8_0 or QUANT_Q4_0. */
