@@ -12,9 +12,10 @@
  *   same(T): kvshard T against llama.cpp T;
  *   f16(T):  kvshard T against llama.cpp f16 (the f16 file's tokens).
  * The issue's goals, same(T) <= own(T) / 2 and f16(T) <= 1.25 x own(T), are
- * printed as met or not, and asserted where they hold: all but same(q8_0) on
- * qwen2 (0.62 of own; asserted <= SAME_BOUND_Q8). Both engines rotate a
- * quantized cache's rows (kv_attn.h), so their blocks round alike. All figures
+ * printed and asserted. Both engines rotate a quantized cache's rows
+ * (kv_attn.h), so their blocks round alike, and both round the scale of a
+ * q8_0 activation block to f16 (quant_impl.h design note 3), without which
+ * same(q8_0) on the q8_0 qwen2 file sat at 0.62 of own. All figures
  * are over the positions where both llama.cpp files saw the same tokens. Also, per type, on the first
  * prompt: the KV path (prompt, then one token at a time) and the same
  * session batched with another in one step give the one-batch logits bit
@@ -32,7 +33,6 @@
 
 #define TOP_N 32
 #define MAX_LINES 16
-#define SAME_BOUND_Q8 1.0 /* kvshard q8_0 vs llama.cpp q8_0, in units of llama.cpp's own q8_0-vs-f16 KL */
 
 /* Under a sanitizer (several times slower) each file runs one line: the same code paths for the
  * memory checks; the accuracy figures and their bounds come from the release build. */
@@ -255,10 +255,8 @@ static void run_model(const char *name, const char *mpath) {
                    "%s (ratio %.2f)\n", TYPES[t], TYPES[t], sc <= o / 2 ? "met" : "NOT MET", sc / o,
                    fc <= 1.25 * o ? "met" : "NOT MET", fc / o);
             CHECK(own.n > 0);
-            /* The issue's goals where they hold (every one but q8_0 against llama.cpp's q8_0 on
-             * qwen2, at 0.62 of its own KL: bounded at SAME_BOUND_Q8 there); without the rotation
-             * of kv_attn.h q4_0 sat at 2.4-3.1x and 1.5x. */
-            CHECK(sc <= (TYPE_IDS[t] == QUANT_Q4_0 ? 0.5 : SAME_BOUND_Q8) * o);
+            /* The goals; without the rotation of kv_attn.h q4_0 sat at 2.4-3.1x and 1.5x. */
+            CHECK(sc <= 0.5 * o);
             CHECK(fc <= 1.25 * o);
         }
         check_bits(e, &t_ref.lines[0], TYPES[t]);

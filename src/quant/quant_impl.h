@@ -24,14 +24,17 @@
  *     uint16_t bits; weight rows must be at least 2-byte aligned (GGUF tensor
  *     data is 32-byte aligned and every block size is even), f32 rows 4-byte.
  *  2. Activation rows (private format): f32 for float weights; act_q8 blocks
- *     (f32 scale, f32 scaled sum, 32 x int8; for q8_0 and iq4_nl weights the
+ *     (scale (an f16 value held as f32), f32 scaled sum, 32 x int8; for q8_0 and iq4_nl weights the
  *     exact 128 x sum in place of the scaled sum) for the 32-element types (iq4_nl
  *     included); block_q8_k blocks for the 256-element types (the K-quants and
  *     iq4_xs). Activation rows must be 4-byte aligned and the stride between
  *     them a multiple of 4.
  *  3. Activation quantization is deterministic and identical across ISAs:
- *     d = amax/127, q = round-half-even(x * (1/d)). So a SIMD quantizer may
- *     replace the scalar one without changing a single bit.
+ *     act_q8 blocks (32 elements) as llama.cpp's q8_0 activations, d = amax/127
+ *     rounded to f16, q = round-half-even(x * (127/amax)), so a dot sees the
+ *     activation llama.cpp's does; block_q8_k blocks d = amax/127 (f32),
+ *     q = round-half-even(x * (1/d)). So a SIMD quantizer may replace the scalar
+ *     one without changing a single bit.
  *  4. Batch invariance: every dot kernel is written as a "multi" kernel; the
  *     single-row entry point calls it with n_act == 1. Inside, a group of
  *     activation rows shares the weight unpacking, but each row's float

@@ -41,8 +41,9 @@ void quant_ref_act_f32(const float *x, void *act, int64_t n) {
     memcpy(act, x, (size_t)n * sizeof(float));
 }
 
-/* Quantizes 'len' values to int8 with d = amax/127 (design note 3). Returns d. */
-static float q8_block(const float *x, int8_t *q, int len, int *sum) {
+/* Quantizes 'len' values to int8 with d = amax/127 (design note 3). Returns d. f16_scale: d
+ * rounded to f16 and q = x x 127/amax, as llama.cpp's q8_0 activation blocks. */
+static float q8_block(const float *x, int8_t *q, int len, int *sum, bool f16_scale) {
     float amax = 0.0f;
     for (int i = 0; i < len; i++) {
         float a = fabsf(x[i]);
@@ -50,6 +51,10 @@ static float q8_block(const float *x, int8_t *q, int len, int *sum) {
     }
     float d = amax / 127.0f;
     float id = d != 0.0f ? 1.0f / d : 0.0f;
+    if (f16_scale) {
+        id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        d = kvs_f16_to_f32(kvs_f32_to_f16(d));
+    }
     int s = 0;
     for (int i = 0; i < len; i++) {
         float v = x[i] * id;
@@ -65,7 +70,7 @@ static float q8_block(const float *x, int8_t *q, int len, int *sum) {
 static void act_q8_rows_ref(const float *x, act_q8 *y, int64_t n, bool qsum128) {
     for (int64_t b = 0; b < n / QK32; b++) {
         int s;
-        y[b].d = q8_block(x + b * QK32, y[b].qs, QK32, &s);
+        y[b].d = q8_block(x + b * QK32, y[b].qs, QK32, &s, true);
         act_q8_set_sum(&y[b], y[b].d, s, qsum128);
     }
 }
@@ -77,7 +82,7 @@ void quant_ref_act_q8k(const float *x, void *act, int64_t n) {
     block_q8_k *y = (block_q8_k *)act;
     for (int64_t b = 0; b < n / QKK; b++) {
         int s;
-        y[b].d = q8_block(x + b * QKK, y[b].qs, QKK, &s);
+        y[b].d = q8_block(x + b * QKK, y[b].qs, QKK, &s, false);
         for (int j = 0; j < 16; j++) {
             int bs = 0;
             for (int i = 0; i < 16; i++) bs += y[b].qs[16 * j + i];

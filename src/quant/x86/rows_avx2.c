@@ -1219,8 +1219,8 @@ QK_INLINE float amax_ps(const float *x, int len) {
 
 QK_INLINE void avx_act_q8_rows(const float *x, act_q8 *y, int64_t n, const bool qsum128) {
     for (int64_t b = 0; b < n / QK32; b++, x += QK32) {
-        float d = amax_ps(x, QK32) / 127.0f;
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        const float amax = amax_ps(x, QK32), id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        const float d = kvs_f16_to_f32(kvs_f32_to_f16(amax / 127.0f));
         int s = q8_32(x, _mm256_set1_ps(id), y[b].qs);
         y[b].d = d;
         act_q8_set_sum(&y[b], d, s, qsum128);
