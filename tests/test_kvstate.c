@@ -1,6 +1,8 @@
 /* kvstate semantics without a model: DESIGN.md §2 rule by rule, plus a
  * multi-threaded isolation check (run under TSan in CI). */
 #include <pthread.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "kvshard.h"
 #include "kv_markers.h"
@@ -8,6 +10,7 @@
 #include "kvstate_impl.h" /* test_check_catches corrupts the state on purpose */
 #include "quant.h"
 #include "test.h"
+#include "util.h"
 
 static kv_sid sid_of(int k) {
     kv_sid s;
@@ -621,6 +624,50 @@ static void test_check_catches(void) {
     kv_free(kv);
 }
 
+/* Pages of [p, p + len) that are resident (mincore). */
+static size_t resident_pages(void *p, size_t len) {
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE), n = (len + pg - 1) / pg;
+    unsigned char *vec = calloc(n, 1);
+    size_t in = 0;
+    CHECK(vec && mincore(p, len, vec) == 0);
+    for (size_t i = 0; vec && i < n; i++) in += vec[i] & 1;
+    free(vec);
+    return in;
+}
+
+/* --kv-prefault: kvs_prefault makes a fresh no-reserve mapping resident, page by page; a pool
+ * created with prefault holds sessions as any other. */
+static void test_prefault(void) {
+    size_t mapped = 0;
+    uint8_t *m = kvs_map_big(8u << 20, true, &mapped);
+    CHECK(m != NULL);
+    if (!m) return;
+    const size_t pages = mapped / (size_t)sysconf(_SC_PAGESIZE);
+    CHECK(resident_pages(m, mapped) < pages); /* untouched anonymous memory is not all there */
+    kvs_prefault(m, mapped);
+    CHECK_EQ_INT(resident_pages(m, mapped), pages);
+    CHECK(m[0] == 0 && m[mapped - 1] == 0);
+    kvs_unmap_big(m, mapped);
+
+    kv_params p = kv_default_params();
+    p.n_layers = 2;
+    p.n_kv_heads = 2;
+    p.head_dim = 4;
+    p.block_tokens = 4;
+    p.kv_type = QUANT_F32;
+    p.budget_bytes = 64 * 512;
+    p.prefault = true;
+    kv_state *kv = NULL;
+    char msg[KVS_MSG_MAX];
+    CHECK_EQ_INT(kv_create(&p, &kv, msg, sizeof(msg)), KVS_OK);
+    if (!kv) return;
+    kv_reply r;
+    CHECK_EQ_INT(append(kv, sid_of(1), 1, 0, 9, 3.0f, &r), KVS_OK);
+    CHECK(holds(kv, sid_of(1), 1, 9, 3.0f));
+    CHECK_EQ_INT(kv_check(kv, msg, sizeof msg), KVS_OK);
+    kv_free(kv);
+}
+
 int main(void) {
     test_append_rules();
     test_truncate_release();
@@ -633,5 +680,6 @@ int main(void) {
     test_block_order();
     test_head_rows();
     test_check_catches();
+    test_prefault();
     return test_finish("test_kvstate", 1, 0);
 }

@@ -24,11 +24,13 @@ static void serve_usage(FILE *f) {
     fprintf(f,
             "usage: kvshard serve -m MODEL --layers FIRST:LAST [--listen HOST:PORT] [--kv-budget SIZE]\n"
             "                     [--kv-ttl SECONDS] [-t THREADS] [--max-sessions N] [--max-conns N]\n"
-            "                     [--max-tokens N] [--prefill-chunk N] [--kv-type f16|q8_0|q4_0|f32] [--name NAME]\n"
-            "                     [--metrics-listen HOST:PORT]\n"
+            "                     [--max-tokens N] [--prefill-chunk N] [--kv-type f16|q8_0|q4_0|f32] [--kv-prefault]\n"
+            "                     [--name NAME] [--metrics-listen HOST:PORT]\n"
             "  --layers FIRST:LAST  layers this shard owns, [FIRST, LAST); LAST may be 'end'\n"
             "  --listen HOST:PORT   default 127.0.0.1:7000; port 0 picks a free port (printed)\n"
             "  --kv-budget SIZE     hot KV pool, bytes with K/M/G suffix (default 256M)\n"
+            "  --kv-prefault        touch the whole pool at start (takes memory and start time up front;\n"
+            "                       then no prefill or moved-in session waits for fresh pages)\n"
             "  -c, --ctx-size N     positions per session (default: the model's context length, as far as\n"
             "                       --kv-budget holds it)\n"
             "  --kv-ttl SECONDS     evict sessions idle this long (default 600; 0 = never)\n"
@@ -108,6 +110,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-tokens")) ok = args_int(argc, argv, &i, 1, 8192, &max_tokens);
         else if (!strcmp(a, "--prefill-chunk")) ok = args_int(argc, argv, &i, 1, 8192, &chunk);
         else if (!strcmp(a, "--kv-type")) ok = args_kv_type(argc, argv, &i, &kv_type);
+        else if (!strcmp(a, "--kv-prefault")) p.kv_prefault = true;
         else if (!strcmp(a, "--name")) ok = args_str(argc, argv, &i, &p.name);
         else if (!strcmp(a, "--max-conns-per-addr")) ok = args_int(argc, argv, &i, 1, 1 << 16, &per_addr);
         else if (!strcmp(a, "--max-inflight")) ok = args_int(argc, argv, &i, 1, 1 << 16, &inflight);

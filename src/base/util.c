@@ -49,6 +49,15 @@ void *kvs_map_big(size_t bytes, bool noreserve, size_t *mapped) {
     return p;
 }
 
+void kvs_prefault(void *p, size_t len) {
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14; an older kernel refuses it and the loop below runs */
+#endif
+    if (madvise(p, len, MADV_POPULATE_WRITE) == 0) return;
+    volatile uint8_t *b = p;
+    for (size_t off = 0; off < len; off += 4096) b[off] = 0;
+}
+
 void kvs_unmap_big(void *p, size_t mapped) {
     if (p) munmap(p, mapped);
 }

@@ -63,6 +63,9 @@ _Noreturn void kvs_assert_fail(const char *file, int line, const char *what);
  * NULL when the mapping fails; *mapped gets the length to pass to kvs_unmap_big. */
 void *kvs_map_big(size_t bytes, bool noreserve, size_t *mapped);
 void kvs_unmap_big(void *p, size_t mapped);
+/* Writes every page of [p, p + len) (zeros on fresh anonymous memory) so later first writes take
+ * no page fault: MADV_POPULATE_WRITE, else one store per 4 KiB page. */
+void kvs_prefault(void *p, size_t len);
 /* Advises MADV_HUGEPAGE for the 2 MiB-aligned part of [p, p + len), a large malloc'd buffer
  * that is filled at once (a KV transfer): its first touch then faults 2 MiB at a time, which
  * where page faults are dear (virtual machines) is several times faster. Advice only. */

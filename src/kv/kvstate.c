@@ -493,6 +493,7 @@ int kv_create(const kv_params *p, kv_state **out, char *msg, size_t msg_cap) {
     kv->blocks_total = (uint32_t)nb;
     kv->arena_bytes = (size_t)nb * kv->block_bytes;
     kv->arena = kvs_map_big(kv->arena_bytes, true, &kv->arena_mapped);
+    if (kv->arena && p->prefault) kvs_prefault(kv->arena, kv->arena_mapped);
     kv->free_ids = malloc((size_t)nb * sizeof(uint32_t));
     kv->tombs = calloc(kv->p.max_tombstones, sizeof(kv_tomb));
     kv->bm = calloc((size_t)nb, sizeof(kv_bmeta));

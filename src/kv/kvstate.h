@@ -44,6 +44,8 @@ typedef struct {
     uint32_t tenant_max_sessions; /* live sessions one tenant may hold; 0: no own cap */
     uint64_t tenant_max_bytes;    /* KV bytes one tenant may hold (whole blocks, rounded down, at
                                      least one block); 0: no own cap */
+    bool prefault; /* touch every page of the pool at creation, so no session's first write (a
+                      prefill, an import) waits for the kernel to zero fresh pages */
 } kv_params;
 
 kv_params kv_default_params(void);

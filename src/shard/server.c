@@ -259,6 +259,7 @@ int srv_create(const srv_params *p, srv **out, char *msg, size_t cap) {
     if (!p->tenant_kv_bytes && p->tenant_kv_share > 0 && p->tenant_kv_share < 1)
         ep.kv.tenant_max_bytes = (uint64_t)((double)p->kv_budget_bytes * p->tenant_kv_share);
     ep.kv.kv_type = (uint32_t)p->kv_type;
+    ep.kv.prefault = p->kv_prefault;
     ep.kv.clock = p->kv_clock;
     ep.kv.clock_ctx = p->kv_clock_ctx;
     ep.kv.max_positions = p->max_ctx;

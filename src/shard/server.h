@@ -44,6 +44,7 @@ typedef struct {
     int drain_ms;               /* srv_stop drains first: listener closed, new FORWARDs refused,
                                    those in flight answered, for up to this long; 0: stop at once */
     int kv_type;                /* QUANT_F16, QUANT_Q8_0, QUANT_Q4_0 or QUANT_F32 */
+    bool kv_prefault;           /* touch the whole KV pool at start (--kv-prefault) */
     size_t max_queued_bytes;    /* replies queued for a connection that is not reading them,
                                    bytes, before it is closed (default 256 MiB) */
     /* Security (docs/security.md). */

@@ -355,7 +355,7 @@ static void conn_recv_failed(srv_conn *c, int err, const struct wire_header *h, 
 
 /* One request frame after HELLO: the cheap ops are answered here, FORWARD (and TRUNCATE /
  * RELEASE behind one) become jobs for the scheduler. */
-static void conn_dispatch(srv_conn *c, const struct wire_header *h, struct netio_buf *buf) {
+static void conn_dispatch(srv_conn *c, const struct wire_header *h, const struct netio_buf *buf) {
     srv *s = c->s;
     char msg[KVS_MSG_MAX] = "";
     const uint64_t rid = h->request_id;
@@ -388,7 +388,7 @@ static void conn_dispatch(srv_conn *c, const struct wire_header *h, struct netio
         break;
     }
     case WIRE_OP_SESSION_PUSH:
-        srv_handle_session_push(c, rid, buf);
+        srv_handle_session_push(c, rid, buf->data, buf->len);
         break;
     case WIRE_OP_DRAIN:
         srv_handle_drain(c, rid, buf->data, buf->len);
@@ -467,7 +467,6 @@ void *srv_conn_main(void *arg) {
         }
     }
     conn_release_rx(c);
-    srv_move_conn_done(c);
     conn_close(c);
     netio_buf_free(&buf);
     conn_count_rx(c, &buf);

@@ -167,7 +167,6 @@ struct srv_conn {
     atomic_bool closed;
     bool bulk;              /* an allowed peer pushing sessions: its receive buffer is kept from
                                one push to the next (reader thread only) */
-    struct srv_push *push;  /* that peer's import worker (server_move.c); reader thread only */
     uint16_t version;       /* message-set version chosen at HELLO */
     srv_conn *next;         /* server's list */
     unsigned long requests;
@@ -238,10 +237,7 @@ bool srv_move_gate(srv_conn *c, const struct wire_header *h, const struct netio_
 /* True while the shard takes no new sessions: a SIGTERM drain, a DRAIN moving its sessions, or
  * one that moved them and lingers until it stops. */
 bool srv_draining(srv *s);
-/* Refuses a push from a peer not in --peer-allow, else hands the frame in *buf to c's import
- * worker, leaving *buf holding a spare buffer (the worker answers the push). */
-void srv_handle_session_push(srv_conn *c, uint64_t rid, struct netio_buf *buf);
-void srv_move_conn_done(srv_conn *c); /* reader, before closing: the last push imported, worker gone */
+void srv_handle_session_push(srv_conn *c, uint64_t rid, const uint8_t *payload, size_t len);
 void srv_handle_drain(srv_conn *c, uint64_t rid, const uint8_t *payload, size_t len);
 
 /* server_conn.c */
