@@ -8,12 +8,15 @@
 # into a TLS shard B2. Prints a markdown table, the CPU, the commit and the load average.
 #
 # Build:  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DKVS_BENCH=ON && cmake --build build -j2
-# Usage:  [BUILD=build] [SCRATCH=/tmp/kvshard-anchors] [SIZE_MIB=1024] [TIMEOUT_S=300] bash scripts/bench-drain.sh
+# Usage:  [BUILD=build] [SCRATCH=/tmp/kvshard-anchors] [SIZE_MIB=1024] [TIMEOUT_S=300] [PREFAULT=1]
+#         bash scripts/bench-drain.sh
 #   BUILD      the build folder holding kvshard and bench_state (default build)
 #   SCRATCH    model and work files, outside the repository (tinyllama-q4_0.gguf is reused; it is
 #              made with `kvshard mkmodel --shape tinyllama-1.1b --type q4_0` when missing)
 #   SIZE_MIB   KV moved (default 1024: 1 GiB); needs about 3 x SIZE_MIB of RAM and of disk
 #   TIMEOUT_S  bound of every wait (shard start, drain, stop)
+#   PREFAULT   1: every shard starts with --kv-prefault (its pool touched before it listens, as a
+#              shard that has served a while has it), 0: a fresh pool (first writes fault pages in)
 # Measure on a quiet machine (cat /proc/loadavg well under 1).
 set -euo pipefail
 scratch=$(realpath -m "${SCRATCH:-/tmp/kvshard-anchors}")
@@ -21,6 +24,7 @@ cd "$(dirname "$0")/.."
 root=$(pwd -P)
 size=${SIZE_MIB:-1024}
 limit=${TIMEOUT_S:-300}
+prefault=${PREFAULT:-1}
 build=${BUILD:-build}
 bin=$build/kvshard
 gen=$build/bench_state
@@ -55,7 +59,9 @@ start() {
   [ -n "${4:-}" ] && read -ra sec <<<"$(tls_args "$4")"
   local t0
   t0=$(now)
-  $bin serve -m "$model" --layers 0:22 --listen 127.0.0.1:0 -t 1 --kv-budget "$budget" --state-dir "$dir" \
+  local pf=()
+  [ "$prefault" = 1 ] && pf=(--kv-prefault)
+  $bin serve -m "$model" --layers 0:22 --listen 127.0.0.1:0 -t 1 --kv-budget "$budget" "${pf[@]}" --state-dir "$dir" \
     --digest-cache "$scratch/digest-cache" --peer-allow "$allow" "${sec[@]}" >/dev/null 2>"$work/$name.log" &
   pid=$!
   pids+=("$pid")

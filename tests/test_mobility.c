@@ -653,15 +653,15 @@ static void check_drain(const char *model, int n, const char *const *layers, cha
     proc_stop_server(&other);
 }
 
-/* Sessions that one drain pipelines (several pushes in flight, exports overlapping them). */
+/* Sessions of one drain, each next one exported while the peer imports the one before. */
 #define N_PIPE 8
 static const char *const k_pipe_prompts[N_PIPE] = {"Once upon a time", "Lily and Ben went to", "The little dog",
                                                     "One day a bird",   "Tom had a red",        "The sun was",
                                                     "A big cat",        "Mia liked to"};
 
 /* The tail of a route holding N_PIPE paused sessions is drained to two peers, the first of which
- * takes only two sessions (--max-sessions): its refusals arrive while other pushes are in flight
- * and go to the second peer. Every session moves once, the counters agree, and every client
+ * takes only two sessions (--max-sessions): its refusals arrive while the next session is
+ * already exported and go to the second peer. Every session moves once, the counters agree, and every client
  * goes on from the moved state to the output of `kvshard run`, nothing replayed. */
 static void check_drain_pipeline(const char *model, int n, const char *const *layers) {
     mob_route m = {.model = model, .n = n};
@@ -706,7 +706,7 @@ static void check_drain_pipeline(const char *model, int n, const char *const *la
                  shard_stat(tail, "move.bytes_out"));
     int same = 0;
     for (int k = 0; k < N_PIPE; k++) {
-        if (mob_finish(&g[k], errlog[k], ref[k], "pipelined drain")) {
+        if (mob_finish(&g[k], errlog[k], ref[k], "overlapped drain")) {
             CHECK_EQ_INT(stat_of(errlog[k], "replayed_positions"), 0);
             CHECK_EQ_INT(stat_of(errlog[k], "moved"), 1);
             same++;
@@ -714,7 +714,7 @@ static void check_drain_pipeline(const char *model, int n, const char *const *la
         free(ref[k]);
     }
     if (same == N_PIPE)
-        printf("  pipelined drain of %d sessions to two peers (one refusing): outputs identical, 0 replayed\n", N_PIPE);
+        printf("  overlapped drain of %d sessions to two peers (one refusing): outputs identical, 0 replayed\n", N_PIPE);
     mob_close(&m);
     proc_stop_server(&small);
     proc_stop_server(&big);

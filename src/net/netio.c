@@ -443,11 +443,14 @@ int netio_recv_frame_opt(int fd, struct wire_header *hdr, struct netio_buf *b, n
     if (o->max_payload && hdr->payload_len > o->max_payload)
         return kvs_fail(msg, msg_cap, KVS_ERR_TOO_LARGE, "%s of %u bytes is over the %u bytes expected here",
                         wire_op_name(hdr->op), (unsigned)hdr->payload_len, (unsigned)o->max_payload);
-    if (o->admit && (rc = o->admit(o->admit_ctx, hdr)) != KVS_OK)
+    bool bulk = o->keep_buffer;
+    if (o->admit && (rc = o->admit(o->admit_ctx, hdr, &bulk)) != KVS_OK)
         return kvs_fail(msg, msg_cap, rc, "%s of %u bytes refused: %s", wire_op_name(hdr->op),
                         (unsigned)hdr->payload_len, kvs_strerror(rc));
-    /* Limit checked by wire_decode_header; grow only as data arrives. */
+    /* Limit checked by wire_decode_header; grow only as data arrives, but for a bulk frame. */
     size_t total = hdr->payload_len, got = 0;
+    if (bulk && (rc = buf_reserve(b, total)) != KVS_OK)
+        return kvs_fail(msg, msg_cap, rc, "payload buffer of %zu bytes", total);
     while (got < total) {
         size_t want = total - got;
         if (want > NETIO_RECV_CHUNK && got + want > b->cap) {

@@ -102,11 +102,14 @@ typedef struct {
     uint32_t max_payload;      /* 0 = WIRE_MAX_PAYLOAD; a larger announced payload is TOO_LARGE
                                   before anything is allocated */
     /* Called after a valid header, before any payload byte is read or allocated; a non-OK return
-     * refuses the frame (returned as is, payload unread). NULL: always admitted. */
-    int (*admit)(void *ctx, const struct wire_header *h);
+     * refuses the frame (returned as is, payload unread). It may set *bulk (which starts as
+     * keep_buffer) to take this frame as a bulk one. NULL: always admitted. */
+    int (*admit)(void *ctx, const struct wire_header *h, bool *bulk);
     void *admit_ctx;
-    bool keep_buffer;          /* keep b's allocation however large (a peer sending bulk frames in a
-                                  row); false: a buffer past NETIO_BUF_KEEP is freed first */
+    bool keep_buffer;          /* bulk frames: keep b's allocation however large (a trusted peer
+                                  sending them in a row) and reserve each frame's payload at once (no
+                                  copies as it grows); false: a buffer past NETIO_BUF_KEEP is freed
+                                  first and grows only as bytes arrive */
     bool started;              /* out: the frame's first byte arrived (a TIMEOUT with this set is
                                   a frame that did not complete in time, not an idle peer) */
 } netio_recv_opts;

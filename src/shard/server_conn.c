@@ -200,9 +200,11 @@ static int conn_authenticate(srv_conn *c, const struct wire_hello *hello) {
 /* netio admit hook: reserves the frame's payload in s->buffered, or refuses it with BUSY when
  * every connection together would hold more than max_buffered_bytes and no other connection
  * holds more unread replies than the frame (close_hog). */
-static int conn_admit(void *ctx, const struct wire_header *h) {
+static int conn_admit(void *ctx, const struct wire_header *h, bool *bulk) {
     srv_conn *c = ctx;
     srv *s = c->s;
+    /* a drain pushes session after session: one kept buffer, no fresh pages or copies for each */
+    if (h->op == WIRE_OP_SESSION_PUSH && srv_move_peer_allowed(c)) *bulk = c->bulk = true;
     unsigned long long now = atomic_fetch_add(&s->buffered, h->payload_len);
     if (now + h->payload_len > s->p.max_buffered_bytes && !close_hog(s, c, h->payload_len)) {
         atomic_fetch_sub(&s->buffered, h->payload_len); /* a hog that held more was closed instead */

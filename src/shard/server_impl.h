@@ -231,6 +231,7 @@ struct netio_buf;
 int srv_move_create(srv *s);
 void srv_move_free(srv *s);
 void srv_move_note_owner(srv *s, const srv_job *j); /* at admission: who the session belongs to */
+bool srv_move_peer_allowed(const srv_conn *c); /* its identity or address is in --peer-allow */
 /* Answers a FORWARD / TRUNCATE / RELEASE itself while the shard moves its sessions or for a
  * session it moved (BUSY, MOVED); true when it did. */
 bool srv_move_gate(srv_conn *c, const struct wire_header *h, const struct netio_buf *buf);

@@ -90,7 +90,7 @@ void srv_move_note_owner(srv *s, const srv_job *j) {
 }
 
 /* Design note 1: the peer's TLS identity or IP address is in --peer-allow. */
-static bool peer_allowed(const srv_conn *c) {
+bool srv_move_peer_allowed(const srv_conn *c) {
     const char *list = c->s->p.peer_allow;
     const char *who = c->s->tls ? c->identity : c->addr;
     size_t wl = strlen(who);
@@ -141,7 +141,7 @@ static int mem_read(void *ctx, void *buf, size_t len) {
 void srv_handle_session_push(srv_conn *c, uint64_t rid, const uint8_t *payload, size_t len) {
     srv *s = c->s;
     char msg[KVS_MSG_MAX] = "";
-    if (!peer_allowed(c)) {
+    if (!srv_move_peer_allowed(c)) {
         pthread_mutex_lock(&s->mu);
         s->c_push_refused++;
         pthread_mutex_unlock(&s->mu);
@@ -150,7 +150,6 @@ void srv_handle_session_push(srv_conn *c, uint64_t rid, const uint8_t *payload, 
         srv_send_status(c, rid, KVS_ERR_INVALID_ARG, NULL, "SESSION_PUSH: this peer is not allowed (--peer-allow)");
         return;
     }
-    c->bulk = true; /* a drain pushes session after session: no fresh pages for each */
     kv_snap_ident id;
     move_ident(s, &id);
     mem_in m = {.p = payload, .len = len};
@@ -241,15 +240,17 @@ typedef struct {
     bool keep_running;
     int fd[MOVE_MAX_PEERS];
     struct netio_buf rx;
-    mem_out out; /* the session being pushed; kept from session to session (no new pages each) */
+    /* Two export buffers, kept from session to session (no new pages each): while the peer
+     * imports the session just sent from one, the next is exported into the other. */
+    mem_out out[2];
 } move_job;
 
 static int mem_write(void *ctx, const void *b, size_t n) {
     mem_out *m = ctx;
     if (n > WIRE_MAX_PAYLOAD - m->len) return KVS_ERR_TOO_LARGE;
     if (m->len + n > m->cap) {
-        size_t cap = m->cap ? m->cap : 1u << 20;
-        while (cap < m->len + n) cap *= 2;
+        /* the largest frame at once: pages are taken only as written, and nothing is copied */
+        size_t cap = WIRE_MAX_PAYLOAD;
         uint8_t *g = realloc(m->buf, cap);
         if (!g) return KVS_ERR_NOMEM;
         kvs_advise_huge(g, cap);
@@ -273,11 +274,11 @@ static void progress(move_job *mj, int status, const char *fmt, ...) {
 }
 
 /* One request to peer i and its STATUS: the status, its text in why. */
-static int peer_call(srv *s, move_job *mj, int i, uint16_t op, const uint8_t *p, size_t len, char *why, size_t cap) {
-    uint64_t until = netio_deadline_ms(s->p.hello_timeout_ms > 0 ? 4 * s->p.hello_timeout_ms : 40000);
+/* The STATUS (or INFO for HELLO) answering the request last sent to peer i: its status, its
+ * text in why. */
+static int peer_await(srv *s, move_job *mj, int i, uint16_t op, uint64_t until, char *why, size_t cap) {
     struct wire_header h;
-    int err = netio_send_frame(mj->fd[i], op, 1, p, len, until);
-    if (!err) err = netio_recv_frame(mj->fd[i], &h, &mj->rx, until, why, cap);
+    int err = netio_recv_frame(mj->fd[i], &h, &mj->rx, until, why, cap);
     if (err) return err;
     if (op == WIRE_OP_HELLO) {
         struct wire_info info;
@@ -293,6 +294,17 @@ static int peer_call(srv *s, move_job *mj, int i, uint16_t op, const uint8_t *p,
         return kvs_fail(why, cap, KVS_ERR_PROTOCOL, "unexpected reply %s", wire_op_name(h.op));
     snprintf(why, cap, "%s", sr.msg);
     return sr.st.status;
+}
+
+static uint64_t peer_deadline(const srv *s) {
+    return netio_deadline_ms(s->p.hello_timeout_ms > 0 ? 4 * s->p.hello_timeout_ms : 40000);
+}
+
+/* One request to peer i and its answer (peer_await). */
+static int peer_call(srv *s, move_job *mj, int i, uint16_t op, const uint8_t *p, size_t len, char *why, size_t cap) {
+    uint64_t until = peer_deadline(s);
+    int err = netio_send_frame(mj->fd[i], op, 1, p, len, until);
+    return err ? err : peer_await(s, mj, i, op, until, why, cap);
 }
 
 /* Connects peer i (TLS with the shard's own certificate when it has one) and says HELLO. */
@@ -316,53 +328,82 @@ static int peer_connect(srv *s, move_job *mj, int i, char *why, size_t cap) {
     return err;
 }
 
-/* Exports sid and pushes it to the peers in turn from *next until one takes it; then it is
- * released here and entered in the moved table. */
-static int move_one(srv *s, move_job *mj, const kv_sid *sid, int *next, uint64_t *bytes) {
-    struct srv_move *mv = s->move;
+/* Exports sid into m (KVS_OK, or why it cannot move). */
+static int move_export(srv *s, const kv_sid *sid, mem_out *m, uint64_t *epoch, char *why, size_t cap) {
     kv_snap_ident id;
     move_ident(s, &id);
-    mem_out *m = &mj->out;
     m->len = 0;
-    char why[KVS_MSG_MAX] = "";
-    uint64_t epoch = 0;
-    int err = kv_lookup(s->e->kv, sid, &epoch, NULL);
-    if (!err) err = kv_export(s->e->kv, &id, sid, mem_write, m, NULL, why, sizeof why);
-    for (int t = 0; err == KVS_OK && t <= mv->n_peers; t++) {
-        int i = (*next + t) % mv->n_peers;
-        if (t == mv->n_peers) {
-            err = KVS_ERR_NOT_FOUND; /* no peer took it */
-            break;
-        }
-        if (mj->fd[i] < 0) continue;
-        int rc = peer_call(s, mj, i, WIRE_OP_SESSION_PUSH, m->buf, m->len, why, sizeof why);
-        if (rc != KVS_OK) {
-            kvs_logf(s->p.log, s->p.log_ctx, "drain: %s refused a session: %s (%s)", mv->peers[i], kvs_strerror(rc),
-                     why);
-            if (rc == KVS_ERR_IO || rc == KVS_ERR_TIMEOUT || rc == KVS_ERR_CLOSED || rc == KVS_ERR_PROTOCOL) {
-                netio_close(mj->fd[i]);
-                mj->fd[i] = -1;
-            }
-            continue;
-        }
-        *next = (i + 1) % mv->n_peers;
-        *bytes += m->len;
-        pthread_mutex_lock(&mv->mu);
-        if (mv->n_moved == mv->cap_moved) {
-            uint32_t cap = mv->cap_moved ? 2 * mv->cap_moved : 64;
-            move_entry *g = realloc(mv->moved, cap * sizeof *g);
-            if (g) {
-                mv->moved = g;
-                mv->cap_moved = cap;
-            }
-        }
-        if (mv->n_moved < mv->cap_moved) mv->moved[mv->n_moved++] = (move_entry){.sid = *sid, .peer = (uint8_t)i};
-        pthread_mutex_unlock(&mv->mu);
-        kv_reply r;
-        (void)kv_release(s->e->kv, sid, epoch, &r);
-        break;
+    int err = kv_lookup(s->e->kv, sid, epoch, NULL);
+    return err ? err : kv_export(s->e->kv, &id, sid, mem_write, m, NULL, why, cap);
+}
+
+static void move_refused(srv *s, move_job *mj, int i, int rc, const char *why) {
+    kvs_logf(s->p.log, s->p.log_ctx, "drain: %s refused a session: %s (%s)", s->move->peers[i], kvs_strerror(rc), why);
+    if (rc == KVS_ERR_IO || rc == KVS_ERR_TIMEOUT || rc == KVS_ERR_CLOSED || rc == KVS_ERR_PROTOCOL) {
+        netio_close(mj->fd[i]);
+        mj->fd[i] = -1;
     }
-    return err;
+}
+
+/* Pushes the session exported in m (export status err) to the peers in turn from *next until
+ * one takes it; then it is released here and entered in the moved table. Before it waits for
+ * the first peer's answer it calls overlap(ctx) (the next session's export), so that work runs
+ * while the peer imports this one. */
+static int move_one(srv *s, move_job *mj, const kv_sid *sid, uint64_t epoch, int err, mem_out *m, int *next,
+                    uint64_t *bytes, void (*overlap)(void *), void *ctx) {
+    struct srv_move *mv = s->move;
+    char why[KVS_MSG_MAX] = "";
+    int first = -1;
+    for (int t = 0; err == KVS_OK && t < mv->n_peers && first < 0; t++)
+        if (mj->fd[(*next + t) % mv->n_peers] >= 0) first = (*next + t) % mv->n_peers;
+    uint64_t until = peer_deadline(s);
+    int rc = err ? err : first < 0 ? KVS_ERR_NOT_FOUND
+                                   : netio_send_frame(mj->fd[first], WIRE_OP_SESSION_PUSH, 1, m->buf, m->len, until);
+    if (overlap) overlap(ctx);
+    if (err) return err;
+    if (first < 0) return KVS_ERR_NOT_FOUND; /* no peer left */
+    if (rc == KVS_OK) rc = peer_await(s, mj, first, WIRE_OP_SESSION_PUSH, until, why, sizeof why);
+    int taker = rc == KVS_OK ? first : -1;
+    if (rc != KVS_OK) move_refused(s, mj, first, rc, why);
+    for (int t = 1; taker < 0 && t < mv->n_peers; t++) { /* the others, one at a time */
+        int i = (first + t) % mv->n_peers;
+        if (mj->fd[i] < 0) continue;
+        rc = peer_call(s, mj, i, WIRE_OP_SESSION_PUSH, m->buf, m->len, why, sizeof why);
+        if (rc == KVS_OK) taker = i;
+        else move_refused(s, mj, i, rc, why);
+    }
+    if (taker < 0) return KVS_ERR_NOT_FOUND; /* no peer took it */
+    *next = (taker + 1) % mv->n_peers;
+    *bytes += m->len;
+    pthread_mutex_lock(&mv->mu);
+    if (mv->n_moved == mv->cap_moved) {
+        uint32_t cap = mv->cap_moved ? 2 * mv->cap_moved : 64;
+        move_entry *g = realloc(mv->moved, cap * sizeof *g);
+        if (g) {
+            mv->moved = g;
+            mv->cap_moved = cap;
+        }
+    }
+    if (mv->n_moved < mv->cap_moved) mv->moved[mv->n_moved++] = (move_entry){.sid = *sid, .peer = (uint8_t)taker};
+    pthread_mutex_unlock(&mv->mu);
+    kv_reply r;
+    (void)kv_release(s->e->kv, sid, epoch, &r);
+    return KVS_OK;
+}
+
+/* The export that overlaps a push (move_one's overlap). */
+typedef struct {
+    srv *s;
+    const kv_sid *sid;
+    mem_out *m;
+    uint64_t epoch;
+    int err;
+    char why[KVS_MSG_MAX];
+} move_next;
+
+static void move_next_export(void *ctx) {
+    move_next *x = ctx;
+    x->err = move_export(x->s, x->sid, x->m, &x->epoch, x->why, sizeof x->why);
 }
 
 /* Waits (bounded) for the jobs in flight to finish; true when none is left. */
@@ -417,9 +458,22 @@ static void *drain_main(void *arg) {
     n = ids && connected ? kv_list_idle(s->e->kv, ids, n) : 0;
     uint64_t bytes = 0, t0 = kvs_now_ns(), last = t0;
     int next = 0;
+    move_next cur = {.s = s}, nx = {.s = s};
+    if (n) {
+        cur.sid = &ids[0];
+        cur.m = &mj->out[0];
+        move_next_export(&cur);
+    }
     for (uint32_t k = 0; k < n && !atomic_load(&s->stop_requested); k++) {
-        if (move_one(s, mj, &ids[k], &next, &bytes) == KVS_OK) moved++;
+        nx.sid = k + 1 < n ? &ids[k + 1] : NULL;
+        nx.m = &mj->out[(k + 1) % 2];
+        if (cur.err) kvs_logf(s->p.log, s->p.log_ctx, "drain: a session cannot move: %s (%s)", kvs_strerror(cur.err),
+                              cur.why);
+        if (move_one(s, mj, cur.sid, cur.epoch, cur.err, cur.m, &next, &bytes, nx.sid ? move_next_export : NULL,
+                     &nx) == KVS_OK)
+            moved++;
         else failed++;
+        cur = nx;
         double secs = (double)(kvs_now_ns() - t0) / 1e9;
         if (kvs_now_ns() - last > 500000000ull || k + 1 == n) {
             last = kvs_now_ns();
@@ -445,7 +499,8 @@ static void *drain_main(void *arg) {
         srv_stop(s);
     }
     free(ids);
-    free(mj->out.buf);
+    free(mj->out[0].buf);
+    free(mj->out[1].buf);
     netio_buf_free(&mj->rx);
     pthread_mutex_lock(&mv->mu);
     mv->running = false;
@@ -479,7 +534,7 @@ static bool parse_peers(struct srv_move *mv, const uint8_t *p, size_t len, bool 
 void srv_handle_drain(srv_conn *c, uint64_t rid, const uint8_t *payload, size_t len) {
     srv *s = c->s;
     struct srv_move *mv = s->move;
-    if (!peer_allowed(c)) {
+    if (!srv_move_peer_allowed(c)) {
         srv_send_status(c, rid, KVS_ERR_INVALID_ARG, NULL, "DRAIN: this peer is not allowed (--peer-allow)");
         return;
     }
