@@ -21,7 +21,7 @@ static kv_sid sid_of(int k) {
 }
 
 /* 2 layers, 2 kv heads x 4, f32, 4 positions per block: block = 4*2*2*8*4 = 512 B. */
-static kv_state *make_kv(uint32_t blocks, fake_clock *clk, uint64_t ttl_ns) {
+static kv_params small_params(uint32_t blocks) {
     kv_params p = kv_default_params();
     p.n_layers = 2;
     p.n_kv_heads = 2;
@@ -30,6 +30,11 @@ static kv_state *make_kv(uint32_t blocks, fake_clock *clk, uint64_t ttl_ns) {
     p.kv_type = QUANT_F32;
     p.budget_bytes = (uint64_t)blocks * 512;
     p.max_positions = 40;
+    return p;
+}
+
+static kv_state *make_kv(uint32_t blocks, fake_clock *clk, uint64_t ttl_ns) {
+    kv_params p = small_params(blocks);
     p.ttl_ns = ttl_ns;
     if (clk) {
         p.clock = fake_now;
@@ -274,14 +279,7 @@ static void test_lru_budget(void) {
 /* max_sessions: a new session evicts the LRU idle one; with every session pinned it is BUSY
  * and nothing changes. */
 static void test_max_sessions(void) {
-    kv_params p = kv_default_params();
-    p.n_layers = 2;
-    p.n_kv_heads = 2;
-    p.head_dim = 4;
-    p.block_tokens = 4;
-    p.kv_type = QUANT_F32;
-    p.budget_bytes = 16 * 512;
-    p.max_positions = 40;
+    kv_params p = small_params(16);
     p.max_sessions = 2;
     kv_state *kv = NULL;
     char msg[KVS_MSG_MAX];
@@ -649,13 +647,7 @@ static void test_prefault(void) {
     CHECK(m[0] == 0 && m[mapped - 1] == 0);
     kvs_unmap_big(m, mapped);
 
-    kv_params p = kv_default_params();
-    p.n_layers = 2;
-    p.n_kv_heads = 2;
-    p.head_dim = 4;
-    p.block_tokens = 4;
-    p.kv_type = QUANT_F32;
-    p.budget_bytes = 64 * 512;
+    kv_params p = small_params(64);
     p.prefault = true;
     kv_state *kv = NULL;
     char msg[KVS_MSG_MAX];
