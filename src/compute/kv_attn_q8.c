@@ -38,6 +38,8 @@ static void quantize_heads(const float *q, int n_heads, int hd, kv_qhead *out) {
     }
 }
 
+static inline size_t block_size(uint32_t type) { return type == QUANT_Q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0); }
+
 /* ---- scalar references ---- */
 
 static int isum_q8_ref(const block_q8_0 *k, const int8_t *q) {
@@ -138,33 +140,30 @@ AVX2_T static inline int isum_avx2(__m256i x, __m256i y) {
     return hsum_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1)));
 }
 
-#define KV_SCORES_SIMD(NAME, TARGET, ISUM)                                                                          \
-    TARGET static void NAME(uint32_t type, const float *q, int group, int hd, const void *const *keys, int n_keys,  \
-                            float scale, float *scores, size_t stride) {                                           \
-        kv_qhead qh[KV_HEAD_TILE];                                                                                 \
-        const int nb = hd / QK32;                                                                                  \
-        for (int h0 = 0; h0 < group; h0 += KV_HEAD_TILE) {                                                         \
-            int nh = group - h0 < KV_HEAD_TILE ? group - h0 : KV_HEAD_TILE;                                        \
-            quantize_heads(q + (size_t)h0 * (size_t)hd, nh, hd, qh);                                               \
-            for (int j = 0; j < n_keys; j++) {                                                                     \
-                float kd[KV_MAX_BLOCKS];                                                                           \
-                int isum[KV_MAX_BLOCKS];                                                                           \
-                __m256i kx[KV_MAX_BLOCKS];                                                                         \
-                if (j + 8 < n_keys) _mm_prefetch((const char *)keys[j + 8], _MM_HINT_T0);                          \
-                key_scales(type, keys[j], nb, kd);                                                                 \
-                for (int b = 0; b < nb; b++)                                                                       \
-                    kx[b] = type == QUANT_Q8_0 ? block_bytes_q8((const block_q8_0 *)keys[j] + b)                   \
-                                               : block_bytes_q4((const block_q4_0 *)keys[j] + b);                  \
-                for (int h = 0; h < nh; h++) {                                                                     \
-                    for (int b = 0; b < nb; b++)                                                                   \
-                        isum[b] = ISUM(kx[b], _mm256_loadu_si256((const __m256i *)qh[h].b[b].qs));                 \
-                    scores[(size_t)(h0 + h) * stride + (size_t)j] = score_of(&qh[h], kd, isum, nb, scale);         \
-                }                                                                                                  \
-            }                                                                                                      \
-        }                                                                                                          \
+AVX2_T static void scores_avx2(uint32_t type, const float *q, int group, int hd, const void *const *keys,
+                               int n_keys, float scale, float *scores, size_t stride) {
+    kv_qhead qh[KV_HEAD_TILE];
+    const int nb = hd / QK32;
+    for (int h0 = 0; h0 < group; h0 += KV_HEAD_TILE) {
+        int nh = group - h0 < KV_HEAD_TILE ? group - h0 : KV_HEAD_TILE;
+        quantize_heads(q + (size_t)h0 * (size_t)hd, nh, hd, qh);
+        for (int j = 0; j < n_keys; j++) {
+            float kd[KV_MAX_BLOCKS];
+            int isum[KV_MAX_BLOCKS];
+            __m256i kx[KV_MAX_BLOCKS];
+            if (j + 8 < n_keys) _mm_prefetch((const char *)keys[j + 8], _MM_HINT_T0);
+            key_scales(type, keys[j], nb, kd);
+            for (int b = 0; b < nb; b++)
+                kx[b] = type == QUANT_Q8_0 ? block_bytes_q8((const block_q8_0 *)keys[j] + b)
+                                           : block_bytes_q4((const block_q4_0 *)keys[j] + b);
+            for (int h = 0; h < nh; h++) {
+                for (int b = 0; b < nb; b++)
+                    isum[b] = isum_avx2(kx[b], _mm256_loadu_si256((const __m256i *)qh[h].b[b].qs));
+                scores[(size_t)(h0 + h) * stride + (size_t)j] = score_of(&qh[h], kd, isum, nb, scale);
+            }
+        }
     }
-
-KV_SCORES_SIMD(scores_avx2, AVX2_T, isum_avx2)
+}
 
 /* Value block b of a row as four vectors of eight floats, elements in order. */
 AVX2_T static inline void value_block(uint32_t type, const void *row, int b, __m256 x[4]) {
@@ -189,7 +188,7 @@ AVX2_T static void wsum_avx2(uint32_t type, const float *p, size_t p_stride, int
                 for (int i = 0; i < 4; i++) acc[h][i] = _mm256_setzero_ps();
             for (int j = 0; j < n; j++) {
                 __m256 x[4];
-                if (j + 8 < n) _mm_prefetch((const char *)rows[j + 8] + b * (type == QUANT_Q8_0 ? 34 : 18), _MM_HINT_T0);
+                if (j + 8 < n) _mm_prefetch((const char *)rows[j + 8] + b * block_size(type), _MM_HINT_T0);
                 value_block(type, rows[j], b, x);
                 const __m256 d = _mm256_set1_ps(value_scale(type, rows[j], b));
                 for (int i = 0; i < 4; i++) x[i] = _mm256_mul_ps(d, x[i]);
@@ -295,7 +294,7 @@ Z_T static void scores_z(uint32_t type, const float *q, int group, int hd, const
     kv_qtile t;
     const int nb = hd / QK32;
     const __m256 sv = _mm256_set1_ps(scale);
-    const size_t row_bytes = (size_t)nb * (type == QUANT_Q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0));
+    const size_t row_bytes = (size_t)nb * block_size(type);
     for (int h0 = 0; h0 < group; h0 += KV_HEAD_TILE) {
         int nh = group - h0 < KV_HEAD_TILE ? group - h0 : KV_HEAD_TILE;
         quantize_heads(q + (size_t)h0 * (size_t)hd, nh, hd, qh);
@@ -350,7 +349,7 @@ Z_T static inline __attribute__((always_inline)) void wsum_z_tile(uint32_t type,
                                                                  int b, float *out, int hd) {
     __m512 acc[KV_HEAD_TILE][2];
     KV_UNROLL for (int h = 0; h < NH; h++) acc[h][0] = acc[h][1] = _mm512_setzero_ps();
-    const size_t blk = type == QUANT_Q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0), bb = (size_t)b * blk;
+    const size_t blk = block_size(type), bb = (size_t)b * blk;
     for (int j = 0; j < n; j++) {
         if (j + KV_PF < n) {
             _mm_prefetch((const char *)rows[j + KV_PF] + bb, _MM_HINT_T0);

@@ -150,6 +150,7 @@ static void attention_task(void *p, int64_t task0, int64_t task1, int slot) {
     float scale = 1.0f / sqrtf((float)hd);
     float *scratch = c->att_scratch + (size_t)slot * c->att_scratch_per_thread;
     const bool swa = model_layer_is_swa(hp, c->m->first + (uint32_t)c->layer);
+    const int rot_v = kv_attn_rot_v(kv_type, hd);
     for (int64_t task = task0; task < task1; task++) {
         int t = (int)(task / n_kv), g = (int)(task % n_kv);
         int32_t pos = c->tok_pos[t];
@@ -168,7 +169,6 @@ static void attention_task(void *p, int64_t task0, int64_t task1, int slot) {
         float *out = c->att + (size_t)t * (size_t)q_dim + (size_t)g * (size_t)group * (size_t)hd;
         for (int h = 0; h < group; h++) vec_softmax(scores + (size_t)h * (size_t)n_pos, n_pos);
         kv_attn_wsum(kv_type, scores, (size_t)n_pos, group, n_pos, rows, hd, out);
-        const int rot_v = kv_attn_rot_v(kv_type, hd);
         if (rot_v) kv_attn_rotate(out, group * hd, rot_v); /* back from the values' rotation */
     }
 }
